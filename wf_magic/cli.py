@@ -1,0 +1,257 @@
+"""The ``wf`` command: argparse → Engine, with one table mapping errors to exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import signal as signals
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from .engine import Engine
+from .errors import (BudgetExceeded, DefinitionError, GateDecisionRefused, MigrationError,
+                     PlanIntegrityError, RunLockHeld, UsageError, WorkflowError)
+from .run import Run
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BLOCKED, EXIT_LOCKED, EXIT_INTERRUPTED = 0, 1, 2, 3, 75, 130
+ERROR_EXIT_CODES: list[tuple[type[BaseException], int]] = [
+    (RunLockHeld, EXIT_LOCKED),
+    (DefinitionError, EXIT_USAGE),
+    (UsageError, EXIT_USAGE),
+    (GateDecisionRefused, EXIT_USAGE),
+    (PlanIntegrityError, EXIT_FAILED),
+    (BudgetExceeded, EXIT_FAILED),
+    (MigrationError, EXIT_FAILED),
+    (WorkflowError, EXIT_FAILED),
+]
+
+
+def _params(pairs: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--param expects k=v (got {pair!r})")
+        out[key] = value
+    return out
+
+
+def _print_run(run: Run, out: Callable[[str], None]) -> int:
+    out(repr(run))
+    if run.status == "completed":
+        out(f"result: {_short(run.result)}")
+    return run.exit_code
+
+
+def _short(value: object, limit: int = 400) -> str:
+    import json
+
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _drive(engine: Engine, run_id: str, args: argparse.Namespace) -> int:
+    stop = threading.Event()
+    previous = signals.getsignal(signals.SIGTERM)
+
+    def on_term(signum: int, frame: object) -> None:
+        stop.set()
+
+    signals.signal(signals.SIGTERM, on_term)
+    try:
+        run = engine.drive(run_id, max_steps=getattr(args, "max_steps", None), signal=stop,
+                           max_concurrency=getattr(args, "max_concurrency", None))
+    finally:
+        signals.signal(signals.SIGTERM, previous)
+    code = _print_run(run, print)
+    return EXIT_INTERRUPTED if run.stopped_by == "signal" and run.status == "active" else code
+
+
+def cmd_run(engine: Engine, args: argparse.Namespace) -> int:
+    wf = engine.load(Path(args.file))
+    if args.dry_run:
+        from .display import plan_text
+
+        print(plan_text(wf.plan, plan_hash=wf.plan_hash))
+        return EXIT_OK
+    run_id, created, warnings = engine.start(wf, params=_params(args.param), new=args.new,
+                                             no_cache=args.no_cache, params_from_strings=True)
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    print(f"run {run_id} ({'new' if created else 'resumed'})", file=sys.stderr)
+    return _drive(engine, run_id, args)
+
+
+def cmd_resume(engine: Engine, args: argparse.Namespace) -> int:
+    return _drive(engine, args.run, args)
+
+
+def cmd_status(engine: Engine, args: argparse.Namespace) -> int:
+    if args.run is None:
+        return cmd_list(engine, args)
+    run = engine.status(args.run)
+    print(repr(run))
+    return run.exit_code
+
+
+def cmd_list(engine: Engine, args: argparse.Namespace) -> int:
+    runs = engine.list_runs(limit=getattr(args, "limit", None))
+    if not runs:
+        print(f"no runs in {engine.db_path}")
+    for row in runs:
+        reason = f"  {row.status_reason}" if row.status_reason else ""
+        print(f"{row.run_id}  {row.workflow:<20} {row.status:<10}{reason}")
+    return EXIT_OK
+
+
+def _frame_out(frame: object, fmt: str) -> None:
+    import pandas as pd
+
+    assert isinstance(frame, pd.DataFrame)
+    if fmt == "csv":
+        frame.to_csv(sys.stdout, index=False)
+    elif fmt == "json":
+        print(frame.to_json(orient="records", date_format="iso"))
+    else:
+        with pd.option_context("display.max_rows", None, "display.width", 200):
+            print(frame.to_string(index=False))
+
+
+def cmd_journal(engine: Engine, args: argparse.Namespace) -> int:
+    _frame_out(engine.journal(args.run), args.format)
+    return EXIT_OK
+
+
+def cmd_tokens(engine: Engine, args: argparse.Namespace) -> int:
+    _frame_out(engine.tokens(args.run, by=args.by), args.format)
+    return EXIT_OK
+
+
+def cmd_events(engine: Engine, args: argparse.Namespace) -> int:
+    _frame_out(engine.events(args.run), args.format)
+    return EXIT_OK
+
+
+def cmd_abandon(engine: Engine, args: argparse.Namespace) -> int:
+    engine.abandon(args.run)
+    print(f"run {args.run} abandoned")
+    return EXIT_OK
+
+
+def cmd_fork(engine: Engine, args: argparse.Namespace) -> int:
+    run_id = engine.fork(args.run, from_step=args.from_step)
+    print(f"run {run_id} (fork of {args.run} from step {args.from_step})", file=sys.stderr)
+    return _drive(engine, run_id, args)
+
+
+def cmd_approve(engine: Engine, args: argparse.Namespace) -> int:
+    loop = engine.approve(args.run, args.step, feedback=args.feedback, loop=args.loop)
+    print(f"approved {args.run} step {args.step} (loop {loop}); `wf resume {args.run}` continues")
+    return EXIT_OK
+
+
+def cmd_reject(engine: Engine, args: argparse.Namespace) -> int:
+    loop = engine.reject(args.run, args.step, feedback=args.feedback, loop=args.loop)
+    print(f"rejected {args.run} step {args.step} (loop {loop}); `wf resume {args.run}` continues")
+    return EXIT_OK
+
+
+def cmd_stop(engine: Engine, args: argparse.Namespace) -> int:
+    engine.stop(args.run)
+    print(f"stop requested for {args.run}; its driver stops after the units in flight")
+    return EXIT_OK
+
+
+def cmd_gc(engine: Engine, args: argparse.Namespace) -> int:
+    deleted = engine.gc(older_than_s=args.older_than_days * 86400)
+    print(f"deleted {len(deleted)} finished run(s)")
+    return EXIT_OK
+
+
+def cmd_export_cassette(engine: Engine, args: argparse.Namespace) -> int:
+    from .runners.replay import export_cassette
+
+    run_id = engine.resolve_run_id(args.run)
+    for line in engine.read(lambda c: list(export_cassette(c, run_id))):
+        print(line)
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``wf`` argument parser."""
+    p = argparse.ArgumentParser(prog="wf", description="Durable LLM-agent workflows.")
+    p.add_argument("--db", help="state dir (default $WF_MAGIC_HOME or ./.wf_magic)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def add(name: str, fn: Callable[[Engine, argparse.Namespace], int], help_: str
+            ) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help_)
+        sp.set_defaults(fn=fn)
+        return sp
+
+    r = add("run", cmd_run, "run a workflow file (resumes its unfinished run if unchanged)")
+    r.add_argument("file")
+    r.add_argument("--param", action="append", default=[], metavar="K=V")
+    r.add_argument("--new", action="store_true", help="always start a fresh run")
+    r.add_argument("--no-cache", action="store_true", help="no result reuse across runs")
+    r.add_argument("--max-steps", type=int, help="stop after N finished steps")
+    r.add_argument("--max-concurrency", type=int)
+    r.add_argument("--dry-run", action="store_true", help="freeze and show the plan only")
+    for name, fn, help_ in (("resume", cmd_resume, "drive an existing run"),):
+        sp = add(name, fn, help_)
+        sp.add_argument("run")
+        sp.add_argument("--max-steps", type=int)
+        sp.add_argument("--max-concurrency", type=int)
+    add("status", cmd_status, "show a run (or list runs)").add_argument("run", nargs="?")
+    add("list", cmd_list, "list runs").add_argument("--limit", type=int)
+    for name, fn in (("journal", cmd_journal), ("events", cmd_events)):
+        sp = add(name, fn, f"print a run's {name}")
+        sp.add_argument("run")
+        sp.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    t = add("tokens", cmd_tokens, "token accounting of a run")
+    t.add_argument("run")
+    t.add_argument("--by", choices=["step", "model", "runner", "loop", "run"], default="step")
+    t.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    add("abandon", cmd_abandon, "give up a run").add_argument("run")
+    f = add("fork", cmd_fork, "re-run from a step, reusing everything before it")
+    f.add_argument("run")
+    f.add_argument("--from", dest="from_step", required=True, metavar="STEP")
+    f.add_argument("--max-steps", type=int)
+    for name, fn in (("approve", cmd_approve), ("reject", cmd_reject)):
+        sp = add(name, fn, f"{name} a blocked gate")
+        sp.add_argument("run")
+        sp.add_argument("step")
+        sp.add_argument("--feedback", required=name == "reject")
+        sp.add_argument("--loop", type=int, help="the loop you are deciding (refused if stale)")
+    add("stop", cmd_stop, "ask a run's driver to stop between units").add_argument("run")
+    g = add("gc", cmd_gc, "delete finished runs older than a retention")
+    g.add_argument("--older-than-days", type=float, required=True)
+    add("export-cassette", cmd_export_cassette,
+        "print a run's answers as JSONL for the replay runner").add_argument("run")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``wf`` console script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    engine = Engine(args.db)
+    try:
+        return int(args.fn(engine, args))
+    except KeyboardInterrupt:
+        print("interrupted: the run stays active; `wf resume` continues it", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except WorkflowError as exc:
+        if args.debug:
+            raise
+        code = next(c for cls, c in ERROR_EXIT_CODES if isinstance(exc, cls))
+        print(f"error: {exc}", file=sys.stderr)
+        return code
+    finally:
+        engine.close()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

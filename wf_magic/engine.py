@@ -1,0 +1,568 @@
+"""The Engine facade: start, drive, resume, approve, reject, abandon, fork, stop, gc, frames."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pydantic import ValidationError
+
+from .budget import Budget
+from .errors import (GateDecisionRefused, PlanIntegrityError, PlanVersionError, RunnerError,
+                     UsageError)
+from .events import Event, EventBus, Observer
+from .hashing import canonical_json, sha256_text
+from .locking import RunLock, is_locked
+from .redact import Redactor
+from .runners.base import UnitResult
+from .spec.freeze import Workflow, load_workflow
+from .spec.params import resolve_params
+from .spec.plan import PLAN_VERSION, Plan, PlanStep
+from .store import journal as jsql
+from .store import runs as run_sql
+from .store.db import DB_FILENAME, connect, default_state_dir, immediate
+from .store.migrations import apply_migrations
+from .store.records import AttemptRow, RunRow, StepRow
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from .drive import Driver, DriveStats
+    from .run import Run
+    from .units import UnitPlan
+
+T = TypeVar("T")
+
+
+def new_run_id() -> str:
+    """A sortable, readable run id: ``r-YYYYmmdd-HHMMSS-xxxxxx``."""
+    return f"r-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
+
+
+def scope_key(workflow: str, params: Mapping[str, Any]) -> str:
+    """A run's scope: workflow name + params after defaults, as canonical JSON."""
+    return canonical_json({"workflow": workflow, "params": dict(params)})
+
+
+class Engine:
+    """Everything wf_magic does, as plain Python; the CLI and the magics are thin shells.
+
+    Args:
+        state_dir: where ``state.db`` and the run locks live (default ``$WF_MAGIC_HOME`` or
+            ``./.wf_magic``).
+        namespace: where bare ``python:`` targets are looked up (a notebook's namespace).
+        library: child workflow sources by name.
+        durability: ``normal`` (WAL, synchronous=NORMAL) or ``full`` (synchronous=FULL).
+        max_concurrency: a cap on map units in flight (the plan's own cap also applies).
+        executor: a ``concurrent.futures.Executor`` that runs units (e.g. a Dask client's).
+    """
+
+    def __init__(self, state_dir: str | Path | None = None, *,
+                 namespace: Mapping[str, Any] | None = None,
+                 library: Mapping[str, str] | None = None, durability: str = "normal",
+                 max_concurrency: int | None = None, executor: Executor | None = None):
+        self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
+        self.db_path = self.state_dir / DB_FILENAME
+        self.lock_dir = self.state_dir / "locks"
+        self.namespace = namespace
+        self.library: dict[str, str] = dict(library or {})
+        self.durability = durability
+        self.max_concurrency = max_concurrency
+        self.executor = executor
+        self.bus = EventBus()
+        self.redactor = Redactor.from_environ()
+        self._conn: sqlite3.Connection | None = None
+        self._db_lock = threading.RLock()
+
+    # -- storage ----------------------------------------------------------------------------
+    @property
+    def conn(self) -> sqlite3.Connection:
+        """The engine's connection (opened and migrated on first use)."""
+        with self._db_lock:
+            if self._conn is None:
+                conn = connect(self.db_path, durability=self.durability)
+                try:
+                    apply_migrations(conn)
+                except BaseException:
+                    conn.close()
+                    raise
+                self._conn = conn
+            return self._conn
+
+    def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(conn)`` in one BEGIN IMMEDIATE transaction."""
+        with self._db_lock:
+            with immediate(self.conn) as conn:
+                return fn(conn)
+
+    def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(conn)`` for reading."""
+        with self._db_lock:
+            return fn(self.conn)
+
+    def close(self) -> None:
+        """Close the database connection."""
+        with self._db_lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- events -----------------------------------------------------------------------------
+    def subscribe(self, observer: Observer) -> Callable[[], None]:
+        """Receive engine events in-process; returns an unsubscribe function."""
+        return self.bus.subscribe(observer)
+
+    def emit(self, kind: str, *, run_id: str, step_id: str | None = None,
+             unit_id: str | None = None, **data: Any) -> None:
+        """Deliver an event to observers (no-op when nobody listens)."""
+        if self.bus.has_observers:
+            self.bus.emit(Event(kind=kind, run_id=run_id, step_id=step_id, unit_id=unit_id,
+                                data=data))
+
+    # -- workflows and runs -----------------------------------------------------------------
+    def load(self, source: str | Path, *, source_name: str | None = None) -> Workflow:
+        """Freeze a workflow source (text or path) with this engine's library and namespace."""
+        wf = load_workflow(source, library=self.library, namespace=self.namespace,
+                           source_name=source_name)
+        self.library.setdefault(wf.name, wf.source)
+        return wf
+
+    def get_run(self, run_id: str) -> RunRow:
+        """The run row of ``run_id``.
+
+        Raises:
+            UsageError: no such run (close matches are suggested).
+        """
+        row = self.read(lambda c: run_sql.get_run(c, run_id))
+        if row is None:
+            near = self.read(lambda c: run_sql.find_run_prefix(c, run_id))
+            hint = f" Did you mean {', '.join(near)}?" if near else " `wf list` shows the runs."
+            raise UsageError(f"No run {run_id!r} in {self.db_path}.{hint}", run_id=run_id)
+        return row
+
+    def resolve_run_id(self, run_id: str) -> str:
+        """Accept a unique prefix of a run id."""
+        if self.read(lambda c: run_sql.get_run(c, run_id)) is not None:
+            return run_id
+        near = self.read(lambda c: run_sql.find_run_prefix(c, run_id))
+        if len(near) == 1:
+            return near[0]
+        return self.get_run(run_id).run_id
+
+    def start(self, workflow: Workflow | str | Path, *, params: Mapping[str, Any] | None = None,
+              new: bool = False, no_cache: bool = False, params_from_strings: bool = False
+              ) -> tuple[str, bool, list[str]]:
+        """Find or create the run a (re-)run of ``workflow`` should drive (DESIGN.md §4).
+
+        Returns:
+            ``(run_id, created, warnings)``: an unchanged source in an unfinished scope gives
+            the existing run; a changed one gives a new run superseding the old.
+
+        Raises:
+            DefinitionError: the source is invalid.
+            UsageError: params are undeclared or invalid.
+            RunLockHeld: the run to supersede is being driven.
+        """
+        wf = workflow if isinstance(workflow, Workflow) else self.load(workflow)
+        resolved = resolve_params(wf.plan, params, from_strings=params_from_strings)
+        scope = scope_key(wf.name, resolved)
+        latest = self.read(lambda c: run_sql.latest_in_scope(c, scope))
+        warnings: list[str] = []
+        if latest is not None and not new and latest.plan_hash == wf.plan_hash:
+            if latest.source_hash != wf.source_hash:
+                warnings.append("the source changed only in ways that do not change the plan; "
+                                f"continuing run {latest.run_id}")
+            return latest.run_id, False, warnings
+        run_id = self._create_run(wf, resolved, scope=scope, use_cache=not no_cache)
+        if latest is not None and latest.status in ("active", "blocked", "failed"):
+            self._supersede(latest.run_id, run_id)
+            warnings.append(f"run {latest.run_id} was unfinished and is now abandoned "
+                            f"(superseded by {run_id})")
+        return run_id, True, warnings
+
+    def _create_run(self, wf: Workflow, params: dict[str, Any], *, scope: str, use_cache: bool,
+                    parent: RunRow | None = None, invocation_key: str | None = None,
+                    forked_from: RunRow | None = None, fork_step: str | None = None) -> str:
+        now = time.time()
+        run_id = new_run_id()
+        params_json = canonical_json(params)
+        row = RunRow(
+            run_id=run_id, workflow=wf.name, plan_json=wf.plan_json, plan_hash=wf.plan_hash,
+            plan_version=wf.plan.plan_version, source_hash=wf.source_hash,
+            source_path=wf.source_path, params_json=params_json,
+            params_hash=sha256_text(params_json), status="active", status_reason=None,
+            scope_key=scope, parent_run_id=parent.run_id if parent else None,
+            invocation_key=invocation_key, root_run_id=parent.root_run_id if parent else run_id,
+            forked_from=forked_from.run_id if forked_from else None, fork_step=fork_step,
+            use_cache=int(use_cache), stop_requested=0, result_json=None, created_at=now,
+            updated_at=now, finished_at=None)
+        steps = [(s.id, i, s.kind, s.max_loops) for i, s in enumerate(wf.plan.steps)]
+        self.write(lambda c: run_sql.insert_run_txn(c, row, steps))
+        return run_id
+
+    def _supersede(self, old_run_id: str, new_run_id: str) -> None:
+        with RunLock(self.lock_dir, old_run_id):
+            self.set_run_status(old_run_id, "abandoned", reason=f"superseded by {new_run_id}")
+
+    def set_run_status(self, run_id: str, status: str, *, reason: str | None = None,
+                       result_json: str | None = None) -> None:
+        """Write a run's status (the driver's run-state derivation and explicit verbs)."""
+        self.write(lambda c: run_sql.set_run_status_txn(c, run_id, status, reason=reason,
+                                                        result_json=result_json))
+        self.emit("run_status", run_id=run_id, status=status, reason=reason)
+
+    def run(self, source: Workflow | str | Path, *, params: Mapping[str, Any] | None = None,
+            new: bool = False, no_cache: bool = False, max_steps: int | None = None,
+            signal: threading.Event | None = None, params_from_strings: bool = False) -> Run:
+        """Start (or find) the run for ``source`` and drive it; see :meth:`start`, :meth:`drive`."""
+        run_id, _, warnings = self.start(source, params=params, new=new, no_cache=no_cache,
+                                         params_from_strings=params_from_strings)
+        handle = self.drive(run_id, max_steps=max_steps, signal=signal)
+        handle.warnings[:0] = warnings
+        return handle
+
+    # -- driving ----------------------------------------------------------------------------
+    def drive(self, run_id: str, *, max_steps: int | None = None,
+              signal: threading.Event | None = None, max_concurrency: int | None = None,
+              executor: Executor | None = None, live_source: Workflow | None = None) -> Run:
+        """Drive a run until it completes, blocks, fails or is stopped.
+
+        The run lock is taken before the plan is read; the plan hash and params hash are
+        verified before anything is dispatched.
+
+        Raises:
+            RunLockHeld: another driver holds the run.
+            PlanIntegrityError: the stored plan or params were edited.
+            PlanVersionError: the plan was written by a newer wf_magic.
+        """
+        from .drive import DriveOptions
+        from .run import Run
+
+        options = DriveOptions(max_steps=max_steps, signal=signal,
+                               max_concurrency=max_concurrency or self.max_concurrency,
+                               executor=executor or self.executor)
+        run_id = self.resolve_run_id(run_id)
+        with RunLock(self.lock_dir, run_id):
+            run = self.get_run(run_id)
+            warnings = self._drift_warnings(run, live_source)
+            stats = self._drive_locked(run, options, budget=None, depth=0)
+        handle = Run(self, run_id, stats=stats)
+        handle.warnings.extend(warnings)
+        return handle
+
+    resume = drive
+
+    def _drift_warnings(self, run: RunRow, live: Workflow | None) -> list[str]:
+        current: str | None = None
+        if live is not None:
+            current = live.source_hash
+        elif run.source_path and Path(run.source_path).is_file():
+            current = sha256_text(Path(run.source_path).read_text(encoding="utf-8"))
+        if current is not None and current != run.source_hash:
+            return [f"the workflow source changed since run {run.run_id} started; continuing "
+                    "with its frozen plan (start a new run with --new to pick up the edit)"]
+        return []
+
+    def verified_plan(self, run: RunRow) -> tuple[Plan, dict[str, Any]]:
+        """Decode a run's plan and params after checking their hashes and plan_version.
+
+        Raises:
+            PlanIntegrityError: a hash mismatch (nothing is dispatched).
+            PlanVersionError: a newer plan_version (the run is left untouched).
+        """
+        if sha256_text(run.plan_json) != run.plan_hash:
+            raise PlanIntegrityError(
+                f"Run {run.run_id}: the stored plan does not match its plan_hash "
+                f"{run.plan_hash[:12]}; it was edited outside wf_magic. Nothing was dispatched. "
+                "Start a new run from the source (--new) or fork an intact run.", run_id=run.run_id)
+        if sha256_text(run.params_json) != run.params_hash:
+            raise PlanIntegrityError(
+                f"Run {run.run_id}: the stored params do not match their hash; they were edited "
+                "outside wf_magic. Nothing was dispatched. Start a new run with the params you "
+                "want.", run_id=run.run_id)
+        if run.plan_version > PLAN_VERSION:
+            raise PlanVersionError(
+                f"Run {run.run_id} was frozen by a newer wf_magic (plan_version "
+                f"{run.plan_version}; this version reads {PLAN_VERSION}). It was left untouched: "
+                "upgrade wf_magic to drive it.", run_id=run.run_id)
+        try:
+            plan = Plan.model_validate_json(run.plan_json)
+        except ValidationError as exc:
+            reason = (f"plan_version {run.plan_version} cannot be decoded by this wf_magic "
+                      f"({exc.error_count()} problem(s)); start afresh with `wf run FILE --new`")
+            if run.status not in ("completed", "abandoned"):
+                self.set_run_status(run.run_id, "abandoned", reason=reason)
+            raise PlanVersionError(f"Run {run.run_id}: {reason}. The run was abandoned.",
+                                   run_id=run.run_id) from None
+        return plan, json.loads(run.params_json)
+
+    def _drive_locked(self, run: RunRow, options: Any, *, budget: Budget | None,
+                      depth: int) -> DriveStats:
+        from .drive import Driver, DriveStats
+
+        plan, params = self.verified_plan(run)
+        if run.status in ("completed", "abandoned"):
+            return DriveStats()
+        if run.stop_requested and run.parent_run_id is None:
+            self.write(lambda c: run_sql.set_stop_requested(c, run.run_id, False))
+        if run.status == "failed":
+            self.set_run_status(run.run_id, "active", reason=None)
+            run = self.get_run(run.run_id)
+        if budget is None:
+            budget = self._seed_budget(run, plan)
+        driver = Driver(self, run, plan, params, budget=budget, options=options, depth=depth)
+        return driver.drive()
+
+    def _seed_budget(self, run: RunRow, plan: Plan) -> Budget:
+        root_plan = plan
+        if run.root_run_id != run.run_id:
+            root_plan = Plan.model_validate_json(self.get_run(run.root_run_id).plan_json)
+        units, tokens, cost = self.read(lambda c: jsql.budget_usage(c, run.root_run_id))
+        return Budget(root_run_id=run.root_run_id, spec=root_plan.budget, units=units,
+                      tokens=tokens, cost=cost)
+
+    def drive_child(self, driver: Driver, step: PlanStep, unit: UnitPlan,
+                    attempt: AttemptRow) -> UnitResult:
+        """Publish (once) and drive the child run of a ``workflow:`` unit."""
+        from .dispatch import ChildBlocked
+
+        parent = driver.run
+        key = unit.unit_id
+        child = self.read(lambda c: run_sql.child_run(c, parent.run_id, key))
+        if child is None:
+            child = self._publish_child(driver, step, unit)
+        with RunLock(self.lock_dir, child.run_id):
+            child = self.get_run(child.run_id)
+            self._drive_locked(child, driver.options, budget=driver.budget,
+                               depth=driver.depth + 1)
+        child = self.get_run(child.run_id)
+        if child.status == "completed":
+            return UnitResult(output=json.loads(child.result_json or "null"))
+        if child.status == "blocked":
+            raise ChildBlocked(f"child run {child.run_id} ({child.workflow}) is blocked: "
+                               f"{child.status_reason}")
+        if child.status == "active":
+            raise ChildBlocked(f"child run {child.run_id} ({child.workflow}) was stopped "
+                               "before it finished; resume the parent to continue it")
+        raise RunnerError(f"child run {child.run_id} ({child.workflow}) {child.status}: "
+                          f"{child.status_reason}")
+
+    def _publish_child(self, driver: Driver, step: PlanStep, unit: UnitPlan) -> RunRow:
+        plan = driver.plan.children[step.workflow or ""]
+        try:
+            params = resolve_params(plan, unit.kwargs or {})
+        except UsageError as exc:
+            raise RunnerError(f"child workflow {plan.name!r}: {exc}") from None
+        plan_json = plan.to_json()
+        wf = Workflow(name=plan.name, source=plan_json, source_hash=sha256_text(plan_json),
+                      source_path=None, plan=plan, plan_json=plan_json,
+                      plan_hash=sha256_text(plan_json))
+        try:
+            run_id = self._create_run(wf, params, scope=scope_key(plan.name, params),
+                                      use_cache=bool(driver.run.use_cache), parent=driver.run,
+                                      invocation_key=unit.unit_id)
+        except sqlite3.IntegrityError:  # published meanwhile: (parent, invocation_key) is unique
+            existing = self.read(lambda c: run_sql.child_run(c, driver.run.run_id, unit.unit_id))
+            if existing is None:
+                raise
+            return existing
+        return self.get_run(run_id)
+
+    # -- verbs ------------------------------------------------------------------------------
+    def status(self, run_id: str) -> Run:
+        """A handle on the run (status, steps, result, frames)."""
+        from .run import Run
+
+        return Run(self, self.resolve_run_id(run_id))
+
+    def list_runs(self, *, include_children: bool = False, limit: int | None = None
+                  ) -> list[RunRow]:
+        """Runs, newest first."""
+        return self.read(lambda c: run_sql.list_runs(c, include_children=include_children,
+                                                     limit=limit))
+
+    def steps(self, run_id: str) -> list[StepRow]:
+        """The step rows of a run, in plan order."""
+        return self.read(lambda c: run_sql.steps_of(c, run_id))
+
+    def attempts(self, run_id: str) -> list[AttemptRow]:
+        """The journal of a run, in order."""
+        return self.read(lambda c: jsql.attempts_of(c, run_id))
+
+    def abandon(self, run_id: str, *, reason: str = "abandoned by user") -> None:
+        """Give up a run (refused while another driver holds it, or once it completed).
+
+        Raises:
+            RunLockHeld: the run is being driven.
+            UsageError: the run already completed.
+        """
+        run_id = self.resolve_run_id(run_id)
+        with RunLock(self.lock_dir, run_id):
+            run = self.get_run(run_id)
+            if run.status == "completed":
+                raise UsageError(f"Run {run_id} completed; there is nothing to abandon.",
+                                 run_id=run_id)
+            if run.status != "abandoned":
+                self.set_run_status(run_id, "abandoned", reason=reason)
+
+    def fork(self, run_id: str, *, from_step: str) -> str:
+        """A new run with the same frozen plan reusing every result before ``from_step``.
+
+        Raises:
+            UsageError: ``from_step`` is not a step of the run's plan.
+        """
+        source = self.get_run(self.resolve_run_id(run_id))
+        plan, params = self.verified_plan(source)
+        ids = [s.id for s in plan.steps]
+        if from_step not in ids:
+            raise UsageError(f"Run {source.run_id} has no step {from_step!r}; steps: {ids}",
+                             run_id=source.run_id)
+        wf = Workflow(name=plan.name, source="", source_hash=source.source_hash,
+                      source_path=source.source_path, plan=plan, plan_json=source.plan_json,
+                      plan_hash=source.plan_hash)
+        return self._create_run(wf, params, scope=source.scope_key, use_cache=True,
+                                forked_from=source, fork_step=from_step)
+
+    def approve(self, run_id: str, step_id: str, *, feedback: str | None = None,
+                loop: int | None = None) -> int:
+        """Record a person's approval of a blocked gate; the next drive continues the run.
+
+        Returns:
+            The loop the decision was recorded for.
+
+        Raises:
+            GateDecisionRefused: the step is not waiting (or not at ``loop``), or was decided.
+        """
+        return self._human_verdict(run_id, step_id, complete=True, feedback=feedback or "",
+                                   missing=(), loop=loop)
+
+    def reject(self, run_id: str, step_id: str, *, feedback: str,
+               missing: tuple[str, ...] | list[str] = (), loop: int | None = None) -> int:
+        """Record a person's rejection; the next drive re-executes the step with the feedback.
+
+        Raises:
+            GateDecisionRefused: the step is not waiting (or not at ``loop``), or was decided.
+            UsageError: no feedback was given.
+        """
+        if not feedback or not feedback.strip():
+            raise UsageError("a rejection needs feedback: say what to change (--feedback TEXT)")
+        return self._human_verdict(run_id, step_id, complete=False, feedback=feedback,
+                                   missing=tuple(missing), loop=loop)
+
+    def _human_verdict(self, run_id: str, step_id: str, *, complete: bool, feedback: str,
+                       missing: tuple[str, ...], loop: int | None) -> int:
+        from .gates import Verdict
+
+        run_id = self.resolve_run_id(run_id)
+        run = self.get_run(run_id)
+        verdict = Verdict(complete=complete, feedback=feedback, missing=missing, judge="human")
+
+        def txn(conn: sqlite3.Connection) -> int:
+            row = next((s for s in run_sql.steps_of(conn, run_id) if s.step_id == step_id), None)
+            if row is None:
+                raise GateDecisionRefused(f"Run {run_id} has no step {step_id!r}.", run_id=run_id)
+            waiting = json.loads(row.output_json or "{}").get("waiting") if row.status == \
+                "blocked" else None
+            if not waiting:
+                raise GateDecisionRefused(
+                    f"Run {run_id} step {step_id} is not waiting for a decision (status "
+                    f"{row.status}); nothing was recorded.", run_id=run_id, step_id=step_id)
+            if loop is not None and loop != waiting["loop"]:
+                raise GateDecisionRefused(
+                    f"Run {run_id} step {step_id} waits on loop {waiting['loop']}, not loop "
+                    f"{loop} (a button from an older output?); nothing was recorded.",
+                    run_id=run_id, step_id=step_id)
+            unit_id = f"{step_id}.gate:l{waiting['loop']}"
+            decided = conn.execute(
+                "SELECT 1 FROM attempts WHERE run_id = ? AND unit_id = ? AND input_hash = ? AND"
+                " runner = 'human'", (run_id, unit_id, waiting["input_hash"])).fetchone()
+            if decided:
+                raise GateDecisionRefused(
+                    f"Run {run_id} step {step_id} loop {waiting['loop']} was already decided; "
+                    "resume the run to act on that decision.", run_id=run_id, step_id=step_id)
+            key = jsql.UnitKey(run_id=run_id, workflow=run.workflow, step_id=step_id,
+                               unit_id=unit_id, phase="gate", loop=int(waiting["loop"]),
+                               item_index=None, runner="human", model=None,
+                               input_hash=waiting["input_hash"])
+            jsql.record_terminal_attempt_txn(conn, key, jsql.Finish(
+                status="succeeded", output_json=json.dumps(verdict.to_json())),
+                event="human_verdict")
+            return int(waiting["loop"])
+
+        decided_loop = self.write(txn)
+        self.emit("gate_verdict", run_id=run_id, step_id=step_id, loop=decided_loop,
+                  complete=complete, feedback=feedback, missing=list(missing), judge="human")
+        return decided_loop
+
+    def stop(self, run_id: str) -> None:
+        """Ask the run's driver (anywhere) to stop gracefully between units."""
+        run = self.get_run(self.resolve_run_id(run_id))
+        self.write(lambda c: run_sql.set_stop_requested(c, run.root_run_id, True))
+
+    def is_driving(self, run_id: str) -> bool:
+        """Whether a driver holds the run now."""
+        return is_locked(self.lock_dir, run_id)
+
+    def gc(self, *, older_than_s: float) -> list[str]:
+        """Delete finished root runs (and their children) older than the retention.
+
+        Live runs (active/blocked) and runs held by a driver are never deleted.
+        """
+        if older_than_s < 0:
+            raise UsageError("gc retention must be >= 0 seconds")
+        cutoff = time.time() - older_than_s
+        deleted = []
+        for run_id in self.read(lambda c: run_sql.finished_runs_before(c, cutoff)):
+            if is_locked(self.lock_dir, run_id):
+                continue
+            self.write(lambda c, rid=run_id: run_sql.delete_run_tree_txn(c, rid))
+            deleted.append(run_id)
+        return deleted
+
+    # -- frames -----------------------------------------------------------------------------
+    def runs(self) -> pd.DataFrame:
+        """All runs as a DataFrame (see :func:`wf_magic.store.frames.runs_frame`)."""
+        from .store import frames
+
+        return self.read(frames.runs_frame)
+
+    def journal(self, run_id: str | None = None) -> pd.DataFrame:
+        """One row per attempt (see :func:`wf_magic.store.frames.journal_frame`)."""
+        from .store import frames
+
+        rid = self.resolve_run_id(run_id) if run_id else None
+        return self.read(lambda c: frames.journal_frame(c, rid))
+
+    def tokens(self, run_id: str | None = None, *, by: str = "step") -> pd.DataFrame:
+        """Token accounting grouped ``by`` step/model/runner/loop/run."""
+        from .store import frames
+
+        rid = self.resolve_run_id(run_id) if run_id else None
+        return self.read(lambda c: frames.tokens_frame(c, rid, by=by))
+
+    def events(self, run_id: str) -> pd.DataFrame:
+        """The run's events."""
+        from .store import frames
+
+        rid = self.resolve_run_id(run_id)
+        return self.read(lambda c: frames.events_frame(c, rid))
+
+    def budget(self, run_id: str) -> pd.DataFrame:
+        """Used vs limit per ceiling, and tokens saved by reuse."""
+        from .store import frames
+
+        rid = self.resolve_run_id(run_id)
+        return self.read(lambda c: frames.budget_frame(c, rid))

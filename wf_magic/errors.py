@@ -1,0 +1,132 @@
+"""The one error tree of wf_magic: every failure a user can see is a ``WorkflowError``.
+
+::
+
+    WorkflowError (Exception)
+    ├── DefinitionError (ValueError)     a workflow source is wrong: line + field
+    ├── UsageError (ValueError)          a call or command line is wrong
+    ├── PlanIntegrityError               a stored plan or params were edited
+    │   └── PlanVersionError             a plan from a newer/older plan_version
+    ├── RunLockHeld                      another driver holds the run (CLI exit 75)
+    ├── BudgetExceeded                   a ceiling would be passed
+    ├── GateDecisionRefused              a human decision matched nothing waiting
+    ├── RunnerError                      a unit's runner failed (transient or permanent)
+    └── MigrationError                   the state database ledger is not ours
+
+Messages say what happened, to which run/step/unit, and what the user can do next.
+"""
+
+from __future__ import annotations
+
+
+class WorkflowError(Exception):
+    """Base class of every error wf_magic raises on purpose."""
+
+    def __init__(self, message: str, *, run_id: str | None = None, step_id: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.run_id = run_id
+        self.step_id = step_id
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class DefinitionError(WorkflowError, ValueError):
+    """A workflow definition is invalid; names the source line and the field."""
+
+    def __init__(
+        self,
+        problem: str,
+        *,
+        field: str | None = None,
+        line: int | None = None,
+        source_name: str | None = None,
+    ):
+        self.problem = problem
+        self.field = field
+        self.line = line
+        self.source_name = source_name
+        where = []
+        if source_name:
+            where.append(source_name)
+        if line is not None:
+            where.append(f"line {line}")
+        head = f"{field}: " if field else ""
+        tail = f" ({', '.join(where)})" if where else ""
+        super().__init__(f"{head}{problem}{tail}")
+
+
+class UsageError(WorkflowError, ValueError):
+    """A command line, API call or param value is wrong."""
+
+
+class PlanIntegrityError(WorkflowError):
+    """A run's stored plan or params do not match their recorded hash."""
+
+
+class PlanVersionError(PlanIntegrityError):
+    """A run's plan was written by another plan_version than this one can drive."""
+
+
+class RunLockHeld(WorkflowError):
+    """Another driver (process or thread) is driving this run."""
+
+    def __init__(self, run_id: str, *, pid: int | None, since: str | None, host: str | None = None):
+        self.pid = pid
+        self.since = since
+        who = f"pid {pid}" if pid is not None else "another driver"
+        when = f" since {since}" if since else ""
+        super().__init__(
+            f"Run {run_id} is being driven by {who}{when}; wait for it or stop that process "
+            f"(`wf stop {run_id}`).",
+            run_id=run_id,
+        )
+
+
+class BudgetExceeded(WorkflowError):
+    """A unit was not dispatched because it would pass a run budget ceiling."""
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        step_id: str | None,
+        unit_id: str | None,
+        ceiling: str,
+        used: float,
+        limit: float,
+    ):
+        self.ceiling = ceiling
+        self.used = used
+        self.limit = limit
+        self.unit_id = unit_id
+        super().__init__(
+            f"Budget exceeded in run {run_id}: {ceiling} used {_num(used)} of {_num(limit)}; "
+            f"unit {unit_id} was not dispatched. Raise budget.{ceiling} and start a new run "
+            f"(--new), or fork this one.",
+            run_id=run_id,
+            step_id=step_id,
+        )
+
+
+class GateDecisionRefused(WorkflowError):
+    """A human approve/reject did not match what the run is waiting for."""
+
+
+class RunnerError(WorkflowError):
+    """A runner could not produce a result; ``transient`` errors may be retried."""
+
+    def __init__(self, message: str, *, transient: bool = False, tokens_in: int = 0, tokens_out: int = 0):
+        super().__init__(message)
+        self.transient = transient
+        self.tokens_in = tokens_in
+        self.tokens_out = tokens_out
+
+
+class MigrationError(WorkflowError):
+    """The state database's migration ledger diverges from this version's registry."""
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:.4f}"

@@ -1,0 +1,124 @@
+"""Gate judges (llm / expr / human / schema) → Verdict, and the artifact summary they see."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+
+from .hashing import canonical_json
+from .spec.templates import TemplateError, evaluate_expression, render_text
+
+SUMMARY_CLIP = 4000
+
+
+class VerdictError(Exception):
+    """A judge answered something that is not a verdict (a judge failure, never a pass)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Verdict:
+    """A gate's decision on one loop's artifact."""
+
+    complete: bool
+    feedback: str = ""
+    missing: tuple[str, ...] = ()
+    judge: str = "llm"
+    """Who decided: ``llm``, ``expr``, ``human`` or ``schema``."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The verdict as stored in the gate attempt's output."""
+        return {"complete": self.complete, "feedback": self.feedback,
+                "missing": list(self.missing), "judge": self.judge}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Verdict:
+        """Rebuild a stored verdict."""
+        return cls(complete=bool(data["complete"]), feedback=str(data.get("feedback") or ""),
+                   missing=tuple(str(m) for m in data.get("missing") or ()),
+                   judge=str(data.get("judge", "llm")))
+
+
+def artifact_summary(artifact: Any, *, unit_count: int, clip: int = SUMMARY_CLIP) -> str:
+    """One line with the unit count, then the artifact's canonical JSON, clipped."""
+    body = canonical_json(artifact)
+    if len(body) > clip:
+        body = body[:clip] + f"… [clipped {len(body) - clip} characters]"
+    return f"{unit_count} unit{'s' if unit_count != 1 else ''}\n{body}"
+
+
+def render_criteria(criteria: Sequence[str], context: Mapping[str, Any]) -> list[str]:
+    """Render the criteria templates (raises TemplateError)."""
+    return [render_text(c, context) for c in criteria]
+
+
+def judge_prompt(step_id: str, criteria: Sequence[str], summary: str) -> str:
+    """The prompt an ``llm`` judge receives."""
+    crit = "\n".join(f"- {c}" for c in criteria) or "- the artifact fulfils the step's request"
+    return (
+        f"Judge the artifact of step \"{step_id}\" against every criterion.\n"
+        f"Criteria:\n{crit}\n"
+        f"Artifact ({summary.splitlines()[0]}):\n{summary.split(chr(10), 1)[1]}\n"
+        'Answer with JSON only: {"complete": true|false, "feedback": "what to fix", '
+        '"missing": ["criterion not met", ...]}'
+    )
+
+
+VERDICT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"complete": {"type": "boolean"}, "feedback": {"type": "string"},
+                   "missing": {"type": "array", "items": {"type": "string"}}},
+    "required": ["complete"],
+}
+
+
+def parse_verdict(output: Any) -> Verdict:
+    """Read a judge's reply (JSON text or object) as a verdict.
+
+    Raises:
+        VerdictError: the reply is not ``{complete: bool, feedback?: str, missing?: [str]}``.
+    """
+    data = output
+    if isinstance(output, str):
+        text = output.strip()
+        if text.startswith("```"):
+            text = text.strip("`").removeprefix("json").strip()
+        try:
+            data = json.loads(text)
+        except ValueError:
+            raise VerdictError(f"judge reply is not JSON: {output[:120]!r}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("complete"), bool):
+        raise VerdictError(f"judge reply lacks a boolean `complete`: {str(output)[:120]!r}")
+    missing = data.get("missing") or []
+    if not isinstance(missing, list):
+        raise VerdictError("judge reply's `missing` is not a list")
+    return Verdict(complete=data["complete"], feedback=str(data.get("feedback") or ""),
+                   missing=tuple(str(m) for m in missing), judge="llm")
+
+
+def expr_verdict(check: str, *, output: Any, params: Mapping[str, Any],
+                 criteria: Sequence[str]) -> Verdict:
+    """Evaluate an ``expr`` gate (raises VerdictError when the expression fails)."""
+    try:
+        ok = evaluate_expression(check, {"output": output, "params": params})
+    except TemplateError as exc:
+        raise VerdictError(f"gate check `{check}` failed: {exc}") from exc
+    if ok:
+        return Verdict(complete=True, judge="expr")
+    feedback = "; ".join(criteria) or f"check `{check}` was false"
+    return Verdict(complete=False, feedback=feedback, missing=tuple(criteria), judge="expr")
+
+
+def schema_errors(schema: Mapping[str, Any], outputs: Sequence[Any], *,
+                  unit_ids: Sequence[str]) -> list[str]:
+    """Validation errors of each unit output against the step's output schema."""
+    validator = jsonschema.Draft202012Validator(schema)
+    errors: list[str] = []
+    for unit_id, value in zip(unit_ids, outputs, strict=True):
+        for err in sorted(validator.iter_errors(value), key=lambda e: list(e.path)):
+            where = "/".join(str(p) for p in err.path) or "(root)"
+            errors.append(f"{unit_id}: {where}: {err.message}")
+    return errors

@@ -1,0 +1,1 @@
+"""Runners: the registry, the protocol and the built-in runners."""

@@ -1,0 +1,97 @@
+"""The runner protocol: one small method turning a UnitRequest into a UnitResult (DESIGN.md §6)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+UnitKind = Literal["prompt", "exec", "python", "judge"]
+"""What a unit asks for:
+
+- ``prompt``: an LLM/agent call with ``request.prompt``.
+- ``exec``: a subprocess with ``request.argv``.
+- ``python``: a callable ``request.target`` with ``request.kwargs``.
+- ``judge``: a gate judge call (an LLM prompt that must answer a verdict).
+"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnitRequest:
+    """Everything a runner needs to run one attempt of one unit."""
+
+    run_id: str
+    step_id: str
+    unit_id: str
+    dispatch_id: str
+    """Fresh per attempt, kept when a running attempt is reclaimed: an idempotency key."""
+    input_hash: str = ""
+    """sha256 of the canonical resolved input (what replay and caches key on)."""
+    attempt: int
+    kind: UnitKind
+    prompt: str | None = None
+    argv: tuple[str, ...] | None = None
+    target: str | None = None
+    kwargs: Mapping[str, Any] | None = None
+    target_hash: str | None = None
+    """Source hash of a python target frozen in the plan; a changed function is refused."""
+    model: str | None = None
+    output_schema: Mapping[str, Any] | None = None
+    """JSON Schema the output must satisfy; runners that can should ask for JSON."""
+    timeout_s: float | None = None
+    item: Any = None
+    index: int | None = None
+    max_tokens: int | None = None
+    """Tokens left in the run budget (None: unlimited); a runner should cap its output."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Environment for exec units (minimal env + pass_env + WF_* names)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnitResult:
+    """A runner's answer for one attempt."""
+
+    output: Any
+    tokens_in: int = 0
+    tokens_out: int = 0
+    model: str | None = None
+    cost: float | None = None
+    session_id: str | None = None
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """A thing that runs units. ``close`` releases held resources (clients, pools)."""
+
+    def run(self, request: UnitRequest) -> UnitResult:
+        """Run one attempt; raise ``RunnerError(transient=...)`` on failure."""
+        ...
+
+    def close(self) -> None:
+        """Release resources; called once on every exit path of a drive."""
+        ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunnerContext:
+    """What a runner factory is given when a drive first needs the runner."""
+
+    name: str
+    """The name the plan uses for this runner (``runners:`` key or built-in name)."""
+    options: Mapping[str, Any]
+    """The frozen ``runners: {name: {...}}`` section of the plan (no secret values)."""
+    state_dir: str
+    """The state dir (the replay runner reads the journal there)."""
+    workflow: str
+    namespace: Mapping[str, Any] | None = None
+    """Where bare python target names are looked up (the notebook's namespace)."""
+
+
+class BaseRunner:
+    """Convenience base: a runner with nothing to close."""
+
+    def run(self, request: UnitRequest) -> UnitResult:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def close(self) -> None:
+        return None

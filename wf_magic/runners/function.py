@@ -1,0 +1,46 @@
+"""The ``python`` runner: calls a frozen callable, refusing one whose source changed."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import RunnerError
+from ..spec import functions
+from .base import BaseRunner, RunnerContext, UnitRequest, UnitResult
+
+
+class FunctionRunner(BaseRunner):
+    """Runs ``python:`` units: ``fn(**kwargs)``; the return value must be JSON-serialisable."""
+
+    def __init__(self, namespace: Mapping[str, Any] | None = None):
+        self.namespace = namespace
+
+    @classmethod
+    def from_context(cls, ctx: RunnerContext) -> FunctionRunner:
+        """Factory: targets are looked up in ``ctx.namespace`` besides the registry."""
+        return cls(ctx.namespace)
+
+    def run(self, request: UnitRequest) -> UnitResult:
+        target = request.target or ""
+        try:
+            fn = functions.resolve(target, self.namespace)
+        except functions.TargetError as exc:
+            raise RunnerError(str(exc)) from exc
+        current = functions.source_hash(fn)
+        if request.target_hash and current != request.target_hash:
+            raise RunnerError(
+                f"python target {target!r} changed since this run's plan was frozen "
+                f"(source hash {request.target_hash[:12]} → {current[:12]}); the run will not "
+                "silently run new code. Start a new run (--new) to use it, or restore the function.")
+        try:
+            output = fn(**dict(request.kwargs or {}))
+        except Exception as exc:
+            raise RunnerError(f"{target} raised {type(exc).__name__}: {exc}") from exc
+        try:
+            json.dumps(output)
+        except (TypeError, ValueError) as exc:
+            raise RunnerError(f"{target} returned a {type(output).__name__}, which is not "
+                              "JSON-serialisable; return dicts, lists, strings and numbers") from exc
+        return UnitResult(output=output)

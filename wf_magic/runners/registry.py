@@ -1,0 +1,65 @@
+"""The runner registry: built-ins, ``register_runner`` and the ``wf_magic.runners`` entry point."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from importlib.metadata import entry_points
+
+from ..errors import UsageError
+from .base import Runner, RunnerContext
+
+RunnerFactory = Callable[[RunnerContext], Runner]
+ENTRY_POINT_GROUP = "wf_magic.runners"
+
+_factories: dict[str, RunnerFactory] = {}
+_lock = threading.Lock()
+_loaded_entry_points = False
+
+
+def register_runner(name: str, factory: RunnerFactory, *, replace: bool = False) -> None:
+    """Register ``factory`` under ``name`` so plans may say ``runner: name``.
+
+    Raises:
+        UsageError: ``name`` is taken and ``replace`` is false.
+    """
+    with _lock:
+        if name in _factories and not replace and _factories[name] is not factory:
+            raise UsageError(
+                f"A runner named {name!r} is already registered; pass replace=True to override it."
+            )
+        _factories[name] = factory
+
+
+def _load_entry_points() -> None:
+    global _loaded_entry_points
+    if _loaded_entry_points:
+        return
+    _loaded_entry_points = True
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name not in _factories:
+            try:
+                _factories[ep.name] = ep.load()
+            except Exception as exc:  # a broken plugin must not break the built-ins
+                import warnings
+
+                warnings.warn(f"runner plugin {ep.name!r} failed to load: {exc}", stacklevel=2)
+
+
+def _load_builtins() -> None:
+    from . import builtin  # noqa: F401  (registers through register_runner)
+
+
+def known_runners() -> list[str]:
+    """Sorted names of every runner that can be used."""
+    _load_builtins()
+    _load_entry_points()
+    return sorted(_factories)
+
+
+def runner_factory(name: str) -> RunnerFactory | None:
+    """The factory for ``name``, or None when no such runner is known."""
+    _load_builtins()
+    if name not in _factories:
+        _load_entry_points()
+    return _factories.get(name)

@@ -1,0 +1,185 @@
+"""The offline ``scripted`` runner: deterministic replies from a rule table or a function.
+
+Rules are tried in order; the first whose ``match`` (a regex searched in the rendered prompt,
+or the argv joined by spaces) hits answers::
+
+    runners:
+      scripted:
+        rules:
+          - match: "Outline"
+            reply: {sections: [intro, method, results]}   # text or JSON
+            tokens_in: 40                                   # optional fixed counts
+            tokens_out: 12
+          - match: "Gate feedback"          # a retried loop sees the judge's feedback
+            reply: "better text"
+          - match: "(?s)Judge.*better"       # the runner can play the gate judge too
+            reply: {complete: true, feedback: "", missing: []}
+          - match: "flaky"
+            error: transient                # or permanent: the attempt fails
+
+A string reply containing ``{{`` is a Jinja template over ``prompt``, ``item``, ``index``
+and ``groups`` (the regex groups). With no matching rule the reply is derived from the prompt:
+an instance of the output schema when one is set, an accepting verdict for a judge, else the
+text ``scripted reply <hash>: <first line>``. Tokens are counted by a simple tokenizer (words
+and punctuation marks), so the same prompt always costs the same.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import RunnerError
+from ..hashing import sha256_text
+from .base import BaseRunner, RunnerContext, UnitRequest, UnitResult
+
+_TOKEN = re.compile(r"\w+|[^\w\s]")
+_RULE_KEYS = {"match", "reply", "tokens_in", "tokens_out", "error", "sleep_s", "model", "kind"}
+
+
+def count_tokens(text: str) -> int:
+    """Deterministic token count: words and punctuation marks."""
+    return len(_TOKEN.findall(text))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rule:
+    """One scripted rule (see the module docstring)."""
+
+    match: re.Pattern[str]
+    reply: Any = None
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    error: str | None = None
+    sleep_s: float = 0.0
+    model: str | None = None
+    kind: str | None = None
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], index: int) -> Rule:
+        """Build a rule from its mapping form (ValueError naming the rule on bad input)."""
+        unknown = set(raw) - _RULE_KEYS
+        if unknown:
+            raise ValueError(f"scripted rule {index}: unknown key(s) {sorted(unknown)}")
+        if "match" not in raw:
+            raise ValueError(f"scripted rule {index}: `match` (a regex) is required")
+        try:
+            pattern = re.compile(str(raw["match"]))
+        except re.error as exc:
+            raise ValueError(f"scripted rule {index}: invalid regex: {exc}") from exc
+        error = raw.get("error")
+        if error is not None and error not in ("transient", "permanent"):
+            raise ValueError(f"scripted rule {index}: error must be transient or permanent")
+        return cls(match=pattern, reply=raw.get("reply"), tokens_in=raw.get("tokens_in"),
+                   tokens_out=raw.get("tokens_out"), error=error,
+                   sleep_s=float(raw.get("sleep_s", 0)), model=raw.get("model"),
+                   kind=raw.get("kind"))
+
+
+ReplyFunction = Callable[[UnitRequest], Any]
+
+
+class ScriptedRunner(BaseRunner):
+    """Deterministic, offline runner answering from rules or a function."""
+
+    def __init__(self, rules: Sequence[Mapping[str, Any] | Rule] = (), *,
+                 fn: ReplyFunction | None = None, model: str = "scripted-1"):
+        self.rules = [r if isinstance(r, Rule) else Rule.parse(r, i) for i, r in enumerate(rules)]
+        self.fn = fn
+        self.model = model
+
+    @classmethod
+    def from_context(cls, ctx: RunnerContext) -> ScriptedRunner:
+        """Factory: rules from the plan's ``runners: {<name>: {rules: [...]}}``."""
+        try:
+            return cls(ctx.options.get("rules", []), model=ctx.options.get("model", "scripted-1"))
+        except ValueError as exc:
+            raise RunnerError(f"runner {ctx.name!r}: {exc}") from exc
+
+    def run(self, request: UnitRequest) -> UnitResult:
+        text = request.prompt if request.prompt is not None else " ".join(request.argv or ())
+        rule, found = self._find(text, request)
+        if rule is not None and rule.sleep_s:
+            time.sleep(rule.sleep_s)
+        if rule is not None and rule.error:
+            raise RunnerError(f"scripted {rule.error} error (rule /{rule.match.pattern}/)",
+                              transient=rule.error == "transient")
+        if self.fn is not None and rule is None:
+            reply = self.fn(request)
+        elif rule is not None:
+            reply = _render_reply(rule.reply, text, request, found)
+        else:
+            reply = _default_reply(text, request)
+        if isinstance(reply, str) and request.output_schema is not None:
+            try:
+                reply = json.loads(reply)
+            except ValueError:
+                pass  # the engine validates and feeds the mismatch back
+        reply_text = reply if isinstance(reply, str) else json.dumps(reply, sort_keys=True)
+        return UnitResult(
+            output=reply,
+            tokens_in=rule.tokens_in if rule and rule.tokens_in is not None else count_tokens(text),
+            tokens_out=(rule.tokens_out if rule and rule.tokens_out is not None
+                        else count_tokens(reply_text)),
+            model=(rule.model if rule and rule.model else request.model or self.model),
+        )
+
+    def _find(self, text: str, request: UnitRequest) -> tuple[Rule | None, re.Match[str] | None]:
+        for rule in self.rules:
+            if rule.kind is not None and rule.kind != request.kind:
+                continue
+            found = rule.match.search(text)
+            if found:
+                return rule, found
+        return None, None
+
+
+def _render_reply(reply: Any, text: str, request: UnitRequest, found: re.Match[str] | None) -> Any:
+    if isinstance(reply, str) and "{{" in reply:
+        from ..spec.templates import render_text
+
+        groups = [found.group(0), *found.groups()] if found else []
+        return render_text(reply, {"prompt": text, "item": request.item, "index": request.index,
+                                   "groups": groups})
+    return reply
+
+
+def _default_reply(text: str, request: UnitRequest) -> Any:
+    if request.kind == "judge":
+        return {"complete": True, "feedback": "", "missing": []}
+    if request.output_schema is not None:
+        return instance_of(request.output_schema, seed=text)
+    first = text.strip().splitlines()[0][:80] if text.strip() else ""
+    return f"scripted reply {sha256_text(text)[:8]}: {first}"
+
+
+def instance_of(schema: Mapping[str, Any], *, seed: str) -> Any:
+    """A deterministic value satisfying a simple JSON Schema (derived from ``seed``)."""
+    if "const" in schema:
+        return schema["const"]
+    if schema.get("enum"):
+        return schema["enum"][0]
+    kind = schema.get("type", "string")
+    if isinstance(kind, list):
+        kind = kind[0]
+    if kind == "object":
+        props = schema.get("properties", {})
+        return {k: instance_of(v, seed=f"{seed}/{k}") for k, v in props.items()}
+    if kind == "array":
+        count = max(int(schema.get("minItems", 1)), 1)
+        item = schema.get("items", {"type": "string"})
+        return [instance_of(item, seed=f"{seed}/{i}") for i in range(count)]
+    if kind in ("integer", "number"):
+        low = schema.get("minimum", 0)
+        return int(low) if kind == "integer" else float(low)
+    if kind == "boolean":
+        return True
+    if kind == "null":
+        return None
+    text = f"item-{sha256_text(seed)[:6]}"
+    min_len = int(schema.get("minLength", 0))
+    return text + "x" * max(0, min_len - len(text))

@@ -1,0 +1,1 @@
+"""Workflow source → authoring models → frozen plan; the Jinja sandbox."""

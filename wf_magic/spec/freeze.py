@@ -1,0 +1,386 @@
+"""Freeze a workflow source into a Plan: validate, check templates statically, pin targets."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path as FsPath
+from typing import Any
+
+import jsonschema
+from pydantic import ValidationError
+
+from ..errors import DefinitionError
+from ..hashing import sha256_text
+from . import functions
+from .models import ENV_NAME_PATTERN, StepSpec, WorkflowSpec
+from .plan import Plan, PlanStep
+from .templates import TemplateError, references
+from .yamlload import Path, dotted, line_of, load_with_lines
+
+MAX_SOURCE_BYTES = 1_000_000
+MAX_PLAN_BYTES = 5_000_000
+MAX_CHILD_DEPTH = 8
+SCHEMA_KEYWORDS = {
+    "type", "properties", "required", "items", "enum", "minimum", "maximum",
+    "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength", "minItems", "maxItems",
+    "additionalProperties", "description", "title", "default", "const", "pattern",
+    "uniqueItems", "minProperties", "maxProperties",
+}
+_JINJA_GLOBALS = {"range", "dict", "lipsum", "cycler", "joiner", "namespace", "true", "false", "none"}
+_FIXED_RUNNERS = {"exec": "exec", "python": "python", "workflow": "workflow", "route": "route"}
+
+
+@dataclass(frozen=True, slots=True)
+class Workflow:
+    """A loaded workflow: its source, and the plan it freezes into."""
+
+    name: str
+    source: str
+    source_hash: str
+    source_path: str | None
+    plan: Plan
+    plan_json: str
+    plan_hash: str
+
+
+class _Source:
+    """One parsed source document and its line map, for error messages."""
+
+    def __init__(self, text: str, name: str | None):
+        if len(text.encode("utf-8")) > MAX_SOURCE_BYTES:
+            raise DefinitionError(
+                f"source is larger than {MAX_SOURCE_BYTES} bytes", field="(source)", source_name=name
+            )
+        self.text = text
+        self.name = name
+        self.data, self.lines = load_with_lines(text, source_name=name)
+
+    def error(self, problem: str, path: Path) -> DefinitionError:
+        return DefinitionError(
+            problem, field=dotted(path) or "(top level)", line=line_of(self.lines, path),
+            source_name=self.name,
+        )
+
+
+def load_workflow(
+    source: str | FsPath,
+    *,
+    library: Mapping[str, str] | None = None,
+    namespace: Mapping[str, Any] | None = None,
+    source_name: str | None = None,
+) -> Workflow:
+    """Load and freeze a workflow from YAML text or a file path.
+
+    Args:
+        source: YAML text, or a path to a ``.yaml``/``.yml`` file.
+        library: child workflow sources by name (e.g. cells defined earlier in a notebook).
+        namespace: where bare ``python:`` names are looked up (e.g. the notebook's namespace).
+        source_name: how messages name the source (default: the file name or ``<workflow>``).
+
+    Raises:
+        DefinitionError: the source is invalid (message names the line and the field).
+    """
+    path: FsPath | None = None
+    if isinstance(source, FsPath) or (
+        isinstance(source, str) and "\n" not in source and source.endswith((".yaml", ".yml"))
+    ):
+        path = FsPath(source)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise DefinitionError(f"cannot read workflow file: {exc.strerror}", field="(file)",
+                                  source_name=str(path)) from exc
+        source_name = source_name or str(path)
+    else:
+        text = str(source)
+    freezer = _Freezer(library=dict(library or {}), namespace=namespace,
+                       search_dir=path.parent if path else None)
+    plan = freezer.freeze(text, source_name or "<workflow>", depth=0)
+    plan_json = plan.to_json()
+    if len(plan_json) > MAX_PLAN_BYTES:
+        raise DefinitionError(f"the frozen plan is larger than {MAX_PLAN_BYTES} bytes",
+                              field="(plan)", source_name=source_name)
+    return Workflow(
+        name=plan.name, source=text, source_hash=sha256_text(text),
+        source_path=str(path.resolve()) if path else None,
+        plan=plan, plan_json=plan_json, plan_hash=sha256_text(plan_json),
+    )
+
+
+class _Freezer:
+    def __init__(self, *, library: dict[str, str], namespace: Mapping[str, Any] | None,
+                 search_dir: FsPath | None):
+        self.library = library
+        self.namespace = namespace
+        self.search_dir = search_dir
+        self.stack: list[str] = []
+
+    def freeze(self, text: str, name: str, *, depth: int) -> Plan:
+        first, docs = _split_documents(text, name)
+        src = _Source(first, name)
+        spec = _validate(src)
+        for child_name, child_text in docs.items():
+            self.library.setdefault(child_name, child_text)
+        if spec.name in self.stack:
+            raise src.error(f"child workflows form a cycle: {' -> '.join([*self.stack, spec.name])}",
+                            ("name",))
+        self.stack.append(spec.name)
+        try:
+            return self._plan(spec, src, depth)
+        finally:
+            self.stack.pop()
+
+    def _plan(self, spec: WorkflowSpec, src: _Source, depth: int) -> Plan:
+        _check_params(spec, src)
+        _check_runners(spec, src)
+        seen: dict[str, int] = {}
+        steps: list[PlanStep] = []
+        children: dict[str, Plan] = {}
+        for i, step in enumerate(spec.steps):
+            at: Path = ("steps", i)
+            if step.id in seen:
+                raise src.error(f"duplicate step id {step.id!r} (first at steps[{seen[step.id]}])",
+                                (*at, "id"))
+            seen[step.id] = i
+            _check_step_templates(spec, step, i, src, earlier=set(list(seen)[:-1]))
+            if step.workflow is not None and step.workflow not in children:
+                children[step.workflow] = self._child(step.workflow, src, (*at, "workflow"), depth)
+            steps.append(self._step(spec, step, i, src))
+        _check_routes(spec, src)
+        return Plan(
+            name=spec.name, description=spec.description, params=spec.params, budget=spec.budget,
+            execution=spec.execution, runner=spec.runner, runners=spec.runners, steps=steps,
+            children=children,
+        )
+
+    def _step(self, spec: WorkflowSpec, step: StepSpec, i: int, src: _Source) -> PlanStep:
+        at: Path = ("steps", i)
+        kind = step.kind
+        runner = _FIXED_RUNNERS.get(kind) or step.runner or spec.runner
+        target_hash = None
+        if step.python is not None:
+            try:
+                target_hash = functions.target_hash(step.python, self.namespace)
+            except functions.TargetError as exc:
+                raise src.error(str(exc), (*at, "python")) from exc
+        for name in step.pass_env:
+            if not re.match(ENV_NAME_PATTERN, name) or name.startswith("WF_"):
+                raise src.error(f"expected an environment variable name not starting with WF_ "
+                                f"(got {name!r})", (*at, "pass_env"))
+        if step.output is not None:
+            _check_schema(step.output, src, (*at, "output"))
+        gate = step.gate
+        max_loops = gate.max_loops if gate else 1
+        capped = kind in ("exec", "workflow") and max_loops > 1
+        return PlanStep(
+            id=step.id, kind=kind, line=line_of(src.lines, at), prompt=step.prompt,
+            argv=step.exec, target=step.python, target_hash=target_hash, workflow=step.workflow,
+            bindings=step.with_, route=step.route, map=step.map, reduce=step.reduce, runner=runner,
+            model=step.model, timeout_s=step.timeout, retry=step.retry, on_error=step.on_error,
+            output=step.output, gate=gate, max_loops=1 if capped else max_loops,
+            loops_capped=capped, cache=step.cache, pass_env=step.pass_env,
+        )
+
+    def _child(self, name: str, src: _Source, at: Path, depth: int) -> Plan:
+        if depth + 1 > MAX_CHILD_DEPTH:
+            raise src.error(f"child workflows nest deeper than {MAX_CHILD_DEPTH}", at)
+        text = self.library.get(name)
+        if text is None and self.search_dir is not None:
+            for candidate in (self.search_dir / f"{name}.yaml", self.search_dir / f"{name}.yml",
+                              self.search_dir / "workflows" / f"{name}.yaml"):
+                if candidate.is_file():
+                    text = candidate.read_text(encoding="utf-8")
+                    break
+        if text is None:
+            raise src.error(
+                f"unknown child workflow {name!r}: define it in the same file (a further YAML "
+                f"document), in an earlier %%workflow cell, or as {name}.yaml beside this file", at)
+        return self.freeze(text, f"workflow {name}", depth=depth + 1)
+
+
+def _split_documents(text: str, name: str) -> tuple[str, dict[str, str]]:
+    """Split off further YAML documents; each defines a child workflow by its ``name``."""
+    seps = [m.start() for m in re.finditer(r"(?m)^---[ \t]*$", text)]
+    if seps and not text[: seps[0]].strip():
+        seps = seps[1:]  # a leading '---' opens the first document
+    if not seps:
+        return text, {}
+    bounds = [*seps, len(text)]
+    out: dict[str, str] = {}
+    for start, end in zip(bounds, bounds[1:], strict=False):
+        part = text[start:end]
+        data, _ = load_with_lines(part, source_name=name)
+        if isinstance(data, dict) and isinstance(data.get("name"), str):
+            out[data["name"]] = part
+    return text[: seps[0]], out
+
+
+_MESSAGES: dict[str, Callable[[dict[str, Any]], str]] = {
+    "greater_than_equal": lambda e: f"must be >= {e['ctx']['ge']} (got {e['input']!r})",
+    "greater_than": lambda e: f"must be > {e['ctx']['gt']} (got {e['input']!r})",
+    "less_than_equal": lambda e: f"must be <= {e['ctx']['le']} (got {e['input']!r})",
+    "missing": lambda e: "is required",
+    "extra_forbidden": lambda e: "unknown key; check its spelling against the format reference",
+    "string_pattern_mismatch": lambda e: f"expected a name matching {e['ctx']['pattern']} "
+    f"(got {e['input']!r})",
+    "literal_error": lambda e: f"expected {e['ctx']['expected']} (got {e['input']!r})",
+    "too_short": lambda e: f"must have at least {e['ctx']['min_length']} item(s)",
+    "too_long": lambda e: f"must have at most {e['ctx']['max_length']} item(s)",
+}
+
+
+def _validate(src: _Source) -> WorkflowSpec:
+    data = src.data
+    if not isinstance(data, dict):
+        raise src.error(f"expected a mapping with name and steps (got {type(data).__name__})", ())
+    try:
+        return WorkflowSpec.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        make = _MESSAGES.get(err["type"])
+        msg = make(err) if make else err["msg"].removeprefix("Value error, ")
+        more = len(exc.errors()) - 1
+        if more:
+            msg += f" (+{more} more problem{'s' if more > 1 else ''})"
+        raise src.error(msg, loc) from None
+
+
+def _check_params(spec: WorkflowSpec, src: _Source) -> None:
+    for name, schema in spec.params.items():
+        at: Path = ("params", name)
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+            raise src.error(f"expected a param name like `topic` (got {name!r})", at)
+        _check_schema(schema, src, at)
+        if "default" in schema:
+            try:
+                jsonschema.validate(schema["default"], schema)
+            except jsonschema.ValidationError as exc:
+                raise src.error(f"default does not match the param schema: {exc.message}",
+                                (*at, "default")) from None
+
+
+def _check_schema(schema: dict[str, Any], src: _Source, at: Path) -> None:
+    unknown = _unknown_keywords(schema)
+    if unknown:
+        raise src.error(f"unsupported JSON Schema keyword(s) {sorted(unknown)}; supported: "
+                        "type, properties, required, items, enum, minimum/maximum, min/maxLength, "
+                        "min/maxItems, pattern, const", at)
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise src.error(f"invalid schema: {exc.message}", at) from None
+
+
+def _unknown_keywords(schema: Any) -> set[str]:
+    if not isinstance(schema, dict):
+        return set()
+    out = set(schema) - SCHEMA_KEYWORDS
+    for key in ("properties",):
+        for sub in (schema.get(key) or {}).values():
+            out |= _unknown_keywords(sub)
+    for key in ("items", "additionalProperties"):
+        out |= _unknown_keywords(schema.get(key))
+    return out
+
+
+def _check_runners(spec: WorkflowSpec, src: _Source) -> None:
+    from ..runners.registry import known_runners
+
+    known = set(known_runners())
+    for name, options in spec.runners.items():
+        kind = options.get("type", name)
+        if kind not in known:
+            raise src.error(f"unknown runner type {kind!r}; known runners: {sorted(known)}",
+                            ("runners", name))
+        for key, value in options.items():
+            if isinstance(value, str) and re.search(r"(?i)(^sk-|bearer\s)", value):
+                raise src.error("looks like a secret value; put it in an environment variable "
+                                "and name the variable instead (e.g. api_key_env)",
+                                ("runners", name, key))
+    usable = known | set(spec.runners)
+    refs: list[tuple[str, Path]] = [(spec.runner, ("runner",))]
+    for i, step in enumerate(spec.steps):
+        if step.runner:
+            refs.append((step.runner, ("steps", i, "runner")))
+        if step.gate and step.gate.runner:
+            refs.append((step.gate.runner, ("steps", i, "gate", "runner")))
+    for name, at in refs:
+        if name not in usable:
+            raise src.error(f"unknown runner {name!r}; known runners: {sorted(usable)}", at)
+
+
+def _templates_of(step: StepSpec) -> list[tuple[str, Path, bool]]:
+    """(template, path, is_bare_expression) for every template field of a step."""
+    out: list[tuple[str, Path, bool]] = []
+    if step.prompt is not None:
+        out.append((step.prompt, ("prompt",), False))
+    if step.map is not None:
+        out.append((step.map, ("map",), False))
+    if step.route is not None:
+        out.append((step.route.on, ("route", "on"), False))
+    for key, value in (step.with_ or {}).items():
+        out.extend((t, ("with", key, *p), False) for t, p in _strings(value))
+    if step.gate is not None:
+        out.extend((c, ("gate", "criteria", j), False) for j, c in enumerate(step.gate.criteria))
+        if step.gate.check:
+            out.append((step.gate.check, ("gate", "check"), True))
+    return out
+
+
+def _strings(value: Any, path: Path = ()) -> list[tuple[str, Path]]:
+    if isinstance(value, str):
+        return [(value, path)]
+    if isinstance(value, dict):
+        return [x for k, v in value.items() for x in _strings(v, (*path, k))]
+    if isinstance(value, list):
+        return [x for i, v in enumerate(value) for x in _strings(v, (*path, i))]
+    return []
+
+
+def _check_step_templates(spec: WorkflowSpec, step: StepSpec, i: int, src: _Source, *,
+                          earlier: set[str]) -> None:
+    for text, rel, bare in _templates_of(step):
+        at: Path = ("steps", i, *rel)
+        try:
+            refs = references(text, expression=bare)
+        except TemplateError as exc:
+            raise src.error(str(exc), at) from None
+        allowed = {"params", "steps", "gate"} | _JINJA_GLOBALS
+        if step.map is not None and rel[0] != "map":
+            allowed |= {"item", "index"}
+        if rel[0] == "gate" and rel[1] == "check":
+            allowed |= {"output"}
+        unknown = refs.names - allowed
+        if unknown:
+            raise src.error(f"template names unknown variable(s) {sorted(unknown)}; in scope: "
+                            f"{sorted(allowed - _JINJA_GLOBALS)}", at)
+        for ref in sorted(refs.steps):
+            if ref == step.id:
+                raise src.error(f"template refers to its own step {ref!r}; use `output` in a gate "
+                                "check or an earlier step", at)
+            if ref not in earlier:
+                later = any(s.id == ref for s in spec.steps)
+                why = "a later step" if later else "an unknown step"
+                raise src.error(f"template refers to {why} {ref!r}; only earlier steps' outputs "
+                                f"are in scope (earlier: {sorted(earlier) or 'none'})", at)
+        for ref in sorted(refs.params):
+            if ref not in spec.params:
+                raise src.error(f"template refers to undeclared param {ref!r}; declare it under "
+                                f"params: (declared: {sorted(spec.params) or 'none'})", at)
+
+
+def _check_routes(spec: WorkflowSpec, src: _Source) -> None:
+    index = {s.id: i for i, s in enumerate(spec.steps)}
+    for i, step in enumerate(spec.steps):
+        if step.route is None:
+            continue
+        for case, target in step.route.cases.items():
+            at: Path = ("steps", i, "route", "cases", case)
+            if target not in index:
+                raise src.error(f"route target {target!r} is not a step id", at)
+            if index[target] <= i:
+                raise src.error(f"route target {target!r} must come after the router "
+                                f"{step.id!r}", at)

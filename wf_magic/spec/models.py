@@ -1,0 +1,152 @@
+"""Authoring models: the YAML format reference, validated strictly (unknown keys are errors)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+ID_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
+STEP_ID_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+KIND_KEYS = ("prompt", "exec", "python", "workflow", "route")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class RetrySpec(_Strict):
+    """Re-dispatch a unit after a transient runner error."""
+
+    max_attempts: int = Field(1, ge=1, le=100)
+    """Attempts in all, the first included (1 = no retry)."""
+    backoff_s: float = Field(0.0, ge=0, le=3600)
+    """Seconds to wait before the second attempt; doubles for each further attempt."""
+
+
+class GateSpec(_Strict):
+    """A completion gate judging the step's artifact."""
+
+    criteria: list[str] = Field(default_factory=list)
+    """Templated criteria: the judge's checklist, and the feedback of an ``expr`` rejection."""
+    judge: Literal["llm", "expr", "human"] = "llm"
+    """- ``llm``: a runner call answering ``{complete, feedback, missing[]}``.
+    - ``expr``: ``check`` (a Jinja boolean over ``output`` and ``params``), free.
+    - ``human``: the run blocks until someone approves or rejects."""
+    check: str | None = None
+    """The Jinja expression of an ``expr`` judge (no braces)."""
+    max_loops: int = Field(1, ge=1, le=50)
+    """Executions of the step in all; after this many rejections the run stops."""
+    runner: str | None = None
+    """Runner of an ``llm`` judge (default: the step's runner)."""
+    model: str | None = None
+    """Model of an ``llm`` judge (default: the step's model)."""
+
+    @model_validator(mode="after")
+    def _check_needs_expr(self) -> GateSpec:
+        if self.judge == "expr" and not self.check:
+            raise ValueError("an expr judge needs `check:` (a Jinja boolean expression)")
+        if self.judge != "expr" and self.check:
+            raise ValueError("`check:` is only read by `judge: expr`")
+        return self
+
+
+class RouteSpec(_Strict):
+    """Select which later steps run."""
+
+    on: str
+    """Template whose rendered value (stripped text) picks a case."""
+    cases: dict[str, str] = Field(min_length=1)
+    """Value → step id; the key ``default`` catches every other value."""
+
+
+class StepSpec(_Strict):
+    """One step; exactly one of prompt / exec / python / workflow / route."""
+
+    id: str = Field(pattern=STEP_ID_PATTERN, max_length=64)
+    """Unique step id, usable in templates as ``steps.<id>.output``."""
+    prompt: str | None = None
+    """Jinja template of an LLM/agent unit."""
+    exec: list[str] | None = Field(None, min_length=1)
+    """argv of a subprocess unit, frozen and never interpolated."""
+    python: str | None = None
+    """A callable: ``module:function`` or a name registered from the notebook/Python."""
+    workflow: str | None = None
+    """Name of a child workflow, frozen into this plan."""
+    route: RouteSpec | None = None
+    with_: dict[str, Any] | None = Field(None, alias="with")
+    """Template bindings: a child workflow's params, or a python callable's keyword arguments."""
+    map: str | None = None
+    """Template evaluating to a list: one unit per item (``item``, ``index`` in scope)."""
+    reduce: Literal["collect", "vote"] = "collect"
+    """Map artifact: ``collect`` = outputs in item order; ``vote`` = the majority output."""
+    runner: str | None = None
+    """Runner for prompt units (default: the workflow's ``runner``)."""
+    model: str | None = None
+    """Model name passed to the runner."""
+    timeout: float | None = Field(None, gt=0, le=86_400)
+    """Seconds before an attempt is killed and failed."""
+    retry: RetrySpec = Field(default_factory=RetrySpec)
+    on_error: Literal["fail", "continue"] = "fail"
+    """``fail`` stops the run on a failed unit; ``continue`` records it and goes on."""
+    output: dict[str, Any] | None = None
+    """JSON Schema (subset) the step's output must satisfy; mismatches feed the gate loop."""
+    gate: GateSpec | None = None
+    cache: bool = True
+    """``false`` turns off result reuse across runs for this step."""
+    pass_env: list[str] = Field(default_factory=list)
+    """Extra environment variable names an ``exec`` unit receives (never ``WF_*``)."""
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> StepSpec:
+        given = [k for k in KIND_KEYS if getattr(self, k) is not None]
+        if len(given) != 1:
+            got = ", ".join(given) if given else "none"
+            raise ValueError(f"a step needs exactly one of {', '.join(KIND_KEYS)} (got {got})")
+        if self.route is not None and (self.map or self.gate or self.output):
+            raise ValueError("a route step takes no map, gate or output")
+        if self.with_ is not None and self.python is None and self.workflow is None:
+            raise ValueError("`with:` is read only by python and workflow steps")
+        return self
+
+    @property
+    def kind(self) -> str:
+        """The step kind: prompt, exec, python, workflow or route."""
+        return next(k for k in KIND_KEYS if getattr(self, k) is not None)
+
+
+class BudgetSpec(_Strict):
+    """Per-run ceilings; a unit that would pass one is not dispatched."""
+
+    max_units: int | None = Field(None, ge=1)
+    """Dispatch attempts (gate rows and reused results are free)."""
+    max_tokens: int | None = Field(None, ge=1)
+    """Tokens in + out of dispatch attempts."""
+    max_cost: float | None = Field(None, gt=0)
+    """Cost (runner-reported currency units) of dispatch attempts."""
+
+
+class ExecutionSpec(_Strict):
+    """How units are dispatched."""
+
+    max_concurrency: int = Field(1, ge=1, le=256)
+    """Map units in flight at once (the caller may lower it)."""
+    durability: Literal["normal", "full"] = "normal"
+    """``full`` selects SQLite synchronous=FULL (power-loss safe, slower)."""
+
+
+class WorkflowSpec(_Strict):
+    """A whole workflow source."""
+
+    name: str = Field(pattern=ID_PATTERN, max_length=64)
+    description: str = ""
+    params: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Param name → JSON Schema (``type``, ``default``, ``minimum``, ``enum``, ...)."""
+    budget: BudgetSpec = Field(default_factory=BudgetSpec)
+    execution: ExecutionSpec = Field(default_factory=ExecutionSpec)
+    runner: str = "scripted"
+    """Default runner of prompt steps and llm judges."""
+    runners: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Runner configuration by name (``type:`` selects a registered runner, default the name)."""
+    steps: list[StepSpec] = Field(min_length=1, max_length=500)

@@ -1,0 +1,228 @@
+"""The one gate spine: ``complete_step`` is the only writer of a step's status.
+
+It turns a loop's work into the step's fate — route selection, output validation, the
+completion gate — writes the step row, and derives the run's status from the step rows.
+Writes happen only when something changed, so re-driving a stuck run writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .gates import Verdict, schema_errors
+from .hashing import canonical_json
+from .spec.plan import Plan, PlanStep
+from .store import runs as run_sql
+from .store.records import StepRow
+from .units import Feedback, UnitPlan
+
+if TYPE_CHECKING:
+    from .drive import Driver
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkOutcome:
+    """What executing one loop's units produced."""
+
+    outputs: list[Any] = field(default_factory=list)
+    failures: dict[str, str] = field(default_factory=dict)
+    """unit_id → failure message of units that failed for good."""
+    budget_error: str | None = None
+    blocked: str | None = None
+    """Why a unit cannot finish now (a blocked child run)."""
+    input_error: str | None = None
+    """The step's inputs could not be built (template, map value)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepOutcome:
+    """The step's fate after one loop."""
+
+    status: str
+    """``completed``, ``failed``, ``skipped``, ``blocked`` or ``loop`` (re-execute)."""
+    output: Any = None
+    note: str | None = None
+    feedback: Feedback | None = None
+    run_failed: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Judged:
+    """A verdict with the judge input it answered (a human may later override it)."""
+
+    verdict: Verdict
+    input_hash: str
+    summary: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GateWaiting:
+    """A gate that has no verdict now (a person must act, or the judge failed)."""
+
+    reason: str
+    loop: int
+    input_hash: str
+    summary: str
+    judge: str
+
+
+def complete_step(driver: Driver, step: PlanStep, *, loop: int, units: list[UnitPlan],
+                  work: WorkOutcome) -> StepOutcome:
+    """Decide and record a step's status after one loop of work."""
+    outcome = _decide(driver, step, loop=loop, units=units, work=work)
+    if outcome.status == "loop":
+        # A rejected loop is replayed from the journal; the row is written when the next
+        # loop dispatches (start_loop), so re-driving a finished gate writes nothing.
+        return outcome
+    output_json = canonical_json(outcome.output) if outcome.output is not None else None
+    _write_step(driver, step, status=outcome.status, loop=loop, note=outcome.note,
+                output_json=output_json)
+    return outcome
+
+
+def skip_step(driver: Driver, step: PlanStep, note: str) -> StepOutcome:
+    """Record a step skipped by a route (through the spine, like every status)."""
+    _write_step(driver, step, status="skipped", loop=1, note=note, output_json=None)
+    return StepOutcome(status="skipped", note=note)
+
+
+def start_loop(driver: Driver, step: PlanStep, loop: int) -> None:
+    """Record that ``step`` is pending at ``loop`` (a no-op when it already is)."""
+    _write_step(driver, step, status="pending", loop=loop, note=None, output_json=None)
+
+
+def _decide(driver: Driver, step: PlanStep, *, loop: int, units: list[UnitPlan],
+            work: WorkOutcome) -> StepOutcome:
+    if work.input_error:
+        return _failed(step, work.input_error)
+    if work.budget_error:
+        return StepOutcome(status="failed", note=work.budget_error, run_failed=True)
+    if work.blocked:
+        return StepOutcome(status="blocked", note=work.blocked)
+    if work.failures:
+        return _unit_failures(step, units, work)
+    if step.kind == "route":
+        return _route(step, work.outputs[0])
+    artifact = _reduce(step, work.outputs)
+    if isinstance(artifact, StepOutcome):
+        return artifact
+    if step.output is not None:
+        errors = schema_errors(step.output, work.outputs, unit_ids=[u.unit_id for u in units])
+        if errors:
+            return _schema_rejected(driver, step, loop=loop, artifact=artifact, errors=errors)
+    if step.gate is None:
+        return StepOutcome(status="completed", output=artifact)
+    verdict = driver.obtain_verdict(step, loop=loop, artifact=artifact, unit_count=len(units))
+    if isinstance(verdict, GateWaiting):
+        waiting = {"waiting": {"loop": verdict.loop, "input_hash": verdict.input_hash,
+                               "summary": verdict.summary, "judge": verdict.judge}}
+        return StepOutcome(status="blocked", note=verdict.reason, output=waiting)
+    return _judged(step, loop=loop, artifact=artifact, judged=verdict)
+
+
+def _failed(step: PlanStep, note: str) -> StepOutcome:
+    return StepOutcome(status="failed", note=note, run_failed=step.on_error == "fail")
+
+
+def _unit_failures(step: PlanStep, units: list[UnitPlan], work: WorkOutcome) -> StepOutcome:
+    first_id, first = next(iter(work.failures.items()))
+    count = len(work.failures)
+    note = f"unit {first_id} failed: {first}" + (f" (+{count - 1} more)" if count > 1 else "")
+    if step.on_error == "continue" and step.map is not None:
+        note = f"{count} of {len(units)} units failed; first: {first_id}: {first}"
+        return StepOutcome(status="completed", output=work.outputs, note=note)
+    return _failed(step, note)
+
+
+def _route(step: PlanStep, result: Any) -> StepOutcome:
+    if not isinstance(result, dict) or "selected" not in result:
+        return _failed(step, f"route result is malformed: {result!r}")
+    return StepOutcome(status="completed", output=result,
+                       note=f"selected {result['selected']!r} (case {result['case']!r})")
+
+
+def _reduce(step: PlanStep, outputs: list[Any]) -> Any:
+    if step.map is None:
+        return outputs[0]
+    if step.reduce == "collect":
+        return outputs
+    if not outputs:
+        return _failed(step, "vote over an empty map has no majority")
+    counts = Counter(canonical_json(o) for o in outputs)
+    ranked = counts.most_common()
+    if len(ranked) > 1 and ranked[0][1] == ranked[1][1]:
+        return _failed(step, f"vote tied ({ranked[0][1]} votes each for the top outputs); "
+                             "add items or use reduce: collect")
+    return json.loads(ranked[0][0])
+
+
+def _schema_rejected(driver: Driver, step: PlanStep, *, loop: int, artifact: Any,
+                     errors: list[str]) -> StepOutcome:
+    feedback = "The output does not match the required schema: " + "; ".join(errors[:20])
+    verdict = Verdict(complete=False, feedback=feedback, missing=tuple(errors[:20]),
+                      judge="schema")
+    driver.record_verdict(step, loop=loop, artifact=artifact, verdict=verdict)
+    if loop < step.max_loops:
+        return StepOutcome(status="loop", note=feedback, feedback=Feedback(
+            loop=loop, feedback=verdict.feedback, missing=verdict.missing))
+    return _failed(step, f"output failed its schema after {loop} loop(s): " + "; ".join(errors))
+
+
+def _judged(step: PlanStep, *, loop: int, artifact: Any, judged: Judged) -> StepOutcome:
+    verdict = judged.verdict
+    if verdict.complete:
+        note = f"gate passed at loop {loop}/{step.max_loops} ({verdict.judge})"
+        if verdict.feedback:
+            note += f": {verdict.feedback}"
+        return StepOutcome(status="completed", output=artifact, note=note)
+    fb = Feedback(loop=loop, feedback=verdict.feedback, missing=verdict.missing)
+    if loop < step.max_loops:
+        return StepOutcome(status="loop", note=f"loop {loop} rejected: {verdict.feedback}",
+                           feedback=fb)
+    waiting = {"waiting": {"loop": loop, "input_hash": judged.input_hash,
+                           "summary": judged.summary, "judge": "exhausted"}}
+    return StepOutcome(
+        status="blocked", output=waiting,
+        note=f"gate exhausted after {loop} loop(s); last feedback: {verdict.feedback}"
+             + (f" (missing: {', '.join(verdict.missing)})" if verdict.missing else ""))
+
+
+def _write_step(driver: Driver, step: PlanStep, *, status: str, loop: int, note: str | None,
+                output_json: str | None) -> None:
+    current = driver.step_rows[step.id]
+    if (current.status, current.loop, current.note, current.output_json) == (
+            status, loop, note, output_json):
+        return
+    driver.store_write(lambda conn: run_sql.write_step_txn(
+        conn, driver.run.run_id, step.id, status=status, loop=loop, note=note,
+        output_json=output_json))
+    driver.step_rows[step.id] = StepRow(
+        run_id=current.run_id, step_id=current.step_id, position=current.position,
+        kind=current.kind, status=status, loop=loop, max_loops=current.max_loops, note=note,
+        output_json=output_json, updated_at=current.updated_at)
+    driver.emit("step_status", step_id=step.id, status=status, loop=loop, note=note)
+
+
+def derive_run_status(plan: Plan, rows: dict[str, StepRow]) -> tuple[str, str | None]:
+    """The run status implied by its step rows, with the reason shown to users."""
+    for step in plan.steps:
+        row = rows[step.id]
+        if row.status == "blocked":
+            return "blocked", f"step {step.id}: {row.note}"
+        if row.status == "failed" and step.on_error == "fail":
+            return "failed", f"step {step.id}: {row.note}"
+    if all(rows[s.id].status in ("completed", "skipped", "failed") for s in plan.steps):
+        return "completed", None
+    return "active", None
+
+
+def run_result(plan: Plan, rows: dict[str, StepRow]) -> Any:
+    """A completed run's result: the output of its last completed step."""
+    for step in reversed(plan.steps):
+        row = rows[step.id]
+        if row.status == "completed" and row.output_json is not None:
+            return json.loads(row.output_json)
+    return None

@@ -1,0 +1,1 @@
+"""Storage: the only place that speaks SQL (connection, migrations, runs, journal, frames)."""

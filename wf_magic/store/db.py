@@ -1,0 +1,105 @@
+"""Open the state database: location, pragmas, journal mode and the network-filesystem fallback."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+BUSY_TIMEOUT_MS = 30_000
+DB_FILENAME = "state.db"
+_NETWORK_FS = {"nfs", "nfs4", "cifs", "smbfs", "smb3", "fuse", "9p", "afs", "ceph", "glusterfs", "lustre"}
+_warned_paths: set[str] = set()
+_warn_lock = threading.Lock()
+
+
+class StateDirWarning(UserWarning):
+    """The state directory's filesystem forced a safer, slower journal mode."""
+
+
+def default_state_dir() -> Path:
+    """The state dir: ``$WF_MAGIC_HOME`` if set, else ``./.wf_magic``."""
+    env = os.environ.get("WF_MAGIC_HOME")
+    return Path(env) if env else Path.cwd() / ".wf_magic"
+
+
+def filesystem_type(path: Path) -> str | None:
+    """The filesystem type holding ``path`` from /proc/mounts (None where unknown)."""
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    target = os.path.realpath(path)
+    best, best_type = "", None
+    for line in mounts:
+        parts = line.split()
+        if len(parts) < 3:
+            continue
+        mount_point = parts[1].replace("\\040", " ")
+        inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
+        if inside and len(mount_point) > len(best):
+            best, best_type = mount_point, parts[2]
+    return best_type
+
+
+def choose_journal_mode(state_dir: Path) -> str:
+    """WAL unless overridden or the state dir lives on a network filesystem."""
+    override = os.environ.get("WF_MAGIC_SQLITE_JOURNAL_MODE")
+    if override:
+        return override.strip().upper()
+    fstype = filesystem_type(state_dir) or ""
+    if fstype.split(".")[0] in _NETWORK_FS or fstype.startswith("fuse"):
+        key = str(state_dir)
+        with _warn_lock:
+            if key not in _warned_paths:
+                _warned_paths.add(key)
+                warnings.warn(
+                    f"State dir {state_dir} is on a network filesystem ({fstype}); WAL is unsafe "
+                    "there, using journal_mode=DELETE. Set WF_MAGIC_HOME to a local disk for speed, "
+                    "or WF_MAGIC_SQLITE_JOURNAL_MODE to override.",
+                    StateDirWarning,
+                    stacklevel=3,
+                )
+        return "DELETE"
+    return "WAL"
+
+
+def connect(db_path: Path, *, durability: str = "normal", read_only: bool = False) -> sqlite3.Connection:
+    """Open ``db_path`` with the house pragmas (busy timeout, foreign keys, journal mode).
+
+    Connections are in autocommit mode (``isolation_level=None``); writers open their own
+    ``BEGIN IMMEDIATE`` transactions through :func:`immediate`.
+    """
+    if read_only:
+        uri = f"file:{db_path}?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
+                               check_same_thread=False)
+    else:
+        db_path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(db_path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
+                               check_same_thread=False)
+    conn.row_factory = sqlite3.Row
+    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    conn.execute("PRAGMA foreign_keys = ON")
+    if not read_only:
+        mode = choose_journal_mode(db_path.parent)
+        conn.execute(f"PRAGMA journal_mode = {mode}")
+        sync = "FULL" if durability == "full" else "NORMAL"
+        conn.execute(f"PRAGMA synchronous = {sync}")
+    return conn
+
+
+@contextmanager
+def immediate(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One ``BEGIN IMMEDIATE`` transaction: commit on success, roll back on any exception."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")

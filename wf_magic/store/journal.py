@@ -1,0 +1,212 @@
+"""SQL for the append-only attempt journal, the unit projection and events."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from .records import AttemptRow, EventRow, from_row
+
+_ATTEMPT_COLS = ", ".join(AttemptRow.__dataclass_fields__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnitKey:
+    """Identity and resolved input of one unit attempt about to be journaled."""
+
+    run_id: str
+    workflow: str
+    step_id: str
+    unit_id: str
+    phase: str
+    loop: int
+    item_index: int | None
+    runner: str
+    model: str | None
+    input_hash: str
+
+
+def append_event_txn(conn: sqlite3.Connection, run_id: str, kind: str, *,
+                     step_id: str | None = None, unit_id: str | None = None,
+                     dispatch_id: str | None = None, data: Any = None) -> None:
+    """Append one event row."""
+    conn.execute(
+        "INSERT INTO events (run_id, at, kind, step_id, unit_id, dispatch_id, data_json)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (run_id, time.time(), kind, step_id, unit_id, dispatch_id,
+         None if data is None else json.dumps(data, sort_keys=True, default=str)),
+    )
+
+
+def _upsert_unit_txn(conn: sqlite3.Connection, key: UnitKey, status: str, attempt: int) -> None:
+    conn.execute(
+        "INSERT INTO units (run_id, unit_id, step_id, phase, item_index, loop, status, input_hash,"
+        " attempts, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        " ON CONFLICT (run_id, unit_id) DO UPDATE SET loop = excluded.loop,"
+        " status = excluded.status, input_hash = excluded.input_hash,"
+        " attempts = excluded.attempts, updated_at = excluded.updated_at",
+        (key.run_id, key.unit_id, key.step_id, key.phase, key.item_index, key.loop, status,
+         key.input_hash, attempt, time.time()),
+    )
+
+
+def _next_attempt_txn(conn: sqlite3.Connection, run_id: str, unit_id: str) -> int:
+    row = conn.execute("SELECT MAX(attempt) FROM attempts WHERE run_id = ? AND unit_id = ?",
+                       (run_id, unit_id)).fetchone()
+    return int(row[0] or 0) + 1
+
+
+def reserve_attempt_txn(conn: sqlite3.Connection, key: UnitKey, *, charged: bool) -> AttemptRow:
+    """Insert a ``running`` attempt with a fresh dispatch_id and its ``unit_started`` event."""
+    number = _next_attempt_txn(conn, key.run_id, key.unit_id)
+    dispatch_id = uuid.uuid4().hex
+    now = time.time()
+    cur = conn.execute(
+        "INSERT INTO attempts (run_id, workflow, step_id, unit_id, attempt, dispatch_id, phase,"
+        " loop, item_index, runner, model, status, input_hash, charged, started_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?)",
+        (key.run_id, key.workflow, key.step_id, key.unit_id, number, dispatch_id, key.phase,
+         key.loop, key.item_index, key.runner, key.model, key.input_hash, int(charged), now),
+    )
+    _upsert_unit_txn(conn, key, "running", number)
+    append_event_txn(conn, key.run_id, "unit_started", step_id=key.step_id, unit_id=key.unit_id,
+                     dispatch_id=dispatch_id, data={"attempt": number, "loop": key.loop,
+                                                    "phase": key.phase})
+    return AttemptRow(
+        attempt_pk=int(cur.lastrowid or 0), run_id=key.run_id, workflow=key.workflow,
+        step_id=key.step_id, unit_id=key.unit_id, attempt=number, dispatch_id=dispatch_id,
+        phase=key.phase, loop=key.loop, item_index=key.item_index, runner=key.runner,
+        model=key.model, status="running", input_hash=key.input_hash, charged=int(charged),
+        tokens_in=0, tokens_out=0, cost=None, saved_tokens=0, reused_from=None, session_id=None,
+        output_json=None, failure=None, transient=None, started_at=now, finished_at=None,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Finish:
+    """The outcome written onto a running attempt."""
+
+    status: str
+    output_json: str | None = None
+    failure: str | None = None
+    transient: bool | None = None
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost: float | None = None
+    model: str | None = None
+    session_id: str | None = None
+
+
+def finish_attempt_txn(conn: sqlite3.Connection, attempt: AttemptRow, finish: Finish) -> bool:
+    """Finish a running attempt; False (and nothing written) when it was already finished."""
+    now = time.time()
+    cur = conn.execute(
+        "UPDATE attempts SET status = ?, output_json = ?, failure = ?, transient = ?,"
+        " tokens_in = ?, tokens_out = ?, cost = ?, model = COALESCE(?, model), session_id = ?,"
+        " finished_at = ? WHERE dispatch_id = ? AND status = 'running'",
+        (finish.status, finish.output_json, finish.failure,
+         None if finish.transient is None else int(finish.transient), finish.tokens_in,
+         finish.tokens_out, finish.cost, finish.model, finish.session_id, now,
+         attempt.dispatch_id),
+    )
+    if cur.rowcount == 0:
+        return False
+    key = UnitKey(run_id=attempt.run_id, workflow=attempt.workflow, step_id=attempt.step_id,
+                  unit_id=attempt.unit_id, phase=attempt.phase, loop=attempt.loop,
+                  item_index=attempt.item_index, runner=attempt.runner, model=attempt.model,
+                  input_hash=attempt.input_hash)
+    _upsert_unit_txn(conn, key, finish.status, attempt.attempt)
+    append_event_txn(conn, attempt.run_id, "unit_finished", step_id=attempt.step_id,
+                     unit_id=attempt.unit_id, dispatch_id=attempt.dispatch_id,
+                     data={"status": finish.status, "attempt": attempt.attempt,
+                           "tokens": finish.tokens_in + finish.tokens_out,
+                           "failure": finish.failure, "phase": attempt.phase,
+                           "loop": attempt.loop})
+    return True
+
+
+def record_terminal_attempt_txn(conn: sqlite3.Connection, key: UnitKey, finish: Finish, *,
+                                charged: bool = False, reused_from: str | None = None,
+                                saved_tokens: int = 0, event: str = "unit_finished") -> AttemptRow:
+    """Insert an attempt that is terminal at once (a reused result or a recorded verdict)."""
+    number = _next_attempt_txn(conn, key.run_id, key.unit_id)
+    dispatch_id = uuid.uuid4().hex
+    now = time.time()
+    conn.execute(
+        "INSERT INTO attempts (run_id, workflow, step_id, unit_id, attempt, dispatch_id, phase,"
+        " loop, item_index, runner, model, status, input_hash, charged, tokens_in, tokens_out,"
+        " cost, saved_tokens, reused_from, session_id, output_json, failure, transient,"
+        " started_at, finished_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+        " ?, ?, ?, ?, ?, ?, ?)",
+        (key.run_id, key.workflow, key.step_id, key.unit_id, number, dispatch_id, key.phase,
+         key.loop, key.item_index, key.runner, finish.model or key.model, finish.status,
+         key.input_hash, int(charged), finish.tokens_in, finish.tokens_out, finish.cost,
+         saved_tokens, reused_from, finish.session_id, finish.output_json, finish.failure,
+         None if finish.transient is None else int(finish.transient), now, now),
+    )
+    _upsert_unit_txn(conn, key, finish.status, number)
+    append_event_txn(conn, key.run_id, event, step_id=key.step_id, unit_id=key.unit_id,
+                     dispatch_id=dispatch_id,
+                     data={"status": finish.status, "attempt": number, "phase": key.phase,
+                           "loop": key.loop, "reused_from": reused_from,
+                           "saved_tokens": saved_tokens})
+    row = conn.execute(f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE dispatch_id = ?",
+                       (dispatch_id,)).fetchone()
+    return from_row(AttemptRow, row)
+
+
+def attempts_of(conn: sqlite3.Connection, run_id: str, step_id: str | None = None) -> list[AttemptRow]:
+    """A run's attempts (optionally of one step), in journal order."""
+    if step_id is None:
+        rows = conn.execute(f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE run_id = ?"
+                            " ORDER BY attempt_pk", (run_id,))
+    else:
+        rows = conn.execute(f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE run_id = ? AND"
+                            " step_id = ? ORDER BY attempt_pk", (run_id, step_id))
+    return [from_row(AttemptRow, r) for r in rows]
+
+
+def find_reusable(conn: sqlite3.Connection, *, workflow: str, input_hash: str, runner: str,
+                  model: str | None, exclude_run_id: str) -> AttemptRow | None:
+    """The newest succeeded attempt of another run of ``workflow`` with the same input."""
+    row = conn.execute(
+        f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE workflow = ? AND input_hash = ? AND"
+        " status = 'succeeded' AND runner = ? AND model IS ? AND run_id != ? AND phase = 'work'"
+        " ORDER BY attempt_pk DESC LIMIT 1",
+        (workflow, input_hash, runner, model, exclude_run_id),
+    ).fetchone()
+    return from_row(AttemptRow, row) if row else None
+
+
+def find_in_run(conn: sqlite3.Connection, *, run_id: str, input_hash: str,
+                unit_id: str) -> AttemptRow | None:
+    """The newest succeeded/reused attempt of ``unit_id`` in ``run_id`` with that input."""
+    row = conn.execute(
+        f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE run_id = ? AND unit_id = ? AND"
+        " input_hash = ? AND status IN ('succeeded','reused') ORDER BY attempt_pk DESC LIMIT 1",
+        (run_id, unit_id, input_hash),
+    ).fetchone()
+    return from_row(AttemptRow, row) if row else None
+
+
+def budget_usage(conn: sqlite3.Connection, root_run_id: str) -> tuple[int, int, float]:
+    """(charged attempts, their tokens, their cost) over a root run and its descendants."""
+    row = conn.execute(
+        "SELECT COUNT(*), COALESCE(SUM(a.tokens_in + a.tokens_out), 0), COALESCE(SUM(a.cost), 0)"
+        " FROM attempts a JOIN runs r ON r.run_id = a.run_id"
+        " WHERE r.root_run_id = ? AND a.charged = 1", (root_run_id,),
+    ).fetchone()
+    return int(row[0]), int(row[1]), float(row[2])
+
+
+def events_after(conn: sqlite3.Connection, run_id: str, after_id: int = 0,
+                 limit: int = 10_000) -> list[EventRow]:
+    """Events of ``run_id`` with id greater than ``after_id`` (for watch/tail)."""
+    rows = conn.execute(
+        "SELECT event_id, run_id, at, kind, step_id, unit_id, dispatch_id, data_json FROM events"
+        " WHERE run_id = ? AND event_id > ? ORDER BY event_id LIMIT ?", (run_id, after_id, limit))
+    return [from_row(EventRow, r) for r in rows]

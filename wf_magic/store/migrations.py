@@ -1,0 +1,196 @@
+"""Numbered, append-only schema migrations and the ledger check (DESIGN.md §7).
+
+A shipped migration is never edited: add ``m00N_...`` at the end instead.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable
+
+from ..errors import MigrationError
+from .db import immediate
+
+Migration = Callable[[sqlite3.Connection], None]
+MIGRATIONS: list[Migration] = []
+migration = MIGRATIONS.append
+
+
+@migration
+def m001_initial(conn: sqlite3.Connection) -> None:
+    _script(
+        conn,
+        """
+        CREATE TABLE runs (
+            run_id TEXT PRIMARY KEY,
+            workflow TEXT NOT NULL,
+            plan_json TEXT NOT NULL,
+            plan_hash TEXT NOT NULL,
+            plan_version INTEGER NOT NULL,
+            source_hash TEXT NOT NULL,
+            source_path TEXT,
+            params_json TEXT NOT NULL,
+            params_hash TEXT NOT NULL,
+            status TEXT NOT NULL CHECK (status IN ('active','blocked','completed','failed','abandoned')),
+            status_reason TEXT,
+            scope_key TEXT NOT NULL,
+            parent_run_id TEXT REFERENCES runs(run_id) ON DELETE CASCADE,
+            invocation_key TEXT,
+            root_run_id TEXT NOT NULL,
+            forked_from TEXT,
+            fork_step TEXT,
+            use_cache INTEGER NOT NULL DEFAULT 1,
+            stop_requested INTEGER NOT NULL DEFAULT 0,
+            result_json TEXT,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            finished_at REAL,
+            UNIQUE (parent_run_id, invocation_key)
+        );
+        CREATE INDEX runs_scope ON runs(scope_key, created_at);
+        CREATE INDEX runs_root ON runs(root_run_id);
+
+        CREATE TABLE steps (
+            run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+            step_id TEXT NOT NULL,
+            position INTEGER NOT NULL,
+            kind TEXT NOT NULL,
+            status TEXT NOT NULL CHECK (status IN ('pending','completed','failed','skipped','blocked')),
+            loop INTEGER NOT NULL DEFAULT 1,
+            max_loops INTEGER NOT NULL DEFAULT 1,
+            note TEXT,
+            output_json TEXT,
+            updated_at REAL NOT NULL,
+            PRIMARY KEY (run_id, step_id)
+        );
+
+        CREATE TABLE units (
+            run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+            unit_id TEXT NOT NULL,
+            step_id TEXT NOT NULL,
+            phase TEXT NOT NULL CHECK (phase IN ('work','gate')),
+            item_index INTEGER,
+            loop INTEGER NOT NULL,
+            status TEXT NOT NULL CHECK (status IN ('running','succeeded','failed','reused')),
+            input_hash TEXT NOT NULL,
+            attempts INTEGER NOT NULL,
+            updated_at REAL NOT NULL,
+            PRIMARY KEY (run_id, unit_id)
+        );
+
+        CREATE TABLE attempts (
+            attempt_pk INTEGER PRIMARY KEY AUTOINCREMENT,
+            run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+            workflow TEXT NOT NULL,
+            step_id TEXT NOT NULL,
+            unit_id TEXT NOT NULL,
+            attempt INTEGER NOT NULL,
+            dispatch_id TEXT NOT NULL UNIQUE,
+            phase TEXT NOT NULL CHECK (phase IN ('work','gate')),
+            loop INTEGER NOT NULL,
+            item_index INTEGER,
+            runner TEXT NOT NULL,
+            model TEXT,
+            status TEXT NOT NULL CHECK (status IN ('running','succeeded','failed','reused')),
+            input_hash TEXT NOT NULL,
+            charged INTEGER NOT NULL,
+            tokens_in INTEGER NOT NULL DEFAULT 0,
+            tokens_out INTEGER NOT NULL DEFAULT 0,
+            cost REAL,
+            saved_tokens INTEGER NOT NULL DEFAULT 0,
+            reused_from TEXT,
+            session_id TEXT,
+            output_json TEXT,
+            failure TEXT,
+            transient INTEGER,
+            started_at REAL NOT NULL,
+            finished_at REAL,
+            UNIQUE (run_id, unit_id, attempt)
+        );
+        CREATE INDEX attempts_run ON attempts(run_id, unit_id, attempt);
+        CREATE INDEX attempts_reuse ON attempts(workflow, input_hash, status);
+
+        -- The journal is append-only: a terminal attempt is never updated, none is deleted
+        -- while its run is live (gc removes finished runs whole).
+        CREATE TRIGGER attempts_terminal_immutable BEFORE UPDATE ON attempts
+        WHEN OLD.status != 'running'
+        BEGIN SELECT RAISE(ABORT, 'attempts are append-only: a terminal attempt is never updated'); END;
+        CREATE TRIGGER attempts_no_delete_live BEFORE DELETE ON attempts
+        WHEN EXISTS (SELECT 1 FROM runs WHERE run_id = OLD.run_id AND status IN ('active','blocked'))
+        BEGIN SELECT RAISE(ABORT, 'attempts of a live run are never deleted'); END;
+
+        CREATE TABLE events (
+            event_id INTEGER PRIMARY KEY AUTOINCREMENT,
+            run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+            at REAL NOT NULL,
+            kind TEXT NOT NULL,
+            step_id TEXT,
+            unit_id TEXT,
+            dispatch_id TEXT,
+            data_json TEXT
+        );
+        CREATE INDEX events_run ON events(run_id, event_id);
+        """
+    )
+
+
+def _script(conn: sqlite3.Connection, script: str) -> None:
+    """Run a multi-statement script inside the caller's transaction.
+
+    ``executescript`` would COMMIT first and break the one-transaction guarantee.
+    """
+    pending = ""
+    for line in script.splitlines(keepends=True):
+        if line.strip().startswith("--"):
+            continue
+        pending += line
+        if sqlite3.complete_statement(pending):
+            conn.execute(pending)
+            pending = ""
+    if pending.strip():
+        raise ValueError(f"incomplete SQL statement in migration: {pending.strip()[:80]}")
+
+
+def migration_ids() -> list[str]:
+    """The ids of this version's registry, in order."""
+    return [m.__name__ for m in MIGRATIONS]
+
+
+def apply_migrations(conn: sqlite3.Connection) -> list[str]:
+    """Bring the database up to this version's registry in one BEGIN IMMEDIATE transaction.
+
+    Returns:
+        The ids applied now (empty when the ledger was current or newer).
+
+    Raises:
+        MigrationError: the ledger is neither a prefix of the registry nor the registry plus
+            newer unknown ids.
+    """
+    known = migration_ids()
+    with immediate(conn):
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations ("
+            " id TEXT PRIMARY KEY, position INTEGER NOT NULL, applied_at REAL NOT NULL)"
+        )
+        ledger = [r[0] for r in conn.execute("SELECT id FROM schema_migrations ORDER BY position")]
+        if ledger[: len(known)] == known:
+            return []  # current, or newer: a later version wrote extra migrations; leave them be
+        if ledger != known[: len(ledger)]:
+            raise MigrationError(
+                "The state database's migration ledger diverges from this wf_magic version "
+                f"(database has {ledger}, this version knows {known}). It was written by an "
+                "incompatible build: point WF_MAGIC_HOME (or --db) at a fresh directory, or "
+                "install the wf_magic version that created it."
+            )
+        applied = []
+        for position, step in enumerate(MIGRATIONS):
+            if position < len(ledger):
+                continue
+            step(conn)
+            conn.execute(
+                "INSERT INTO schema_migrations (id, position, applied_at) VALUES (?, ?, ?)",
+                (step.__name__, position, time.time()),
+            )
+            applied.append(step.__name__)
+        return applied

@@ -43,6 +43,7 @@ class DefinitionError(WorkflowError, ValueError):
         line: int | None = None,
         source_name: str | None = None,
     ):
+        problem = " ".join(problem.split())  # one line, whatever the YAML parser said
         self.problem = problem
         self.field = field
         self.line = line

@@ -80,8 +80,19 @@ _RULES: tuple[_Rule, ...] = (
 
 
 def looks_secret(name: str) -> bool:
-    """Whether a variable or param name suggests a secret (``API_KEY``, ``db_password``, …)."""
+    """Whether an environment variable's name suggests a secret (``API_KEY``, ``GH_TOKEN``, …).
+
+    A substring test: broad on purpose, for the environment's SHOUTED names.
+    """
     return bool(_SECRET_NAME.search(name))
+
+
+def is_secret_key(name: str) -> bool:
+    """Whether a param or JSON key names a secret: it ends in one (``api_key``, ``db_password``).
+
+    Stricter than :func:`looks_secret`, so ``keywords``, ``author`` or ``max_tokens`` do not.
+    """
+    return bool(_SECRET_KEY.search(name))
 
 
 class Redactor:
@@ -170,14 +181,14 @@ class Redactor:
             items = [self._value(v, secret_key=secret_key) for v in value]
             if all(a is b for a, b in zip(items, value, strict=True)):
                 return value
-            return type(value)(items) if isinstance(value, tuple) else items
+            return tuple(items) if isinstance(value, tuple) else items
         return value
 
     def _dict(self, value: dict[Any, Any]) -> dict[Any, Any]:
         changed = False
         out: dict[Any, Any] = {}
         for key, item in value.items():
-            is_secret = isinstance(key, str) and bool(_SECRET_KEY.search(key))
+            is_secret = isinstance(key, str) and is_secret_key(key)
             new = self._value(item, secret_key=is_secret)
             changed = changed or new is not item
             out[key] = new

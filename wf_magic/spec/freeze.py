@@ -175,7 +175,7 @@ class _Freezer:
         max_loops = gate.max_loops if gate else 1
         capped = kind in ("exec", "workflow") and max_loops > 1
         return PlanStep(
-            id=step.id, kind=kind, line=line_of(src.lines, at), prompt=step.prompt,
+            id=step.id, kind=kind, prompt=step.prompt,
             argv=step.exec, target=step.python, target_hash=target_hash, workflow=step.workflow,
             bindings=step.with_, route=step.route, map=step.map, reduce=step.reduce, runner=runner,
             model=step.model, timeout_s=step.timeout, retry=step.retry, on_error=step.on_error,

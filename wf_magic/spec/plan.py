@@ -23,8 +23,6 @@ class PlanStep(_Frozen):
 
     id: str
     kind: StepKind
-    line: int | None = None
-    """Source line of the step (for messages)."""
     prompt: str | None = None
     argv: list[str] | None = None
     target: str | None = None

@@ -172,12 +172,17 @@ def attempts_of(conn: sqlite3.Connection, run_id: str, step_id: str | None = Non
 
 def find_reusable(conn: sqlite3.Connection, *, workflow: str, input_hash: str, runner: str,
                   model: str | None, exclude_run_id: str) -> AttemptRow | None:
-    """The newest succeeded attempt of another run of ``workflow`` with the same input."""
+    """The newest succeeded attempt of another run of ``workflow`` with the same input.
+
+    The requested ``model`` is part of ``input_hash``; the stored ``model`` column holds the
+    model that answered, so it is not compared here.
+    """
+    del model
     row = conn.execute(
         f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE workflow = ? AND input_hash = ? AND"
-        " status = 'succeeded' AND runner = ? AND model IS ? AND run_id != ? AND phase = 'work'"
+        " status = 'succeeded' AND runner = ? AND run_id != ? AND phase = 'work'"
         " ORDER BY attempt_pk DESC LIMIT 1",
-        (workflow, input_hash, runner, model, exclude_run_id),
+        (workflow, input_hash, runner, exclude_run_id),
     ).fetchone()
     return from_row(AttemptRow, row) if row else None
 

@@ -1,0 +1,82 @@
+"""Shared fixtures: a fresh state dir and Engine per test, and CLI/subprocess helpers."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from wf_magic import Engine
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test touches ./.wf_magic or the user's WF_MAGIC_HOME."""
+    monkeypatch.setenv("WF_MAGIC_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("WF_MAGIC_SQLITE_JOURNAL_MODE", raising=False)
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path) -> Path:
+    return tmp_path / "state"
+
+
+@pytest.fixture
+def engine(state_dir: Path) -> Iterator[Engine]:
+    eng = Engine(state_dir)
+    yield eng
+    eng.close()
+
+
+def db_rows(state_dir: Path, sql: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    """Rows from the state DB through a fresh connection (as another process would see)."""
+    conn = sqlite3.connect(state_dir / "state.db", timeout=30)
+    try:
+        return [tuple(r) for r in conn.execute(sql, params)]
+    finally:
+        conn.close()
+
+
+def table_counts(state_dir: Path) -> dict[str, int]:
+    """Row counts of every journal table."""
+    return {t: int(db_rows(state_dir, f"SELECT COUNT(*) FROM {t}")[0][0])  # noqa: S608
+            for t in ("runs", "steps", "units", "attempts", "events")}
+
+
+def wf_cmd(state_dir: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "wf_magic.cli", "--db", str(state_dir), *args]
+
+
+def run_wf(state_dir: Path, *args: str, cwd: Path | None = None,
+           timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run the real `wf` CLI in a subprocess."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(wf_cmd(state_dir, *args), capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=timeout, check=False)
+
+
+def spawn_wf(state_dir: Path, *args: str, cwd: Path | None = None) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(wf_cmd(state_dir, *args), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=cwd, env=env)
+
+
+def wait_for(predicate: Callable[[], bool], *, timeout: float = 30, what: str = "condition") -> None:
+    """Poll until ``predicate()`` is true (fails the test after ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return
+        except sqlite3.OperationalError:
+            pass  # the DB may not exist yet
+        time.sleep(0.02)
+    pytest.fail(f"timed out waiting for {what}")

@@ -1,0 +1,232 @@
+"""The engine end to end: prompt/exec/python steps, journal rows, re-runs and result reuse."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from wf_magic import Engine, PlanIntegrityError, UsageError, register_function
+
+from .conftest import db_rows, table_counts
+
+THREE_KINDS = """\
+name: three
+params:
+  topic: {type: string, default: tides}
+steps:
+  - id: ask
+    prompt: "Write about {{ params.topic }}."
+  - id: count
+    exec: [python3, -c, "import os; print(len(os.environ['WF_RUN_ID']))"]
+  - id: shout
+    python: shout_text
+    with: {text: "{{ steps.ask.output }}"}
+"""
+
+
+def shout_text(text: str) -> str:
+    return text.upper()
+
+
+register_function("shout_text", shout_text)
+
+
+def _work(engine: Engine, run_id: str) -> list[tuple[str, int, str]]:
+    return [(a.unit_id, a.attempt, a.status) for a in engine.attempts(run_id) if a.phase == "work"]
+
+
+def test_prompt_exec_python_workflow_completes_with_one_attempt_per_unit(engine: Engine) -> None:
+    run = engine.run(THREE_KINDS)
+    assert run.status == "completed"
+    assert _work(engine, run.run_id) == [("ask", 1, "succeeded"), ("count", 1, "succeeded"),
+                                         ("shout", 1, "succeeded")]
+    ask = engine.attempts(run.run_id)[0]
+    assert ask.tokens_in == 4 and ask.tokens_out > 0  # "Write about tides." = 3 words + "."
+    assert run.output("count").strip() == str(len(run.run_id))
+    assert run.result == json.loads(ask.output_json or "null").upper()
+    assert {s.step_id: s.status for s in run.steps} == {"ask": "completed", "count": "completed",
+                                                         "shout": "completed"}
+
+
+def test_rerunning_unchanged_dispatches_nothing(engine: Engine, state_dir: Path) -> None:
+    first = engine.run(THREE_KINDS)
+    before = table_counts(state_dir)
+    again = engine.run(THREE_KINDS)
+    assert again.run_id == first.run_id
+    assert again.stats is not None and again.stats.dispatched == 0
+    assert table_counts(state_dir) == before
+
+
+def test_editing_one_prompt_redispatches_only_changed_units(engine: Engine) -> None:
+    src = """\
+name: chain
+steps:
+  - id: a
+    prompt: "alpha"
+  - id: b
+    prompt: "beta"
+  - id: c
+    prompt: "uses {{ steps.b.output }}"
+  - id: d
+    prompt: "delta"
+"""
+    first = engine.run(src)
+    second = engine.run(src.replace('"beta"', '"beta two"'))
+    assert second.run_id != first.run_id
+    rows = {a.unit_id: a for a in engine.attempts(second.run_id)}
+    assert {u: a.status for u, a in rows.items()} == {
+        "a": "reused", "b": "succeeded", "c": "succeeded", "d": "reused"}
+    first_rows = {a.unit_id: a for a in engine.attempts(first.run_id)}
+    assert rows["a"].reused_from == first_rows["a"].dispatch_id
+    assert (rows["a"].tokens_in, rows["a"].tokens_out) == (0, 0)
+    assert rows["a"].saved_tokens == first_rows["a"].tokens_in + first_rows["a"].tokens_out
+    assert second.stats is not None and second.stats.reused == 2
+    # the first run was complete, so it is not superseded
+    assert engine.get_run(first.run_id).status == "completed"
+
+
+def test_no_cache_dispatches_everything(engine: Engine) -> None:
+    engine.run("name: n\nsteps:\n  - id: a\n    prompt: one\n")
+    run = engine.run("name: n\nsteps:\n  - id: a\n    prompt: one\n", new=True, no_cache=True)
+    assert [a.status for a in engine.attempts(run.run_id)] == ["succeeded"]
+
+
+def test_step_cache_false_is_never_reused(engine: Engine) -> None:
+    src = "name: n\nsteps:\n  - id: a\n    prompt: one\n    cache: false\n"
+    engine.run(src)
+    run = engine.run(src, new=True)
+    assert [a.status for a in engine.attempts(run.run_id)] == ["succeeded"]
+
+
+def test_equal_inputs_in_one_run_are_both_dispatched(engine: Engine) -> None:
+    run = engine.run("name: n\nsteps:\n  - id: a\n    map: '{{ [1, 1] }}'\n    prompt: same\n")
+    assert [a.status for a in engine.attempts(run.run_id)] == ["succeeded", "succeeded"]
+
+
+def test_changed_cell_supersedes_unfinished_run(engine: Engine) -> None:
+    src = "name: s\nsteps:\n  - id: a\n    prompt: one\n  - id: b\n    prompt: two\n"
+    first = engine.run(src, max_steps=1)
+    assert first.status == "active" and first.stopped_by == "max_steps"
+    second = engine.run(src.replace("two", "three"))
+    old = engine.get_run(first.run_id)
+    assert (old.status, old.status_reason) == ("abandoned", f"superseded by {second.run_id}")
+    assert second.status == "completed"
+
+
+def test_unchanged_rerun_resumes_unfinished_run(engine: Engine) -> None:
+    src = "name: s\nsteps:\n  - id: a\n    prompt: one\n  - id: b\n    prompt: two\n"
+    first = engine.run(src, max_steps=1)
+    second = engine.run(src)
+    assert second.run_id == first.run_id and second.status == "completed"
+    assert [a.unit_id for a in engine.attempts(first.run_id)] == ["a", "b"]
+
+
+def test_params_are_validated_and_scope_runs(engine: Engine) -> None:
+    src = "name: p\nparams:\n  n: {type: integer, minimum: 1}\nsteps:\n  - id: a\n    prompt: 'n={{ params.n }}'\n"
+    with pytest.raises(UsageError, match="param 'n' of workflow 'p' is required"):
+        engine.run(src)
+    with pytest.raises(UsageError, match="declares no param 'm'"):
+        engine.run(src, params={"n": 1, "m": 2})
+    with pytest.raises(UsageError, match="param n: 0 is less than the minimum of 1"):
+        engine.run(src, params={"n": 0})
+    one = engine.run(src, params={"n": "2"}, params_from_strings=True)
+    two = engine.run(src, params={"n": 3})
+    assert one.run_id != two.run_id and one.params == {"n": 2}
+
+
+def test_edited_plan_json_is_refused_and_nothing_dispatches(engine: Engine, state_dir: Path) -> None:
+    src = "name: s\nsteps:\n  - id: a\n    prompt: one\n  - id: b\n    prompt: two\n"
+    run = engine.run(src, max_steps=1)
+    engine.write(lambda c: c.execute("UPDATE runs SET plan_json = replace(plan_json, 'two', "
+                                     "'evil') WHERE run_id = ?", (run.run_id,)))
+    before = table_counts(state_dir)
+    with pytest.raises(PlanIntegrityError, match=f"Run {run.run_id}: the stored plan"):
+        engine.drive(run.run_id)
+    assert table_counts(state_dir) == before
+
+
+def test_edited_params_are_refused(engine: Engine) -> None:
+    src = "name: s\nparams: {n: {type: integer, default: 1}}\nsteps:\n  - id: a\n    prompt: x\n  - id: b\n    prompt: y\n"
+    run = engine.run(src, max_steps=1)
+    engine.write(lambda c: c.execute("UPDATE runs SET params_json = '{\"n\":2}' WHERE run_id = ?",
+                                     (run.run_id,)))
+    with pytest.raises(PlanIntegrityError, match="stored params"):
+        engine.drive(run.run_id)
+
+
+def test_newer_plan_version_is_left_untouched(engine: Engine, state_dir: Path) -> None:
+    src = "name: s\nsteps:\n  - id: a\n    prompt: x\n  - id: b\n    prompt: y\n"
+    run = engine.run(src, max_steps=1)
+    engine.write(lambda c: c.execute("UPDATE runs SET plan_version = 99 WHERE run_id = ?",
+                                     (run.run_id,)))
+    before = table_counts(state_dir)
+    with pytest.raises(PlanIntegrityError, match="newer wf_magic"):
+        engine.drive(run.run_id)
+    assert table_counts(state_dir) == before
+    assert engine.get_run(run.run_id).status == "active"
+
+
+def test_changed_python_function_is_refused(engine: Engine) -> None:
+    def step_fn() -> str:
+        return "v1"
+
+    namespace = {"step_fn": step_fn}
+    eng = Engine(engine.state_dir, namespace=namespace)
+    src = "name: f\nsteps:\n  - id: a\n    prompt: x\n  - id: b\n    python: step_fn\n"
+    run = eng.run(src, max_steps=1)
+
+    def step_fn_v2() -> str:  # different source
+        return "v2 changed"
+
+    namespace["step_fn"] = step_fn_v2
+    done = eng.drive(run.run_id)
+    assert done.status == "failed"
+    assert "changed since this run's plan was frozen" in (done.reason or "")
+    eng.close()
+
+
+def test_fork_reuses_prefix_and_reexecutes_from_step(engine: Engine) -> None:
+    src = "name: f\nsteps:\n  - id: a\n    prompt: one\n  - id: b\n    prompt: two\n  - id: c\n    prompt: three\n"
+    first = engine.run(src)
+    fork_id = engine.fork(first.run_id, from_step="b")
+    forked = engine.drive(fork_id)
+    assert forked.status == "completed"
+    assert [(a.unit_id, a.status) for a in engine.attempts(fork_id)] == [
+        ("a", "reused"), ("b", "succeeded"), ("c", "succeeded")]
+
+
+def test_abandon_and_stop(engine: Engine) -> None:
+    src = "name: s\nsteps:\n  - id: a\n    prompt: x\n  - id: b\n    prompt: y\n"
+    run = engine.run(src, max_steps=1)
+    engine.stop(run.run_id)
+    assert db_rows(engine.state_dir, "SELECT stop_requested FROM runs")[0][0] == 1
+    engine.abandon(run.run_id)
+    assert engine.get_run(run.run_id).status == "abandoned"
+    assert engine.drive(run.run_id).stats is not None
+
+
+def test_budget_stop_names_figures(engine: Engine) -> None:
+    src = "name: b\nbudget: {max_units: 2}\nsteps:\n  - id: a\n    map: '{{ [1,2,3] }}'\n    prompt: 'x {{ item }}'\n"
+    run = engine.run(src)
+    assert run.status == "failed"
+    assert "max_units used 2 of 2" in (run.reason or "")
+    assert len(engine.attempts(run.run_id)) == 2
+    again = engine.drive(run.run_id)  # re-stops at once, dispatching nothing
+    assert again.status == "failed" and len(engine.attempts(run.run_id)) == 2
+
+
+def test_secret_env_values_never_reach_the_journal(engine: Engine, state_dir: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    canary = "canary-secret-value-12345"
+    monkeypatch.setenv("MY_API_TOKEN", canary)
+    eng = Engine(state_dir)
+    src = ("name: s\nsteps:\n  - id: a\n    exec: [sh, -c, 'echo $MY_API_TOKEN; exit 3']\n"
+           "    pass_env: [MY_API_TOKEN]\n")
+    run = eng.run(src)
+    assert run.status == "failed"
+    eng.close()
+    for table in ("runs", "steps", "units", "attempts", "events"):
+        for row in db_rows(state_dir, f"SELECT * FROM {table}"):  # noqa: S608
+            assert canary not in json.dumps(row, default=str)

@@ -7,7 +7,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import jsonschema
 
 from .hashing import canonical_json
 from .spec.templates import TemplateError, evaluate_expression, render_text
@@ -115,6 +114,8 @@ def expr_verdict(check: str, *, output: Any, params: Mapping[str, Any],
 def schema_errors(schema: Mapping[str, Any], outputs: Sequence[Any], *,
                   unit_ids: Sequence[str]) -> list[str]:
     """Validation errors of each unit output against the step's output schema."""
+    import jsonschema  # lazy: its import costs ~1 s with some extras installed
+
     validator = jsonschema.Draft202012Validator(schema)
     errors: list[str] = []
     for unit_id, value in zip(unit_ids, outputs, strict=True):

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path as FsPath
 from typing import Any
 
-import jsonschema
 from pydantic import ValidationError
 
 from ..errors import DefinitionError
@@ -249,6 +248,7 @@ def _validate(src: _Source) -> WorkflowSpec:
 
 
 def _check_params(spec: WorkflowSpec, src: _Source) -> None:
+    import jsonschema  # lazy: its import costs ~1 s with some extras installed
     for name, schema in spec.params.items():
         at: Path = ("params", name)
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
@@ -263,6 +263,7 @@ def _check_params(spec: WorkflowSpec, src: _Source) -> None:
 
 
 def _check_schema(schema: dict[str, Any], src: _Source, at: Path) -> None:
+    import jsonschema  # lazy: its import costs ~1 s with some extras installed
     unknown = _unknown_keywords(schema)
     if unknown:
         raise src.error(f"unsupported JSON Schema keyword(s) {sorted(unknown)}; supported: "

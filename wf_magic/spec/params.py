@@ -6,7 +6,6 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-import jsonschema
 
 from ..errors import UsageError
 from .plan import Plan
@@ -38,6 +37,8 @@ def resolve_params(plan: Plan, given: Mapping[str, Any] | None, *,
     Raises:
         UsageError: an undeclared param, a missing required one, or a value of the wrong type.
     """
+    import jsonschema  # lazy: its import costs ~1 s with some extras installed
+
     given = dict(given or {})
     unknown = sorted(set(given) - set(plan.params))
     if unknown:

@@ -1,0 +1,215 @@
+"""A real OpenAI-compatible chat server on loopback, scripted by tests (stdlib only).
+
+Usage::
+
+    with FakeChatServer() as server:
+        server.push_reply("hello", prompt_tokens=3, completion_tokens=1)
+        server.push(429, {"error": {"message": "slow down"}})
+        ...  # point a runner at server.url
+        assert server.requests[0].headers["idempotency-key"] == "d-1"
+
+Scripted responses are served in order; when none is left the ``default`` responder
+answers (an echo of the prompt unless replaced).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+CHAT_PATH = "/v1/chat/completions"
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """One request the server received."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    """Header names lower-cased."""
+    body: Any
+    """The decoded JSON body (or the raw text when it was not JSON)."""
+
+    @property
+    def prompt(self) -> str:
+        """The content of the last message."""
+        return str(self.body["messages"][-1]["content"])
+
+
+@dataclass(frozen=True)
+class ScriptedResponse:
+    """What to answer one request with."""
+
+    status: int
+    body: Any
+    """A JSON value (sent as JSON) or a str (sent as is)."""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    delay_s: float = 0.0
+
+
+Responder = Callable[[RecordedRequest], ScriptedResponse]
+
+
+def completion_body(
+    content: str | None,
+    *,
+    model: str = "fake-model",
+    prompt_tokens: int | None = 7,
+    completion_tokens: int | None = 3,
+    completion_id: str = "chatcmpl-fake",
+) -> dict[str, Any]:
+    """A chat.completion JSON body; ``prompt_tokens=None`` leaves ``usage`` out."""
+    body: dict[str, Any] = {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": 1_700_000_000,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": "stop",
+            }
+        ],
+    }
+    if prompt_tokens is not None:
+        completion_tokens = completion_tokens or 0
+        body["usage"] = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+    return body
+
+
+def echo(request: RecordedRequest) -> ScriptedResponse:
+    """The default responder: ``echo: <prompt>``, one token per word."""
+    prompt = request.prompt
+    content = f"echo: {prompt}"
+    return ScriptedResponse(
+        200,
+        completion_body(
+            content,
+            model=str(request.body.get("model", "fake-model")),
+            prompt_tokens=len(prompt.split()),
+            completion_tokens=len(content.split()),
+        ),
+    )
+
+
+class FakeChatServer:
+    """A ThreadingHTTPServer on 127.0.0.1 speaking ``POST /v1/chat/completions``."""
+
+    def __init__(self) -> None:
+        self.requests: list[RecordedRequest] = []
+        self.default: Responder = echo
+        self._script: deque[ScriptedResponse] = deque()
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        """The base URL to give a client (``http://127.0.0.1:PORT/v1``)."""
+        if self._httpd is None:
+            raise RuntimeError("FakeChatServer is not started")
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host!s}:{port}/v1"
+
+    def push(
+        self,
+        status: int,
+        body: Any,
+        *,
+        headers: Mapping[str, str] | None = None,
+        delay_s: float = 0.0,
+    ) -> None:
+        """Queue the answer to the next unanswered request."""
+        with self._lock:
+            self._script.append(ScriptedResponse(status, body, dict(headers or {}), delay_s))
+
+    def push_reply(self, content: str | None, **fields: Any) -> None:
+        """Queue a 200 completion with ``content`` (``fields`` go to :func:`completion_body`)."""
+        self.push(200, completion_body(content, **fields))
+
+    def start(self) -> FakeChatServer:
+        """Bind a free port and serve in a background thread."""
+        handler = _handler_for(self)
+        self._httpd = _QuietServer(("127.0.0.1", 0), handler)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, args=(0.02,), name="fake-chat-server"
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving, wake delayed handlers, close the socket and join every thread."""
+        self._stopping.set()
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()  # joins the handler threads
+        if self._thread is not None:
+            self._thread.join()
+        self._httpd, self._thread = None, None
+
+    def __enter__(self) -> FakeChatServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _answer(self, request: RecordedRequest) -> ScriptedResponse:
+        with self._lock:
+            self.requests.append(request)
+            scripted = self._script.popleft() if self._script else None
+        if request.path != CHAT_PATH:
+            return ScriptedResponse(404, {"error": {"message": f"no route {request.path}"}})
+        return scripted if scripted is not None else self.default(request)
+
+
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = False  # server_close() joins them: no thread outlives a test
+    block_on_close = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that gave up (timeout tests) leaves a broken pipe behind: expected.
+        return None
+
+
+def _handler_for(server: FakeChatServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length).decode("utf-8")
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                body = raw
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            response = server._answer(RecordedRequest("POST", self.path, headers, body))
+            if response.delay_s and server._stopping.wait(response.delay_s):
+                return
+            self._send(response)
+
+        def _send(self, response: ScriptedResponse) -> None:
+            is_text = isinstance(response.body, str)
+            payload = (response.body if is_text else json.dumps(response.body)).encode("utf-8")
+            self.send_response(response.status)
+            self.send_header("Content-Type", "text/plain" if is_text else "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            for name, value in response.headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            return None
+
+    return Handler

@@ -1,0 +1,186 @@
+"""Redaction: secret values and credential shapes never reach the journal."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from wf_magic.redact import MASK, Redactor, is_secret_key, looks_secret
+
+CANARY = "canary-5e1f0c9a7d"
+
+
+def test_secret_looking_environment_values_are_masked() -> None:
+    redactor = Redactor.from_environ({"MY_API_KEY": CANARY, "HOME": "/home/someone-long"})
+    assert redactor.redact(f"key={CANARY}!") == "key=***!"
+    assert redactor.redact("home is /home/someone-long") == "home is /home/someone-long"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "OPENAI_API_KEY",
+        "GH_TOKEN",
+        "CLIENT_SECRET",
+        "DB_PASSWORD",
+        "PASSWD",
+        "GOOGLE_CREDENTIALS",
+        "BASIC_AUTH",
+        "aws_secret_access_key",
+    ],
+)
+def test_secret_looking_names(name: str) -> None:
+    assert looks_secret(name)
+
+
+@pytest.mark.parametrize("name", ["HOME", "PATH", "LANG", "topic", "sections"])
+def test_plain_names(name: str) -> None:
+    assert not looks_secret(name)
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("api_key", True),
+        ("db_password", True),
+        ("githubToken", True),
+        ("secret", True),
+        ("keywords", False),
+        ("author", False),
+        ("max_tokens", False),
+        ("token_budget", False),
+    ],
+)
+def test_secret_keys_must_end_in_a_secret_word(name: str, expected: bool) -> None:
+    assert is_secret_key(name) is expected
+
+
+def test_short_values_are_not_treated_as_secrets() -> None:
+    redactor = Redactor.from_environ({"USE_AUTH": "true", "TOKEN_LIMIT": "1000"})
+    assert redactor.secret_count == 0
+    assert redactor.redact("true 1000") == "true 1000"
+
+
+def test_extra_secrets_such_as_secret_params_are_masked() -> None:
+    redactor = Redactor.from_environ({}, extra=["hunter2-hunter2"]).with_secrets(["s3cr3t-value"])
+    assert redactor.redact("hunter2-hunter2 and s3cr3t-value") == "*** and ***"
+
+
+def test_a_secret_containing_another_is_masked_whole() -> None:
+    redactor = Redactor(["abcdefgh", "abcdefgh-ijkl"])
+    assert redactor.redact("[abcdefgh-ijkl] [abcdefgh]") == "[***] [***]"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Authorization: Bearer eyJhbGciOi.JIUzI1NiJ9.abc123", "Authorization: Bearer ***"),
+        ("key sk-proj-AbCdEfGhIjKlMnOpQrStUv in a log", "key sk-*** in a log"),
+        ("api_key=abc123def456&x=1", "api_key=***&x=1"),
+        ('{"api_key": "abc123def456"}', '{"api_key": "***"}'),
+        ("OPENAI_API_KEY=zzzzzzzzzzzz", "OPENAI_API_KEY=***"),
+        ("password: correct-horse", "password: ***"),
+        ("https://bob:pa55w0rd@db.example/x", "https://bob:***@db.example/x"),
+        ("ghp_0123456789abcdefghijABCDEFGHIJ012345", "ghp_***"),
+        ("AKIAIOSFODNN7EXAMPLE", "AKIA***"),
+    ],
+)
+def test_credential_shapes_are_scrubbed(text: str, expected: str) -> None:
+    assert Redactor().redact(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "max_tokens: 3000",
+        '{"tokens_in": 120, "tokens_out": 30}',
+        "token_count=123456",
+        "A basic understanding of tides.",
+        "The task-oriented-dialogue-system works.",
+        "keywords: oceanography",
+        "",
+    ],
+)
+def test_ordinary_text_is_returned_unchanged_and_uncopied(text: str) -> None:
+    assert Redactor(["unrelated-secret"]).redact(text) is text
+
+
+def test_redact_value_walks_json_values() -> None:
+    redactor = Redactor([CANARY])
+    value = {
+        "sections": [f"leaked {CANARY}", "clean"],
+        "api_key": "short",
+        "author": "Ada",
+        "keywords": ["tides"],
+        "tokens_in": 12,
+        "nested": ({"password": "pw"}, None, 3.5),
+    }
+    assert redactor.redact_value(value) == {
+        "sections": [f"leaked {MASK}", "clean"],
+        "api_key": MASK,
+        "author": "Ada",
+        "keywords": ["tides"],
+        "tokens_in": 12,
+        "nested": ({"password": MASK}, None, 3.5),
+    }
+
+
+def test_redact_value_returns_clean_values_uncopied() -> None:
+    value = {"sections": ["a", "b"], "n": 3, "nested": {"items": [1, 2, ("x",)]}}
+    assert Redactor([CANARY]).redact_value(value) is value
+
+
+secrets = st.text(min_size=8, max_size=40)
+
+
+@given(secret=secrets, before=st.text(max_size=60), after=st.text(max_size=60))
+def test_redacted_text_never_contains_the_secret(secret: str, before: str, after: str) -> None:
+    redacted = Redactor([secret]).redact(before + secret + after + secret)
+    assert secret not in redacted
+
+
+@given(
+    secret_list=st.lists(secrets, min_size=1, max_size=4),
+    pieces=st.lists(st.one_of(st.text(max_size=20), st.integers(0, 3)), max_size=10),
+)
+def test_redacted_text_never_contains_any_of_several_secrets(
+    secret_list: list[str], pieces: list[str | int]
+) -> None:
+    text = "".join(secret_list[p % len(secret_list)] if isinstance(p, int) else p for p in pieces)
+    redacted = Redactor(secret_list).redact(text)
+    assert not [s for s in secret_list if s in redacted]
+
+
+@given(
+    secret=st.text(alphabet="ab*", min_size=8, max_size=12),
+    noise=st.text(alphabet="ab*", max_size=12),
+)
+def test_masking_cannot_splice_a_secret_back_together(secret: str, noise: str) -> None:
+    assert secret not in Redactor([secret]).redact(noise + secret + noise)
+
+
+@given(
+    secret=secrets,
+    value=st.recursive(
+        st.one_of(st.none(), st.integers(), st.text(max_size=20)),
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)
+        ),
+        max_leaves=12,
+    ),
+)
+def test_redacted_values_never_contain_the_secret(secret: str, value: object) -> None:
+    wrapped = {"payload": value, "leak": f"x{secret}y", "list": [secret]}
+    redacted = Redactor([secret]).redact_value(wrapped)
+    assert not [s for s in _strings(redacted) if secret in s]
+
+
+def _strings(value: object) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list | tuple):
+        return [s for v in value for s in _strings(v)]
+    return []

@@ -1,0 +1,154 @@
+"""Matplotlib figures of a run's journal: a timeline of attempts and tokens by a key."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from .errors import UsageError
+from .store.frames import journal_frame, tokens_frame
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+STATUS_COLORS: dict[str, str] = {
+    "succeeded": "#4c9a2a",
+    "failed": "#c0392b",
+    "reused": "#8e9aaf",
+    "running": "#e6a23c",
+}
+"""The bar colour of each attempt status in :func:`timeline`."""
+GATE_HATCH = "///"
+"""The hatch that marks gate (judge) attempts in :func:`timeline`."""
+_MAX_UNIT_TICKS = 40
+_MIN_WIDTH_FRACTION = 0.004  # of the time span, so instant (reused) attempts stay visible
+
+
+def timeline(conn: sqlite3.Connection, run_id: str) -> Figure:
+    """A Gantt chart of a run's attempts: one horizontal bar per attempt, one row per unit.
+
+    Bars are coloured by status (:data:`STATUS_COLORS`); gate attempts are hatched with
+    :data:`GATE_HATCH` and outlined. The x axis is seconds since the run's first attempt
+    started. An attempt still running extends to the latest time in the journal; attempts of
+    no duration (reused results) get a small minimum width. Each bar's ``gid`` is its
+    ``dispatch_id``. All bars are one ``BarContainer`` (``fig.axes[0].containers[0]``).
+
+    Args:
+        conn: An open connection to the state database.
+        run_id: The run to draw.
+
+    Returns:
+        A :class:`matplotlib.figure.Figure` (no pyplot, no GUI backend involved).
+
+    Raises:
+        UsageError: matplotlib is not installed.
+    """
+    figure_cls = _figure_class()
+    journal = journal_frame(conn, run_id)
+    rows, units = pd.factorize(journal["unit"])  # one row per unit, in order of first attempt
+    left, width = _bar_extents(journal)
+    fig = figure_cls(figsize=(10, max(2.5, min(0.25 * len(units) + 1.5, 14))), layout="constrained")
+    ax = fig.add_subplot()
+    bars = ax.barh(
+        rows,
+        width,
+        left=left,
+        height=0.7,
+        color=[STATUS_COLORS.get(status, "#999999") for status in journal["status"]],
+    )
+    for bar, phase, dispatch_id in zip(
+        bars.patches, journal["phase"], journal["dispatch_id"], strict=True
+    ):
+        bar.set_gid(dispatch_id)
+        if phase == "gate":
+            bar.set_hatch(GATE_HATCH)
+            bar.set_edgecolor("#222222")
+    _label_timeline(ax, journal, rows, [str(unit) for unit in units])
+    ax.set_title(f"Run {run_id}: {len(journal)} attempts")
+    return fig
+
+
+def token_chart(conn: sqlite3.Connection, run_id: str, by: str = "step") -> Figure:
+    """A stacked bar chart of a run's tokens in and out per key, in order of first appearance.
+
+    The figures are :func:`~wf_magic.store.frames.tokens_frame`'s, so gate attempts count
+    under their step; the title gives the total and the tokens saved by reuse.
+
+    Args:
+        conn: An open connection to the state database.
+        run_id: The run to chart.
+        by: The key: ``step``, ``model``, ``runner``, ``loop``, ``run`` or ``phase``.
+
+    Returns:
+        A :class:`matplotlib.figure.Figure` whose first container holds the ``tokens_in`` bars
+        and second the ``tokens_out`` bars stacked on them, one pair per key.
+
+    Raises:
+        UsageError: matplotlib is not installed, or ``by`` is not a known key.
+    """
+    figure_cls = _figure_class()
+    tokens = tokens_frame(conn, run_id, by)
+    labels = [str(key) for key in tokens[by].astype("string").fillna("(none)")]
+    tokens_in = tokens["tokens_in"].to_numpy(dtype=np.int64)
+    tokens_out = tokens["tokens_out"].to_numpy(dtype=np.int64)
+    fig = figure_cls(figsize=(max(4.0, 0.8 * len(labels) + 2), 4), layout="constrained")
+    ax = fig.add_subplot()
+    positions = np.arange(len(labels))
+    ax.bar(positions, tokens_in, label="tokens in", color="#3b6ea5")
+    ax.bar(positions, tokens_out, bottom=tokens_in, label="tokens out", color="#9ccbe8")
+    ax.set_xticks(positions, labels, rotation=30 if len(labels) > 6 else 0, ha="right")
+    ax.set_xlabel(by)
+    ax.set_ylabel("tokens")
+    saved = int(tokens["saved_tokens"].sum())
+    ax.set_title(
+        f"Run {run_id}: {int(tokens_in.sum() + tokens_out.sum()):,} tokens by {by}"
+        f" ({saved:,} saved by reuse)"
+    )
+    ax.legend(loc="upper right")
+    return fig
+
+
+def _figure_class() -> type[Figure]:
+    """Import matplotlib lazily: it is an optional extra."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise UsageError(
+            "Plots need matplotlib, which is not installed; install it with "
+            "`pip install 'wf_magic[plots]'`."
+        ) from exc
+    return Figure
+
+
+def _bar_extents(journal: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Each attempt's start and duration in seconds since the run's first attempt started."""
+    started, finished = journal["started_at"], journal["finished_at"]
+    if journal.empty:
+        return np.zeros(0), np.zeros(0)
+    origin = started.min()
+    latest = pd.concat([started, finished]).max()
+    finished = finished.fillna(latest)  # still running: up to the latest news in the journal
+    left = (started - origin).dt.total_seconds().to_numpy(dtype=np.float64)
+    width = (finished - started).dt.total_seconds().to_numpy(dtype=np.float64)
+    span = max((latest - origin).total_seconds(), 1.0)
+    return left, np.maximum(width, span * _MIN_WIDTH_FRACTION)
+
+
+def _label_timeline(ax: Axes, journal: pd.DataFrame, rows: np.ndarray, units: list[str]) -> None:
+    """Axis labels, unit ticks (step ticks for a large fan-out) and the status/gate legend."""
+    from matplotlib.patches import Patch
+
+    if len(units) <= _MAX_UNIT_TICKS:
+        ax.set_yticks(range(len(units)), units)
+    else:
+        first_rows = pd.Series(rows, index=journal.index).groupby(journal["step"], sort=False).min()
+        ax.set_yticks(first_rows.to_numpy(), [str(step) for step in first_rows.index])
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds since the first attempt started")
+    handles = [Patch(color=color, label=status) for status, color in STATUS_COLORS.items()]
+    handles.append(Patch(facecolor="white", edgecolor="#222222", hatch=GATE_HATCH, label="gate"))
+    ax.legend(handles=handles, loc="lower right", fontsize="small")

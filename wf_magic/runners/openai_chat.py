@@ -1,0 +1,403 @@
+"""The ``openai`` runner: prompt and judge units against any OpenAI-compatible chat endpoint.
+
+Plan options (``runners: {openai: {...}}``; none of them is a secret):
+
+- ``base_url``: the endpoint, e.g. ``http://localhost:11434/v1`` for Ollama; else
+  ``$WF_MAGIC_OPENAI_BASE_URL``, else ``$OPENAI_BASE_URL``, else OpenAI's.
+- ``api_key_env``: the NAME of the environment variable holding the key (default
+  ``OPENAI_API_KEY``). A local endpoint (``base_url`` set) may go without a key.
+- ``model``: the default model (else ``$WF_MAGIC_OPENAI_MODEL``); a step's ``model`` wins.
+- ``timeout_s``: per-request timeout (default 120); a step's ``timeout`` wins.
+- ``prices``: ``{model: {input_per_mtok, output_per_mtok}}`` to report each attempt's cost.
+- ``json_mode``: ask for ``response_format=json_object`` when a unit has an output schema
+  (default true). A server that rejects it with 400/422 is asked again once without it;
+  the model is then remembered as JSON-mode-less for this runner.
+- ``max_tokens_param``: ``max_tokens`` (default) or ``max_completion_tokens`` for models
+  that refuse the former.
+
+The engine does the retrying, so the client's own retries are off: HTTP 408, 409, 425,
+429, 5xx, timeouts and connection failures are transient ``RunnerError``s, other 4xx
+permanent ones carrying the server's message. The unit's ``dispatch_id`` goes out as
+``Idempotency-Key`` and ``X-Request-ID`` so a server or proxy can dedupe a reclaimed
+attempt. A response without ``usage`` is charged an estimate (4 characters a token) so
+budgets still bind.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
+
+from ..errors import RunnerError
+from ..redact import Redactor
+from .base import RunnerContext, UnitRequest, UnitResult
+
+if TYPE_CHECKING:
+    from openai import OpenAI
+    from openai.types.chat import ChatCompletion
+
+DEFAULT_TIMEOUT_S = 120.0
+TRANSIENT_STATUS = frozenset({408, 409, 425, 429})
+_MESSAGE_CAP = 500
+_OPTION_NAMES = frozenset(
+    {"base_url", "api_key_env", "model", "timeout_s", "prices", "json_mode", "max_tokens_param"}
+)
+_FENCE = re.compile(r"^```[A-Za-z0-9_-]*\s*\n(.*?)\n?```\s*$", re.DOTALL)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Price:
+    """Dollars per million tokens for one model."""
+
+    input_per_mtok: float
+    output_per_mtok: float
+
+    def cost(self, tokens_in: int, tokens_out: int) -> float:
+        """The cost of one call."""
+        return (tokens_in * self.input_per_mtok + tokens_out * self.output_per_mtok) / 1e6
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpenAIChatOptions:
+    """The runner's resolved settings (plan options over environment fallbacks)."""
+
+    base_url: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    model: str | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    prices: Mapping[str, Price] = field(default_factory=dict)
+    json_mode: bool = True
+    max_tokens_param: str = "max_tokens"
+
+    @classmethod
+    def parse(
+        cls,
+        options: Mapping[str, Any],
+        environ: Mapping[str, str] | None = None,
+        *,
+        name: str = "openai",
+    ) -> OpenAIChatOptions:
+        """Validate ``options`` and fill the gaps from ``environ`` (default ``os.environ``).
+
+        Args:
+            options: The plan's ``runners: {name: {...}}`` section.
+            environ: Where the fallbacks are read.
+            name: The runner's name in the plan, for messages.
+
+        Raises:
+            RunnerError: permanent, naming the bad option.
+        """
+        env = os.environ if environ is None else environ
+        where = f"runners.{name}"
+        _check_option_names(options, where)
+        base_url = options.get("base_url") or env.get("WF_MAGIC_OPENAI_BASE_URL")
+        model = options.get("model") or env.get("WF_MAGIC_OPENAI_MODEL")
+        timeout_s = options.get("timeout_s", DEFAULT_TIMEOUT_S)
+        if not isinstance(timeout_s, int | float) or isinstance(timeout_s, bool) or timeout_s <= 0:
+            raise _option_error(f"{where}.timeout_s", "a positive number of seconds", timeout_s)
+        param = options.get("max_tokens_param", "max_tokens")
+        if param not in ("max_tokens", "max_completion_tokens"):
+            expected = "max_tokens or max_completion_tokens"
+            raise _option_error(f"{where}.max_tokens_param", expected, param)
+        json_mode = options.get("json_mode", True)
+        if not isinstance(json_mode, bool):
+            raise _option_error(f"{where}.json_mode", "true or false", json_mode)
+        return cls(
+            base_url=_str_option(f"{where}.base_url", base_url or env.get("OPENAI_BASE_URL")),
+            api_key_env=_str_option(f"{where}.api_key_env", options.get("api_key_env"))
+            or "OPENAI_API_KEY",
+            model=_str_option(f"{where}.model", model),
+            timeout_s=float(timeout_s),
+            prices=_parse_prices(options.get("prices"), where),
+            json_mode=json_mode,
+            max_tokens_param=param,
+        )
+
+
+class OpenAIChatRunner:
+    """Runs ``prompt`` and ``judge`` units through ``openai.OpenAI().chat.completions``.
+
+    Safe to share between worker threads: the client is created once, lazily, under a lock.
+    """
+
+    def __init__(self, options: OpenAIChatOptions, *, name: str = "openai") -> None:
+        """Create a runner; no client and no connection until the first unit.
+
+        Args:
+            options: The resolved settings.
+            name: The runner name the plan uses, for messages.
+        """
+        self.options = options
+        self.name = name
+        self._lock = threading.Lock()
+        self._client: OpenAI | None = None
+        self._redactor = Redactor()
+        self._no_json_mode: set[str] = set()
+
+    @classmethod
+    def from_context(cls, ctx: RunnerContext) -> OpenAIChatRunner:
+        """The registry factory: options from the plan's ``runners`` section.
+
+        Raises:
+            RunnerError: permanent, when an option is invalid.
+        """
+        return cls(OpenAIChatOptions.parse(ctx.options, name=ctx.name), name=ctx.name)
+
+    @property
+    def endpoint(self) -> str:
+        """The base URL in use, for messages (credentials in it are masked)."""
+        return self._redactor.redact(self.options.base_url or "https://api.openai.com/v1")
+
+    def run(self, request: UnitRequest) -> UnitResult:
+        """Send the unit's prompt as one user message and return the reply.
+
+        Raises:
+            RunnerError: transient for rate limits, 5xx, timeouts and connection failures;
+                permanent for other 4xx, a unit this runner cannot run, or a missing key.
+        """
+        model = self._check(request)
+        client = self._open()
+        import openai  # importable: _open() made the client
+
+        try:
+            completion = self._complete(client, request, model)
+        except openai.OpenAIError as exc:
+            raise self._translate(exc, request, model) from exc
+        return self._result(completion, request, model)
+
+    def close(self) -> None:
+        """Close the HTTP client (a later unit would open a new one)."""
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    def _check(self, request: UnitRequest) -> str:
+        where = f"{self.name} runner: unit {request.unit_id}"
+        if request.kind not in ("prompt", "judge"):
+            raise RunnerError(f"{where} is a {request.kind} unit; this runner only runs prompts.")
+        if request.prompt is None:
+            raise RunnerError(f"{where} has no prompt.")
+        if request.max_tokens is not None and request.max_tokens <= 0:
+            raise RunnerError(f"{where}: the run budget has no tokens left for an answer.")
+        model = request.model or self.options.model
+        if not model:
+            raise RunnerError(
+                f"{where} names no model; set `model:` on the step, `runners: {{{self.name}: "
+                "{model: ...}}` in the workflow, or WF_MAGIC_OPENAI_MODEL."
+            )
+        return model
+
+    def _open(self) -> OpenAI:
+        with self._lock:
+            if self._client is None:
+                self._client = self._new_client()
+            return self._client
+
+    def _new_client(self) -> OpenAI:
+        try:
+            import openai
+        except ImportError as exc:
+            raise RunnerError(
+                f"The {self.name} runner needs the openai package: pip install 'wf_magic[openai]'."
+            ) from exc
+        key = os.environ.get(self.options.api_key_env, "")
+        if not key and self.options.base_url is None:
+            raise RunnerError(
+                f"{self.name} runner: environment variable {self.options.api_key_env} is not set; "
+                "export your API key there, or set runners.openai.base_url for a local server."
+            )
+        self._redactor = Redactor([key])
+        return openai.OpenAI(
+            api_key=key or "unused",  # local servers (Ollama, vLLM) ignore it
+            base_url=self.options.base_url,
+            timeout=self.options.timeout_s,
+            max_retries=0,
+        )
+
+    def _complete(self, client: OpenAI, request: UnitRequest, model: str) -> ChatCompletion:
+        import openai
+
+        kwargs = self._kwargs(request, model)
+        json_mode = self.options.json_mode and model not in self._no_json_mode
+        if not (json_mode and _wants_json(request)):
+            return _create(client, kwargs)
+        try:
+            return _create(client, {**kwargs, "response_format": {"type": "json_object"}})
+        except (openai.BadRequestError, openai.UnprocessableEntityError):
+            pass  # the server may not do JSON mode: the instruction in the prompt must do
+        # A fresh key: a server that remembers keys must not answer with the cached 400.
+        headers = {**kwargs["extra_headers"], "Idempotency-Key": f"{request.dispatch_id}-nojson"}
+        completion = _create(client, {**kwargs, "extra_headers": headers})
+        self._no_json_mode.add(model)
+        return completion
+
+    def _kwargs(self, request: UnitRequest, model: str) -> dict[str, Any]:
+        prompt = request.prompt or ""
+        if _wants_json(request):
+            prompt = f"{prompt}\n\n{_json_instruction(request.output_schema)}"
+        kwargs: dict[str, Any] = {
+            "model": model,
+            "messages": [{"role": "user", "content": prompt}],
+            "timeout": request.timeout_s or self.options.timeout_s,
+            "extra_headers": {
+                "Idempotency-Key": request.dispatch_id,
+                "X-Request-ID": request.dispatch_id,
+            },
+        }
+        if request.max_tokens is not None:
+            kwargs[self.options.max_tokens_param] = request.max_tokens
+        return kwargs
+
+    def _result(self, completion: ChatCompletion, request: UnitRequest, model: str) -> UnitResult:
+        tokens_in, tokens_out = _usage(completion, request)
+        message = completion.choices[0].message if completion.choices else None
+        content = message.content if message is not None else None
+        if content is None:
+            refusal = getattr(message, "refusal", None) if message is not None else None
+            raise RunnerError(
+                self._redactor.redact(
+                    f"{self.name} runner: unit {request.unit_id} got no text from model {model}"
+                    + (f" (refusal: {_clip(refusal)})" if refusal else "")
+                    + "."
+                ),
+                tokens_in=tokens_in,
+                tokens_out=tokens_out,
+            )
+        output = _parse_json(content) if _wants_json(request) else content
+        price = self.options.prices.get(model) or self.options.prices.get(completion.model or "")
+        return UnitResult(
+            output=output,
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
+            model=model,
+            cost=price.cost(tokens_in, tokens_out) if price else None,
+            session_id=completion.id or None,
+        )
+
+    def _translate(self, exc: Exception, request: UnitRequest, model: str) -> RunnerError:
+        import openai
+
+        where = f"{self.name} runner: unit {request.unit_id} (model {model} at {self.endpoint})"
+        if isinstance(exc, openai.APITimeoutError):
+            timeout_s = request.timeout_s or self.options.timeout_s
+            message, transient = f"{where} timed out after {timeout_s:g}s.", True
+        elif isinstance(exc, openai.APIConnectionError):
+            cause = f" ({_clip(str(exc.__cause__))})" if exc.__cause__ else ""
+            message, transient = f"{where} could not connect{cause}; is the server up?", True
+        elif isinstance(exc, openai.APIStatusError):
+            status = exc.status_code
+            transient = status in TRANSIENT_STATUS or status >= 500
+            message = f"{where} got HTTP {status}: {_server_message(exc)}{_retry_after(exc)}"
+        else:
+            message, transient = f"{where} failed: {_clip(str(exc))}", False
+        return RunnerError(self._redactor.redact(message), transient=transient)
+
+
+def _create(client: OpenAI, kwargs: dict[str, Any]) -> ChatCompletion:
+    # The overloads (stream or not) collapse to Any under **kwargs; never streaming here.
+    return cast("ChatCompletion", client.chat.completions.create(**kwargs))
+
+
+def _wants_json(request: UnitRequest) -> bool:
+    return request.output_schema is not None or request.kind == "judge"
+
+
+def _json_instruction(schema: Mapping[str, Any] | None) -> str:
+    if schema is None:
+        return "Answer with a single JSON object and nothing else."
+    return (
+        "Answer with a single JSON value matching this JSON Schema, and nothing else "
+        "(no prose, no code fences):\n" + json.dumps(schema, sort_keys=True)
+    )
+
+
+def _parse_json(content: str) -> Any:
+    """The reply decoded as JSON, else the raw text (the engine validates the output)."""
+    text = content.strip()
+    fenced = _FENCE.match(text)
+    if fenced:
+        text = fenced.group(1).strip()
+    try:
+        return json.loads(text)
+    except ValueError:
+        return content
+
+
+def _usage(completion: ChatCompletion, request: UnitRequest) -> tuple[int, int]:
+    usage = completion.usage
+    if usage is not None:
+        return int(usage.prompt_tokens or 0), int(usage.completion_tokens or 0)
+    content = completion.choices[0].message.content if completion.choices else None
+    return _estimate(request.prompt or ""), _estimate(content or "")
+
+
+def _estimate(text: str) -> int:
+    return math.ceil(len(text) / 4)
+
+
+def _server_message(exc: Any) -> str:
+    body = exc.body
+    if isinstance(body, Mapping) and isinstance(body.get("message"), str):
+        return _clip(body["message"])
+    if isinstance(body, str) and body.strip():
+        return _clip(body.strip())
+    return _clip(str(exc.message))
+
+
+def _retry_after(exc: Any) -> str:
+    value = exc.response.headers.get("retry-after")
+    return f" (retry after {_clip(value, 40)}s)" if value else ""
+
+
+def _clip(text: str, cap: int = _MESSAGE_CAP) -> str:
+    return text if len(text) <= cap else text[: cap - 1] + "…"
+
+
+def _check_option_names(options: Mapping[str, Any], where: str) -> None:
+    if "api_key" in options:
+        # Say nothing of the value: it is the secret.
+        raise RunnerError(
+            f"{where}.api_key would store a secret in the plan; put the key in an environment "
+            "variable and name it with api_key_env (default OPENAI_API_KEY)."
+        )
+    unknown = sorted(set(options) - _OPTION_NAMES)
+    if unknown:
+        raise RunnerError(
+            f"{where}: unknown option(s) {', '.join(map(str, unknown))}; expected some of "
+            f"{', '.join(sorted(_OPTION_NAMES))}."
+        )
+
+
+def _str_option(name: str, value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise _option_error(name, "a string", value)
+    return value or None
+
+
+def _parse_prices(raw: Any, where: str) -> dict[str, Price]:
+    if raw is None:
+        return {}
+    expected = "{input_per_mtok: number, output_per_mtok: number}"
+    if not isinstance(raw, Mapping):
+        raise _option_error(f"{where}.prices", f"a mapping {{model: {expected}}}", raw)
+    prices = {}
+    for model, entry in raw.items():
+        try:
+            prices[str(model)] = Price(
+                input_per_mtok=float(entry["input_per_mtok"]),
+                output_per_mtok=float(entry["output_per_mtok"]),
+            )
+        except (TypeError, KeyError, ValueError) as exc:
+            raise _option_error(f"{where}.prices.{model}", expected, entry) from exc
+    return prices
+
+
+def _option_error(name: str, expected: str, got: Any) -> RunnerError:
+    return RunnerError(f"{name}: expected {expected} (got {got!r}).")

@@ -1,0 +1,311 @@
+"""The ``replay`` runner: answers a unit from a recorded succeeded attempt with the same input hash.
+
+Record once against a real runner, replay for ever: deterministic tests and offline
+teaching. Two sources, looked up in this order:
+
+- a cassette (plan option ``runners: {replay: {cassette: path}}``): a JSONL file with one
+  recorded attempt per line, written by :func:`export_cassette` (``wf export-cassette RUN``);
+- the journal of the state dir (``<state dir>/state.db``, opened read-only), unless the
+  option ``journal: false`` turns it off.
+
+The key is the unit's phase (``work``, or ``gate`` for judge calls) and its ``input_hash``;
+the newest recording wins. A replayed answer charges zero tokens: the recording's tokens
+were paid when it was made and are not reported again.
+
+A cassette line is canonical JSON with the fields ``input_hash`` (the lookup key),
+``phase`` (``work``/``gate``, default ``work``), ``output`` (the answer, as JSON), and for
+the reader's benefit ``step``, ``unit``, ``runner``, ``model``, ``tokens_in``, ``tokens_out``
+(what the recording cost when it was made).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import RunnerError, UsageError
+from ..hashing import canonical_json
+from ..store.db import DB_FILENAME, connect
+from .base import RunnerContext, UnitRequest, UnitResult
+
+_OPTION_NAMES = frozenset({"cassette", "journal"})
+_RECORDING_COLUMNS = (
+    "a.input_hash, a.step_id, a.unit_id, a.phase, a.runner, a.model, a.tokens_in, a.tokens_out"
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Recording:
+    """One recorded succeeded attempt: a line of a cassette, or a journal row."""
+
+    input_hash: str
+    step: str
+    unit: str
+    phase: str
+    """``work`` or ``gate``."""
+    runner: str
+    model: str | None
+    output: Any
+    tokens_in: int = 0
+    tokens_out: int = 0
+
+    def to_json_line(self) -> str:
+        """The cassette line for this recording (canonical JSON, no newline)."""
+        return canonical_json(asdict(self))
+
+    @classmethod
+    def from_json_line(cls, line: str, *, where: str) -> Recording:
+        """Decode one cassette line.
+
+        Raises:
+            RunnerError: permanent, naming ``where`` (file and line) and what is wrong.
+        """
+        try:
+            data = json.loads(line)
+        except ValueError as exc:
+            raise RunnerError(f"{where} is not JSON: {exc}.") from exc
+        if not isinstance(data, dict) or not isinstance(data.get("input_hash"), str):
+            raise RunnerError(f"{where}: expected a JSON object with an input_hash string.")
+        if "output" not in data:
+            raise RunnerError(f"{where}: the recording has no output.")
+        try:
+            tokens = int(data.get("tokens_in") or 0), int(data.get("tokens_out") or 0)
+        except (TypeError, ValueError) as exc:
+            raise RunnerError(f"{where}: tokens_in/tokens_out must be integers.") from exc
+        model = data.get("model")
+        return cls(
+            input_hash=data["input_hash"],
+            step=str(data.get("step", "")),
+            unit=str(data.get("unit", "")),
+            phase=str(data.get("phase", "work")),
+            runner=str(data.get("runner", "")),
+            model=None if model is None else str(model),
+            output=data["output"],
+            tokens_in=tokens[0],
+            tokens_out=tokens[1],
+        )
+
+
+class ReplayRunner:
+    """Answers units from recordings; a unit nobody recorded is a permanent error."""
+
+    def __init__(
+        self,
+        *,
+        cassette: Path | None = None,
+        db_path: Path | None = None,
+        workflow: str = "",
+        name: str = "replay",
+    ) -> None:
+        """Create a runner; nothing is read until the first unit.
+
+        Args:
+            cassette: A JSONL cassette to answer from first.
+            db_path: A state database whose journal is searched next (may not exist yet).
+            workflow: The workflow whose recordings are searched first (any other's next).
+            name: The runner name the plan uses, for messages.
+        """
+        self.cassette = cassette
+        self.db_path = db_path
+        self.workflow = workflow
+        self.name = name
+        self._lock = threading.Lock()
+        self._tape: dict[tuple[str, str], Recording] | None = None
+        self._conn: sqlite3.Connection | None = None
+
+    @classmethod
+    def from_context(cls, ctx: RunnerContext) -> ReplayRunner:
+        """The registry factory: ``cassette`` and ``journal`` from the plan's options.
+
+        Raises:
+            RunnerError: permanent, when an option is invalid.
+        """
+        unknown = sorted(map(str, set(ctx.options) - _OPTION_NAMES))
+        if unknown:
+            raise RunnerError(
+                f"runners.{ctx.name}: unknown option(s) {', '.join(unknown)}; expected some of "
+                f"{', '.join(sorted(_OPTION_NAMES))}."
+            )
+        cassette = ctx.options.get("cassette")
+        if cassette is not None and not isinstance(cassette, str):
+            raise RunnerError(f"runners.{ctx.name}.cassette: expected a path (got {cassette!r}).")
+        use_journal = ctx.options.get("journal", True)
+        return cls(
+            cassette=Path(cassette).expanduser() if cassette else None,
+            db_path=Path(ctx.state_dir) / DB_FILENAME if use_journal else None,
+            workflow=ctx.workflow,
+            name=ctx.name,
+        )
+
+    def run(self, request: UnitRequest) -> UnitResult:
+        """Answer ``request`` with the newest recording of its phase and input hash.
+
+        Raises:
+            RunnerError: permanent, when nothing was recorded for it or a source is unreadable.
+        """
+        input_hash = request.input_hash or ""
+        if not input_hash:
+            raise RunnerError(
+                f"{self.name} runner: unit {request.unit_id} came without an input_hash."
+            )
+        phase = "gate" if request.kind == "judge" else "work"
+        recording = self._from_cassette(phase, input_hash) or self._from_journal(phase, input_hash)
+        if recording is None:
+            raise RunnerError(self._miss_message(request.unit_id, input_hash))
+        return UnitResult(
+            output=recording.output,
+            tokens_in=0,
+            tokens_out=0,
+            model=request.model or recording.model,
+            cost=0.0,
+        )
+
+    def close(self) -> None:
+        """Close the read-only journal connection, if one was opened."""
+        with self._lock:
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    def _miss_message(self, unit_id: str, input_hash: str) -> str:
+        searched = [f"cassette {self.cassette}"] if self.cassette else []
+        if self.db_path is not None:
+            searched.append(f"journal {self.db_path}")
+        return (
+            f"{self.name} runner: no recorded answer for unit {unit_id} (input_hash "
+            f"{input_hash[:12]}…); record it by running against a real runner first "
+            f"(searched: {', '.join(searched) or 'nothing'})."
+        )
+
+    def _from_cassette(self, phase: str, input_hash: str) -> Recording | None:
+        if self.cassette is None:
+            return None
+        with self._lock:
+            if self._tape is None:
+                self._tape = load_cassette(self.cassette)
+            return self._tape.get((phase, input_hash))
+
+    def _from_journal(self, phase: str, input_hash: str) -> Recording | None:
+        with self._lock:
+            conn = self._journal()
+            if conn is None:
+                return None
+            return _latest_recording(conn, phase, input_hash, self.workflow)
+
+    def _journal(self) -> sqlite3.Connection | None:
+        if self._conn is None and self.db_path is not None and self.db_path.exists():
+            try:
+                self._conn = connect(self.db_path, read_only=True)
+            except sqlite3.Error as exc:
+                raise RunnerError(f"{self.name} runner cannot read {self.db_path}: {exc}.") from exc
+        return self._conn
+
+
+def load_cassette(path: Path) -> dict[tuple[str, str], Recording]:
+    """A cassette's recordings keyed by (phase, input_hash); later lines win.
+
+    Raises:
+        RunnerError: permanent, when the file is missing or a line is not a recording.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise RunnerError(
+            f"Replay cassette {path} does not exist; write one with "
+            f"`wf export-cassette RUN > {path}` after a run against a real runner."
+        ) from exc
+    except OSError as exc:
+        raise RunnerError(f"Replay cassette {path} cannot be read: {exc}.") from exc
+    tape: dict[tuple[str, str], Recording] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            rec = Recording.from_json_line(line, where=f"replay cassette {path} line {number}")
+            tape[(rec.phase, rec.input_hash)] = rec
+    return tape
+
+
+def export_cassette(conn: sqlite3.Connection, run_id: str) -> Iterator[str]:
+    """Cassette lines (canonical JSON, no newline) for a run's succeeded and reused attempts.
+
+    Child runs are included, so a replay covers ``workflow:`` steps too. When several
+    attempts share a phase and input hash only the newest is kept (replay would pick it).
+    ``print`` each line (``wf export-cassette RUN > tape.jsonl``) to write a cassette.
+
+    Raises:
+        UsageError: no run ``run_id`` exists in this database.
+    """
+    if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
+        raise UsageError(f"No run {run_id} in this state dir; `wf list` shows the runs.")
+    newest: dict[tuple[str, str], Recording] = {}
+    for rec in _run_recordings(conn, run_id):
+        newest.pop((rec.phase, rec.input_hash), None)  # re-insert: keep journal order
+        newest[(rec.phase, rec.input_hash)] = rec
+    for rec in newest.values():
+        yield rec.to_json_line()
+
+
+# The two queries below are the runner's only SQL (read-only).
+
+
+def _latest_recording(
+    conn: sqlite3.Connection, phase: str, input_hash: str, workflow: str
+) -> Recording | None:
+    # The workflow's own recordings first: that query rides the attempts_reuse index; a
+    # full scan for any workflow's is paid only on a miss.
+    for where, args in (("a.workflow = ? AND ", (workflow,)), ("", ())):
+        row = conn.execute(
+            f"SELECT {_RECORDING_COLUMNS}, a.output_json FROM attempts a"
+            f" WHERE {where}a.input_hash = ? AND a.status = 'succeeded' AND a.phase = ?"
+            " ORDER BY a.attempt_pk DESC LIMIT 1",
+            (*args, input_hash, phase),
+        ).fetchone()
+        if row is not None:
+            return _recording(row)
+    return None
+
+
+def _run_recordings(conn: sqlite3.Connection, run_id: str) -> Iterator[Recording]:
+    # A reused attempt may carry no output of its own: take its source's (the newest
+    # succeeded attempt of the workflow with that input).
+    rows = conn.execute(
+        f"SELECT {_RECORDING_COLUMNS}, COALESCE(a.output_json, ("
+        "   SELECT s.output_json FROM attempts s WHERE s.workflow = a.workflow"
+        "   AND s.input_hash = a.input_hash AND s.phase = a.phase AND s.status = 'succeeded'"
+        "   ORDER BY s.attempt_pk DESC LIMIT 1)) AS output_json"
+        " FROM attempts a"
+        " WHERE a.run_id IN (SELECT run_id FROM runs WHERE run_id = ? OR root_run_id = ?)"
+        " AND a.status IN ('succeeded', 'reused')"
+        " ORDER BY a.attempt_pk",
+        (run_id, run_id),
+    )
+    for row in rows:
+        yield _recording(row)
+
+
+def _recording(row: sqlite3.Row | tuple[Any, ...]) -> Recording:
+    input_hash, step, unit, phase, runner, model, tokens_in, tokens_out, output_json = row
+    return Recording(
+        input_hash=input_hash,
+        step=step,
+        unit=unit,
+        phase=phase,
+        runner=runner,
+        model=model,
+        output=_decode(output_json),
+        tokens_in=tokens_in or 0,
+        tokens_out=tokens_out or 0,
+    )
+
+
+def _decode(output_json: str | None) -> Any:
+    if output_json is None:
+        return None
+    try:
+        return json.loads(output_json)
+    except ValueError:
+        return output_json  # not written by this version's journal; replay it verbatim

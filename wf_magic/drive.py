@@ -418,7 +418,7 @@ class Driver:
             del fake
             self._record(key, verdict)
             return verdict, None
-        attempt = self.store_write(lambda c: jsql.reserve_attempt_txn(c, key, charged=False))
+        attempt = self._reclaim_or_reserve(key)
         request = UnitRequest(
             run_id=self.run.run_id, step_id=step.id, unit_id=key.unit_id,
             dispatch_id=attempt.dispatch_id, input_hash=key.input_hash, attempt=attempt.attempt,
@@ -438,6 +438,13 @@ class Driver:
             tokens_in=result.tokens_in, tokens_out=result.tokens_out, cost=result.cost,
             model=result.model))
         return verdict, result
+
+    def _reclaim_or_reserve(self, key: jsql.UnitKey) -> AttemptRow:
+        """A judge attempt: the one a dead driver left running for this input, else a new one."""
+        latest = self.attempts_by_unit(key.step_id).get(key.unit_id, [])
+        if latest and latest[-1].status == "running" and latest[-1].input_hash == key.input_hash:
+            return latest[-1]
+        return self.store_write(lambda c: jsql.reserve_attempt_txn(c, key, charged=False))
 
     def _record(self, key: jsql.UnitKey, verdict: Verdict) -> None:
         finish = jsql.Finish(status="succeeded", output_json=json.dumps(verdict.to_json()))

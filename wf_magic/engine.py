@@ -486,13 +486,9 @@ class Engine:
                     f"{loop} (a button from an older output?); nothing was recorded.",
                     run_id=run_id, step_id=step_id)
             unit_id = f"{step_id}.gate:l{waiting['loop']}"
-            decided = conn.execute(
-                "SELECT 1 FROM attempts WHERE run_id = ? AND unit_id = ? AND input_hash = ? AND"
-                " runner = 'human'", (run_id, unit_id, waiting["input_hash"])).fetchone()
-            if decided:
-                raise GateDecisionRefused(
-                    f"Run {run_id} step {step_id} loop {waiting['loop']} was already decided; "
-                    "resume the run to act on that decision.", run_id=run_id, step_id=step_id)
+            refusal = _decision_refusal(conn, run_id, step_id, unit_id, waiting, complete)
+            if refusal:
+                raise GateDecisionRefused(refusal, run_id=run_id, step_id=step_id)
             key = jsql.UnitKey(run_id=run_id, workflow=run.workflow, step_id=step_id,
                                unit_id=unit_id, phase="gate", loop=int(waiting["loop"]),
                                item_index=None, runner="human", model=None,
@@ -566,3 +562,24 @@ class Engine:
 
         rid = self.resolve_run_id(run_id)
         return self.read(lambda c: frames.budget_frame(c, rid))
+
+
+def _decision_refusal(conn: sqlite3.Connection, run_id: str, step_id: str, unit_id: str,
+                      waiting: dict[str, Any], complete: bool) -> str | None:
+    """Why a human decision must not be recorded now (None: record it)."""
+    row = conn.execute(
+        "SELECT runner, output_json FROM attempts WHERE run_id = ? AND unit_id = ? AND"
+        " input_hash = ? AND status = 'succeeded' ORDER BY attempt_pk DESC LIMIT 1",
+        (run_id, unit_id, waiting["input_hash"])).fetchone()
+    where = f"Run {run_id} step {step_id} loop {waiting['loop']}"
+    if waiting.get("judge") == "exhausted":
+        if not complete:
+            return (f"{where}: the gate is already exhausted; approve the last artifact, "
+                    "abandon the run, or fork it. Nothing was recorded.")
+        if row is not None and row["runner"] == "human" and json.loads(
+                row["output_json"] or "{}").get("complete"):
+            return f"{where} was already approved; resume the run to continue."
+        return None
+    if row is not None and row["runner"] == "human":
+        return f"{where} was already decided; resume the run to act on that decision."
+    return None

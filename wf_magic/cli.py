@@ -68,7 +68,14 @@ def _drive(engine: Engine, run_id: str, args: argparse.Namespace) -> int:
     return EXIT_INTERRUPTED if run.stopped_by == "signal" and run.status == "active" else code
 
 
+def _importable(directory: Path) -> None:
+    """Let ``python: module:function`` targets import modules beside the workflow file."""
+    if str(directory) not in sys.path:
+        sys.path.insert(0, str(directory))
+
+
 def cmd_run(engine: Engine, args: argparse.Namespace) -> int:
+    _importable(Path(args.file).resolve().parent)
     wf = engine.load(Path(args.file))
     if args.dry_run:
         from .display import plan_text
@@ -79,11 +86,14 @@ def cmd_run(engine: Engine, args: argparse.Namespace) -> int:
                                              no_cache=args.no_cache, params_from_strings=True)
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
-    print(f"run {run_id} ({'new' if created else 'resumed'})", file=sys.stderr)
+    print(f"run {run_id} ({'new' if created else 'existing'})", flush=True)
     return _drive(engine, run_id, args)
 
 
 def cmd_resume(engine: Engine, args: argparse.Namespace) -> int:
+    source_path = engine.get_run(engine.resolve_run_id(args.run)).source_path
+    if source_path:
+        _importable(Path(source_path).parent)
     return _drive(engine, args.run, args)
 
 
@@ -141,7 +151,7 @@ def cmd_abandon(engine: Engine, args: argparse.Namespace) -> int:
 
 def cmd_fork(engine: Engine, args: argparse.Namespace) -> int:
     run_id = engine.fork(args.run, from_step=args.from_step)
-    print(f"run {run_id} (fork of {args.run} from step {args.from_step})", file=sys.stderr)
+    print(f"run {run_id} (fork of {args.run} from step {args.from_step})", flush=True)
     return _drive(engine, run_id, args)
 
 

@@ -230,3 +230,38 @@ def test_secret_env_values_never_reach_the_journal(engine: Engine, state_dir: Pa
     for table in ("runs", "steps", "units", "attempts", "events"):
         for row in db_rows(state_dir, f"SELECT * FROM {table}"):  # noqa: S608
             assert canary not in json.dumps(row, default=str)
+
+
+_FLAKY_CALLS: list[int] = []
+
+
+def flaky_twice() -> str:
+    _FLAKY_CALLS.append(1)
+    if len(_FLAKY_CALLS) <= 2:
+        raise RuntimeError(f"boom {len(_FLAKY_CALLS)}")
+    return "ok"
+
+
+register_function("flaky_twice", flaky_twice)
+
+
+def test_max_retries_reopens_a_run_failed_on_a_unit(engine: Engine) -> None:
+    _FLAKY_CALLS.clear()
+    src = "name: r\nsteps:\n  - id: a\n    prompt: x\n  - id: f\n    python: flaky_twice\n"
+    run = engine.run(src, max_retries=2)
+    assert run.status == "completed"
+    assert [(a.unit_id, a.attempt, a.status) for a in engine.attempts(run.run_id)] == [
+        ("a", 1, "succeeded"), ("f", 1, "failed"), ("f", 2, "failed"), ("f", 3, "succeeded")]
+    assert [w for w in run.warnings if w.startswith("run-level retry")] == [
+        "run-level retry 1/2 after: step f: unit f failed: flaky_twice raised RuntimeError: boom 1",
+        "run-level retry 2/2 after: step f: unit f failed: flaky_twice raised RuntimeError: boom 2"]
+
+
+def test_max_retries_never_reopens_after_a_budget_stop_or_a_unit_that_ran_nothing(
+        engine: Engine) -> None:
+    budget = engine.run("name: b\nbudget: {max_units: 1}\nsteps:\n  - id: a\n    prompt: x\n"
+                        "  - id: b\n    prompt: y\n", max_retries=3)
+    assert budget.status == "failed" and len(engine.attempts(budget.run_id)) == 1
+    missing = engine.run("name: m\nsteps:\n  - id: a\n    exec: [no-such-program-wf]\n",
+                         max_retries=3)
+    assert missing.status == "failed" and len(engine.attempts(missing.run_id)) == 1

@@ -61,7 +61,10 @@ def _drive(engine: Engine, run_id: str, args: argparse.Namespace) -> int:
     signals.signal(signals.SIGTERM, on_term)
     try:
         run = engine.drive(run_id, max_steps=getattr(args, "max_steps", None), signal=stop,
-                           max_concurrency=getattr(args, "max_concurrency", None))
+                           max_concurrency=getattr(args, "max_concurrency", None),
+                           max_retries=getattr(args, "max_retries", 0) or 0)
+    for warning in run.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     finally:
         signals.signal(signals.SIGTERM, previous)
     code = _print_run(run, print)
@@ -208,12 +211,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-cache", action="store_true", help="no result reuse across runs")
     r.add_argument("--max-steps", type=int, help="stop after N finished steps")
     r.add_argument("--max-concurrency", type=int)
+    r.add_argument("--max-retries", type=int, default=0,
+                   help="re-open the run up to N times after a unit failure")
     r.add_argument("--dry-run", action="store_true", help="freeze and show the plan only")
     for name, fn, help_ in (("resume", cmd_resume, "drive an existing run"),):
         sp = add(name, fn, help_)
         sp.add_argument("run")
         sp.add_argument("--max-steps", type=int)
         sp.add_argument("--max-concurrency", type=int)
+        sp.add_argument("--max-retries", type=int, default=0)
     add("status", cmd_status, "show a run (or list runs)").add_argument("run", nargs="?")
     add("list", cmd_list, "list runs").add_argument("--limit", type=int)
     for name, fn in (("journal", cmd_journal), ("events", cmd_events)):

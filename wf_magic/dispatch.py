@@ -61,6 +61,8 @@ class LoopWork:
     blocked: str | None = None
     stopped: bool = False
     dispatched: int = 0
+    executed_failure: bool = False
+    """Some unit failed after really running (a run-level retry may help)."""
 
 
 _MISSING = object()
@@ -226,6 +228,7 @@ def _finish(driver: Driver, step: PlanStep, job: _Job, attempt: AttemptRow,
         jobs.append(job)
         return True
     work.failures[job.unit.unit_id] = failure
+    work.executed_failure = work.executed_failure or exc.executed
     work.outputs[job.index] = None
     return False
 

@@ -51,6 +51,8 @@ class DriveStats:
     steps_finished: int = 0
     stopped_by: str | None = None
     """None, ``max_steps``, ``signal``, ``stop_request`` or ``interrupt``."""
+    retryable_failure: bool = False
+    """The run failed on a unit that really ran (run-level retries may re-open it)."""
     warnings: list[str] = field(default_factory=list)
 
 
@@ -233,7 +235,8 @@ class Driver:
                 return None
             outcome = spine.complete_step(self, step, loop=loop, units=units, work=spine.WorkOutcome(
                 outputs=work.outputs, failures=work.failures, budget_error=work.budget_error,
-                blocked=work.blocked))
+                blocked=work.blocked, executed_failure=work.executed_failure))
+            self.stats.retryable_failure = outcome.retryable and outcome.run_failed
             if outcome.status != "loop":
                 return outcome
             self.emit("gate_rejected", step_id=step.id, loop=loop,

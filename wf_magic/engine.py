@@ -226,22 +226,26 @@ class Engine:
 
     def run(self, source: Workflow | str | Path, *, params: Mapping[str, Any] | None = None,
             new: bool = False, no_cache: bool = False, max_steps: int | None = None,
-            signal: threading.Event | None = None, params_from_strings: bool = False) -> Run:
+            signal: threading.Event | None = None, params_from_strings: bool = False,
+            max_retries: int = 0) -> Run:
         """Start (or find) the run for ``source`` and drive it; see :meth:`start`, :meth:`drive`."""
         run_id, _, warnings = self.start(source, params=params, new=new, no_cache=no_cache,
                                          params_from_strings=params_from_strings)
-        handle = self.drive(run_id, max_steps=max_steps, signal=signal)
+        handle = self.drive(run_id, max_steps=max_steps, signal=signal, max_retries=max_retries)
         handle.warnings[:0] = warnings
         return handle
 
     # -- driving ----------------------------------------------------------------------------
     def drive(self, run_id: str, *, max_steps: int | None = None,
               signal: threading.Event | None = None, max_concurrency: int | None = None,
-              executor: Executor | None = None, live_source: Workflow | None = None) -> Run:
+              executor: Executor | None = None, live_source: Workflow | None = None,
+              max_retries: int = 0) -> Run:
         """Drive a run until it completes, blocks, fails or is stopped.
 
         The run lock is taken before the plan is read; the plan hash and params hash are
-        verified before anything is dispatched.
+        verified before anything is dispatched. With ``max_retries`` a run that failed on a
+        unit that really ran is re-opened and its failed step retried, up to that many times
+        (never after a gate outcome, a budget stop, a stop/abort or a unit that ran nothing).
 
         Raises:
             RunLockHeld: another driver holds the run.
@@ -259,6 +263,13 @@ class Engine:
             run = self.get_run(run_id)
             warnings = self._drift_warnings(run, live_source)
             stats = self._drive_locked(run, options, budget=None, depth=0)
+            retries = 0
+            while (retries < max_retries and stats.retryable_failure and stats.stopped_by is None
+                   and self.get_run(run_id).status == "failed"):
+                retries += 1
+                warnings.append(f"run-level retry {retries}/{max_retries} after: "
+                                f"{self.get_run(run_id).status_reason}")
+                stats = self._drive_locked(self.get_run(run_id), options, budget=None, depth=0)
         handle = Run(self, run_id, stats=stats)
         handle.warnings.extend(warnings)
         return handle

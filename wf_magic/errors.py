@@ -118,9 +118,13 @@ class GateDecisionRefused(WorkflowError):
 class RunnerError(WorkflowError):
     """A runner could not produce a result; ``transient`` errors may be retried."""
 
-    def __init__(self, message: str, *, transient: bool = False, tokens_in: int = 0, tokens_out: int = 0):
+    def __init__(self, message: str, *, transient: bool = False, tokens_in: int = 0,
+                 tokens_out: int = 0, executed: bool = True):
         super().__init__(message)
         self.transient = transient
+        self.executed = executed
+        """False when nothing ran (unknown target, program not found): a run-level retry
+        would fail the same way, so ``max_retries`` does not re-open for it."""
         self.tokens_in = tokens_in
         self.tokens_out = tokens_out
 

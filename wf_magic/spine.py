@@ -35,6 +35,8 @@ class WorkOutcome:
     """Why a unit cannot finish now (a blocked child run)."""
     input_error: str | None = None
     """The step's inputs could not be built (template, map value)."""
+    executed_failure: bool = False
+    """A failed unit really ran (so a run-level retry could succeed)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,6 +49,8 @@ class StepOutcome:
     note: str | None = None
     feedback: Feedback | None = None
     run_failed: bool = False
+    retryable: bool = False
+    """A unit failure a run-level retry (``max_retries``) may re-open the run for."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,7 +138,9 @@ def _unit_failures(step: PlanStep, units: list[UnitPlan], work: WorkOutcome) -> 
     if step.on_error == "continue" and step.map is not None:
         note = f"{count} of {len(units)} units failed; first: {first_id}: {first}"
         return StepOutcome(status="completed", output=work.outputs, note=note)
-    return _failed(step, note)
+    failed = _failed(step, note)
+    return StepOutcome(status=failed.status, note=failed.note, run_failed=failed.run_failed,
+                       retryable=work.executed_failure)
 
 
 def _route(step: PlanStep, result: Any) -> StepOutcome:

@@ -27,13 +27,14 @@ class FunctionRunner(BaseRunner):
         try:
             fn = functions.resolve(target, self.namespace)
         except functions.TargetError as exc:
-            raise RunnerError(str(exc)) from exc
+            raise RunnerError(str(exc), executed=False) from exc
         current = functions.source_hash(fn)
         if request.target_hash and current != request.target_hash:
             raise RunnerError(
                 f"python target {target!r} changed since this run's plan was frozen "
                 f"(source hash {request.target_hash[:12]} → {current[:12]}); the run will not "
-                "silently run new code. Start a new run (--new) to use it, or restore the function.")
+                "silently run new code. Start a new run (--new) to use it, or restore the "
+                "function.", executed=False)
         try:
             output = fn(**dict(request.kwargs or {}))
         except Exception as exc:

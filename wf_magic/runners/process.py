@@ -66,7 +66,8 @@ class ExecRunner(BaseRunner):
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     start_new_session=True)
         except OSError as exc:
-            raise RunnerError(f"cannot start {argv[0]!r}: {exc.strerror}") from exc
+            raise RunnerError(f"cannot start {argv[0]!r}: {exc.strerror}",
+                              executed=False) from exc
         assert proc.stdout is not None and proc.stderr is not None  # PIPE was requested
         out = _Capped(proc.stdout, self.output_cap + 1)
         err = _Capped(proc.stderr, 64 * 1024)

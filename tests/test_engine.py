@@ -265,3 +265,12 @@ def test_max_retries_never_reopens_after_a_budget_stop_or_a_unit_that_ran_nothin
     missing = engine.run("name: m\nsteps:\n  - id: a\n    exec: [no-such-program-wf]\n",
                          max_retries=3)
     assert missing.status == "failed" and len(engine.attempts(missing.run_id)) == 1
+
+
+def test_secret_looking_params_are_redacted_from_the_journal(engine: Engine) -> None:
+    src = ("name: s\nparams:\n  api_key: {type: string}\nsteps:\n"
+           "  - id: a\n    prompt: 'use {{ params.api_key }} now'\n")
+    run = engine.run(src, params={"api_key": "hunter2-very-secret"})
+    attempt = engine.attempts(run.run_id)[0]
+    assert "hunter2-very-secret" not in (attempt.output_json or "")
+    assert "***" in (attempt.output_json or "")

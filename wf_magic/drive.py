@@ -16,6 +16,7 @@ from .errors import RunnerError
 from .gates import (VERDICT_SCHEMA, Verdict, VerdictError, artifact_summary, expr_verdict,
                     judge_prompt, parse_verdict, render_criteria)
 from .hashing import canonical_json, hash_value
+from .redact import is_secret_key
 from .runners.base import Runner, RunnerContext, UnitRequest, UnitResult
 from .runners.registry import runner_factory
 from .spec.plan import Plan, PlanStep
@@ -106,6 +107,8 @@ class Driver:
         self.step_rows: dict[str, StepRow] = {}
         self.outputs: dict[str, Any] = {}
         self.pool = RunnerPool(engine, plan)
+        self.redactor = engine.redactor.with_secrets(
+            v for k, v in params.items() if isinstance(v, str) and is_secret_key(k))
         self._pool_executor: Executor | None = None
         self._last_stop_poll = 0.0
         self._fork_index = (next(i for i, s in enumerate(plan.steps) if s.id == run.fork_step)
@@ -286,7 +289,7 @@ class Driver:
         return attempt
 
     def finish_ok(self, attempt: AttemptRow, result: UnitResult) -> Any:
-        output = self.engine.redactor.redact_value(result.output)
+        output = self.redactor.redact_value(result.output)
         finish = jsql.Finish(status="succeeded", output_json=json.dumps(output),
                              tokens_in=int(result.tokens_in), tokens_out=int(result.tokens_out),
                              cost=result.cost, model=result.model, session_id=result.session_id)
@@ -294,7 +297,7 @@ class Driver:
         return output
 
     def finish_error(self, attempt: AttemptRow, exc: RunnerError) -> str:
-        failure = self.engine.redactor.redact(str(exc))
+        failure = self.redactor.redact(str(exc))
         finish = jsql.Finish(status="failed", failure=failure, transient=exc.transient,
                              tokens_in=exc.tokens_in, tokens_out=exc.tokens_out)
         self._finish(attempt, finish)
@@ -385,7 +388,7 @@ class Driver:
             verdict, result = self._judge(step, key, criteria, summary, artifact)
         except (VerdictError, RunnerError) as exc:
             return spine.GateWaiting(
-                reason=f"judge failed on loop {loop}: {self.engine.redactor.redact(str(exc))}; "
+                reason=f"judge failed on loop {loop}: {self.redactor.redact(str(exc))}; "
                 "no loop was consumed. Fix the judge and resume to re-judge this work.",
                 loop=loop, input_hash=input_hash, summary=summary, judge="failed")
         self.emit("gate_verdict", step_id=step.id, unit_id=unit_id, loop=loop,

@@ -335,7 +335,14 @@ class Engine:
         if budget is None:
             budget = self._seed_budget(run, plan)
         driver = Driver(self, run, plan, params, budget=budget, options=options, depth=depth)
-        return driver.drive()
+        full = plan.execution.durability == "full" and self.durability != "full"
+        if full:  # this plan asked for power-loss safety: synchronous=FULL while it drives
+            self.read(lambda c: c.execute("PRAGMA synchronous = FULL"))
+        try:
+            return driver.drive()
+        finally:
+            if full:
+                self.read(lambda c: c.execute("PRAGMA synchronous = NORMAL"))
 
     def _seed_budget(self, run: RunRow, plan: Plan) -> Budget:
         root_plan = plan

@@ -63,10 +63,10 @@ def _drive(engine: Engine, run_id: str, args: argparse.Namespace) -> int:
         run = engine.drive(run_id, max_steps=getattr(args, "max_steps", None), signal=stop,
                            max_concurrency=getattr(args, "max_concurrency", None),
                            max_retries=getattr(args, "max_retries", 0) or 0)
-    for warning in run.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
     finally:
         signals.signal(signals.SIGTERM, previous)
+    for warning in run.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     code = _print_run(run, print)
     return EXIT_INTERRUPTED if run.stopped_by == "signal" and run.status == "active" else code
 

@@ -10,21 +10,19 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import dispatch, spine
+from . import dispatch, judging, spine
 from .budget import Budget
 from .errors import RunnerError
-from .gates import (VERDICT_SCHEMA, Verdict, VerdictError, artifact_summary, expr_verdict,
-                    judge_prompt, parse_verdict, render_criteria)
-from .hashing import canonical_json, hash_value
+from .gates import Verdict
+from .hashing import canonical_json
 from .redact import is_secret_key
-from .runners.base import Runner, RunnerContext, UnitRequest, UnitResult
+from .runners.base import Runner, RunnerContext, UnitResult
 from .runners.registry import runner_factory
 from .spec.plan import Plan, PlanStep
-from .spec.templates import TemplateError
 from .store import journal as jsql
 from .store import runs as run_sql
 from .store.records import AttemptRow, RunRow, StepRow
-from .units import StepInputError, UnitPlan, build_units, template_context
+from .units import StepInputError, UnitPlan, build_units
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -303,6 +301,10 @@ class Driver:
         self._finish(attempt, finish)
         return failure
 
+    def finish_with(self, attempt: AttemptRow, finish: jsql.Finish) -> None:
+        """Finish a running attempt with ``finish`` (charged usage, event)."""
+        self._finish(attempt, finish)
+
     def _finish(self, attempt: AttemptRow, finish: jsql.Finish) -> None:
         wrote = self.store_write(lambda c: jsql.finish_attempt_txn(c, attempt, finish))
         if wrote and attempt.charged:
@@ -353,132 +355,23 @@ class Driver:
             return _route_decision(step, unit)
         return self.engine.drive_child(self, step, unit, attempt)
 
-    # -- gates ------------------------------------------------------------------------------
-    def _gate_context(self) -> dict[str, Any]:
-        return template_context(self.params, self.outputs)
-
+    # -- gates (wf_magic.judging does the work) ----------------------------------------------
     def obtain_verdict(self, step: PlanStep, *, loop: int, artifact: Any,
                        unit_count: int) -> spine.Judged | spine.GateWaiting:
         """The gate's verdict on this loop: from the journal, or by asking the judge now."""
-        gate = step.gate
-        assert gate is not None  # the spine asks only for gated steps
-        summary = artifact_summary(artifact, unit_count=unit_count)
-        try:
-            criteria = render_criteria(gate.criteria, self._gate_context())
-        except TemplateError as exc:
-            criteria = [f"(criteria failed to render: {exc})"]
-        runner, model = self._judge_runner(step)
-        judge_input = {"judge": gate.judge, "criteria": criteria, "summary": summary,
-                       "check": gate.check, "runner": runner, "model": model}
-        input_hash = hash_value(judge_input)
-        unit_id = f"{step.id}.gate:l{loop}"
-        recorded = self.engine.read(lambda c: jsql.find_in_run(
-            c, run_id=self.run.run_id, input_hash=input_hash, unit_id=unit_id))
-        if recorded is not None and recorded.output_json:
-            verdict = Verdict.from_json(json.loads(recorded.output_json))
-            return spine.Judged(verdict=verdict, input_hash=input_hash, summary=summary)
-        if gate.judge == "human":
-            return spine.GateWaiting(reason=f"waiting for a human verdict on loop {loop}",
-                                     loop=loop, input_hash=input_hash, summary=summary,
-                                     judge="human")
-        key = jsql.UnitKey(run_id=self.run.run_id, workflow=self.plan.name, step_id=step.id,
-                           unit_id=unit_id, phase="gate", loop=loop, item_index=None,
-                           runner=runner, model=model, input_hash=input_hash)
-        try:
-            verdict, result = self._judge(step, key, criteria, summary, artifact)
-        except (VerdictError, RunnerError) as exc:
-            return spine.GateWaiting(
-                reason=f"judge failed on loop {loop}: {self.redactor.redact(str(exc))}; "
-                "no loop was consumed. Fix the judge and resume to re-judge this work.",
-                loop=loop, input_hash=input_hash, summary=summary, judge="failed")
-        self.emit("gate_verdict", step_id=step.id, unit_id=unit_id, loop=loop,
-                  complete=verdict.complete, feedback=verdict.feedback,
-                  missing=list(verdict.missing))
-        del result
-        return spine.Judged(verdict=verdict, input_hash=input_hash, summary=summary)
-
-    def _judge_runner(self, step: PlanStep) -> tuple[str, str | None]:
-        gate = step.gate
-        assert gate is not None
-        if gate.judge in ("expr", "human"):
-            return gate.judge, None
-        default = step.runner if step.kind == "prompt" else self.plan.runner
-        return gate.runner or default, gate.model or step.model
-
-    def _judge(self, step: PlanStep, key: jsql.UnitKey, criteria: list[str], summary: str,
-               artifact: Any) -> tuple[Verdict, UnitResult | None]:
-        gate = step.gate
-        assert gate is not None
-        if gate.judge == "expr":
-            fake = UnitPlan(step_id=step.id, unit_id=key.unit_id, kind="judge", phase="gate",
-                            loop=key.loop, item_index=None, item=None, runner="expr", model=None,
-                            input={}, input_hash=key.input_hash, charged=False)
-            try:
-                verdict = expr_verdict(gate.check or "", output=artifact, params=self.params,
-                                       criteria=criteria)
-            except VerdictError as exc:
-                attempt = self.store_write(lambda c: jsql.reserve_attempt_txn(c, key,
-                                                                              charged=False))
-                self.finish_error(attempt, RunnerError(str(exc)))
-                raise
-            del fake
-            self._record(key, verdict)
-            return verdict, None
-        attempt = self._reclaim_or_reserve(key)
-        request = UnitRequest(
-            run_id=self.run.run_id, step_id=step.id, unit_id=key.unit_id,
-            dispatch_id=attempt.dispatch_id, input_hash=key.input_hash, attempt=attempt.attempt,
-            kind="judge", prompt=judge_prompt(step.id, criteria, summary), model=key.model,
-            output_schema=VERDICT_SCHEMA, timeout_s=step.timeout_s)
-        try:
-            result = self.runner(key.runner).run(request)
-            verdict = parse_verdict(result.output)
-        except RunnerError as exc:
-            self.finish_error(attempt, exc)
-            raise
-        except VerdictError as exc:
-            self.finish_error(attempt, RunnerError(str(exc)))
-            raise
-        self._finish(attempt, jsql.Finish(
-            status="succeeded", output_json=json.dumps(verdict.to_json()),
-            tokens_in=result.tokens_in, tokens_out=result.tokens_out, cost=result.cost,
-            model=result.model))
-        return verdict, result
-
-    def _reclaim_or_reserve(self, key: jsql.UnitKey) -> AttemptRow:
-        """A judge attempt: the one a dead driver left running for this input, else a new one."""
-        latest = self.attempts_by_unit(key.step_id).get(key.unit_id, [])
-        if latest and latest[-1].status == "running" and latest[-1].input_hash == key.input_hash:
-            return latest[-1]
-        return self.store_write(lambda c: jsql.reserve_attempt_txn(c, key, charged=False))
-
-    def _record(self, key: jsql.UnitKey, verdict: Verdict) -> None:
-        finish = jsql.Finish(status="succeeded", output_json=json.dumps(verdict.to_json()))
-        self.store_write(lambda c: jsql.record_terminal_attempt_txn(c, key, finish))
-        self.emit("unit_finished", step_id=key.step_id, unit_id=key.unit_id, status="succeeded",
-                  phase="gate", loop=key.loop, tokens=0)
+        return judging.obtain_verdict(self, step, loop=loop, artifact=artifact,
+                                      unit_count=unit_count)
 
     def record_verdict(self, step: PlanStep, *, loop: int, artifact: Any,
                        verdict: Verdict) -> None:
         """Journal a schema verdict (once per loop and artifact)."""
-        summary = artifact_summary(artifact, unit_count=len(artifact) if isinstance(
-            artifact, list) and step.map else 1)
-        input_hash = hash_value({"judge": "schema", "summary": summary, "schema": step.output})
-        unit_id = f"{step.id}.gate:l{loop}"
-        existing = self.engine.read(lambda c: jsql.find_in_run(
-            c, run_id=self.run.run_id, input_hash=input_hash, unit_id=unit_id))
-        if existing is None:
-            self._record(jsql.UnitKey(run_id=self.run.run_id, workflow=self.plan.name,
-                                      step_id=step.id, unit_id=unit_id, phase="gate", loop=loop,
-                                      item_index=None, runner="schema", model=None,
-                                      input_hash=input_hash), verdict)
-        self.emit("gate_verdict", step_id=step.id, unit_id=unit_id, loop=loop, complete=False,
-                  feedback=verdict.feedback, missing=list(verdict.missing))
+        judging.record_schema_verdict(self, step, loop=loop, artifact=artifact, verdict=verdict)
 
 
 def _route_decision(step: PlanStep, unit: UnitPlan) -> UnitResult:
     route = step.route
-    assert route is not None
+    if route is None:
+        raise RunnerError(f"step {step.id} is not a route step")
     value = str((unit.kwargs or {}).get("value", ""))
     if value in route.cases:
         case = value

@@ -183,7 +183,13 @@ def _start(driver: Driver, step: PlanStep, job: _Job, work: LoopWork,
             future.set_exception(exc)
         return future, job, attempt
     request = _request(driver, step, unit, attempt)
-    runner = driver.runner(unit.runner)
+    try:
+        runner = driver.runner(unit.runner)
+    except Exception as exc:  # a runner that cannot be built fails the attempt, never leaves it running
+        failed: Future[UnitResult] = Future()
+        failed.set_exception(exc if isinstance(exc, RunnerError) else RunnerError(
+            f"runner {unit.runner!r} could not be created: {exc}", executed=False))
+        return failed, job, attempt
     return executor.submit(runner.run, request), job, attempt
 
 

@@ -186,7 +186,8 @@ class Driver:
             if outcome is None:
                 return  # stopped mid-step: the step is owed to the next drive
             if outcome.status in ("completed", "skipped") or (
-                    outcome.status == "failed" and step.on_error == "continue"):
+                    outcome.status == "failed" and step.on_error == "continue"
+                    and not outcome.run_failed):
                 self.outputs[step.id] = outcome.output if outcome.status == "completed" else None
                 self.stats.steps_finished += 1
                 if self.options.max_steps and self.stats.steps_finished >= self.options.max_steps:
@@ -200,7 +201,8 @@ class Driver:
         if row.status == "completed":
             self.outputs[step.id] = json.loads(row.output_json) if row.output_json else None
             return True
-        if row.status == "skipped" or (row.status == "failed" and step.on_error == "continue"):
+        if row.status == "skipped" or (row.status == "failed" and step.on_error == "continue"
+                                       and not row.stops_run):
             self.outputs[step.id] = None
             return True
         return False
@@ -219,6 +221,8 @@ class Driver:
                              f'"{decision.get("case")}"')
             elif row.status == "skipped":
                 notes.append(f'Skipped by route: router step "{router.id}" was skipped')
+            elif row.status == "failed":
+                notes.append(f'Skipped by route: router step "{router.id}" failed')
         return notes[0] if notes else None
 
     def _run_step(self, step: PlanStep) -> spine.StepOutcome | None:

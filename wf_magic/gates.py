@@ -7,7 +7,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-
 from .hashing import canonical_json
 from .spec.templates import TemplateError, evaluate_expression, render_text
 

@@ -83,7 +83,8 @@ def complete_step(driver: Driver, step: PlanStep, *, loop: int, units: list[Unit
         return outcome
     output_json = canonical_json(outcome.output) if outcome.output is not None else None
     _write_step(driver, step, status=outcome.status, loop=loop, note=outcome.note,
-                output_json=output_json)
+                output_json=output_json,
+                stops_run=outcome.status == "failed" and outcome.run_failed)
     return outcome
 
 
@@ -106,25 +107,50 @@ def _decide(driver: Driver, step: PlanStep, *, loop: int, units: list[UnitPlan],
         return StepOutcome(status="failed", note=work.budget_error, run_failed=True)
     if work.blocked:
         return StepOutcome(status="blocked", note=work.blocked)
+    partial: str | None = None
     if work.failures:
-        return _unit_failures(step, units, work)
+        if not (step.on_error == "continue" and step.map is not None):
+            return _unit_failures(step, units, work)
+        # A tolerant map goes on with the items that succeeded: its artifact still passes the
+        # reduce, the schema and the gate (a failed item never lets work through unjudged).
+        partial = _partial_note(units, work)
     if step.kind == "route":
         return _route(step, work.outputs[0])
-    artifact = _reduce(step, work.outputs)
+    ok = [i for i, u in enumerate(units) if u.unit_id not in work.failures]
+    artifact = _reduce(step, work.outputs, ok=ok)
     if isinstance(artifact, StepOutcome):
-        return artifact
+        return _with_note(artifact, partial)
     if step.output is not None:
-        errors = schema_errors(step.output, work.outputs, unit_ids=[u.unit_id for u in units])
+        errors = schema_errors(step.output, [work.outputs[i] for i in ok],
+                               unit_ids=[units[i].unit_id for i in ok])
         if errors:
-            return _schema_rejected(driver, step, loop=loop, artifact=artifact, errors=errors)
+            return _with_note(
+                _schema_rejected(driver, step, loop=loop, artifact=artifact, errors=errors),
+                partial)
     if step.gate is None:
-        return StepOutcome(status="completed", output=artifact)
+        return StepOutcome(status="completed", output=artifact, note=partial)
     verdict = driver.obtain_verdict(step, loop=loop, artifact=artifact, unit_count=len(units))
     if isinstance(verdict, GateWaiting):
         waiting = {"waiting": {"loop": verdict.loop, "input_hash": verdict.input_hash,
                                "summary": verdict.summary, "judge": verdict.judge}}
         return StepOutcome(status="blocked", note=verdict.reason, output=waiting)
-    return _judged(step, loop=loop, artifact=artifact, judged=verdict)
+    return _with_note(_judged(step, loop=loop, artifact=artifact, judged=verdict), partial)
+
+
+def _with_note(outcome: StepOutcome, extra: str | None) -> StepOutcome:
+    """``outcome`` with ``extra`` appended to its note (a tolerant map's failures)."""
+    if not extra or outcome.status in ("loop", "blocked"):
+        return outcome
+    note = f"{outcome.note}; {extra}" if outcome.note else extra
+    return StepOutcome(status=outcome.status, output=outcome.output, note=note,
+                       feedback=outcome.feedback, run_failed=outcome.run_failed,
+                       retryable=outcome.retryable)
+
+
+def _partial_note(units: list[UnitPlan], work: WorkOutcome) -> str:
+    failed = [u.unit_id for u in units if u.unit_id in work.failures]
+    first = failed[0]
+    return f"{len(failed)} of {len(units)} units failed; first: {first}: {work.failures[first]}"
 
 
 def _failed(step: PlanStep, note: str) -> StepOutcome:
@@ -132,14 +158,12 @@ def _failed(step: PlanStep, note: str) -> StepOutcome:
 
 
 def _unit_failures(step: PlanStep, units: list[UnitPlan], work: WorkOutcome) -> StepOutcome:
-    first_id, first = next(iter(work.failures.items()))
-    count = len(work.failures)
-    note = f"unit {first_id} failed: {first}" + (f" (+{count - 1} more)" if count > 1 else "")
-    if step.on_error == "continue" and step.map is not None:
-        note = f"{count} of {len(units)} units failed; first: {first_id}: {first}"
-        return StepOutcome(status="completed", output=work.outputs, note=note)
-    failed = _failed(step, note)
-    return StepOutcome(status=failed.status, note=failed.note, run_failed=failed.run_failed,
+    failed = [u.unit_id for u in units if u.unit_id in work.failures] or list(work.failures)
+    first_id, count = failed[0], len(failed)
+    note = (f"unit {first_id} failed: {work.failures[first_id]}"
+            + (f" (+{count - 1} more)" if count > 1 else ""))
+    outcome = _failed(step, note)
+    return StepOutcome(status=outcome.status, note=outcome.note, run_failed=outcome.run_failed,
                        retryable=work.executed_failure)
 
 
@@ -150,14 +174,20 @@ def _route(step: PlanStep, result: Any) -> StepOutcome:
                        note=f"selected {result['selected']!r} (case {result['case']!r})")
 
 
-def _reduce(step: PlanStep, outputs: list[Any]) -> Any:
+def _reduce(step: PlanStep, outputs: list[Any], *, ok: list[int]) -> Any:
+    """The step's artifact: the single output, all outputs in item order, or the vote.
+
+    ``ok`` indexes the units that succeeded; a failed item (``on_error: continue``) is ``None``
+    in a collected list and casts no vote.
+    """
     if step.map is None:
         return outputs[0]
     if step.reduce == "collect":
         return outputs
-    if not outputs:
-        return _failed(step, "vote over an empty map has no majority")
-    counts = Counter(canonical_json(o) for o in outputs)
+    if not ok:
+        return _failed(step, "vote over an empty map has no majority" if not outputs else
+                       "vote has no outputs: every unit failed")
+    counts = Counter(canonical_json(outputs[i]) for i in ok)
     ranked = counts.most_common()
     if len(ranked) > 1 and ranked[0][1] == ranked[1][1]:
         return _failed(step, f"vote tied ({ranked[0][1]} votes each for the top outputs); "
@@ -197,18 +227,18 @@ def _judged(step: PlanStep, *, loop: int, artifact: Any, judged: Judged) -> Step
 
 
 def _write_step(driver: Driver, step: PlanStep, *, status: str, loop: int, note: str | None,
-                output_json: str | None) -> None:
+                output_json: str | None, stops_run: bool = False) -> None:
     current = driver.step_rows[step.id]
-    if (current.status, current.loop, current.note, current.output_json) == (
-            status, loop, note, output_json):
+    if (current.status, current.loop, current.note, current.output_json,
+            bool(current.stops_run)) == (status, loop, note, output_json, stops_run):
         return
     driver.store_write(lambda conn: run_sql.write_step_txn(
         conn, driver.run.run_id, step.id, status=status, loop=loop, note=note,
-        output_json=output_json))
+        output_json=output_json, stops_run=stops_run))
     driver.step_rows[step.id] = StepRow(
         run_id=current.run_id, step_id=current.step_id, position=current.position,
         kind=current.kind, status=status, loop=loop, max_loops=current.max_loops, note=note,
-        output_json=output_json, updated_at=current.updated_at)
+        output_json=output_json, updated_at=current.updated_at, stops_run=int(stops_run))
     driver.emit("step_status", step_id=step.id, status=status, loop=loop, note=note)
 
 
@@ -218,7 +248,7 @@ def derive_run_status(plan: Plan, rows: dict[str, StepRow]) -> tuple[str, str | 
         row = rows[step.id]
         if row.status == "blocked":
             return "blocked", f"step {step.id}: {row.note}"
-        if row.status == "failed" and step.on_error == "fail":
+        if row.status == "failed" and (step.on_error == "fail" or row.stops_run):
             return "failed", f"step {step.id}: {row.note}"
     if all(rows[s.id].status in ("completed", "skipped", "failed") for s in plan.steps):
         return "completed", None

@@ -271,6 +271,9 @@ class OpenAIChatRunner:
                 tokens_out=tokens_out,
             )
         output = _parse_json(content) if _wants_json(request) else content
+        # A server may echo the key back; the engine's redactor only knows keys whose
+        # variable name looks secret, this one knows the key itself.
+        output = self._redactor.redact_value(output)
         price = self.options.prices.get(model) or self.options.prices.get(completion.model or "")
         return UnitResult(
             output=output,

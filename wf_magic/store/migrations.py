@@ -135,6 +135,12 @@ def m001_initial(conn: sqlite3.Connection) -> None:
     )
 
 
+@migration
+def m002_step_stops_run(conn: sqlite3.Connection) -> None:
+    # A budget stop fails the run even on an `on_error: continue` step; the step row says so.
+    conn.execute("ALTER TABLE steps ADD COLUMN stops_run INTEGER NOT NULL DEFAULT 0")
+
+
 def _script(conn: sqlite3.Connection, script: str) -> None:
     """Run a multi-statement script inside the caller's transaction.
 

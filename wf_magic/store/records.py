@@ -75,6 +75,8 @@ class StepRow:
     note: str | None
     output_json: str | None
     updated_at: float
+    stops_run: int = 0
+    """1 when the step's failure stops the run whatever its on_error (a budget stop)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -86,17 +86,17 @@ def steps_of(conn: sqlite3.Connection, run_id: str) -> list[StepRow]:
     """The step rows of a run in plan order."""
     rows = conn.execute(
         "SELECT run_id, step_id, position, kind, status, loop, max_loops, note, output_json,"
-        " updated_at FROM steps WHERE run_id = ? ORDER BY position", (run_id,))
+        " updated_at, stops_run FROM steps WHERE run_id = ? ORDER BY position", (run_id,))
     return [from_row(StepRow, r) for r in rows]
 
 
 def write_step_txn(conn: sqlite3.Connection, run_id: str, step_id: str, *, status: str, loop: int,
-                   note: str | None, output_json: str | None) -> None:
+                   note: str | None, output_json: str | None, stops_run: bool = False) -> None:
     """Write a step's state (called only by the spine) with a ``step_status`` event."""
     conn.execute(
-        "UPDATE steps SET status = ?, loop = ?, note = ?, output_json = ?, updated_at = ?"
-        " WHERE run_id = ? AND step_id = ?",
-        (status, loop, note, output_json, time.time(), run_id, step_id),
+        "UPDATE steps SET status = ?, loop = ?, note = ?, output_json = ?, updated_at = ?,"
+        " stops_run = ? WHERE run_id = ? AND step_id = ?",
+        (status, loop, note, output_json, time.time(), int(stops_run), run_id, step_id),
     )
     append_event_txn(conn, run_id, "step_status", step_id=step_id,
                      data={"status": status, "loop": loop, "note": note})

@@ -1,0 +1,98 @@
+"""Executors that run units: a thread pool on this machine, or a Dask cluster past it.
+
+Any :class:`concurrent.futures.Executor` can be handed to ``Engine(executor=...)`` or
+``Engine.drive(..., executor=...)``. The driver stays the only journal writer: it reserves
+each attempt, submits ``runner.run(request)`` to the executor and journals the result when
+the future completes, so an executor only ever runs units. How many units are in flight is
+still bounded by the plan's ``execution.max_concurrency`` (and the caller's cap); the
+executor decides where they run. The caller owns an executor it passes in: the engine never
+shuts it down.
+
+Dask is the optional extra ``wf_magic[dask]``; it is imported only when
+:func:`dask_executor` is called.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from .errors import UsageError
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+__all__ = ["dask_executor", "thread_executor"]
+
+_DASK_MISSING = (
+    "Dispatching units on Dask needs the `distributed` package, which is not installed; "
+    "install the extra with `pip install 'wf_magic[dask]'`."
+)
+
+
+def thread_executor(max_workers: int) -> ThreadPoolExecutor:
+    """A thread pool of ``max_workers`` threads named ``wf-unit-N``.
+
+    Threads suit runners that wait on I/O (HTTP model calls, subprocesses). Shut the pool down
+    (or use it as a context manager) when the drives that use it are over.
+
+    Args:
+        max_workers: threads in the pool, at least 1.
+
+    Raises:
+        UsageError: ``max_workers`` is below 1.
+    """
+    if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
+        raise UsageError(f"thread_executor expects max_workers >= 1 (got {max_workers!r})")
+    return ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="wf-unit")
+
+
+def dask_executor(client_or_address: Client | str) -> Executor:
+    """An executor that runs units on a Dask distributed cluster.
+
+    Given a ``distributed.Client``, this is ``client.get_executor(pure=False)``: the client
+    stays yours to close. Given a scheduler address (``"tcp://10.0.0.5:8786"``), a client is
+    opened on it and closed when the returned executor is shut down (``with`` closes it too).
+
+    Submissions are never *pure*: Dask would otherwise key a task by its arguments and could
+    hand one result to two dispatches, while every dispatch must really run (sampling twice
+    is a legitimate request). The runner and its request are pickled to the workers, so a
+    runner that crosses machines must be picklable and must find there what it needs
+    (packages, credentials in the environment, files for ``exec`` units).
+
+    Args:
+        client_or_address: a connected ``distributed.Client``, or a scheduler address.
+
+    Raises:
+        UsageError: ``distributed`` is not installed, or the argument is neither a client nor
+            an address.
+    """
+    try:
+        import distributed
+    except ImportError as exc:
+        raise UsageError(_DASK_MISSING) from exc
+    if isinstance(client_or_address, distributed.Client):
+        return client_or_address.get_executor(pure=False)
+    if isinstance(client_or_address, str) and client_or_address:
+        client = distributed.Client(client_or_address)
+        return _ClientOwningExecutor(client, client.get_executor(pure=False))
+    raise UsageError("dask_executor expects a distributed.Client or a scheduler address "
+                     f"(got {type(client_or_address).__name__})")
+
+
+class _ClientOwningExecutor(Executor):
+    """A Dask client executor that also closes the client it was opened with."""
+
+    def __init__(self, client: Client, inner: Executor):
+        self._client = client
+        self._inner = inner
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
+        return self._inner.submit(fn, *args, **kwargs)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        try:
+            # ClientExecutor cancels what is pending when told not to wait.
+            self._inner.shutdown(wait=wait and not cancel_futures)
+        finally:
+            self._client.close()

@@ -1,0 +1,148 @@
+"""Parse ``%%workflow`` and ``%workflow`` arguments into frozen dataclasses (no engine calls)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from ..errors import UsageError
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CellArgs:
+    """The options of one ``%%workflow`` cell."""
+
+    name: str | None = None
+    """The workflow name when the YAML has no ``name:`` (checked against it when it has)."""
+    params: dict[str, Any]
+    """``--param k=v`` strings merged over the ``--params VAR`` mapping."""
+    new: bool = False
+    resume: str | None = None
+    max_steps: int | None = None
+    dry_run: bool = False
+    no_cache: bool = False
+    background: bool = False
+    as_var: str | None = None
+
+
+def parse_param_pairs(pairs: Sequence[str]) -> dict[str, str]:
+    """``["k=v", ...]`` → ``{"k": "v"}``.
+
+    Raises:
+        UsageError: a pair has no ``=`` or an empty key.
+    """
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--param expects k=v (got {pair!r})")
+        out[key.strip()] = value
+    return out
+
+
+def cell_args(ns: argparse.Namespace, user_ns: Mapping[str, Any]) -> CellArgs:
+    """Build :class:`CellArgs` from the magic_arguments namespace of a ``%%workflow`` line.
+
+    Raises:
+        UsageError: a malformed ``--param``, a ``--params`` name that is not a mapping in the
+            notebook, a bad ``--as`` name, or contradictory flags.
+    """
+    params: dict[str, Any] = {}
+    if ns.params is not None:
+        value = user_ns.get(ns.params)
+        if not isinstance(value, Mapping):
+            got = "undefined" if ns.params not in user_ns else type(value).__name__
+            raise UsageError(f"--params expects the name of a dict in the notebook "
+                             f"(got {ns.params!r}: {got})")
+        params.update(value)
+    params.update(parse_param_pairs(ns.param or []))
+    if ns.as_var is not None and not _IDENTIFIER.match(ns.as_var):
+        raise UsageError(f"--as expects a Python variable name (got {ns.as_var!r})")
+    if ns.new and ns.resume:
+        raise UsageError("--new and --resume contradict each other; pick one")
+    if ns.max_steps is not None and ns.max_steps < 1:
+        raise UsageError(f"--max-steps expects a positive number (got {ns.max_steps})")
+    return CellArgs(name=ns.name, params=params, new=ns.new, resume=ns.resume,
+                    max_steps=ns.max_steps, dry_run=ns.dry_run, no_cache=ns.no_cache,
+                    background=ns.background, as_var=ns.as_var)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LineArgs:
+    """The options of one ``%workflow COMMAND ...`` line (unused fields keep their default)."""
+
+    command: str
+    run: str | None = None
+    step: str | None = None
+    from_step: str | None = None
+    feedback: str | None = None
+    loop: int | None = None
+    by: str = "step"
+    reason: str | None = None
+    max_steps: int | None = None
+    background: bool = False
+    older_than_days: float | None = None
+    idle_s: float = 10.0
+    limit: int | None = None
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argparse parser that raises :class:`UsageError` instead of exiting the kernel."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"%workflow {self.prog.split()[-1]}: {message}")
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        raise UsageError(message or self.format_usage())
+
+
+def _command_parser(command: str) -> _Parser:
+    p = _Parser(prog=f"%workflow {command}", add_help=False)
+    if command in RUN_COMMANDS:
+        p.add_argument("run")
+    if command in ("approve", "reject"):
+        p.add_argument("step")
+        p.add_argument("--feedback", required=command == "reject")
+        p.add_argument("--loop", type=int)
+    if command == "fork":
+        p.add_argument("--from", dest="from_step", required=True, metavar="STEP")
+    if command in ("resume", "fork"):
+        p.add_argument("--max-steps", type=int)
+        p.add_argument("--background", action="store_true")
+    if command == "tokens":
+        p.add_argument("--by", nargs="?", const="step", default="step",
+                       choices=["step", "model", "runner", "loop", "run"])
+    if command == "abandon":
+        p.add_argument("--reason")
+    if command == "gc":
+        p.add_argument("--older-than-days", type=float, required=True)
+    if command == "watch":
+        p.add_argument("--idle", dest="idle_s", type=float, default=10.0)
+    if command == "list":
+        p.add_argument("--limit", type=int)
+    return p
+
+
+RUN_COMMANDS = ("status", "resume", "abandon", "fork", "approve", "reject", "journal", "tokens",
+                "events", "watch", "stop")
+COMMANDS = ("list", *RUN_COMMANDS, "gc", "config")
+
+
+def line_args(command: str, rest: str | Sequence[str]) -> LineArgs:
+    """Parse the arguments after ``%workflow COMMAND``.
+
+    Raises:
+        UsageError: an unknown command or malformed arguments.
+    """
+    if command not in COMMANDS:
+        raise UsageError(f"%workflow: unknown command {command!r}; commands: "
+                         f"{', '.join(COMMANDS)} (`%workflow?` shows the help)")
+    argv = shlex.split(rest) if isinstance(rest, str) else list(rest)
+    ns = _command_parser(command).parse_args(argv)
+    return LineArgs(command=command, **vars(ns))

@@ -1,0 +1,288 @@
+"""Plain functions behind ``%%workflow`` and each ``%workflow`` command (the magics route here)."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..display import plan_html, plan_mermaid, plan_text
+from ..errors import DefinitionError, UsageError
+from ..run import Run
+from ..runners.registry import known_runners
+from ..spec.freeze import Workflow
+from ..store import journal as jsql
+from .args import CellArgs, LineArgs
+
+if TYPE_CHECKING:
+    from ..store.records import EventRow
+    from .magics import WorkflowMagics
+
+CELL_SOURCE_NAME = "%%workflow cell"
+_NAME_LINE = re.compile(r"^name\s*:\s*['\"]?([^'\"\s#]+)", re.MULTILINE)
+
+
+class LiveRun(Run):
+    """The ``Run`` a cell evaluates to when a live view already shows it: a one-line repr.
+
+    ``repr()``/``print()`` still give the full text summary; ``.view`` is the widget.
+    """
+
+    def __init__(self, handle: Run, view: Any):
+        super().__init__(handle.engine, handle.run_id, stats=handle.stats)
+        self.warnings.extend(handle.warnings)
+        self.view = view
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        row = self.row
+        reason = f": {row.status_reason}" if row.status_reason else ""
+        return {"text/plain": f"<Run {row.run_id} ({row.workflow}) {row.status}{reason}>"}
+
+    def _repr_html_(self) -> None:  # type: ignore[override]
+        return None  # the live view above is the rich display
+
+
+# -- the cell ---------------------------------------------------------------------------------
+def load_cell(ctx: WorkflowMagics, source: str, name: str | None) -> Workflow:
+    """Freeze a cell's YAML (NAME fills a missing ``name:``); library learns it.
+
+    Raises:
+        UsageError: NAME contradicts the YAML's name, or a definition error (with the cell
+            line and the field, in one line).
+    """
+    text, offset = source, 1  # cell line = YAML line + 1 (the %%workflow line)
+    if name is not None:
+        first_document = re.split(r"^---\s*$", text, maxsplit=1, flags=re.MULTILINE)[0]
+        declared = _NAME_LINE.search(first_document)
+        if declared is None:
+            text, offset = f"name: {name}\n{text}", 0
+        elif declared.group(1) != name:
+            raise UsageError(f"the cell line names the workflow {name!r} but its YAML says "
+                             f"name: {declared.group(1)}; make them agree or drop one")
+    try:
+        wf = ctx.engine.load(text, source_name=CELL_SOURCE_NAME)
+    except DefinitionError as exc:
+        where = f" (cell line {exc.line + offset})" if exc.line is not None else ""
+        head = f"{exc.field}: " if exc.field else ""
+        raise UsageError(f"workflow definition error — {head}{exc.problem}{where}") from None
+    ctx.library[wf.name] = wf.source
+    return wf
+
+
+def run_cell(ctx: WorkflowMagics, args: CellArgs, source: str) -> Run | None:
+    """``%%workflow``: freeze, find or start the run (DESIGN §4), drive it, return the handle."""
+    wf = load_cell(ctx, source, args.name) if source.strip() else None
+    if wf is None and args.resume is None:
+        raise UsageError("the cell is empty: write the workflow YAML under %%workflow "
+                         "(or pass --resume RUN)")
+    if args.dry_run:
+        if wf is None:
+            raise UsageError("--dry-run needs the workflow YAML in the cell")
+        show_plan(ctx, wf)
+        if args.as_var:
+            ctx.shell.user_ns[args.as_var] = wf
+        return None
+    warnings: list[str] = []
+    if wf is None or args.resume is not None:
+        run_id = ctx.engine.resolve_run_id(args.resume or "")
+    else:
+        run_id, _, warnings = ctx.engine.start(wf, params=args.params, new=args.new,
+                                               no_cache=args.no_cache, params_from_strings=True)
+    handle = launch(ctx, run_id, max_steps=args.max_steps, background=args.background,
+                    live_source=wf, warnings=warnings)
+    if args.as_var:
+        ctx.shell.user_ns[args.as_var] = handle
+    return handle
+
+
+def show_plan(ctx: WorkflowMagics, wf: Workflow) -> None:
+    """Display the frozen plan: an HTML table and a Mermaid graph JupyterLab draws locally."""
+    from IPython.display import display
+
+    table = plan_html(wf.plan, plan_hash=wf.plan_hash).split("<pre class='mermaid'>")[0]
+    graph = plan_mermaid(wf.plan)
+    display({"text/plain": plan_text(wf.plan, plan_hash=wf.plan_hash), "text/html": table},
+            raw=True)
+    display({"text/plain": graph, "text/markdown": f"```mermaid\n{graph}\n```"}, raw=True)
+
+
+def launch(ctx: WorkflowMagics, run_id: str, *, max_steps: int | None = None,
+           background: bool = False, live_source: Workflow | None = None,
+           warnings: list[str] | None = None) -> Run:
+    """Drive a run in the foreground or in the background, behind a live view when possible."""
+    warnings = list(warnings or [])
+    view = ctx.open_view(run_id, warnings=warnings) if ctx.use_widgets else None
+    if background:
+        ctx.drive_in_background(run_id, max_steps=max_steps, live_source=live_source)
+        handle = Run(ctx.engine, run_id)
+    else:
+        try:
+            handle = ctx.drives.foreground(run_id, max_steps=max_steps, live_source=live_source)
+        finally:
+            if view is not None:
+                view.flush()
+    handle.warnings[:0] = warnings
+    if view is None:
+        return handle
+    for message in handle.warnings:
+        view.add_warning(message)
+    view.flush()
+    ctx.settle_view(view)
+    return LiveRun(handle, view)
+
+
+# -- line commands ------------------------------------------------------------------------------
+def cmd_list(ctx: WorkflowMagics, args: LineArgs) -> Any:
+    frame = ctx.engine.runs()
+    if frame.empty:
+        print(f"no runs in {ctx.engine.db_path}")
+        return None
+    return frame.head(args.limit) if args.limit else frame
+
+
+def cmd_status(ctx: WorkflowMagics, args: LineArgs) -> Run:
+    handle = ctx.engine.status(_run(ctx, args))
+    if not ctx.use_widgets:
+        return handle
+    view = ctx.open_view(handle.run_id)
+    return LiveRun(handle, view)
+
+
+def cmd_resume(ctx: WorkflowMagics, args: LineArgs) -> Run:
+    return launch(ctx, _run(ctx, args), max_steps=args.max_steps, background=args.background)
+
+
+def cmd_fork(ctx: WorkflowMagics, args: LineArgs) -> Run:
+    run_id = ctx.engine.fork(_run(ctx, args), from_step=args.from_step or "")
+    print(f"run {run_id}: fork of {args.run} from step {args.from_step}")
+    return launch(ctx, run_id, max_steps=args.max_steps, background=args.background)
+
+
+def cmd_abandon(ctx: WorkflowMagics, args: LineArgs) -> None:
+    run_id = _run(ctx, args)
+    ctx.engine.abandon(run_id, reason=args.reason or "abandoned by user")
+    print(f"run {run_id} abandoned")
+
+
+def cmd_approve(ctx: WorkflowMagics, args: LineArgs) -> None:
+    run_id = _run(ctx, args)
+    loop = ctx.engine.approve(run_id, args.step or "", feedback=args.feedback, loop=args.loop)
+    print(f"approved {run_id} step {args.step} (loop {loop}); "
+          f"`%workflow resume {run_id}` continues the run")
+
+
+def cmd_reject(ctx: WorkflowMagics, args: LineArgs) -> None:
+    run_id = _run(ctx, args)
+    loop = ctx.engine.reject(run_id, args.step or "", feedback=args.feedback or "",
+                             loop=args.loop)
+    print(f"rejected {run_id} step {args.step} (loop {loop}); "
+          f"`%workflow resume {run_id}` re-executes it with the feedback")
+
+
+def cmd_journal(ctx: WorkflowMagics, args: LineArgs) -> Any:
+    return ctx.engine.journal(_run(ctx, args))
+
+
+def cmd_tokens(ctx: WorkflowMagics, args: LineArgs) -> Any:
+    return ctx.engine.tokens(_run(ctx, args), by=args.by)
+
+
+def cmd_events(ctx: WorkflowMagics, args: LineArgs) -> Any:
+    return ctx.engine.events(_run(ctx, args))
+
+
+def cmd_stop(ctx: WorkflowMagics, args: LineArgs) -> None:
+    run_id = _run(ctx, args)
+    ctx.drives.stop(run_id)
+    ctx.engine.stop(run_id)
+    print(f"stop requested for {run_id}; its driver stops after the units in flight")
+
+
+def cmd_gc(ctx: WorkflowMagics, args: LineArgs) -> None:
+    deleted = ctx.engine.gc(older_than_s=(args.older_than_days or 0) * 86400)
+    print(f"deleted {len(deleted)} finished run(s)" + (f": {', '.join(deleted)}"
+                                                      if deleted else ""))
+
+
+def cmd_config(ctx: WorkflowMagics, args: LineArgs) -> None:
+    engine = ctx.engine
+    lines = [f"state dir        {engine.state_dir}", f"database         {engine.db_path}",
+             f"durability       {ctx.durability}",
+             f"max concurrency  {ctx.max_concurrency or '(the plan decides)'}",
+             f"widgets          {ctx.widgets} (live view {'on' if ctx.use_widgets else 'off'})",
+             "default runner   scripted (a plan's `runner:` overrides it)",
+             f"runners          {', '.join(known_runners())}",
+             f"library          {', '.join(sorted(ctx.library)) or '(no cells run yet)'}",
+             "settings         %config WorkflowMagics.state_dir = '...' (also durability, "
+             "max_concurrency, widgets, watch_poll_s)"]
+    print("\n".join(lines))
+
+
+def cmd_watch(ctx: WorkflowMagics, args: LineArgs) -> Run:
+    """Follow a run driven elsewhere by polling its events until it is no longer active."""
+    engine = ctx.engine
+    run_id = _run(ctx, args)
+    view = ctx.open_view(run_id, subscribe=False) if ctx.use_widgets else None
+    after = _last_event_id(ctx, run_id)
+    if view is None:
+        print(f"watching {run_id} ({engine.get_run(run_id).status}); interrupt to stop")
+    idle_since: float | None = None
+    try:
+        while True:
+            rows = engine.read(lambda c: jsql.events_after(c, run_id, after))
+            if rows:
+                after = rows[-1].event_id
+                if view is not None:
+                    view.poke()
+                else:
+                    print("\n".join(_event_line(r) for r in rows))
+            if engine.get_run(run_id).status != "active":
+                break
+            if engine.is_driving(run_id):
+                idle_since = None
+            elif idle_since is None:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since > args.idle_s:
+                print(f"no driver has held {run_id} for {args.idle_s:g}s; stopped watching "
+                      f"(`%workflow resume {run_id}` drives it here)", file=sys.stderr)
+                break
+            time.sleep(ctx.watch_poll_s)
+    except KeyboardInterrupt:
+        print(f"stopped watching {run_id}", file=sys.stderr)
+    handle = engine.status(run_id)
+    if view is None:
+        return handle
+    view.flush()
+    return LiveRun(handle, view)
+
+
+def _run(ctx: WorkflowMagics, args: LineArgs) -> str:
+    if not args.run:
+        raise UsageError(f"%workflow {args.command} needs a run id (`%workflow list`)")
+    return ctx.engine.resolve_run_id(args.run)
+
+
+def _last_event_id(ctx: WorkflowMagics, run_id: str) -> int:
+    after = 0
+    while True:
+        rows = ctx.engine.read(lambda c: jsql.events_after(c, run_id, after))
+        if not rows:
+            return after
+        after = rows[-1].event_id
+
+
+def _event_line(row: EventRow) -> str:
+    stamp = time.strftime("%H:%M:%S", time.localtime(row.at))
+    where = " ".join(x for x in (row.step_id, row.unit_id) if x)
+    data = f"  {row.data_json}" if row.data_json and len(row.data_json) <= 160 else ""
+    return f"{stamp}  {row.kind:<14} {where}{data}"
+
+
+COMMANDS: dict[str, Callable[[WorkflowMagics, LineArgs], Any]] = {
+    "list": cmd_list, "status": cmd_status, "resume": cmd_resume, "abandon": cmd_abandon,
+    "fork": cmd_fork, "approve": cmd_approve, "reject": cmd_reject, "journal": cmd_journal,
+    "tokens": cmd_tokens, "events": cmd_events, "watch": cmd_watch, "stop": cmd_stop,
+    "gc": cmd_gc, "config": cmd_config,
+}

@@ -1,0 +1,142 @@
+"""Drive runs from a kernel: in the foreground (interrupt = graceful stop) or in a thread."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..engine import Engine
+from ..errors import UsageError, WorkflowError
+from ..run import Run
+from ..spec.freeze import Workflow
+
+log = logging.getLogger("wf_magic")
+
+
+@dataclass(slots=True)
+class _Drive:
+    """One drive running in a thread of this kernel."""
+
+    run_id: str
+    signal: threading.Event
+    thread: threading.Thread
+    handle: Run | None = None
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class Drives:
+    """The drives this kernel runs; every drive happens in a worker thread.
+
+    The foreground waits for its thread: a kernel interrupt (KeyboardInterrupt in the main
+    thread) sets the drive's stop signal, so the driver stops between units and never in the
+    middle of a journal write; a second interrupt stops waiting (the thread still winds down).
+    """
+
+    def __init__(self, engine: Callable[[], Engine]):
+        self._engine = engine
+        self._drives: dict[str, _Drive] = {}
+        self._lock = threading.Lock()
+
+    def is_driving(self, run_id: str) -> bool:
+        """Whether a thread of this kernel drives ``run_id`` now."""
+        with self._lock:
+            drive = self._drives.get(run_id)
+        return drive is not None and not drive.done.is_set()
+
+    def _begin(self, run_id: str, *, max_steps: int | None, live_source: Workflow | None,
+               on_done: Callable[[_Drive], None] | None) -> _Drive:
+        engine = self._engine()
+
+        def target() -> None:
+            try:
+                drive.handle = engine.drive(run_id, max_steps=max_steps, signal=drive.signal,
+                                            live_source=live_source)
+            except BaseException as exc:  # handed to the waiter or logged below
+                drive.error = exc
+            finally:
+                drive.done.set()
+                if on_done is not None:
+                    try:
+                        on_done(drive)
+                    except Exception:
+                        log.exception("after-drive callback failed")
+
+        drive = _Drive(run_id=run_id, signal=threading.Event(), thread=threading.Thread(
+            target=target, name=f"wf-drive-{run_id}", daemon=True))
+        with self._lock:
+            current = self._drives.get(run_id)
+            if current is not None and not current.done.is_set():
+                raise UsageError(f"Run {run_id} is already being driven in this kernel; "
+                                 f"wait for it or `%workflow stop {run_id}`.", run_id=run_id)
+            self._drives[run_id] = drive
+        drive.thread.start()
+        return drive
+
+    def foreground(self, run_id: str, *, max_steps: int | None = None,
+                   live_source: Workflow | None = None) -> Run:
+        """Drive ``run_id`` and wait; an interrupt stops it gracefully (the run stays active).
+
+        Raises:
+            WorkflowError: whatever the drive raised (lock held, plan integrity, ...).
+        """
+        drive = self._begin(run_id, max_steps=max_steps, live_source=live_source, on_done=None)
+        interrupted = False
+        while not drive.done.is_set():
+            try:
+                drive.done.wait(0.1)
+            except KeyboardInterrupt:
+                if interrupted:
+                    print(f"Stopped waiting; run {run_id} stops after its units in flight.",
+                          file=sys.stderr)
+                    return Run(self._engine(), run_id)
+                interrupted = True
+                drive.signal.set()
+                print(f"Interrupted: run {run_id} stops after the units in flight and stays "
+                      "active; re-run the cell (or `%workflow resume`) to continue.",
+                      file=sys.stderr)
+        if drive.error is not None:
+            raise drive.error
+        return drive.handle if drive.handle is not None else Run(self._engine(), run_id)
+
+    def background(self, run_id: str, *, max_steps: int | None = None,
+                   live_source: Workflow | None = None,
+                   on_done: Callable[[Run | None, BaseException | None], None] | None = None
+                   ) -> threading.Thread:
+        """Drive ``run_id`` in a daemon thread; ``on_done(handle, error)`` runs in that thread."""
+
+        def finished(drive: _Drive) -> None:
+            if drive.error is not None and not isinstance(drive.error, WorkflowError):
+                log.error("background drive of %s failed", run_id, exc_info=drive.error)
+            if on_done is not None:
+                on_done(drive.handle, drive.error)
+
+        return self._begin(run_id, max_steps=max_steps, live_source=live_source,
+                           on_done=finished).thread
+
+    def stop(self, run_id: str) -> bool:
+        """Ask a drive of this kernel to stop between units; False when none runs."""
+        with self._lock:
+            drive = self._drives.get(run_id)
+        if drive is None or drive.done.is_set():
+            return False
+        drive.signal.set()
+        return True
+
+    def wait(self, run_id: str, timeout: float | None = None) -> bool:
+        """Wait for this kernel's drive of ``run_id`` to end; False on timeout."""
+        with self._lock:
+            drive = self._drives.get(run_id)
+        return drive is None or drive.done.wait(timeout)
+
+    def stop_all(self, timeout: float = 5.0) -> None:
+        """Stop every drive of this kernel (unloading the extension)."""
+        with self._lock:
+            drives = list(self._drives.values())
+        for drive in drives:
+            drive.signal.set()
+        for drive in drives:
+            drive.done.wait(timeout)

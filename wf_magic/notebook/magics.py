@@ -1,0 +1,226 @@
+"""``%%workflow`` and ``%workflow``: thin IPython shells over the Engine (settings are traitlets)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from IPython.core.error import UsageError as IPythonUsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from traitlets import Bool, CaselessStrEnum, Float, Integer, Unicode
+
+from ..engine import Engine
+from ..errors import WorkflowError
+from ..spec.freeze import Workflow
+from ..store.db import default_state_dir
+from . import commands
+from .args import COMMANDS, cell_args, line_args
+from .drives import Drives
+
+if TYPE_CHECKING:
+    from .widgets import RunView
+
+_TERMINAL = ("completed", "abandoned")
+
+
+@contextmanager
+def _as_usage_errors() -> Iterator[None]:
+    """wf_magic errors become one-line IPython UsageErrors (no traceback wall)."""
+    try:
+        yield
+    except WorkflowError as exc:
+        raise IPythonUsageError(str(exc)) from None
+
+
+@magics_class
+class WorkflowMagics(Magics):
+    """Durable LLM-agent workflows in cells: ``%%workflow`` runs one, ``%workflow`` manages runs."""
+
+    state_dir = Unicode("", help="State directory (state.db and run locks); empty means "
+                        "$WF_MAGIC_HOME, else ./.wf_magic").tag(config=True)
+    durability = CaselessStrEnum(["normal", "full"], default_value="normal",
+                                 help="SQLite durability: normal (WAL, synchronous=NORMAL) or "
+                                 "full (synchronous=FULL)").tag(config=True)
+    max_concurrency = Integer(None, allow_none=True,
+                              help="Cap on map units in flight (the plan's cap also applies)"
+                              ).tag(config=True)
+    widgets = CaselessStrEnum(["auto", "on", "off"], default_value="auto",
+                              help="Live run view: auto (when a kernel serves a front end), "
+                              "on, off (text/HTML only)").tag(config=True)
+    watch_poll_s = Float(0.25, help="How often `%workflow watch` polls the events table"
+                         ).tag(config=True)
+    close_finished_views = Bool(True, help="Stop observing once a shown run completed"
+                                ).tag(config=True)
+
+    def __init__(self, shell: Any = None, **kwargs: Any):
+        super().__init__(shell, **kwargs)
+        self.library: dict[str, str] = {}
+        self._engine: Engine | None = None
+        self.drives = Drives(lambda: self.engine)
+        self.views: dict[str, RunView] = {}
+
+    # -- state ------------------------------------------------------------------------------
+    @property
+    def engine(self) -> Engine:
+        """This shell's Engine (re-created when the configured state dir changes)."""
+        target = Path(self.state_dir).expanduser() if self.state_dir else default_state_dir()
+        current = self._engine
+        if current is None or current.state_dir.resolve() != target.resolve():
+            self._engine = Engine(target, namespace=self.shell.user_ns, library=self.library,
+                                  durability=self.durability,
+                                  max_concurrency=self.max_concurrency)
+            self._engine.library = self.library  # cells teach the library as they run
+            self._forget_views()
+        return self._engine
+
+    @property
+    def use_widgets(self) -> bool:
+        """Whether runs are shown as a live ipywidgets view."""
+        if self.widgets == "auto":
+            return getattr(self.shell, "kernel", None) is not None
+        return bool(self.widgets == "on")
+
+    def open_view(self, run_id: str, *, subscribe: bool = True,
+                  warnings: list[str] | None = None) -> RunView:
+        """Create, display (from this thread) and first draw a run view."""
+        from IPython.display import display
+
+        from .widgets import RunView
+
+        old = self.views.pop(run_id, None)
+        if old is not None:
+            old.detach()  # the older output keeps its last state; only one view observes
+        view = RunView(self.engine, run_id, subscribe=subscribe,
+                       continue_drive=self.drive_in_background, stop_drive=self.stop_drive,
+                       is_driving=self.drives.is_driving, warnings=warnings)
+        self.views[run_id] = view
+        display(view)
+        view.flush()
+        return view
+
+    def settle_view(self, view: RunView) -> None:
+        """Stop a view observing once its run can no longer change."""
+        if self.close_finished_views and view.snapshot is not None and \
+                view.snapshot.status in _TERMINAL and not self.drives.is_driving(view.run_id):
+            view.detach()
+            if self.views.get(view.run_id) is view:
+                del self.views[view.run_id]
+
+    def drive_in_background(self, run_id: str, *, max_steps: int | None = None,
+                            live_source: Workflow | None = None) -> None:
+        """Continue ``run_id`` in a thread; its view (if any) shows the outcome."""
+
+        def done(handle: Any, error: BaseException | None) -> None:
+            view = self.views.get(run_id)
+            if view is None:
+                return
+            if error is not None:
+                view.add_warning(f"the background drive stopped: {error}")
+            view.flush()
+            self.settle_view(view)
+
+        self.drives.background(run_id, max_steps=max_steps, live_source=live_source,
+                               on_done=done)
+
+    def stop_drive(self, run_id: str) -> None:
+        """Stop a drive of this kernel, or ask another process's driver to stop."""
+        self.drives.stop(run_id)
+        self.engine.stop(run_id)
+
+    def _forget_views(self) -> None:
+        for view in self.views.values():
+            view.detach()
+        self.views.clear()
+
+    def close(self) -> None:
+        """Stop drives and views, close the database (``%unload_ext``)."""
+        self.drives.stop_all()
+        self._forget_views()
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+
+    # -- magics -----------------------------------------------------------------------------
+    @magic_arguments(name="%workflow")
+    @argument("name", nargs="?", help="workflow name (fills a missing `name:` in the YAML)")
+    @argument("--param", action="append", default=[], metavar="K=V",
+              help="a workflow param (repeatable); values are coerced to the declared type")
+    @argument("--params", metavar="VAR", help="a dict in the notebook holding params")
+    @argument("--new", action="store_true", help="always start a fresh run")
+    @argument("--resume", metavar="RUN", help="drive the given run (not the cell's latest)")
+    @argument("--max-steps", type=int, metavar="N", help="stop after N finished steps")
+    @argument("--dry-run", action="store_true",
+              help="freeze and show the plan; dispatch nothing")
+    @argument("--no-cache", action="store_true", help="no result reuse from earlier runs")
+    @argument("--background", action="store_true",
+              help="drive in a thread; the notebook stays usable")
+    @argument("--as", dest="as_var", metavar="VAR", help="also store the Run handle in VAR")
+    @cell_magic("workflow")
+    def workflow_cell(self, line: str, cell: str) -> Any:
+        """Run the workflow written (in YAML) in this cell and show its live progress.
+
+        Re-running an unchanged cell resumes its unfinished run (or shows the finished one and
+        dispatches nothing); a changed cell starts a new run and abandons the old unfinished
+        one ("superseded by ..."). Unchanged units of earlier runs are reused, not re-paid.
+        A kernel interrupt stops the drive between units; the run stays active. The cell
+        evaluates to the ``Run`` handle.
+        """
+        with _as_usage_errors():
+            args = cell_args(parse_argstring(self.workflow_cell, line), self.shell.user_ns)
+            return commands.run_cell(self, args, cell)
+
+    @magic_arguments(name="workflow")
+    @argument("command", nargs="?", default="list", choices=COMMANDS, metavar="COMMAND",
+              help="what to do (default: list); one of " + ", ".join(COMMANDS))
+    @argument("args", nargs=argparse.REMAINDER, help="the command's arguments")
+    @line_magic("workflow")
+    def workflow_line(self, line: str) -> Any:
+        """Manage workflow runs.
+
+        Commands::
+
+            %workflow list [--limit N]
+            %workflow status RUN
+            %workflow resume RUN [--max-steps N] [--background]
+            %workflow abandon RUN [--reason TEXT]
+            %workflow fork RUN --from STEP [--max-steps N] [--background]
+            %workflow approve RUN STEP [--feedback TEXT] [--loop N]
+            %workflow reject RUN STEP --feedback TEXT [--loop N]
+            %workflow journal RUN          (one row per attempt, a DataFrame)
+            %workflow tokens RUN [--by step|model|runner|loop|run]
+            %workflow events RUN
+            %workflow watch RUN [--idle S] (follow a run driven elsewhere, e.g. `wf run`)
+            %workflow stop RUN
+            %workflow gc --older-than-days N
+            %workflow config
+
+        RUN may be a unique prefix of a run id.
+        """
+        with _as_usage_errors():
+            ns = parse_argstring(self.workflow_line, line)
+            args = line_args(ns.command, ns.args)
+            return commands.COMMANDS[args.command](self, args)
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """Register the magics and make their settings reachable by ``%config``."""
+    magics = WorkflowMagics(ipython)
+    ipython.register_magics(magics)
+    if magics not in ipython.configurables:
+        ipython.configurables.append(magics)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """Remove the magics, stop this kernel's drives and close the database."""
+    registry = ipython.magics_manager.registry
+    magics = registry.pop("WorkflowMagics", None)
+    for kind in ("line", "cell"):
+        ipython.magics_manager.magics[kind].pop("workflow", None)
+    if isinstance(magics, WorkflowMagics):
+        magics.close()
+        if magics in ipython.configurables:
+            ipython.configurables.remove(magics)

@@ -1,0 +1,346 @@
+"""The live run view: an ipywidgets box that observes a run and redraws it, throttled."""
+
+from __future__ import annotations
+
+import html
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import ipywidgets as w
+
+from ..display import STATUS_COLOURS
+from ..errors import WorkflowError
+from ..events import Event
+from .snapshot import RunSnapshot, SnapshotReader, StepState, Waiting
+from .throttle import Throttle
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+
+log = logging.getLogger("wf_magic")
+
+_BAR_STYLES = {"completed": "success", "failed": "danger", "blocked": "warning",
+               "skipped": "", "pending": "info"}
+_COLUMNS = ("step", "status", "progress", "units", "tokens", "elapsed", "loop", "note")
+_JUDGE_TITLES = {"human": "Waiting for your decision",
+                 "exhausted": "Gate exhausted — approve the last artifact or reject it",
+                 "failed": "The judge could not answer — decide yourself"}
+
+
+def badge(status: str) -> str:
+    """A coloured status pill (HTML)."""
+    colour = STATUS_COLOURS.get(status, "#6e7781")
+    return (f'<span style="background:{colour};color:white;border-radius:8px;'
+            f'padding:1px 8px;font-size:85%">{html.escape(status)}</span>')
+
+
+def elapsed_text(seconds: float | None) -> str:
+    """``0.4 s``, ``12 s``, ``3 m 04 s``, ``1 h 02 m``."""
+    if seconds is None:
+        return ""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} m {secs:02d} s"
+    return f"{minutes // 60} h {minutes % 60:02d} m"
+
+
+class _StepRow:
+    """The widgets of one step row (created once, then only their values change)."""
+
+    def __init__(self, step_id: str):
+        self.name = w.HTML(f"<code>{html.escape(step_id)}</code>")
+        self.status = w.HTML()
+        self.bar = w.IntProgress(value=0, min=0, max=1, layout=w.Layout(width="120px"))
+        self.units = w.Label()
+        self.tokens = w.Label()
+        self.elapsed = w.Label()
+        self.loop = w.Label()
+        self.note = w.HTML(layout=w.Layout(overflow="hidden"))
+
+    def cells(self) -> list[w.Widget]:
+        return [self.name, self.status, self.bar, self.units, self.tokens, self.elapsed,
+                self.loop, self.note]
+
+    def show(self, s: StepState) -> None:
+        total = s.total if s.total is not None else max(s.done, 1)
+        done = s.done
+        self.status.value = badge(s.status)
+        self.bar.max = max(total, 1)
+        self.bar.value = min(done, self.bar.max)
+        self.bar.bar_style = _BAR_STYLES.get(s.status, "")
+        self.units.value = f"{done}/{s.total if s.total is not None else '?'}"
+        self.tokens.value = f"{s.tokens:,}" + (f" (+{s.saved_tokens:,} reused)"
+                                               if s.saved_tokens else "")
+        self.elapsed.value = elapsed_text(s.elapsed_s)
+        self.loop.value = f"{s.loop}/{s.max_loops}" if s.max_loops > 1 else ""
+        self.note.value = f"<small>{html.escape(s.note or '')}</small>"
+
+
+class RunView(w.VBox):
+    """A live view of one run: header, step rows, gate panel, budget, warnings, decisions.
+
+    It observes: engine events (or :meth:`poke`) schedule a throttled redraw that reads the
+    journal and assigns widget traits — safe from any thread, at most ~10 redraws a second,
+    always with a trailing redraw. Its buttons record a person's decision and hand the run to
+    ``continue_drive`` (a background drive); they never write the journal themselves.
+
+    Args:
+        engine: the engine holding the run.
+        run_id: the run to show.
+        subscribe: follow ``engine.subscribe`` events (False when another process drives).
+        continue_drive: called with the run id after Approve/Reject (and by nothing else).
+        stop_drive: called with the run id by the Stop button.
+        is_driving: whether this kernel drives the run now (shows the Stop button).
+    """
+
+    def __init__(self, engine: Engine, run_id: str, *, subscribe: bool = True,
+                 continue_drive: Callable[[str], object] | None = None,
+                 stop_drive: Callable[[str], object] | None = None,
+                 is_driving: Callable[[str], bool] | None = None,
+                 warnings: list[str] | None = None, interval_s: float = 0.1, **kwargs: Any):
+        self.engine = engine
+        self.run_id = run_id
+        self.reader = SnapshotReader(engine, run_id)
+        self.continue_drive = continue_drive
+        self.stop_drive = stop_drive
+        self.is_driving = is_driving
+        self.redraws = 0
+        self.events_seen = 0
+        self.snapshot: RunSnapshot | None = None
+        self.warnings: list[str] = list(warnings or [])
+        self._warn_lock = threading.Lock()
+        self._unsubscribe: Callable[[], None] | None = None
+        self._decision_key: tuple[str, int, str] | None = None
+        self._acted: str | None = None
+        self.throttle = Throttle(self._redraw_safely, interval_s=interval_s)
+        self._build()
+        super().__init__(children=[self.header, self.grid, self.gate_panel, self.budget_box,
+                                   self.warning_box, self.decision_box, self.footer], **kwargs)
+        self.add_class("wf-run-view")
+        if subscribe:
+            self._unsubscribe = engine.subscribe(self._on_event)
+
+    # -- construction -----------------------------------------------------------------------
+    def _build(self) -> None:
+        self.header = w.HTML()
+        self.rows = {s.id: _StepRow(s.id) for s in self.reader.plan.steps}
+        heads = [w.HTML(f"<b>{c}</b>") for c in _COLUMNS]
+        cells: list[w.Widget] = [*heads]
+        for row in self.rows.values():
+            cells.extend(row.cells())
+        self.grid = w.GridBox(cells, layout=w.Layout(
+            grid_template_columns="max-content max-content 130px max-content max-content "
+                                  "max-content max-content minmax(0, 1fr)",
+            grid_gap="2px 12px", align_items="center"))
+        self.gate_panel = w.HTML(layout=w.Layout(display="none"))
+        self.units_bar = w.IntProgress(min=0, max=1, layout=w.Layout(width="160px"))
+        self.tokens_bar = w.IntProgress(min=0, max=1, layout=w.Layout(width="160px"))
+        self.units_label, self.tokens_label = w.Label(), w.Label()
+        self.budget_box = w.HBox([w.Label("budget — units"), self.units_bar, self.units_label,
+                                  w.Label("tokens"), self.tokens_bar, self.tokens_label],
+                                 layout=w.Layout(align_items="center", grid_gap="8px"))
+        self.warning_box = w.HTML(layout=w.Layout(display="none"))
+        self.summary = w.HTML()
+        self.feedback = w.Textarea(placeholder="Feedback for the step (required to reject)",
+                                   layout=w.Layout(width="100%", height="4em"))
+        self.approve_button = w.Button(description="Approve", button_style="success",
+                                       icon="check")
+        self.reject_button = w.Button(description="Reject", button_style="danger",
+                                      icon="times")
+        self.approve_button.on_click(lambda _b: self.decide(approve=True))
+        self.reject_button.on_click(lambda _b: self.decide(approve=False))
+        self.decision_box = w.VBox([self.summary, self.feedback,
+                                    w.HBox([self.approve_button, self.reject_button])],
+                                   layout=w.Layout(display="none", border="1px solid #bf8700",
+                                                   padding="6px"))
+        self.stop_button = w.Button(description="Stop", icon="stop",
+                                    layout=w.Layout(display="none"))
+        self.stop_button.on_click(lambda _b: self.stop())
+        self.status_line = w.HTML()
+        self.message = w.HTML()
+        self.footer = w.HBox([self.stop_button, self.status_line, self.message],
+                             layout=w.Layout(align_items="center", grid_gap="12px"))
+
+    # -- observing --------------------------------------------------------------------------
+    def _on_event(self, event: Event) -> None:
+        if event.run_id != self.run_id:
+            return
+        self.events_seen += 1
+        if event.kind == "warning" and event.data.get("message"):
+            self.add_warning(str(event.data["message"]))
+        self.throttle.poke()
+
+    def add_warning(self, message: str) -> None:
+        """Show a warning (drift, a retried unit, ...) once."""
+        with self._warn_lock:
+            if message not in self.warnings:
+                self.warnings.append(message)
+
+    def poke(self) -> None:
+        """Schedule a throttled redraw (from any thread)."""
+        self.throttle.poke()
+
+    def flush(self) -> None:
+        """Redraw now in this thread (the final state after a drive)."""
+        self.throttle.flush()
+
+    def close(self) -> None:
+        """Stop observing and close the widgets."""
+        self.detach()
+        super().close()
+
+    def detach(self) -> None:
+        """Stop observing; the view keeps showing its last state."""
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        self.throttle.close()
+
+    # -- acting -----------------------------------------------------------------------------
+    def decide(self, *, approve: bool) -> None:
+        """Record Approve/Reject for the waiting gate, then hand the run to a drive."""
+        waiting = self.snapshot.waiting if self.snapshot else None
+        if waiting is None:
+            self._say("nothing is waiting for a decision", error=True)
+            return
+        text = self.feedback.value.strip()
+        try:
+            if approve:
+                self.engine.approve(self.run_id, waiting.step_id, feedback=text or None,
+                                    loop=waiting.loop)
+            else:
+                self.engine.reject(self.run_id, waiting.step_id, feedback=text,
+                                   loop=waiting.loop)
+        except WorkflowError as exc:
+            self._say(str(exc), error=True)
+            return
+        verb = "approved" if approve else "rejected"
+        self.approve_button.disabled = self.reject_button.disabled = True
+        self.feedback.value = ""
+        self._acted = f"{verb} step {waiting.step_id} (loop {waiting.loop})"
+        self._say(f"{self._acted}; continuing…")
+        if self.continue_drive is not None:
+            try:
+                self.continue_drive(self.run_id)
+            except WorkflowError as exc:
+                self._say(f"{verb}, but the run could not continue here: {exc}", error=True)
+        self.poke()
+
+    def stop(self) -> None:
+        """Ask this run's driver to stop between units (the run stays active)."""
+        if self.stop_drive is not None:
+            self.stop_drive(self.run_id)
+        else:
+            self.engine.stop(self.run_id)
+        self._say("stop requested; the driver stops after the units in flight")
+        self.poke()
+
+    def _say(self, text: str, *, error: bool = False) -> None:
+        colour = STATUS_COLOURS["failed"] if error else "#57606a"
+        self.message.value = f'<span style="color:{colour}">{html.escape(text)}</span>'
+
+    # -- drawing ----------------------------------------------------------------------------
+    def _redraw_safely(self) -> None:
+        try:
+            self.redraw()
+        except Exception:  # a view must never break the drive it observes
+            log.exception("run view redraw failed")
+
+    def redraw(self) -> None:
+        """Read the run and assign every widget's value (counted in :attr:`redraws`)."""
+        snap = self.reader.take()
+        self.snapshot = snap
+        self.redraws += 1
+        reason = f" <i>{html.escape(snap.reason)}</i>" if snap.reason else ""
+        self.header.value = (f"<b>{html.escape(snap.workflow)}</b> &nbsp;<code>"
+                             f"{html.escape(snap.run_id)}</code> &nbsp;{badge(snap.status)}"
+                             f"{reason}")
+        for state in snap.steps:
+            if state.step_id in self.rows:
+                self.rows[state.step_id].show(state)
+        self._draw_gates(snap)
+        self._draw_budget(snap)
+        self._draw_warnings(snap)
+        self._draw_decision(snap.waiting)
+        driving = bool(self.is_driving and self.is_driving(self.run_id))
+        self.stop_button.layout.display = "" if driving and snap.status == "active" else "none"
+        self.status_line.value = _status_line(snap, driving=driving)
+        if self._acted is not None and not driving:
+            self._say(f"{self._acted}.")
+            self._acted = None
+
+    def _draw_gates(self, snap: RunSnapshot) -> None:
+        if not snap.rejections:
+            self.gate_panel.layout.display = "none"
+            return
+        rows = "".join(
+            f"<tr><td><code>{html.escape(r.step_id)}</code></td><td>{r.loop}</td>"
+            f"<td>{html.escape(r.judge)}</td><td>{html.escape(r.feedback)}</td>"
+            f"<td>{html.escape(', '.join(r.missing))}</td></tr>" for r in snap.rejections)
+        self.gate_panel.value = (
+            "<details open><summary><b>Gate rejections</b> "
+            f"({len(snap.rejections)})</summary><table><thead><tr><th>step</th><th>loop</th>"
+            "<th>judge</th><th>feedback</th><th>missing</th></tr></thead>"
+            f"<tbody>{rows}</tbody></table></details>")
+        self.gate_panel.layout.display = ""
+
+    def _draw_budget(self, snap: RunSnapshot) -> None:
+        use = snap.budget
+        for bar, label, used, limit in ((self.units_bar, self.units_label, use.units,
+                                         use.max_units),
+                                        (self.tokens_bar, self.tokens_label, use.tokens,
+                                         use.max_tokens)):
+            bar.max = max(int(limit or used or 1), 1)
+            bar.value = min(int(used), bar.max)
+            share = used / limit if limit else 0.0
+            bar.bar_style = "danger" if share >= 0.9 else "warning" if share >= 0.7 else ""
+            label.value = f"{used:,}/{limit:,}" if limit else f"{used:,} (no limit)"
+
+    def _draw_warnings(self, snap: RunSnapshot) -> None:
+        with self._warn_lock:
+            items = list(self.warnings)
+        if snap.reused:
+            items.append(f"reused {snap.reused} result{'s' if snap.reused != 1 else ''} from "
+                         f"earlier runs ({snap.saved_tokens:,} tokens saved)")
+        self.warning_box.value = "".join(f"<div>⚠ {html.escape(m)}</div>" for m in items)
+        self.warning_box.layout.display = "" if items else "none"
+
+    def _draw_decision(self, waiting: Waiting | None) -> None:
+        if waiting is None:
+            self.decision_box.layout.display = "none"
+            return
+        key = (waiting.step_id, waiting.loop, waiting.judge)
+        if self._decision_key != key:
+            self._decision_key = key  # a new question: re-arm the buttons
+            self.approve_button.disabled = self.reject_button.disabled = False
+        title = _JUDGE_TITLES.get(waiting.judge, "Waiting for a decision")
+        self.summary.value = (f"<b>{html.escape(title)}</b>: step <code>"
+                              f"{html.escape(waiting.step_id)}</code>, loop {waiting.loop}"
+                              f"<pre style='max-height:12em;overflow:auto;white-space:pre-wrap'>"
+                              f"{html.escape(waiting.summary)}</pre>")
+        self.decision_box.layout.display = ""
+
+    def __repr__(self) -> str:
+        from ..display import run_text
+        from ..run import Run
+
+        handle = Run(self.engine, self.run_id)
+        handle.warnings.extend(self.warnings)
+        return run_text(handle)
+
+
+def _status_line(snap: RunSnapshot, *, driving: bool) -> str:
+    if snap.status == "completed":
+        return "<b>Run completed.</b>"
+    if snap.status == "active":
+        return "driving…" if driving else ("<i>not being driven: re-run the cell or "
+                                           "<code>%workflow resume</code> to continue</i>")
+    if snap.status == "blocked" and snap.waiting is not None:
+        return f"Blocked: waiting on step <code>{html.escape(snap.waiting.step_id)}</code>."
+    return f"Run {html.escape(snap.status)}."

@@ -1,0 +1,117 @@
+"""The `wf` command: the README's first command, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from wf_magic.cli import main
+
+from .conftest import ROOT, db_rows, run_wf
+
+
+def _cli(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(list(args))
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_readme_quickstart_runs_offline_and_prints_run_id_and_outcome(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WF_MAGIC_HOME")  # the default state dir: ./.wf_magic
+    done = subprocess.run([sys.executable, "-m", "wf_magic.cli", "run",
+                           str(ROOT / "examples" / "quickstart.yaml")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    run_id = str(db_rows(tmp_path / ".wf_magic", "SELECT run_id FROM runs")[0][0])
+    assert f"run {run_id} (new)" in done.stdout
+    assert f"Run {run_id}  paper-digest  [completed]" in done.stdout
+    assert 'result: {"title": "A digest of durable execution"' in done.stdout
+    again = subprocess.run([sys.executable, "-m", "wf_magic.cli", "run",
+                            str(ROOT / "examples" / "quickstart.yaml")], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert again.returncode == 0 and "this drive: 0 dispatched" in again.stdout
+
+
+def test_readme_first_lines_are_the_two_commands() -> None:
+    blocks = (ROOT / "README.md").read_text().split("```sh\n")[1:3]
+    commands = [b.split("\n```")[0].strip() for b in blocks]
+    assert commands[0].endswith("wf run examples/quickstart.yaml")
+    assert commands[1].endswith(".venv/bin/pytest")
+    assert commands[1] in (ROOT / ".ci" / "run").read_text()
+
+
+def test_definition_error_is_one_line_exit_2(tmp_path: Path, state_dir: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nsteps:\n  - id: a\n    prompt: hi\n    gate: {max_loops: 0}\n")
+    code, out, err = _cli("--db", str(state_dir), "run", str(bad))
+    assert code == 2
+    assert err == (f"error: steps[0].gate.max_loops: must be >= 1 (got 0) ({bad}, line 5)\n")
+    assert "Traceback" not in err
+
+
+def test_undeclared_param_is_a_usage_error(tmp_path: Path, state_dir: Path) -> None:
+    wf = tmp_path / "wf.yaml"
+    wf.write_text("name: x\nsteps:\n  - id: a\n    prompt: hi\n")
+    code, _, err = _cli("--db", str(state_dir), "run", str(wf), "--param", "nope=1")
+    assert code == 2 and "declares no param 'nope'" in err
+
+
+def test_dry_run_dispatches_nothing(tmp_path: Path, state_dir: Path) -> None:
+    code, out, _ = _cli("--db", str(state_dir), "run", str(ROOT / "examples" / "quickstart.yaml"),
+                        "--dry-run")
+    assert code == 0
+    assert out.startswith("Plan paper-digest  hash ")
+    assert not (state_dir / "state.db").exists() or db_rows(
+        state_dir, "SELECT COUNT(*) FROM runs") == [(0,)]
+
+
+def test_human_gate_blocks_exit_3_then_approve_and_resume(tmp_path: Path, state_dir: Path) -> None:
+    wf = tmp_path / "wf.yaml"
+    wf.write_text("name: h\nsteps:\n  - id: draft\n    prompt: hi\n    gate: {judge: human}\n"
+                  "  - id: after\n    prompt: bye\n")
+    blocked = run_wf(state_dir, "run", str(wf))
+    assert blocked.returncode == 3, blocked.stderr
+    run_id = str(db_rows(state_dir, "SELECT run_id FROM runs")[0][0])
+    assert run_wf(state_dir, "status", run_id).returncode == 3
+    approved = run_wf(state_dir, "approve", run_id, "draft", "--feedback", "lgtm")
+    assert approved.returncode == 0 and "approved" in approved.stdout
+    again = run_wf(state_dir, "approve", run_id, "draft")
+    assert again.returncode == 2 and "already decided" in again.stderr
+    done = run_wf(state_dir, "resume", run_id)
+    assert done.returncode == 0 and "[completed]" in done.stdout
+
+
+def test_journal_and_tokens_formats(tmp_path: Path, state_dir: Path) -> None:
+    wf = tmp_path / "wf.yaml"
+    wf.write_text("name: j\nsteps:\n  - id: a\n    map: '{{ [1, 2] }}'\n    prompt: 'x {{ item }}'\n")
+    assert _cli("--db", str(state_dir), "run", str(wf))[0] == 0
+    run_id = str(db_rows(state_dir, "SELECT run_id FROM runs")[0][0])
+    code, out, _ = _cli("--db", str(state_dir), "journal", run_id, "--format", "json")
+    rows = json.loads(out)
+    assert code == 0 and [r["unit"] for r in rows] == ["a[0]", "a[1]"]
+    code, out, _ = _cli("--db", str(state_dir), "journal", run_id, "--format", "csv")
+    assert code == 0 and out.splitlines()[0].startswith("run,step,unit,attempt,dispatch_id")
+    code, out, _ = _cli("--db", str(state_dir), "tokens", run_id, "--by", "step")
+    assert code == 0 and "a" in out
+
+
+def test_unknown_run_is_a_usage_error(state_dir: Path) -> None:
+    code, _, err = _cli("--db", str(state_dir), "resume", "r-nope")
+    assert code == 2 and "No run 'r-nope'" in err
+
+
+def test_engine_imports_without_ipython_or_pandas() -> None:
+    code = ("import sys, wf_magic, wf_magic.engine, wf_magic.cli; "
+            "bad = [m for m in ('IPython', 'ipywidgets', 'pandas', 'matplotlib') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -33,7 +33,7 @@ def test_readme_quickstart_runs_offline_and_prints_run_id_and_outcome(
     run_id = str(db_rows(tmp_path / ".wf_magic", "SELECT run_id FROM runs")[0][0])
     assert f"run {run_id} (new)" in done.stdout
     assert f"Run {run_id}  paper-digest  [completed]" in done.stdout
-    assert 'result: {"title": "A digest of durable execution"' in done.stdout
+    assert 'result: {"characters": 110, "sections": 3, "title": "A digest of durable execution"}' in done.stdout
     again = subprocess.run([sys.executable, "-m", "wf_magic.cli", "run",
                             str(ROOT / "examples" / "quickstart.yaml")], cwd=tmp_path,
                            capture_output=True, text=True, timeout=60, check=False)

@@ -145,3 +145,31 @@ def test_stop_request_from_another_process(tmp_path: Path, state_dir: Path,
     assert db_rows(state_dir, "SELECT status FROM runs")[0][0] == "active"
     assert run_wf(state_dir, "resume", run_id).returncode == 0
     assert [u for u, *_ in _attempts(state_dir)] == ["first", "nap", "nap2", "last"]
+
+
+def test_sigint_stops_gracefully_and_exit_130(tmp_path: Path, state_dir: Path) -> None:
+    text = SLEEPY.replace("  - id: last", "  - id: nap2\n    exec: [python3, -c, 'print(1)']\n  - id: last")
+    path = _write(tmp_path, text)
+    proc = spawn_wf(state_dir, "run", str(path))
+    wait_for(lambda: any(u == "nap" for u, *_ in _attempts(state_dir)), what="the exec unit")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "stopping after the units in flight" in err
+    assert [(u, s) for u, _, s, _ in _attempts(state_dir)] == [
+        ("first", "succeeded"), ("nap", "succeeded")]
+
+
+def test_superseding_a_run_being_driven_is_refused_and_writes_nothing(
+        tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NAP", "4")
+    path = _write(tmp_path, SLEEPY)
+    proc = spawn_wf(state_dir, "run", str(path))
+    wait_for(lambda: any(u == "nap" for u, *_ in _attempts(state_dir)), what="the exec unit")
+    eng = Engine(state_dir)
+    with pytest.raises(RunLockHeld):
+        eng.start(SLEEPY.replace("bye", "farewell"))
+    assert db_rows(state_dir, "SELECT COUNT(*) FROM runs") == [(1,)]
+    eng.close()
+    proc.communicate(timeout=60)
+    assert proc.returncode == 0

@@ -53,18 +53,24 @@ def _short(value: object, limit: int = 400) -> str:
 
 def _drive(engine: Engine, run_id: str, args: argparse.Namespace) -> int:
     stop = threading.Event()
-    previous = signals.getsignal(signals.SIGTERM)
+    previous = {sig: signals.getsignal(sig) for sig in (signals.SIGTERM, signals.SIGINT)}
 
-    def on_term(signum: int, frame: object) -> None:
+    def on_signal(signum: int, frame: object) -> None:
+        if stop.is_set() and signum == signals.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now; the unit in flight is owed
         stop.set()
+        print("stopping after the units in flight (Ctrl-C again to stop at once)",
+              file=sys.stderr)
 
-    signals.signal(signals.SIGTERM, on_term)
+    for sig in previous:
+        signals.signal(sig, on_signal)
     try:
         run = engine.drive(run_id, max_steps=getattr(args, "max_steps", None), signal=stop,
                            max_concurrency=getattr(args, "max_concurrency", None),
                            max_retries=getattr(args, "max_retries", 0) or 0)
     finally:
-        signals.signal(signals.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signals.signal(sig, handler)
     for warning in run.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     code = _print_run(run, print)

@@ -186,18 +186,26 @@ class Engine:
                 warnings.append("the source changed only in ways that do not change the plan; "
                                 f"continuing run {latest.run_id}")
             return latest.run_id, False, warnings
-        run_id = self._create_run(wf, resolved, scope=scope, use_cache=not no_cache)
-        if latest is not None and latest.status in ("active", "blocked", "failed"):
-            self._supersede(latest.run_id, run_id)
-            warnings.append(f"run {latest.run_id} was unfinished and is now abandoned "
-                            f"(superseded by {run_id})")
+        if latest is None or latest.status not in ("active", "blocked", "failed"):
+            return self._create_run(wf, resolved, scope=scope, use_cache=not no_cache), True, warnings
+        # Supersede under the old run's lock, in the same transaction as the new run's insert:
+        # a driven run is refused (RunLockHeld) and nothing is half-written.
+        run_id = new_run_id()
+        with RunLock(self.lock_dir, latest.run_id):
+            self._create_run(wf, resolved, scope=scope, use_cache=not no_cache, run_id=run_id,
+                             supersede=latest.run_id)
+        self.emit("run_status", run_id=latest.run_id, status="abandoned",
+                  reason=f"superseded by {run_id}")
+        warnings.append(f"run {latest.run_id} was unfinished and is now abandoned "
+                        f"(superseded by {run_id})")
         return run_id, True, warnings
 
     def _create_run(self, wf: Workflow, params: dict[str, Any], *, scope: str, use_cache: bool,
                     parent: RunRow | None = None, invocation_key: str | None = None,
-                    forked_from: RunRow | None = None, fork_step: str | None = None) -> str:
+                    forked_from: RunRow | None = None, fork_step: str | None = None,
+                    run_id: str | None = None, supersede: str | None = None) -> str:
         now = time.time()
-        run_id = new_run_id()
+        run_id = run_id or new_run_id()
         params_json = canonical_json(params)
         row = RunRow(
             run_id=run_id, workflow=wf.name, plan_json=wf.plan_json, plan_hash=wf.plan_hash,
@@ -210,12 +218,15 @@ class Engine:
             use_cache=int(use_cache), stop_requested=0, result_json=None, created_at=now,
             updated_at=now, finished_at=None)
         steps = [(s.id, i, s.kind, s.max_loops) for i, s in enumerate(wf.plan.steps)]
-        self.write(lambda c: run_sql.insert_run_txn(c, row, steps))
-        return run_id
 
-    def _supersede(self, old_run_id: str, new_run_id: str) -> None:
-        with RunLock(self.lock_dir, old_run_id):
-            self.set_run_status(old_run_id, "abandoned", reason=f"superseded by {new_run_id}")
+        def txn(conn: sqlite3.Connection) -> None:
+            run_sql.insert_run_txn(conn, row, steps)
+            if supersede is not None:
+                run_sql.set_run_status_txn(conn, supersede, "abandoned",
+                                           reason=f"superseded by {run_id}")
+
+        self.write(txn)
+        return run_id
 
     def set_run_status(self, run_id: str, status: str, *, reason: str | None = None,
                        result_json: str | None = None) -> None:

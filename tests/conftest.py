@@ -47,29 +47,47 @@ def db_rows(state_dir: Path, sql: str, params: tuple[object, ...] = ()) -> list[
 
 def table_counts(state_dir: Path) -> dict[str, int]:
     """Row counts of every journal table."""
-    return {t: int(db_rows(state_dir, f"SELECT COUNT(*) FROM {t}")[0][0])  # noqa: S608
-            for t in ("runs", "steps", "units", "attempts", "events")}
+    return {
+        t: int(db_rows(state_dir, f"SELECT COUNT(*) FROM {t}")[0][0])  # noqa: S608
+        for t in ("runs", "steps", "units", "attempts", "events")
+    }
 
 
 def wf_cmd(state_dir: Path, *args: str) -> list[str]:
     return [sys.executable, "-m", "wf_magic.cli", "--db", str(state_dir), *args]
 
 
-def run_wf(state_dir: Path, *args: str, cwd: Path | None = None,
-           timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def run_wf(
+    state_dir: Path, *args: str, cwd: Path | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     """Run the real `wf` CLI in a subprocess."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(wf_cmd(state_dir, *args), capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=timeout, check=False)
+    return subprocess.run(
+        wf_cmd(state_dir, *args),
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def spawn_wf(state_dir: Path, *args: str, cwd: Path | None = None) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen(wf_cmd(state_dir, *args), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=cwd, env=env)
+    return subprocess.Popen(
+        wf_cmd(state_dir, *args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        env=env,
+    )
 
 
-def wait_for(predicate: Callable[[], bool], *, timeout: float = 30, what: str = "condition") -> None:
+def wait_for(
+    predicate: Callable[[], bool], *, timeout: float = 30, what: str = "condition"
+) -> None:
     """Poll until ``predicate()`` is true (fails the test after ``timeout``)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -24,19 +24,33 @@ def _cli(*args: str) -> tuple[int, str, str]:
 
 
 def test_readme_quickstart_runs_offline_and_prints_run_id_and_outcome(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("WF_MAGIC_HOME")  # the default state dir: ./.wf_magic
-    done = subprocess.run([sys.executable, "-m", "wf_magic.cli", "run",
-                           str(ROOT / "examples" / "quickstart.yaml")], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "wf_magic.cli", "run", str(ROOT / "examples" / "quickstart.yaml")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     run_id = str(db_rows(tmp_path / ".wf_magic", "SELECT run_id FROM runs")[0][0])
     assert f"run {run_id} (new)" in done.stdout
     assert f"Run {run_id}  paper-digest  [completed]" in done.stdout
-    assert 'result: {"characters": 110, "sections": 3, "title": "A digest of durable execution"}' in done.stdout
-    again = subprocess.run([sys.executable, "-m", "wf_magic.cli", "run",
-                            str(ROOT / "examples" / "quickstart.yaml")], cwd=tmp_path,
-                           capture_output=True, text=True, timeout=60, check=False)
+    assert (
+        'result: {"characters": 110, "sections": 3, "title": "A digest of durable execution"}'
+        in done.stdout
+    )
+    again = subprocess.run(
+        [sys.executable, "-m", "wf_magic.cli", "run", str(ROOT / "examples" / "quickstart.yaml")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert again.returncode == 0 and "this drive: 0 dispatched" in again.stdout
 
 
@@ -65,18 +79,22 @@ def test_undeclared_param_is_a_usage_error(tmp_path: Path, state_dir: Path) -> N
 
 
 def test_dry_run_dispatches_nothing(tmp_path: Path, state_dir: Path) -> None:
-    code, out, _ = _cli("--db", str(state_dir), "run", str(ROOT / "examples" / "quickstart.yaml"),
-                        "--dry-run")
+    code, out, _ = _cli(
+        "--db", str(state_dir), "run", str(ROOT / "examples" / "quickstart.yaml"), "--dry-run"
+    )
     assert code == 0
     assert out.startswith("Plan paper-digest  hash ")
     assert not (state_dir / "state.db").exists() or db_rows(
-        state_dir, "SELECT COUNT(*) FROM runs") == [(0,)]
+        state_dir, "SELECT COUNT(*) FROM runs"
+    ) == [(0,)]
 
 
 def test_human_gate_blocks_exit_3_then_approve_and_resume(tmp_path: Path, state_dir: Path) -> None:
     wf = tmp_path / "wf.yaml"
-    wf.write_text("name: h\nsteps:\n  - id: draft\n    prompt: hi\n    gate: {judge: human}\n"
-                  "  - id: after\n    prompt: bye\n")
+    wf.write_text(
+        "name: h\nsteps:\n  - id: draft\n    prompt: hi\n    gate: {judge: human}\n"
+        "  - id: after\n    prompt: bye\n"
+    )
     blocked = run_wf(state_dir, "run", str(wf))
     assert blocked.returncode == 3, blocked.stderr
     run_id = str(db_rows(state_dir, "SELECT run_id FROM runs")[0][0])
@@ -91,7 +109,9 @@ def test_human_gate_blocks_exit_3_then_approve_and_resume(tmp_path: Path, state_
 
 def test_journal_and_tokens_formats(tmp_path: Path, state_dir: Path) -> None:
     wf = tmp_path / "wf.yaml"
-    wf.write_text("name: j\nsteps:\n  - id: a\n    map: '{{ [1, 2] }}'\n    prompt: 'x {{ item }}'\n")
+    wf.write_text(
+        "name: j\nsteps:\n  - id: a\n    map: '{{ [1, 2] }}'\n    prompt: 'x {{ item }}'\n"
+    )
     assert _cli("--db", str(state_dir), "run", str(wf))[0] == 0
     run_id = str(db_rows(state_dir, "SELECT run_id FROM runs")[0][0])
     code, out, _ = _cli("--db", str(state_dir), "journal", run_id, "--format", "json")
@@ -109,9 +129,12 @@ def test_unknown_run_is_a_usage_error(state_dir: Path) -> None:
 
 
 def test_engine_imports_without_ipython_or_pandas() -> None:
-    code = ("import sys, wf_magic, wf_magic.engine, wf_magic.cli; "
-            "bad = [m for m in ('IPython', 'ipywidgets', 'pandas', 'matplotlib') if m in sys.modules]; "
-            "print(bad); sys.exit(1 if bad else 0)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, check=False)
+    code = (
+        "import sys, wf_magic, wf_magic.engine, wf_magic.cli; "
+        "bad = [m for m in ('IPython', 'ipywidgets', 'pandas', 'matplotlib') if m in sys.modules]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
     assert done.returncode == 0, done.stdout + done.stderr

@@ -40,14 +40,20 @@ def _work(engine: Engine, run_id: str) -> list[tuple[str, int, str]]:
 def test_prompt_exec_python_workflow_completes_with_one_attempt_per_unit(engine: Engine) -> None:
     run = engine.run(THREE_KINDS)
     assert run.status == "completed"
-    assert _work(engine, run.run_id) == [("ask", 1, "succeeded"), ("count", 1, "succeeded"),
-                                         ("shout", 1, "succeeded")]
+    assert _work(engine, run.run_id) == [
+        ("ask", 1, "succeeded"),
+        ("count", 1, "succeeded"),
+        ("shout", 1, "succeeded"),
+    ]
     ask = engine.attempts(run.run_id)[0]
     assert ask.tokens_in == 4 and ask.tokens_out > 0  # "Write about tides." = 3 words + "."
     assert run.output("count").strip() == str(len(run.run_id))
     assert run.result == json.loads(ask.output_json or "null").upper()
-    assert {s.step_id: s.status for s in run.steps} == {"ask": "completed", "count": "completed",
-                                                         "shout": "completed"}
+    assert {s.step_id: s.status for s in run.steps} == {
+        "ask": "completed",
+        "count": "completed",
+        "shout": "completed",
+    }
 
 
 def test_rerunning_unchanged_dispatches_nothing(engine: Engine, state_dir: Path) -> None:
@@ -77,7 +83,11 @@ steps:
     assert second.run_id != first.run_id
     rows = {a.unit_id: a for a in engine.attempts(second.run_id)}
     assert {u: a.status for u, a in rows.items()} == {
-        "a": "reused", "b": "succeeded", "c": "succeeded", "d": "reused"}
+        "a": "reused",
+        "b": "succeeded",
+        "c": "succeeded",
+        "d": "reused",
+    }
     first_rows = {a.unit_id: a for a in engine.attempts(first.run_id)}
     assert rows["a"].reused_from == first_rows["a"].dispatch_id
     assert (rows["a"].tokens_in, rows["a"].tokens_out) == (0, 0)
@@ -136,11 +146,17 @@ def test_params_are_validated_and_scope_runs(engine: Engine) -> None:
     assert one.run_id != two.run_id and one.params == {"n": 2}
 
 
-def test_edited_plan_json_is_refused_and_nothing_dispatches(engine: Engine, state_dir: Path) -> None:
+def test_edited_plan_json_is_refused_and_nothing_dispatches(
+    engine: Engine, state_dir: Path
+) -> None:
     src = "name: s\nsteps:\n  - id: a\n    prompt: one\n  - id: b\n    prompt: two\n"
     run = engine.run(src, max_steps=1)
-    engine.write(lambda c: c.execute("UPDATE runs SET plan_json = replace(plan_json, 'two', "
-                                     "'evil') WHERE run_id = ?", (run.run_id,)))
+    engine.write(
+        lambda c: c.execute(
+            "UPDATE runs SET plan_json = replace(plan_json, 'two', 'evil') WHERE run_id = ?",
+            (run.run_id,),
+        )
+    )
     before = table_counts(state_dir)
     with pytest.raises(PlanIntegrityError, match=f"Run {run.run_id}: the stored plan"):
         engine.drive(run.run_id)
@@ -150,8 +166,11 @@ def test_edited_plan_json_is_refused_and_nothing_dispatches(engine: Engine, stat
 def test_edited_params_are_refused(engine: Engine) -> None:
     src = "name: s\nparams: {n: {type: integer, default: 1}}\nsteps:\n  - id: a\n    prompt: x\n  - id: b\n    prompt: y\n"
     run = engine.run(src, max_steps=1)
-    engine.write(lambda c: c.execute("UPDATE runs SET params_json = '{\"n\":2}' WHERE run_id = ?",
-                                     (run.run_id,)))
+    engine.write(
+        lambda c: c.execute(
+            "UPDATE runs SET params_json = '{\"n\":2}' WHERE run_id = ?", (run.run_id,)
+        )
+    )
     with pytest.raises(PlanIntegrityError, match="stored params"):
         engine.drive(run.run_id)
 
@@ -159,8 +178,9 @@ def test_edited_params_are_refused(engine: Engine) -> None:
 def test_newer_plan_version_is_left_untouched(engine: Engine, state_dir: Path) -> None:
     src = "name: s\nsteps:\n  - id: a\n    prompt: x\n  - id: b\n    prompt: y\n"
     run = engine.run(src, max_steps=1)
-    engine.write(lambda c: c.execute("UPDATE runs SET plan_version = 99 WHERE run_id = ?",
-                                     (run.run_id,)))
+    engine.write(
+        lambda c: c.execute("UPDATE runs SET plan_version = 99 WHERE run_id = ?", (run.run_id,))
+    )
     before = table_counts(state_dir)
     with pytest.raises(PlanIntegrityError, match="newer wf_magic"):
         engine.drive(run.run_id)
@@ -194,7 +214,10 @@ def test_fork_reuses_prefix_and_reexecutes_from_step(engine: Engine) -> None:
     forked = engine.drive(fork_id)
     assert forked.status == "completed"
     assert [(a.unit_id, a.status) for a in engine.attempts(fork_id)] == [
-        ("a", "reused"), ("b", "succeeded"), ("c", "succeeded")]
+        ("a", "reused"),
+        ("b", "succeeded"),
+        ("c", "succeeded"),
+    ]
 
 
 def test_abandon_and_stop(engine: Engine) -> None:
@@ -217,13 +240,16 @@ def test_budget_stop_names_figures(engine: Engine) -> None:
     assert again.status == "failed" and len(engine.attempts(run.run_id)) == 2
 
 
-def test_secret_env_values_never_reach_the_journal(engine: Engine, state_dir: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_secret_env_values_never_reach_the_journal(
+    engine: Engine, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     canary = "canary-secret-value-12345"
     monkeypatch.setenv("MY_API_TOKEN", canary)
     eng = Engine(state_dir)
-    src = ("name: s\nsteps:\n  - id: a\n    exec: [sh, -c, 'echo $MY_API_TOKEN; exit 3']\n"
-           "    pass_env: [MY_API_TOKEN]\n")
+    src = (
+        "name: s\nsteps:\n  - id: a\n    exec: [sh, -c, 'echo $MY_API_TOKEN; exit 3']\n"
+        "    pass_env: [MY_API_TOKEN]\n"
+    )
     run = eng.run(src)
     assert run.status == "failed"
     eng.close()
@@ -251,25 +277,37 @@ def test_max_retries_reopens_a_run_failed_on_a_unit(engine: Engine) -> None:
     run = engine.run(src, max_retries=2)
     assert run.status == "completed"
     assert [(a.unit_id, a.attempt, a.status) for a in engine.attempts(run.run_id)] == [
-        ("a", 1, "succeeded"), ("f", 1, "failed"), ("f", 2, "failed"), ("f", 3, "succeeded")]
+        ("a", 1, "succeeded"),
+        ("f", 1, "failed"),
+        ("f", 2, "failed"),
+        ("f", 3, "succeeded"),
+    ]
     assert [w for w in run.warnings if w.startswith("run-level retry")] == [
         "run-level retry 1/2 after: step f: unit f failed: flaky_twice raised RuntimeError: boom 1",
-        "run-level retry 2/2 after: step f: unit f failed: flaky_twice raised RuntimeError: boom 2"]
+        "run-level retry 2/2 after: step f: unit f failed: flaky_twice raised RuntimeError: boom 2",
+    ]
 
 
 def test_max_retries_never_reopens_after_a_budget_stop_or_a_unit_that_ran_nothing(
-        engine: Engine) -> None:
-    budget = engine.run("name: b\nbudget: {max_units: 1}\nsteps:\n  - id: a\n    prompt: x\n"
-                        "  - id: b\n    prompt: y\n", max_retries=3)
+    engine: Engine,
+) -> None:
+    budget = engine.run(
+        "name: b\nbudget: {max_units: 1}\nsteps:\n  - id: a\n    prompt: x\n"
+        "  - id: b\n    prompt: y\n",
+        max_retries=3,
+    )
     assert budget.status == "failed" and len(engine.attempts(budget.run_id)) == 1
-    missing = engine.run("name: m\nsteps:\n  - id: a\n    exec: [no-such-program-wf]\n",
-                         max_retries=3)
+    missing = engine.run(
+        "name: m\nsteps:\n  - id: a\n    exec: [no-such-program-wf]\n", max_retries=3
+    )
     assert missing.status == "failed" and len(engine.attempts(missing.run_id)) == 1
 
 
 def test_secret_looking_params_are_redacted_from_the_journal(engine: Engine) -> None:
-    src = ("name: s\nparams:\n  api_key: {type: string}\nsteps:\n"
-           "  - id: a\n    prompt: 'use {{ params.api_key }} now'\n")
+    src = (
+        "name: s\nparams:\n  api_key: {type: string}\nsteps:\n"
+        "  - id: a\n    prompt: 'use {{ params.api_key }} now'\n"
+    )
     run = engine.run(src, params={"api_key": "hunter2-very-secret"})
     attempt = engine.attempts(run.run_id)[0]
     assert "hunter2-very-secret" not in (attempt.output_json or "")

@@ -33,16 +33,24 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 
 def _attempts(state_dir: Path) -> list[tuple[str, int, str, str]]:
-    return [(str(u), int(n), str(s), str(d)) for u, n, s, d in db_rows(
-        state_dir, "SELECT unit_id, attempt, status, dispatch_id FROM attempts ORDER BY attempt_pk")]
+    return [
+        (str(u), int(n), str(s), str(d))
+        for u, n, s, d in db_rows(
+            state_dir,
+            "SELECT unit_id, attempt, status, dispatch_id FROM attempts ORDER BY attempt_pk",
+        )
+    ]
 
 
-def test_kill_9_mid_exec_then_resume_reclaims_the_same_dispatch(tmp_path: Path,
-                                                                 state_dir: Path) -> None:
+def test_kill_9_mid_exec_then_resume_reclaims_the_same_dispatch(
+    tmp_path: Path, state_dir: Path
+) -> None:
     path = _write(tmp_path, SLEEPY)
     proc = spawn_wf(state_dir, "run", str(path))
-    wait_for(lambda: any(u == "nap" and s == "running" for u, _, s, _ in _attempts(state_dir)),
-             what="the exec unit to start")
+    wait_for(
+        lambda: any(u == "nap" and s == "running" for u, _, s, _ in _attempts(state_dir)),
+        what="the exec unit to start",
+    )
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate()
     before = _attempts(state_dir)
@@ -53,14 +61,18 @@ def test_kill_9_mid_exec_then_resume_reclaims_the_same_dispatch(tmp_path: Path,
     assert done.returncode == 0, done.stderr
     after = _attempts(state_dir)
     assert [(u, n, s) for u, n, s, _ in after] == [
-        ("first", 1, "succeeded"), ("nap", 1, "succeeded"), ("last", 1, "succeeded")]
+        ("first", 1, "succeeded"),
+        ("nap", 1, "succeeded"),
+        ("last", 1, "succeeded"),
+    ]
     assert after[1][3] == nap[3]  # same dispatch_id: an idempotency key for side effects
     output = db_rows(state_dir, "SELECT output_json FROM attempts WHERE unit_id = 'nap'")[0][0]
     assert nap[3] in str(output)
 
 
 def test_two_concurrent_resumes_one_drives_other_exits_75(
-        tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("NAP", "4")  # long enough for a second CLI to start meanwhile
     path = _write(tmp_path, SLEEPY)
     first = run_wf(state_dir, "run", str(path), "--max-steps", "1")
@@ -119,7 +131,9 @@ def test_dead_lock_holder_never_wedges_the_run(tmp_path: Path, state_dir: Path) 
 
 
 def test_sigterm_stops_gracefully_and_exit_130(tmp_path: Path, state_dir: Path) -> None:
-    text = SLEEPY.replace("  - id: last", "  - id: nap2\n    exec: [python3, -c, 'print(1)']\n  - id: last")
+    text = SLEEPY.replace(
+        "  - id: last", "  - id: nap2\n    exec: [python3, -c, 'print(1)']\n  - id: last"
+    )
     path = _write(tmp_path, text)
     proc = spawn_wf(state_dir, "run", str(path))
     wait_for(lambda: any(u == "nap" for u, *_ in _attempts(state_dir)), what="the exec unit")
@@ -131,10 +145,13 @@ def test_sigterm_stops_gracefully_and_exit_130(tmp_path: Path, state_dir: Path) 
     assert units == [("first", "succeeded"), ("nap", "succeeded")]
 
 
-def test_stop_request_from_another_process(tmp_path: Path, state_dir: Path,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stop_request_from_another_process(
+    tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("NAP", "3")
-    text = SLEEPY.replace("  - id: last", "  - id: nap2\n    exec: [python3, -c, 'print(1)']\n  - id: last")
+    text = SLEEPY.replace(
+        "  - id: last", "  - id: nap2\n    exec: [python3, -c, 'print(1)']\n  - id: last"
+    )
     path = _write(tmp_path, text)
     proc = spawn_wf(state_dir, "run", str(path))
     wait_for(lambda: any(u == "nap" for u, *_ in _attempts(state_dir)), what="the exec unit")
@@ -148,7 +165,9 @@ def test_stop_request_from_another_process(tmp_path: Path, state_dir: Path,
 
 
 def test_sigint_stops_gracefully_and_exit_130(tmp_path: Path, state_dir: Path) -> None:
-    text = SLEEPY.replace("  - id: last", "  - id: nap2\n    exec: [python3, -c, 'print(1)']\n  - id: last")
+    text = SLEEPY.replace(
+        "  - id: last", "  - id: nap2\n    exec: [python3, -c, 'print(1)']\n  - id: last"
+    )
     path = _write(tmp_path, text)
     proc = spawn_wf(state_dir, "run", str(path))
     wait_for(lambda: any(u == "nap" for u, *_ in _attempts(state_dir)), what="the exec unit")
@@ -157,11 +176,14 @@ def test_sigint_stops_gracefully_and_exit_130(tmp_path: Path, state_dir: Path) -
     assert proc.returncode == 130, err
     assert "stopping after the units in flight" in err
     assert [(u, s) for u, _, s, _ in _attempts(state_dir)] == [
-        ("first", "succeeded"), ("nap", "succeeded")]
+        ("first", "succeeded"),
+        ("nap", "succeeded"),
+    ]
 
 
 def test_superseding_a_run_being_driven_is_refused_and_writes_nothing(
-        tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("NAP", "4")
     path = _write(tmp_path, SLEEPY)
     proc = spawn_wf(state_dir, "run", str(path))

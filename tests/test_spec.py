@@ -53,31 +53,79 @@ def test_comments_do_not_change_the_plan_hash() -> None:
 MALFORMED = [
     # (source, expected field, expected line, words in the message)
     ("name: x\nsteps:\n  - id: a\n    prompt: [unclosed\n", "(yaml)", 5, "invalid YAML"),
-    ("name: x\nsteps:\n  - id: a\n    prompt: hi\n    colour: red\n", "steps[0].colour", 5,
-     "unknown key"),
-    ("name: x\nsteps:\n  - id: a\n    prompt: hi\n  - id: a\n    prompt: again\n",
-     "steps[1].id", 5, "duplicate step id"),
-    ("name: x\nsteps:\n  - id: a\n    prompt: '{{ steps.b.output }}'\n  - id: b\n    prompt: hi\n",
-     "steps[0].prompt", 4, "later step 'b'"),
-    ("name: x\nparams:\n  n: {type: integer, default: many}\nsteps:\n  - id: a\n    prompt: hi\n",
-     "params.n.default", 3, "does not match"),
-    ("name: x\nsteps:\n  - id: a\n    prompt: hi\n    gate: {max_loops: 0}\n",
-     "steps[0].gate.max_loops", 5, "must be >= 1"),
-    ("name: x\nsteps:\n  - id: a\n    prompt: hi\n    exec: [ls]\n", "steps[0]", 3,
-     "exactly one of"),
+    (
+        "name: x\nsteps:\n  - id: a\n    prompt: hi\n    colour: red\n",
+        "steps[0].colour",
+        5,
+        "unknown key",
+    ),
+    (
+        "name: x\nsteps:\n  - id: a\n    prompt: hi\n  - id: a\n    prompt: again\n",
+        "steps[1].id",
+        5,
+        "duplicate step id",
+    ),
+    (
+        "name: x\nsteps:\n  - id: a\n    prompt: '{{ steps.b.output }}'\n  - id: b\n    prompt: hi\n",
+        "steps[0].prompt",
+        4,
+        "later step 'b'",
+    ),
+    (
+        "name: x\nparams:\n  n: {type: integer, default: many}\nsteps:\n  - id: a\n    prompt: hi\n",
+        "params.n.default",
+        3,
+        "does not match",
+    ),
+    (
+        "name: x\nsteps:\n  - id: a\n    prompt: hi\n    gate: {max_loops: 0}\n",
+        "steps[0].gate.max_loops",
+        5,
+        "must be >= 1",
+    ),
+    (
+        "name: x\nsteps:\n  - id: a\n    prompt: hi\n    exec: [ls]\n",
+        "steps[0]",
+        3,
+        "exactly one of",
+    ),
     ("name: Bad Name\nsteps:\n  - id: a\n    prompt: hi\n", "name", 1, "expected a name"),
-    ("name: x\nsteps:\n  - id: a\n    prompt: '{{ params.nope }}'\n", "steps[0].prompt", 4,
-     "undeclared param 'nope'"),
-    ("name: x\nsteps:\n  - id: a\n    prompt: '{{ oops }}'\n", "steps[0].prompt", 4,
-     "unknown variable"),
-    ("name: x\nsteps:\n  - id: a\n    prompt: hi\n    runner: nosuch\n", "steps[0].runner", 5,
-     "unknown runner 'nosuch'"),
-    ("name: x\nsteps:\n  - id: r\n    route: {on: x, cases: {a: ghost}}\n",
-     "steps[0].route.cases.a", 4, "not a step id"),
-    ("name: x\nsteps:\n  - id: a\n    exec: [ls]\n    pass_env: [WF_SECRET]\n",
-     "steps[0].pass_env", 5, "not starting with WF_"),
-    ("name: x\nsteps:\n  - id: a\n    prompt: '{% if %}'\n", "steps[0].prompt", 4,
-     "invalid template"),
+    (
+        "name: x\nsteps:\n  - id: a\n    prompt: '{{ params.nope }}'\n",
+        "steps[0].prompt",
+        4,
+        "undeclared param 'nope'",
+    ),
+    (
+        "name: x\nsteps:\n  - id: a\n    prompt: '{{ oops }}'\n",
+        "steps[0].prompt",
+        4,
+        "unknown variable",
+    ),
+    (
+        "name: x\nsteps:\n  - id: a\n    prompt: hi\n    runner: nosuch\n",
+        "steps[0].runner",
+        5,
+        "unknown runner 'nosuch'",
+    ),
+    (
+        "name: x\nsteps:\n  - id: r\n    route: {on: x, cases: {a: ghost}}\n",
+        "steps[0].route.cases.a",
+        4,
+        "not a step id",
+    ),
+    (
+        "name: x\nsteps:\n  - id: a\n    exec: [ls]\n    pass_env: [WF_SECRET]\n",
+        "steps[0].pass_env",
+        5,
+        "not starting with WF_",
+    ),
+    (
+        "name: x\nsteps:\n  - id: a\n    prompt: '{% if %}'\n",
+        "steps[0].prompt",
+        4,
+        "invalid template",
+    ),
     ("name: x\nsteps: []\n", "steps", 2, "at least 1"),
     ("- just\n- a list\n", "(top level)", 1, "expected a mapping"),
 ]
@@ -85,8 +133,9 @@ MALFORMED = [
 
 @pytest.mark.parametrize(("source", "field", "line", "words"), MALFORMED)
 def test_malformed_workflow_names_line_and_field_and_writes_nothing(
-        engine: Engine, state_dir: Path, source: str, field: str, line: int, words: str) -> None:
-    engine.conn  # create the database first: a failed start must leave it unchanged
+    engine: Engine, state_dir: Path, source: str, field: str, line: int, words: str
+) -> None:
+    _ = engine.conn  # create the database first: a failed start must leave it unchanged
     before = table_counts(state_dir)
     with pytest.raises(DefinitionError) as info:
         engine.start(source)
@@ -100,8 +149,10 @@ def test_malformed_workflow_names_line_and_field_and_writes_nothing(
 
 
 def test_child_workflow_is_embedded_from_a_second_document() -> None:
-    src = ("name: parent\nsteps:\n  - id: c\n    workflow: kid\n    with: {x: 1}\n---\n"
-           "name: kid\nparams: {x: {type: integer}}\nsteps:\n  - id: k\n    prompt: 'k {{ params.x }}'\n")
+    src = (
+        "name: parent\nsteps:\n  - id: c\n    workflow: kid\n    with: {x: 1}\n---\n"
+        "name: kid\nparams: {x: {type: integer}}\nsteps:\n  - id: k\n    prompt: 'k {{ params.x }}'\n"
+    )
     wf = load_workflow(src)
     assert set(wf.plan.children) == {"kid"}
     assert wf.plan.children["kid"].steps[0].prompt == "k {{ params.x }}"
@@ -113,21 +164,27 @@ def test_unknown_child_workflow_is_a_definition_error() -> None:
 
 
 def test_exec_gate_loops_are_capped_to_one() -> None:
-    wf = load_workflow("name: p\nsteps:\n  - id: e\n    exec: [ls]\n    gate: "
-                       "{judge: expr, check: 'true', max_loops: 3}\n")
+    wf = load_workflow(
+        "name: p\nsteps:\n  - id: e\n    exec: [ls]\n    gate: "
+        "{judge: expr, check: 'true', max_loops: 3}\n"
+    )
     step = wf.plan.step("e")
     assert (step.max_loops, step.loops_capped) == (1, True)
 
 
 def test_python_target_source_hash_is_frozen() -> None:
     wf = load_workflow("name: p\nsteps:\n  - id: f\n    python: 'json:dumps'\n")
-    assert wf.plan.step("f").target_hash is not None and len(wf.plan.step("f").target_hash or "") == 64
+    assert (
+        wf.plan.step("f").target_hash is not None and len(wf.plan.step("f").target_hash or "") == 64
+    )
 
 
 def test_secret_values_in_runner_config_are_refused() -> None:
     with pytest.raises(DefinitionError, match="environment variable"):
-        load_workflow("name: p\nrunners:\n  openai: {api_key: sk-abcdefabcdef}\nsteps:\n"
-                      "  - id: a\n    prompt: hi\n")
+        load_workflow(
+            "name: p\nrunners:\n  openai: {api_key: sk-abcdefabcdef}\nsteps:\n"
+            "  - id: a\n    prompt: hi\n"
+        )
 
 
 @settings(max_examples=60, deadline=None)

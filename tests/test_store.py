@@ -50,7 +50,9 @@ def test_divergent_ledger_is_refused_with_guidance(tmp_path: Path) -> None:
     conn.close()
 
 
-def test_migrations_apply_in_one_transaction(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_migrations_apply_in_one_transaction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from wf_magic.store import migrations
 
     def broken(conn: sqlite3.Connection) -> None:
@@ -67,8 +69,9 @@ def test_migrations_apply_in_one_transaction(tmp_path: Path, monkeypatch: pytest
 
 
 def test_terminal_attempts_are_never_updated_or_deleted(engine: Engine) -> None:
-    run = engine.run("name: n\nsteps:\n  - id: a\n    prompt: x\n  - id: b\n    prompt: y\n",
-                     max_steps=1)
+    run = engine.run(
+        "name: n\nsteps:\n  - id: a\n    prompt: x\n  - id: b\n    prompt: y\n", max_steps=1
+    )
     with pytest.raises(sqlite3.IntegrityError, match="append-only"):
         engine.write(lambda c: c.execute("UPDATE attempts SET tokens_in = 0"))
     with pytest.raises(sqlite3.IntegrityError, match="never deleted"):
@@ -80,8 +83,18 @@ def test_duplicate_finish_adds_no_tokens_and_no_event(engine: Engine) -> None:
     from wf_magic.store import journal as jsql
 
     run_id, _, _ = engine.start("name: n\nsteps:\n  - id: a\n    prompt: x\n")
-    key = jsql.UnitKey(run_id=run_id, workflow="n", step_id="a", unit_id="a", phase="work",
-                       loop=1, item_index=None, runner="scripted", model=None, input_hash="h")
+    key = jsql.UnitKey(
+        run_id=run_id,
+        workflow="n",
+        step_id="a",
+        unit_id="a",
+        phase="work",
+        loop=1,
+        item_index=None,
+        runner="scripted",
+        model=None,
+        input_hash="h",
+    )
     attempt = engine.write(lambda c: jsql.reserve_attempt_txn(c, key, charged=True))
     finish = jsql.Finish(status="succeeded", output_json='"x"', tokens_in=3, tokens_out=4)
     assert engine.write(lambda c: jsql.finish_attempt_txn(c, attempt, finish)) is True
@@ -107,7 +120,8 @@ def test_pragmas_wal_busy_timeout_foreign_keys(tmp_path: Path) -> None:
 
 
 def test_network_filesystem_falls_back_to_delete_journal_once(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(dbmod, "filesystem_type", lambda path: "nfs4")
     monkeypatch.setattr(dbmod, "_warned_paths", set())
     with pytest.warns(dbmod.StateDirWarning, match="network filesystem"):
@@ -136,7 +150,8 @@ def test_state_dir_default_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 def test_gc_deletes_only_finished_runs(engine: Engine) -> None:
     done = engine.run("name: g\nsteps:\n  - id: a\n    prompt: x\n")
-    live = engine.run("name: h\nsteps:\n  - id: a\n    prompt: x\n  - id: b\n    prompt: y\n",
-                      max_steps=1)
+    live = engine.run(
+        "name: h\nsteps:\n  - id: a\n    prompt: x\n  - id: b\n    prompt: y\n", max_steps=1
+    )
     assert engine.gc(older_than_s=0) == [done.run_id]
     assert [r.run_id for r in engine.list_runs()] == [live.run_id]

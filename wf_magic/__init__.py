@@ -8,9 +8,18 @@ from __future__ import annotations
 from typing import Any
 
 from .engine import Engine
-from .errors import (BudgetExceeded, DefinitionError, GateDecisionRefused, MigrationError,
-                     PlanIntegrityError, PlanVersionError, RunLockHeld, RunnerError, UsageError,
-                     WorkflowError)
+from .errors import (
+    BudgetExceeded,
+    DefinitionError,
+    GateDecisionRefused,
+    MigrationError,
+    PlanIntegrityError,
+    PlanVersionError,
+    RunLockHeld,
+    RunnerError,
+    UsageError,
+    WorkflowError,
+)
 from .events import Event
 from .run import Run
 from .runners.base import Runner, RunnerContext, UnitRequest, UnitResult

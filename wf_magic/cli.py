@@ -10,8 +10,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .engine import Engine
-from .errors import (BudgetExceeded, DefinitionError, GateDecisionRefused, MigrationError,
-                     PlanIntegrityError, RunLockHeld, UsageError, WorkflowError)
+from .errors import (
+    BudgetExceeded,
+    DefinitionError,
+    GateDecisionRefused,
+    MigrationError,
+    PlanIntegrityError,
+    RunLockHeld,
+    UsageError,
+    WorkflowError,
+)
 from .run import Run
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BLOCKED, EXIT_LOCKED, EXIT_INTERRUPTED = 0, 1, 2, 3, 75, 130
@@ -59,15 +67,18 @@ def _drive(engine: Engine, run_id: str, args: argparse.Namespace) -> int:
         if stop.is_set() and signum == signals.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now; the unit in flight is owed
         stop.set()
-        print("stopping after the units in flight (Ctrl-C again to stop at once)",
-              file=sys.stderr)
+        print("stopping after the units in flight (Ctrl-C again to stop at once)", file=sys.stderr)
 
     for sig in previous:
         signals.signal(sig, on_signal)
     try:
-        run = engine.drive(run_id, max_steps=getattr(args, "max_steps", None), signal=stop,
-                           max_concurrency=getattr(args, "max_concurrency", None),
-                           max_retries=getattr(args, "max_retries", 0) or 0)
+        run = engine.drive(
+            run_id,
+            max_steps=getattr(args, "max_steps", None),
+            signal=stop,
+            max_concurrency=getattr(args, "max_concurrency", None),
+            max_retries=getattr(args, "max_retries", 0) or 0,
+        )
     finally:
         for sig, handler in previous.items():
             signals.signal(sig, handler)
@@ -91,8 +102,13 @@ def cmd_run(engine: Engine, args: argparse.Namespace) -> int:
 
         print(plan_text(wf.plan, plan_hash=wf.plan_hash))
         return EXIT_OK
-    run_id, created, warnings = engine.start(wf, params=_params(args.param), new=args.new,
-                                             no_cache=args.no_cache, params_from_strings=True)
+    run_id, created, warnings = engine.start(
+        wf,
+        params=_params(args.param),
+        new=args.new,
+        no_cache=args.no_cache,
+        params_from_strings=True,
+    )
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     print(f"run {run_id} ({'new' if created else 'existing'})", flush=True)
@@ -204,8 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.add_subparsers(dest="command", required=True)
 
-    def add(name: str, fn: Callable[[Engine, argparse.Namespace], int], help_: str
-            ) -> argparse.ArgumentParser:
+    def add(
+        name: str, fn: Callable[[Engine, argparse.Namespace], int], help_: str
+    ) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help_)
         sp.set_defaults(fn=fn)
         return sp
@@ -217,8 +234,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-cache", action="store_true", help="no result reuse across runs")
     r.add_argument("--max-steps", type=int, help="stop after N finished steps")
     r.add_argument("--max-concurrency", type=int)
-    r.add_argument("--max-retries", type=int, default=0,
-                   help="re-open the run up to N times after a unit failure")
+    r.add_argument(
+        "--max-retries",
+        type=int,
+        default=0,
+        help="re-open the run up to N times after a unit failure",
+    )
     r.add_argument("--dry-run", action="store_true", help="freeze and show the plan only")
     for name, fn, help_ in (("resume", cmd_resume, "drive an existing run"),):
         sp = add(name, fn, help_)
@@ -250,8 +271,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("stop", cmd_stop, "ask a run's driver to stop between units").add_argument("run")
     g = add("gc", cmd_gc, "delete finished runs older than a retention")
     g.add_argument("--older-than-days", type=float, required=True)
-    add("export-cassette", cmd_export_cassette,
-        "print a run's answers as JSONL for the replay runner").add_argument("run")
+    add(
+        "export-cassette",
+        cmd_export_cassette,
+        "print a run's answers as JSONL for the replay runner",
+    ).add_argument("run")
     return p
 
 

@@ -16,7 +16,6 @@ from .errors import BudgetExceeded, RunnerError
 from .runners.base import UnitRequest, UnitResult
 from .runners.process import minimal_env
 from .spec.plan import PlanStep
-from .store import journal as jsql
 from .store.records import AttemptRow
 from .units import UnitPlan
 
@@ -75,8 +74,14 @@ def run_units(driver: Driver, step: PlanStep, units: list[UnitPlan]) -> LoopWork
     jobs: deque[_Job] = deque()
     for i, unit in enumerate(units):
         attempts = history.get(unit.unit_id, [])
-        done = next((a for a in reversed(attempts) if a.input_hash == unit.input_hash
-                     and a.status in ("succeeded", "reused")), None)
+        done = next(
+            (
+                a
+                for a in reversed(attempts)
+                if a.input_hash == unit.input_hash and a.status in ("succeeded", "reused")
+            ),
+            None,
+        )
         if done is not None:
             work.outputs[i] = _load(done.output_json)
             continue
@@ -149,24 +154,25 @@ def _next_ready(jobs: deque[_Job]) -> _Job | None:
     return None
 
 
-def _start(driver: Driver, step: PlanStep, job: _Job, work: LoopWork,
-           executor: Executor) -> tuple[Future[UnitResult], _Job, AttemptRow] | None:
+def _start(
+    driver: Driver, step: PlanStep, job: _Job, work: LoopWork, executor: Executor
+) -> tuple[Future[UnitResult], _Job, AttemptRow] | None:
     unit = job.unit
     attempt = job.reclaimed
     job.reclaimed = None
     if attempt is None:
         if unit.charged:
             try:
-                driver.budget.check(run_id=driver.run.run_id, step_id=step.id,
-                                    unit_id=unit.unit_id)
+                driver.budget.check(run_id=driver.run.run_id, step_id=step.id, unit_id=unit.unit_id)
             except BudgetExceeded as exc:
                 work.budget_error = str(exc)
                 driver.emit("warning", step_id=step.id, message=str(exc))
                 return None
         attempt = driver.reserve(unit)
     else:
-        driver.emit("unit_reclaimed", step_id=step.id, unit_id=unit.unit_id,
-                    dispatch_id=attempt.dispatch_id)
+        driver.emit(
+            "unit_reclaimed", step_id=step.id, unit_id=unit.unit_id, dispatch_id=attempt.dispatch_id
+        )
     job.tries += 1
     work.dispatched += 1
     if unit.kind in ("workflow", "route"):
@@ -185,10 +191,15 @@ def _start(driver: Driver, step: PlanStep, job: _Job, work: LoopWork,
     request = _request(driver, step, unit, attempt)
     try:
         runner = driver.runner(unit.runner)
-    except Exception as exc:  # a runner that cannot be built fails the attempt, never leaves it running
+    except (
+        Exception
+    ) as exc:  # a runner that cannot be built fails the attempt, never leaves it running
         failed: Future[UnitResult] = Future()
-        failed.set_exception(exc if isinstance(exc, RunnerError) else RunnerError(
-            f"runner {unit.runner!r} could not be created: {exc}", executed=False))
+        failed.set_exception(
+            exc
+            if isinstance(exc, RunnerError)
+            else RunnerError(f"runner {unit.runner!r} could not be created: {exc}", executed=False)
+        )
         return failed, job, attempt
     return executor.submit(runner.run, request), job, attempt
 
@@ -196,24 +207,53 @@ def _start(driver: Driver, step: PlanStep, job: _Job, work: LoopWork,
 def _request(driver: Driver, step: PlanStep, unit: UnitPlan, attempt: AttemptRow) -> UnitRequest:
     env: dict[str, str] = {}
     if unit.kind == "exec":
-        item = unit.item if isinstance(unit.item, str) else (
-            "" if unit.item is None else json.dumps(unit.item))
-        env = minimal_env(step.pass_env, {
-            "WF_RUN_ID": driver.run.run_id, "WF_STEP_ID": step.id, "WF_UNIT_ID": unit.unit_id,
-            "WF_DISPATCH_ID": attempt.dispatch_id, "WF_ITEM": item})
+        item = (
+            unit.item
+            if isinstance(unit.item, str)
+            else ("" if unit.item is None else json.dumps(unit.item))
+        )
+        env = minimal_env(
+            step.pass_env,
+            {
+                "WF_RUN_ID": driver.run.run_id,
+                "WF_STEP_ID": step.id,
+                "WF_UNIT_ID": unit.unit_id,
+                "WF_DISPATCH_ID": attempt.dispatch_id,
+                "WF_ITEM": item,
+            },
+        )
     return UnitRequest(
-        run_id=driver.run.run_id, step_id=step.id, unit_id=unit.unit_id,
-        dispatch_id=attempt.dispatch_id, input_hash=unit.input_hash, attempt=attempt.attempt,
+        run_id=driver.run.run_id,
+        step_id=step.id,
+        unit_id=unit.unit_id,
+        dispatch_id=attempt.dispatch_id,
+        input_hash=unit.input_hash,
+        attempt=attempt.attempt,
         kind=unit.kind if unit.kind in ("prompt", "exec", "python") else "prompt",  # type: ignore[arg-type]
-        prompt=unit.prompt, argv=unit.argv, target=unit.target, kwargs=unit.kwargs,
-        target_hash=step.target_hash, model=unit.model, output_schema=step.output,
-        timeout_s=step.timeout_s, item=unit.item, index=unit.item_index,
-        max_tokens=driver.budget.tokens_left(), env=env,
+        prompt=unit.prompt,
+        argv=unit.argv,
+        target=unit.target,
+        kwargs=unit.kwargs,
+        target_hash=step.target_hash,
+        model=unit.model,
+        output_schema=step.output,
+        timeout_s=step.timeout_s,
+        item=unit.item,
+        index=unit.item_index,
+        max_tokens=driver.budget.tokens_left(),
+        env=env,
     )
 
 
-def _finish(driver: Driver, step: PlanStep, job: _Job, attempt: AttemptRow,
-            future: Future[UnitResult], work: LoopWork, jobs: deque[_Job]) -> bool:
+def _finish(
+    driver: Driver,
+    step: PlanStep,
+    job: _Job,
+    attempt: AttemptRow,
+    future: Future[UnitResult],
+    work: LoopWork,
+    jobs: deque[_Job],
+) -> bool:
     """Journal a finished unit; returns False when it failed for good."""
     exc = future.exception()
     if exc is None:

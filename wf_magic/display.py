@@ -10,20 +10,36 @@ from .spec.plan import Plan
 if TYPE_CHECKING:
     from .run import Run
 
-STATUS_COLOURS = {"completed": "#1a7f37", "active": "#0969da", "pending": "#6e7781",
-                  "blocked": "#bf8700", "failed": "#cf222e", "skipped": "#8c959f",
-                  "abandoned": "#8c959f"}
+STATUS_COLOURS = {
+    "completed": "#1a7f37",
+    "active": "#0969da",
+    "pending": "#6e7781",
+    "blocked": "#bf8700",
+    "failed": "#cf222e",
+    "skipped": "#8c959f",
+    "abandoned": "#8c959f",
+}
 
 
 def _unit_counts(run: Run) -> dict[str, tuple[int, int, int]]:
     """step → (work units done, work units seen, tokens)."""
     out: dict[str, tuple[int, int, int]] = {}
-    rows = run.engine.read(lambda c: c.execute(
-        "SELECT step_id, SUM(status IN ('succeeded','reused')), COUNT(*) FROM units"
-        " WHERE run_id = ? AND phase = 'work' GROUP BY step_id", (run.run_id,)).fetchall())
-    tokens = dict(run.engine.read(lambda c: c.execute(
-        "SELECT step_id, SUM(tokens_in + tokens_out) FROM attempts WHERE run_id = ?"
-        " GROUP BY step_id", (run.run_id,)).fetchall()))
+    rows = run.engine.read(
+        lambda c: c.execute(
+            "SELECT step_id, SUM(status IN ('succeeded','reused')), COUNT(*) FROM units"
+            " WHERE run_id = ? AND phase = 'work' GROUP BY step_id",
+            (run.run_id,),
+        ).fetchall()
+    )
+    tokens = dict(
+        run.engine.read(
+            lambda c: c.execute(
+                "SELECT step_id, SUM(tokens_in + tokens_out) FROM attempts WHERE run_id = ?"
+                " GROUP BY step_id",
+                (run.run_id,),
+            ).fetchall()
+        )
+    )
     for step_id, done, seen in rows:
         out[step_id] = (int(done or 0), int(seen), int(tokens.get(step_id) or 0))
     for step_id, tok in tokens.items():
@@ -42,59 +58,73 @@ def run_text(run: Run) -> str:
         done, seen, tokens = counts.get(step.step_id, (0, 0, 0))
         loop = f"  loop {step.loop}/{step.max_loops}" if step.max_loops > 1 else ""
         note = f"  — {step.note}" if step.note else ""
-        lines.append(f"  {step.step_id:<16} {step.status:<9} units {done}/{seen}  "
-                     f"tokens {tokens}{loop}{note}")
+        lines.append(
+            f"  {step.step_id:<16} {step.status:<9} units {done}/{seen}  "
+            f"tokens {tokens}{loop}{note}"
+        )
     use = run.budget_use()
-    lines.append(f"  budget: units {use.units}/{use.max_units or '∞'}  tokens "
-                 f"{use.tokens}/{use.max_tokens or '∞'}")
+    lines.append(
+        f"  budget: units {use.units}/{use.max_units or '∞'}  tokens "
+        f"{use.tokens}/{use.max_tokens or '∞'}"
+    )
     if run.stats is not None:
         s = run.stats
-        lines.append(f"  this drive: {s.dispatched} dispatched, {s.reused} reused "
-                     f"({s.saved_tokens} tokens saved)"
-                     + (f", stopped by {s.stopped_by}" if s.stopped_by else ""))
+        lines.append(
+            f"  this drive: {s.dispatched} dispatched, {s.reused} reused "
+            f"({s.saved_tokens} tokens saved)"
+            + (f", stopped by {s.stopped_by}" if s.stopped_by else "")
+        )
     lines.extend(f"  warning: {w}" for w in run.warnings)
     return "\n".join(lines)
 
 
 def _badge(status: str) -> str:
     colour = STATUS_COLOURS.get(status, "#6e7781")
-    return (f'<span style="background:{colour};color:white;border-radius:8px;padding:1px 7px;'
-            f'font-size:85%">{html.escape(status)}</span>')
+    return (
+        f'<span style="background:{colour};color:white;border-radius:8px;padding:1px 7px;'
+        f'font-size:85%">{html.escape(status)}</span>'
+    )
 
 
 def run_html(run: Run) -> str:
     """An HTML table summary of a run (for notebooks without widgets, and nbconvert)."""
     row = run.row
     counts = _unit_counts(run)
-    head = (f"<div><b>{html.escape(row.workflow)}</b> <code>{html.escape(row.run_id)}</code> "
-            f"{_badge(row.status)}</div>")
+    head = (
+        f"<div><b>{html.escape(row.workflow)}</b> <code>{html.escape(row.run_id)}</code> "
+        f"{_badge(row.status)}</div>"
+    )
     if row.status_reason:
         head += f"<div><i>{html.escape(row.status_reason)}</i></div>"
     body = ""
     for step in run.steps:
         done, seen, tokens = counts.get(step.step_id, (0, 0, 0))
-        body += (f"<tr><td><code>{html.escape(step.step_id)}</code></td>"
-                 f"<td>{_badge(step.status)}</td><td>{done}/{seen}</td><td>{tokens}</td>"
-                 f"<td>{step.loop}/{step.max_loops}</td>"
-                 f"<td>{html.escape(step.note or '')}</td></tr>")
-    table = ("<table><thead><tr><th>step</th><th>status</th><th>units</th><th>tokens</th>"
-             f"<th>loop</th><th>note</th></tr></thead><tbody>{body}</tbody></table>")
+        body += (
+            f"<tr><td><code>{html.escape(step.step_id)}</code></td>"
+            f"<td>{_badge(step.status)}</td><td>{done}/{seen}</td><td>{tokens}</td>"
+            f"<td>{step.loop}/{step.max_loops}</td>"
+            f"<td>{html.escape(step.note or '')}</td></tr>"
+        )
+    table = (
+        "<table><thead><tr><th>step</th><th>status</th><th>units</th><th>tokens</th>"
+        f"<th>loop</th><th>note</th></tr></thead><tbody>{body}</tbody></table>"
+    )
     warn = "".join(f"<div>⚠ {html.escape(w)}</div>" for w in run.warnings)
     return f"<div class='wf-run'>{head}{table}{warn}</div>"
 
 
 def _target(step: object) -> str:
     s = step  # PlanStep
-    kind = getattr(s, "kind")
+    kind = s.kind
     if kind == "prompt":
-        return (getattr(s, "prompt") or "").strip().splitlines()[0][:60] if getattr(s, "prompt") else ""
+        return (s.prompt or "").strip().splitlines()[0][:60] if s.prompt else ""
     if kind == "exec":
-        return " ".join(getattr(s, "argv") or [])[:60]
+        return " ".join(s.argv or [])[:60]
     if kind == "python":
-        return str(getattr(s, "target"))
+        return str(s.target)
     if kind == "workflow":
-        return f"workflow {getattr(s, 'workflow')}"
-    route = getattr(s, "route")
+        return f"workflow {s.workflow}"
+    route = s.route
     return f"on {route.on} → {route.cases}" if route else ""
 
 
@@ -106,11 +136,21 @@ def plan_rows(plan: Plan) -> list[dict[str, str]]:
         if step.gate is not None:
             gate = f"{step.gate.judge}, max_loops {step.max_loops}"
             if step.loops_capped:
-                gate += f" (capped from {step.gate.max_loops}: {step.kind} steps cannot read feedback)"
+                gate += (
+                    f" (capped from {step.gate.max_loops}: {step.kind} steps cannot read feedback)"
+                )
         elif step.output is not None:
             gate = "schema only"
-        rows.append({"id": step.id, "kind": step.kind, "runner": step.runner,
-                     "target": _target(step), "map": step.map or "", "gate": gate})
+        rows.append(
+            {
+                "id": step.id,
+                "kind": step.kind,
+                "runner": step.runner,
+                "target": _target(step),
+                "map": step.map or "",
+                "gate": gate,
+            }
+        )
     return rows
 
 
@@ -119,7 +159,9 @@ def plan_text(plan: Plan, *, plan_hash: str | None = None) -> str:
     lines = [f"Plan {plan.name}" + (f"  hash {plan_hash[:16]}" if plan_hash else "")]
     for row in plan_rows(plan):
         extra = "".join(f"  {k}: {row[k]}" for k in ("map", "gate") if row[k])
-        lines.append(f"  {row['id']:<16} {row['kind']:<8} {row['runner']:<9} {row['target']}{extra}")
+        lines.append(
+            f"  {row['id']:<16} {row['kind']:<8} {row['runner']:<9} {row['target']}{extra}"
+        )
     return "\n".join(lines)
 
 
@@ -128,7 +170,11 @@ def plan_mermaid(plan: Plan) -> str:
     out = ["flowchart TD"]
     ids = [s.id for s in plan.steps]
     for step in plan.steps:
-        shape = f'{step.id}{{"{step.id}"}}' if step.kind == "route" else f'{step.id}["{step.id} ({step.kind})"]'
+        shape = (
+            f'{step.id}{{"{step.id}"}}'
+            if step.kind == "route"
+            else f'{step.id}["{step.id} ({step.kind})"]'
+        )
         out.append(f"  {shape}")
     routed = {t for s in plan.steps if s.route for t in s.route.cases.values()}
     for a, b in zip(ids, ids[1:], strict=False):
@@ -144,11 +190,18 @@ def plan_mermaid(plan: Plan) -> str:
 def plan_html(plan: Plan, *, plan_hash: str | None = None) -> str:
     """An HTML table of the plan plus a Mermaid block."""
     body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(r[k])}</td>" for k in
-                         ("id", "kind", "runner", "target", "map", "gate")) + "</tr>"
-        for r in plan_rows(plan))
+        "<tr>"
+        + "".join(
+            f"<td>{html.escape(r[k])}</td>"
+            for k in ("id", "kind", "runner", "target", "map", "gate")
+        )
+        + "</tr>"
+        for r in plan_rows(plan)
+    )
     hash_line = f" <code>{html.escape(plan_hash[:16])}</code>" if plan_hash else ""
-    return (f"<div><b>Plan {html.escape(plan.name)}</b>{hash_line}</div><table><thead><tr>"
-            "<th>step</th><th>kind</th><th>runner</th><th>target</th><th>map</th><th>gate</th>"
-            f"</tr></thead><tbody>{body}</tbody></table>"
-            f"<pre class='mermaid'>{html.escape(plan_mermaid(plan))}</pre>")
+    return (
+        f"<div><b>Plan {html.escape(plan.name)}</b>{hash_line}</div><table><thead><tr>"
+        "<th>step</th><th>kind</th><th>runner</th><th>target</th><th>map</th><th>gate</th>"
+        f"</tr></thead><tbody>{body}</tbody></table>"
+        f"<pre class='mermaid'>{html.escape(plan_mermaid(plan))}</pre>"
+    )

@@ -72,9 +72,15 @@ class RunnerPool:
                 factory = runner_factory(kind)
                 if factory is None:
                     raise RunnerError(f"unknown runner {kind!r}")
-                self.runners[name] = factory(RunnerContext(
-                    name=name, options=options, state_dir=str(self.engine.state_dir),
-                    workflow=self.plan.name, namespace=self.engine.namespace))
+                self.runners[name] = factory(
+                    RunnerContext(
+                        name=name,
+                        options=options,
+                        state_dir=str(self.engine.state_dir),
+                        workflow=self.plan.name,
+                        namespace=self.engine.namespace,
+                    )
+                )
             return self.runners[name]
 
     def close(self) -> None:
@@ -92,8 +98,17 @@ class RunnerPool:
 class Driver:
     """Drives one run (its lock held by the caller) until done, blocked, failed or stopped."""
 
-    def __init__(self, engine: Engine, run: RunRow, plan: Plan, params: dict[str, Any], *,
-                 budget: Budget, options: DriveOptions, depth: int = 0):
+    def __init__(
+        self,
+        engine: Engine,
+        run: RunRow,
+        plan: Plan,
+        params: dict[str, Any],
+        *,
+        budget: Budget,
+        options: DriveOptions,
+        depth: int = 0,
+    ):
         self.engine = engine
         self.run = run
         self.plan = plan
@@ -106,19 +121,24 @@ class Driver:
         self.outputs: dict[str, Any] = {}
         self.pool = RunnerPool(engine, plan)
         self.redactor = engine.redactor.with_secrets(
-            v for k, v in params.items() if isinstance(v, str) and is_secret_key(k))
+            v for k, v in params.items() if isinstance(v, str) and is_secret_key(k)
+        )
         self._pool_executor: Executor | None = None
         self._last_stop_poll = 0.0
-        self._fork_index = (next(i for i, s in enumerate(plan.steps) if s.id == run.fork_step)
-                            if run.fork_step else None)
+        self._fork_index = (
+            next(i for i, s in enumerate(plan.steps) if s.id == run.fork_step)
+            if run.fork_step
+            else None
+        )
 
     # -- plumbing ---------------------------------------------------------------------------
     def store_write(self, fn: Callable[[Any], Any]) -> Any:
         """Run ``fn(conn)`` inside one BEGIN IMMEDIATE transaction."""
         return self.engine.write(fn)
 
-    def emit(self, kind: str, *, step_id: str | None = None, unit_id: str | None = None,
-             **data: Any) -> None:
+    def emit(
+        self, kind: str, *, step_id: str | None = None, unit_id: str | None = None, **data: Any
+    ) -> None:
         self.engine.emit(kind, run_id=self.run.run_id, step_id=step_id, unit_id=unit_id, **data)
 
     def runner(self, name: str) -> Runner:
@@ -135,8 +155,9 @@ class Driver:
         if limit <= 1:
             return dispatch.InlineExecutor(), 1
         if self._pool_executor is None:
-            self._pool_executor = ThreadPoolExecutor(max_workers=limit,
-                                                     thread_name_prefix="wf-unit")
+            self._pool_executor = ThreadPoolExecutor(
+                max_workers=limit, thread_name_prefix="wf-unit"
+            )
         return self._pool_executor, limit
 
     def should_stop(self) -> bool:
@@ -166,8 +187,9 @@ class Driver:
         return self.stats
 
     def _walk(self) -> None:
-        self.step_rows = {r.step_id: r for r in self.engine.read(
-            lambda c: run_sql.steps_of(c, self.run.run_id))}
+        self.step_rows = {
+            r.step_id: r for r in self.engine.read(lambda c: run_sql.steps_of(c, self.run.run_id))
+        }
         for step in self.plan.steps:
             row = self.step_rows[step.id]
             if self._settled(step, row):
@@ -186,8 +208,10 @@ class Driver:
             if outcome is None:
                 return  # stopped mid-step: the step is owed to the next drive
             if outcome.status in ("completed", "skipped") or (
-                    outcome.status == "failed" and step.on_error == "continue"
-                    and not outcome.run_failed):
+                outcome.status == "failed"
+                and step.on_error == "continue"
+                and not outcome.run_failed
+            ):
                 self.outputs[step.id] = outcome.output if outcome.status == "completed" else None
                 self.stats.steps_finished += 1
                 if self.options.max_steps and self.stats.steps_finished >= self.options.max_steps:
@@ -201,8 +225,9 @@ class Driver:
         if row.status == "completed":
             self.outputs[step.id] = json.loads(row.output_json) if row.output_json else None
             return True
-        if row.status == "skipped" or (row.status == "failed" and step.on_error == "continue"
-                                       and not row.stops_run):
+        if row.status == "skipped" or (
+            row.status == "failed" and step.on_error == "continue" and not row.stops_run
+        ):
             self.outputs[step.id] = None
             return True
         return False
@@ -217,8 +242,9 @@ class Driver:
                 decision = json.loads(row.output_json)
                 if decision.get("selected") == step.id:
                     return None  # a completed router chose this step: protected
-                notes.append(f'Skipped by route: step "{router.id}" selected '
-                             f'"{decision.get("case")}"')
+                notes.append(
+                    f'Skipped by route: step "{router.id}" selected "{decision.get("case")}"'
+                )
             elif row.status == "skipped":
                 notes.append(f'Skipped by route: router step "{router.id}" was skipped')
             elif row.status == "failed":
@@ -229,24 +255,45 @@ class Driver:
         loop, feedback = 1, None
         while True:
             try:
-                units = build_units(self.plan, step, params=self.params, outputs=self.outputs,
-                                    loop=loop, feedback=feedback)
+                units = build_units(
+                    self.plan,
+                    step,
+                    params=self.params,
+                    outputs=self.outputs,
+                    loop=loop,
+                    feedback=feedback,
+                )
             except StepInputError as exc:
-                return spine.complete_step(self, step, loop=loop, units=[],
-                                           work=spine.WorkOutcome(input_error=str(exc)))
+                return spine.complete_step(
+                    self, step, loop=loop, units=[], work=spine.WorkOutcome(input_error=str(exc))
+                )
             work = dispatch.run_units(self, step, units)
             self.stats.dispatched += work.dispatched
             if work.stopped and not dispatch.is_complete(work):
                 return None
-            outcome = spine.complete_step(self, step, loop=loop, units=units, work=spine.WorkOutcome(
-                outputs=work.outputs, failures=work.failures, budget_error=work.budget_error,
-                blocked=work.blocked, executed_failure=work.executed_failure))
+            outcome = spine.complete_step(
+                self,
+                step,
+                loop=loop,
+                units=units,
+                work=spine.WorkOutcome(
+                    outputs=work.outputs,
+                    failures=work.failures,
+                    budget_error=work.budget_error,
+                    blocked=work.blocked,
+                    executed_failure=work.executed_failure,
+                ),
+            )
             self.stats.retryable_failure = outcome.retryable and outcome.run_failed
             if outcome.status != "loop":
                 return outcome
-            self.emit("gate_rejected", step_id=step.id, loop=loop,
-                      feedback=outcome.feedback.feedback if outcome.feedback else "",
-                      missing=list(outcome.feedback.missing) if outcome.feedback else [])
+            self.emit(
+                "gate_rejected",
+                step_id=step.id,
+                loop=loop,
+                feedback=outcome.feedback.feedback if outcome.feedback else "",
+                missing=list(outcome.feedback.missing) if outcome.feedback else [],
+            )
             loop, feedback = loop + 1, outcome.feedback
 
     def _sync_run_status(self) -> None:
@@ -258,8 +305,7 @@ class Driver:
             result_json = canonical_json(spine.run_result(self.plan, self.step_rows))
         if (status, reason) == (self.run.status, self.run.status_reason):
             return
-        self.engine.set_run_status(self.run.run_id, status, reason=reason,
-                                   result_json=result_json)
+        self.engine.set_run_status(self.run.run_id, status, reason=reason, result_json=result_json)
         self.run = self.engine.get_run(self.run.run_id)
 
     # -- units ------------------------------------------------------------------------------
@@ -272,36 +318,68 @@ class Driver:
     def before_dispatch(self, step: PlanStep, loop: int) -> None:
         spine.start_loop(self, step, loop)
 
-    def _key(self, unit: UnitPlan, *, unit_id: str | None = None, phase: str = "work",
-             runner: str | None = None, model: str | None = None,
-             input_hash: str | None = None) -> jsql.UnitKey:
+    def _key(
+        self,
+        unit: UnitPlan,
+        *,
+        unit_id: str | None = None,
+        phase: str = "work",
+        runner: str | None = None,
+        model: str | None = None,
+        input_hash: str | None = None,
+    ) -> jsql.UnitKey:
         return jsql.UnitKey(
-            run_id=self.run.run_id, workflow=self.plan.name, step_id=unit.step_id,
-            unit_id=unit_id or unit.unit_id, phase=phase, loop=unit.loop,
-            item_index=unit.item_index, runner=runner or unit.runner,
-            model=model if runner else unit.model, input_hash=input_hash or unit.input_hash)
+            run_id=self.run.run_id,
+            workflow=self.plan.name,
+            step_id=unit.step_id,
+            unit_id=unit_id or unit.unit_id,
+            phase=phase,
+            loop=unit.loop,
+            item_index=unit.item_index,
+            runner=runner or unit.runner,
+            model=model if runner else unit.model,
+            input_hash=input_hash or unit.input_hash,
+        )
 
     def reserve(self, unit: UnitPlan) -> AttemptRow:
         attempt: AttemptRow = self.store_write(
-            lambda c: jsql.reserve_attempt_txn(c, self._key(unit), charged=unit.charged))
+            lambda c: jsql.reserve_attempt_txn(c, self._key(unit), charged=unit.charged)
+        )
         if unit.charged:
             self.budget.charge_unit()
-        self.emit("unit_started", step_id=unit.step_id, unit_id=unit.unit_id,
-                  dispatch_id=attempt.dispatch_id, attempt=attempt.attempt, loop=unit.loop)
+        self.emit(
+            "unit_started",
+            step_id=unit.step_id,
+            unit_id=unit.unit_id,
+            dispatch_id=attempt.dispatch_id,
+            attempt=attempt.attempt,
+            loop=unit.loop,
+        )
         return attempt
 
     def finish_ok(self, attempt: AttemptRow, result: UnitResult) -> Any:
         output = self.redactor.redact_value(result.output)
-        finish = jsql.Finish(status="succeeded", output_json=json.dumps(output),
-                             tokens_in=int(result.tokens_in), tokens_out=int(result.tokens_out),
-                             cost=result.cost, model=result.model, session_id=result.session_id)
+        finish = jsql.Finish(
+            status="succeeded",
+            output_json=json.dumps(output),
+            tokens_in=int(result.tokens_in),
+            tokens_out=int(result.tokens_out),
+            cost=result.cost,
+            model=result.model,
+            session_id=result.session_id,
+        )
         self._finish(attempt, finish)
         return output
 
     def finish_error(self, attempt: AttemptRow, exc: RunnerError) -> str:
         failure = self.redactor.redact(str(exc))
-        finish = jsql.Finish(status="failed", failure=failure, transient=exc.transient,
-                             tokens_in=exc.tokens_in, tokens_out=exc.tokens_out)
+        finish = jsql.Finish(
+            status="failed",
+            failure=failure,
+            transient=exc.transient,
+            tokens_in=exc.tokens_in,
+            tokens_out=exc.tokens_out,
+        )
         self._finish(attempt, finish)
         return failure
 
@@ -313,15 +391,27 @@ class Driver:
         wrote = self.store_write(lambda c: jsql.finish_attempt_txn(c, attempt, finish))
         if wrote and attempt.charged:
             self.budget.charge_usage(finish.tokens_in + finish.tokens_out, finish.cost)
-        self.emit("unit_finished", step_id=attempt.step_id, unit_id=attempt.unit_id,
-                  dispatch_id=attempt.dispatch_id, status=finish.status,
-                  tokens=finish.tokens_in + finish.tokens_out, failure=finish.failure,
-                  phase=attempt.phase, loop=attempt.loop)
+        self.emit(
+            "unit_finished",
+            step_id=attempt.step_id,
+            unit_id=attempt.unit_id,
+            dispatch_id=attempt.dispatch_id,
+            status=finish.status,
+            tokens=finish.tokens_in + finish.tokens_out,
+            failure=finish.failure,
+            phase=attempt.phase,
+            loop=attempt.loop,
+        )
 
     def abandon_attempt(self, attempt: AttemptRow) -> None:
-        self._finish(attempt, jsql.Finish(
-            status="failed", failure="abandoned: the driver stopped mid-unit and the unit's input "
-            "has changed since"))
+        self._finish(
+            attempt,
+            jsql.Finish(
+                status="failed",
+                failure="abandoned: the driver stopped mid-unit and the unit's input "
+                "has changed since",
+            ),
+        )
 
     def try_reuse(self, step: PlanStep, unit: UnitPlan) -> AttemptRow | None:
         source = self._reuse_source(step, unit)
@@ -330,13 +420,25 @@ class Driver:
         saved = source.tokens_in + source.tokens_out + source.saved_tokens
         origin = source.reused_from or source.dispatch_id
         finish = jsql.Finish(status="reused", output_json=source.output_json, model=source.model)
-        row: AttemptRow = self.store_write(lambda c: jsql.record_terminal_attempt_txn(
-            c, self._key(unit), finish, reused_from=origin, saved_tokens=saved,
-            event="unit_reused"))
+        row: AttemptRow = self.store_write(
+            lambda c: jsql.record_terminal_attempt_txn(
+                c,
+                self._key(unit),
+                finish,
+                reused_from=origin,
+                saved_tokens=saved,
+                event="unit_reused",
+            )
+        )
         self.stats.reused += 1
         self.stats.saved_tokens += saved
-        self.emit("unit_reused", step_id=step.id, unit_id=unit.unit_id, saved_tokens=saved,
-                  reused_from=origin)
+        self.emit(
+            "unit_reused",
+            step_id=step.id,
+            unit_id=unit.unit_id,
+            saved_tokens=saved,
+            reused_from=origin,
+        )
         return row
 
     def _reuse_source(self, step: PlanStep, unit: UnitPlan) -> AttemptRow | None:
@@ -345,13 +447,23 @@ class Driver:
             if position >= self._fork_index or self.run.forked_from is None:
                 return None
             forked_from = self.run.forked_from
-            return self.engine.read(lambda c: jsql.find_in_run(
-                c, run_id=forked_from, input_hash=unit.input_hash, unit_id=unit.unit_id))
+            return self.engine.read(
+                lambda c: jsql.find_in_run(
+                    c, run_id=forked_from, input_hash=unit.input_hash, unit_id=unit.unit_id
+                )
+            )
         if not (unit.cacheable and self.run.use_cache):
             return None
-        return self.engine.read(lambda c: jsql.find_reusable(
-            c, workflow=self.plan.name, input_hash=unit.input_hash, runner=unit.runner,
-            model=unit.model, exclude_run_id=self.run.run_id))
+        return self.engine.read(
+            lambda c: jsql.find_reusable(
+                c,
+                workflow=self.plan.name,
+                input_hash=unit.input_hash,
+                runner=unit.runner,
+                model=unit.model,
+                exclude_run_id=self.run.run_id,
+            )
+        )
 
     def run_inline(self, step: PlanStep, unit: UnitPlan, attempt: AttemptRow) -> UnitResult:
         """Route decisions and child workflows run in the driver thread."""
@@ -360,14 +472,15 @@ class Driver:
         return self.engine.drive_child(self, step, unit, attempt)
 
     # -- gates (wf_magic.judging does the work) ----------------------------------------------
-    def obtain_verdict(self, step: PlanStep, *, loop: int, artifact: Any,
-                       unit_count: int) -> spine.Judged | spine.GateWaiting:
+    def obtain_verdict(
+        self, step: PlanStep, *, loop: int, artifact: Any, unit_count: int
+    ) -> spine.Judged | spine.GateWaiting:
         """The gate's verdict on this loop: from the journal, or by asking the judge now."""
-        return judging.obtain_verdict(self, step, loop=loop, artifact=artifact,
-                                      unit_count=unit_count)
+        return judging.obtain_verdict(
+            self, step, loop=loop, artifact=artifact, unit_count=unit_count
+        )
 
-    def record_verdict(self, step: PlanStep, *, loop: int, artifact: Any,
-                       verdict: Verdict) -> None:
+    def record_verdict(self, step: PlanStep, *, loop: int, artifact: Any, verdict: Verdict) -> None:
         """Journal a schema verdict (once per loop and artifact)."""
         judging.record_schema_verdict(self, step, loop=loop, artifact=artifact, verdict=verdict)
 
@@ -382,6 +495,8 @@ def _route_decision(step: PlanStep, unit: UnitPlan) -> UnitResult:
     elif "default" in route.cases:
         case = "default"
     else:
-        raise RunnerError(f"route value {value!r} matches no case {sorted(route.cases)} and "
-                          "there is no default; add a case or a default")
+        raise RunnerError(
+            f"route value {value!r} matches no case {sorted(route.cases)} and "
+            "there is no default; add a case or a default"
+        )
     return UnitResult(output={"value": value, "case": case, "selected": route.cases[case]})

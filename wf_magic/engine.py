@@ -15,8 +15,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import ValidationError
 
 from .budget import Budget
-from .errors import (GateDecisionRefused, PlanIntegrityError, PlanVersionError, RunnerError,
-                     UsageError)
+from .errors import (
+    GateDecisionRefused,
+    PlanIntegrityError,
+    PlanVersionError,
+    RunnerError,
+    UsageError,
+)
 from .events import Event, EventBus, Observer
 from .hashing import canonical_json, sha256_text
 from .locking import RunLock, is_locked
@@ -64,10 +69,16 @@ class Engine:
         executor: a ``concurrent.futures.Executor`` that runs units (e.g. a Dask client's).
     """
 
-    def __init__(self, state_dir: str | Path | None = None, *,
-                 namespace: Mapping[str, Any] | None = None,
-                 library: Mapping[str, str] | None = None, durability: str = "normal",
-                 max_concurrency: int | None = None, executor: Executor | None = None):
+    def __init__(
+        self,
+        state_dir: str | Path | None = None,
+        *,
+        namespace: Mapping[str, Any] | None = None,
+        library: Mapping[str, str] | None = None,
+        durability: str = "normal",
+        max_concurrency: int | None = None,
+        executor: Executor | None = None,
+    ):
         self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
         self.db_path = self.state_dir / DB_FILENAME
         self.lock_dir = self.state_dir / "locks"
@@ -125,18 +136,27 @@ class Engine:
         """Receive engine events in-process; returns an unsubscribe function."""
         return self.bus.subscribe(observer)
 
-    def emit(self, kind: str, *, run_id: str, step_id: str | None = None,
-             unit_id: str | None = None, **data: Any) -> None:
+    def emit(
+        self,
+        kind: str,
+        *,
+        run_id: str,
+        step_id: str | None = None,
+        unit_id: str | None = None,
+        **data: Any,
+    ) -> None:
         """Deliver an event to observers (no-op when nobody listens)."""
         if self.bus.has_observers:
-            self.bus.emit(Event(kind=kind, run_id=run_id, step_id=step_id, unit_id=unit_id,
-                                data=data))
+            self.bus.emit(
+                Event(kind=kind, run_id=run_id, step_id=step_id, unit_id=unit_id, data=data)
+            )
 
     # -- workflows and runs -----------------------------------------------------------------
     def load(self, source: str | Path, *, source_name: str | None = None) -> Workflow:
         """Freeze a workflow source (text or path) with this engine's library and namespace."""
-        wf = load_workflow(source, library=self.library, namespace=self.namespace,
-                           source_name=source_name)
+        wf = load_workflow(
+            source, library=self.library, namespace=self.namespace, source_name=source_name
+        )
         self.library.setdefault(wf.name, wf.source)
         return wf
 
@@ -162,9 +182,15 @@ class Engine:
             return near[0]
         return self.get_run(run_id).run_id
 
-    def start(self, workflow: Workflow | str | Path, *, params: Mapping[str, Any] | None = None,
-              new: bool = False, no_cache: bool = False, params_from_strings: bool = False
-              ) -> tuple[str, bool, list[str]]:
+    def start(
+        self,
+        workflow: Workflow | str | Path,
+        *,
+        params: Mapping[str, Any] | None = None,
+        new: bool = False,
+        no_cache: bool = False,
+        params_from_strings: bool = False,
+    ) -> tuple[str, bool, list[str]]:
         """Find or create the run a (re-)run of ``workflow`` should drive (DESIGN.md §4).
 
         Returns:
@@ -183,74 +209,138 @@ class Engine:
         warnings: list[str] = []
         if latest is not None and not new and latest.plan_hash == wf.plan_hash:
             if latest.source_hash != wf.source_hash:
-                warnings.append("the source changed only in ways that do not change the plan; "
-                                f"continuing run {latest.run_id}")
+                warnings.append(
+                    "the source changed only in ways that do not change the plan; "
+                    f"continuing run {latest.run_id}"
+                )
             return latest.run_id, False, warnings
         if latest is None or latest.status not in ("active", "blocked", "failed"):
-            return self._create_run(wf, resolved, scope=scope, use_cache=not no_cache), True, warnings
+            return (
+                self._create_run(wf, resolved, scope=scope, use_cache=not no_cache),
+                True,
+                warnings,
+            )
         # Supersede under the old run's lock, in the same transaction as the new run's insert:
         # a driven run is refused (RunLockHeld) and nothing is half-written.
         run_id = new_run_id()
         with RunLock(self.lock_dir, latest.run_id):
-            self._create_run(wf, resolved, scope=scope, use_cache=not no_cache, run_id=run_id,
-                             supersede=latest.run_id)
-        self.emit("run_status", run_id=latest.run_id, status="abandoned",
-                  reason=f"superseded by {run_id}")
-        warnings.append(f"run {latest.run_id} was unfinished and is now abandoned "
-                        f"(superseded by {run_id})")
+            self._create_run(
+                wf,
+                resolved,
+                scope=scope,
+                use_cache=not no_cache,
+                run_id=run_id,
+                supersede=latest.run_id,
+            )
+        self.emit(
+            "run_status", run_id=latest.run_id, status="abandoned", reason=f"superseded by {run_id}"
+        )
+        warnings.append(
+            f"run {latest.run_id} was unfinished and is now abandoned (superseded by {run_id})"
+        )
         return run_id, True, warnings
 
-    def _create_run(self, wf: Workflow, params: dict[str, Any], *, scope: str, use_cache: bool,
-                    parent: RunRow | None = None, invocation_key: str | None = None,
-                    forked_from: RunRow | None = None, fork_step: str | None = None,
-                    run_id: str | None = None, supersede: str | None = None) -> str:
+    def _create_run(
+        self,
+        wf: Workflow,
+        params: dict[str, Any],
+        *,
+        scope: str,
+        use_cache: bool,
+        parent: RunRow | None = None,
+        invocation_key: str | None = None,
+        forked_from: RunRow | None = None,
+        fork_step: str | None = None,
+        run_id: str | None = None,
+        supersede: str | None = None,
+    ) -> str:
         now = time.time()
         run_id = run_id or new_run_id()
         params_json = canonical_json(params)
         row = RunRow(
-            run_id=run_id, workflow=wf.name, plan_json=wf.plan_json, plan_hash=wf.plan_hash,
-            plan_version=wf.plan.plan_version, source_hash=wf.source_hash,
-            source_path=wf.source_path, params_json=params_json,
-            params_hash=sha256_text(params_json), status="active", status_reason=None,
-            scope_key=scope, parent_run_id=parent.run_id if parent else None,
-            invocation_key=invocation_key, root_run_id=parent.root_run_id if parent else run_id,
-            forked_from=forked_from.run_id if forked_from else None, fork_step=fork_step,
-            use_cache=int(use_cache), stop_requested=0, result_json=None, created_at=now,
-            updated_at=now, finished_at=None)
+            run_id=run_id,
+            workflow=wf.name,
+            plan_json=wf.plan_json,
+            plan_hash=wf.plan_hash,
+            plan_version=wf.plan.plan_version,
+            source_hash=wf.source_hash,
+            source_path=wf.source_path,
+            params_json=params_json,
+            params_hash=sha256_text(params_json),
+            status="active",
+            status_reason=None,
+            scope_key=scope,
+            parent_run_id=parent.run_id if parent else None,
+            invocation_key=invocation_key,
+            root_run_id=parent.root_run_id if parent else run_id,
+            forked_from=forked_from.run_id if forked_from else None,
+            fork_step=fork_step,
+            use_cache=int(use_cache),
+            stop_requested=0,
+            result_json=None,
+            created_at=now,
+            updated_at=now,
+            finished_at=None,
+        )
         steps = [(s.id, i, s.kind, s.max_loops) for i, s in enumerate(wf.plan.steps)]
 
         def txn(conn: sqlite3.Connection) -> None:
             run_sql.insert_run_txn(conn, row, steps)
             if supersede is not None:
-                run_sql.set_run_status_txn(conn, supersede, "abandoned",
-                                           reason=f"superseded by {run_id}")
+                run_sql.set_run_status_txn(
+                    conn, supersede, "abandoned", reason=f"superseded by {run_id}"
+                )
 
         self.write(txn)
         return run_id
 
-    def set_run_status(self, run_id: str, status: str, *, reason: str | None = None,
-                       result_json: str | None = None) -> None:
+    def set_run_status(
+        self, run_id: str, status: str, *, reason: str | None = None, result_json: str | None = None
+    ) -> None:
         """Write a run's status (the driver's run-state derivation and explicit verbs)."""
-        self.write(lambda c: run_sql.set_run_status_txn(c, run_id, status, reason=reason,
-                                                        result_json=result_json))
+        self.write(
+            lambda c: run_sql.set_run_status_txn(
+                c, run_id, status, reason=reason, result_json=result_json
+            )
+        )
         self.emit("run_status", run_id=run_id, status=status, reason=reason)
 
-    def run(self, source: Workflow | str | Path, *, params: Mapping[str, Any] | None = None,
-            new: bool = False, no_cache: bool = False, max_steps: int | None = None,
-            signal: threading.Event | None = None, params_from_strings: bool = False,
-            max_retries: int = 0) -> Run:
+    def run(
+        self,
+        source: Workflow | str | Path,
+        *,
+        params: Mapping[str, Any] | None = None,
+        new: bool = False,
+        no_cache: bool = False,
+        max_steps: int | None = None,
+        signal: threading.Event | None = None,
+        params_from_strings: bool = False,
+        max_retries: int = 0,
+    ) -> Run:
         """Start (or find) the run for ``source`` and drive it; see :meth:`start`, :meth:`drive`."""
-        run_id, _, warnings = self.start(source, params=params, new=new, no_cache=no_cache,
-                                         params_from_strings=params_from_strings)
+        run_id, _, warnings = self.start(
+            source,
+            params=params,
+            new=new,
+            no_cache=no_cache,
+            params_from_strings=params_from_strings,
+        )
         handle = self.drive(run_id, max_steps=max_steps, signal=signal, max_retries=max_retries)
         handle.warnings[:0] = warnings
         return handle
 
     # -- driving ----------------------------------------------------------------------------
-    def drive(self, run_id: str, *, max_steps: int | None = None,
-              signal: threading.Event | None = None, max_concurrency: int | None = None,
-              executor: Executor | None = None, live_source: Workflow | None = None,
-              max_retries: int = 0) -> Run:
+    def drive(
+        self,
+        run_id: str,
+        *,
+        max_steps: int | None = None,
+        signal: threading.Event | None = None,
+        max_concurrency: int | None = None,
+        executor: Executor | None = None,
+        live_source: Workflow | None = None,
+        max_retries: int = 0,
+    ) -> Run:
         """Drive a run until it completes, blocks, fails or is stopped.
 
         The run lock is taken before the plan is read; the plan hash and params hash are
@@ -266,20 +356,29 @@ class Engine:
         from .drive import DriveOptions
         from .run import Run
 
-        options = DriveOptions(max_steps=max_steps, signal=signal,
-                               max_concurrency=max_concurrency or self.max_concurrency,
-                               executor=executor or self.executor)
+        options = DriveOptions(
+            max_steps=max_steps,
+            signal=signal,
+            max_concurrency=max_concurrency or self.max_concurrency,
+            executor=executor or self.executor,
+        )
         run_id = self.resolve_run_id(run_id)
         with RunLock(self.lock_dir, run_id):
             run = self.get_run(run_id)
             warnings = self._drift_warnings(run, live_source)
             stats = self._drive_locked(run, options, budget=None, depth=0)
             retries = 0
-            while (retries < max_retries and stats.retryable_failure and stats.stopped_by is None
-                   and self.get_run(run_id).status == "failed"):
+            while (
+                retries < max_retries
+                and stats.retryable_failure
+                and stats.stopped_by is None
+                and self.get_run(run_id).status == "failed"
+            ):
                 retries += 1
-                warnings.append(f"run-level retry {retries}/{max_retries} after: "
-                                f"{self.get_run(run_id).status_reason}")
+                warnings.append(
+                    f"run-level retry {retries}/{max_retries} after: "
+                    f"{self.get_run(run_id).status_reason}"
+                )
                 stats = self._drive_locked(self.get_run(run_id), options, budget=None, depth=0)
         handle = Run(self, run_id, stats=stats)
         handle.warnings.extend(warnings)
@@ -294,8 +393,10 @@ class Engine:
         elif run.source_path and Path(run.source_path).is_file():
             current = sha256_text(Path(run.source_path).read_text(encoding="utf-8"))
         if current is not None and current != run.source_hash:
-            return [f"the workflow source changed since run {run.run_id} started; continuing "
-                    "with its frozen plan (start a new run with --new to pick up the edit)"]
+            return [
+                f"the workflow source changed since run {run.run_id} started; continuing "
+                "with its frozen plan (start a new run with --new to pick up the edit)"
+            ]
         return []
 
     def verified_plan(self, run: RunRow) -> tuple[Plan, dict[str, Any]]:
@@ -309,30 +410,40 @@ class Engine:
             raise PlanIntegrityError(
                 f"Run {run.run_id}: the stored plan does not match its plan_hash "
                 f"{run.plan_hash[:12]}; it was edited outside wf_magic. Nothing was dispatched. "
-                "Start a new run from the source (--new) or fork an intact run.", run_id=run.run_id)
+                "Start a new run from the source (--new) or fork an intact run.",
+                run_id=run.run_id,
+            )
         if sha256_text(run.params_json) != run.params_hash:
             raise PlanIntegrityError(
                 f"Run {run.run_id}: the stored params do not match their hash; they were edited "
                 "outside wf_magic. Nothing was dispatched. Start a new run with the params you "
-                "want.", run_id=run.run_id)
+                "want.",
+                run_id=run.run_id,
+            )
         if run.plan_version > PLAN_VERSION:
             raise PlanVersionError(
                 f"Run {run.run_id} was frozen by a newer wf_magic (plan_version "
                 f"{run.plan_version}; this version reads {PLAN_VERSION}). It was left untouched: "
-                "upgrade wf_magic to drive it.", run_id=run.run_id)
+                "upgrade wf_magic to drive it.",
+                run_id=run.run_id,
+            )
         try:
             plan = Plan.model_validate_json(run.plan_json)
         except ValidationError as exc:
-            reason = (f"plan_version {run.plan_version} cannot be decoded by this wf_magic "
-                      f"({exc.error_count()} problem(s)); start afresh with `wf run FILE --new`")
+            reason = (
+                f"plan_version {run.plan_version} cannot be decoded by this wf_magic "
+                f"({exc.error_count()} problem(s)); start afresh with `wf run FILE --new`"
+            )
             if run.status not in ("completed", "abandoned"):
                 self.set_run_status(run.run_id, "abandoned", reason=reason)
-            raise PlanVersionError(f"Run {run.run_id}: {reason}. The run was abandoned.",
-                                   run_id=run.run_id) from None
+            raise PlanVersionError(
+                f"Run {run.run_id}: {reason}. The run was abandoned.", run_id=run.run_id
+            ) from None
         return plan, json.loads(run.params_json)
 
-    def _drive_locked(self, run: RunRow, options: Any, *, budget: Budget | None,
-                      depth: int) -> DriveStats:
+    def _drive_locked(
+        self, run: RunRow, options: Any, *, budget: Budget | None, depth: int
+    ) -> DriveStats:
         from .drive import Driver, DriveStats
 
         plan, params = self.verified_plan(run)
@@ -360,11 +471,17 @@ class Engine:
         if run.root_run_id != run.run_id:
             root_plan = Plan.model_validate_json(self.get_run(run.root_run_id).plan_json)
         units, tokens, cost = self.read(lambda c: jsql.budget_usage(c, run.root_run_id))
-        return Budget(root_run_id=run.root_run_id, spec=root_plan.budget, units=units,
-                      tokens=tokens, cost=cost)
+        return Budget(
+            root_run_id=run.root_run_id,
+            spec=root_plan.budget,
+            units=units,
+            tokens=tokens,
+            cost=cost,
+        )
 
-    def drive_child(self, driver: Driver, step: PlanStep, unit: UnitPlan,
-                    attempt: AttemptRow) -> UnitResult:
+    def drive_child(
+        self, driver: Driver, step: PlanStep, unit: UnitPlan, attempt: AttemptRow
+    ) -> UnitResult:
         """Publish (once) and drive the child run of a ``workflow:`` unit."""
         from .dispatch import ChildBlocked
 
@@ -375,19 +492,22 @@ class Engine:
             child = self._publish_child(driver, step, unit)
         with RunLock(self.lock_dir, child.run_id):
             child = self.get_run(child.run_id)
-            self._drive_locked(child, driver.options, budget=driver.budget,
-                               depth=driver.depth + 1)
+            self._drive_locked(child, driver.options, budget=driver.budget, depth=driver.depth + 1)
         child = self.get_run(child.run_id)
         if child.status == "completed":
             return UnitResult(output=json.loads(child.result_json or "null"))
         if child.status == "blocked":
-            raise ChildBlocked(f"child run {child.run_id} ({child.workflow}) is blocked: "
-                               f"{child.status_reason}")
+            raise ChildBlocked(
+                f"child run {child.run_id} ({child.workflow}) is blocked: {child.status_reason}"
+            )
         if child.status == "active":
-            raise ChildBlocked(f"child run {child.run_id} ({child.workflow}) was stopped "
-                               "before it finished; resume the parent to continue it")
-        raise RunnerError(f"child run {child.run_id} ({child.workflow}) {child.status}: "
-                          f"{child.status_reason}")
+            raise ChildBlocked(
+                f"child run {child.run_id} ({child.workflow}) was stopped "
+                "before it finished; resume the parent to continue it"
+            )
+        raise RunnerError(
+            f"child run {child.run_id} ({child.workflow}) {child.status}: {child.status_reason}"
+        )
 
     def _publish_child(self, driver: Driver, step: PlanStep, unit: UnitPlan) -> RunRow:
         plan = driver.plan.children[step.workflow or ""]
@@ -396,13 +516,24 @@ class Engine:
         except UsageError as exc:
             raise RunnerError(f"child workflow {plan.name!r}: {exc}") from None
         plan_json = plan.to_json()
-        wf = Workflow(name=plan.name, source=plan_json, source_hash=sha256_text(plan_json),
-                      source_path=None, plan=plan, plan_json=plan_json,
-                      plan_hash=sha256_text(plan_json))
+        wf = Workflow(
+            name=plan.name,
+            source=plan_json,
+            source_hash=sha256_text(plan_json),
+            source_path=None,
+            plan=plan,
+            plan_json=plan_json,
+            plan_hash=sha256_text(plan_json),
+        )
         try:
-            run_id = self._create_run(wf, params, scope=scope_key(plan.name, params),
-                                      use_cache=bool(driver.run.use_cache), parent=driver.run,
-                                      invocation_key=unit.unit_id)
+            run_id = self._create_run(
+                wf,
+                params,
+                scope=scope_key(plan.name, params),
+                use_cache=bool(driver.run.use_cache),
+                parent=driver.run,
+                invocation_key=unit.unit_id,
+            )
         except sqlite3.IntegrityError:  # published meanwhile: (parent, invocation_key) is unique
             existing = self.read(lambda c: run_sql.child_run(c, driver.run.run_id, unit.unit_id))
             if existing is None:
@@ -417,11 +548,13 @@ class Engine:
 
         return Run(self, self.resolve_run_id(run_id))
 
-    def list_runs(self, *, include_children: bool = False, limit: int | None = None
-                  ) -> list[RunRow]:
+    def list_runs(
+        self, *, include_children: bool = False, limit: int | None = None
+    ) -> list[RunRow]:
         """Runs, newest first."""
-        return self.read(lambda c: run_sql.list_runs(c, include_children=include_children,
-                                                     limit=limit))
+        return self.read(
+            lambda c: run_sql.list_runs(c, include_children=include_children, limit=limit)
+        )
 
     def steps(self, run_id: str) -> list[StepRow]:
         """The step rows of a run, in plan order."""
@@ -442,8 +575,9 @@ class Engine:
         with RunLock(self.lock_dir, run_id):
             run = self.get_run(run_id)
             if run.status == "completed":
-                raise UsageError(f"Run {run_id} completed; there is nothing to abandon.",
-                                 run_id=run_id)
+                raise UsageError(
+                    f"Run {run_id} completed; there is nothing to abandon.", run_id=run_id
+                )
             if run.status != "abandoned":
                 self.set_run_status(run_id, "abandoned", reason=reason)
 
@@ -457,16 +591,30 @@ class Engine:
         plan, params = self.verified_plan(source)
         ids = [s.id for s in plan.steps]
         if from_step not in ids:
-            raise UsageError(f"Run {source.run_id} has no step {from_step!r}; steps: {ids}",
-                             run_id=source.run_id)
-        wf = Workflow(name=plan.name, source="", source_hash=source.source_hash,
-                      source_path=source.source_path, plan=plan, plan_json=source.plan_json,
-                      plan_hash=source.plan_hash)
-        return self._create_run(wf, params, scope=source.scope_key, use_cache=True,
-                                forked_from=source, fork_step=from_step)
+            raise UsageError(
+                f"Run {source.run_id} has no step {from_step!r}; steps: {ids}", run_id=source.run_id
+            )
+        wf = Workflow(
+            name=plan.name,
+            source="",
+            source_hash=source.source_hash,
+            source_path=source.source_path,
+            plan=plan,
+            plan_json=source.plan_json,
+            plan_hash=source.plan_hash,
+        )
+        return self._create_run(
+            wf,
+            params,
+            scope=source.scope_key,
+            use_cache=True,
+            forked_from=source,
+            fork_step=from_step,
+        )
 
-    def approve(self, run_id: str, step_id: str, *, feedback: str | None = None,
-                loop: int | None = None) -> int:
+    def approve(
+        self, run_id: str, step_id: str, *, feedback: str | None = None, loop: int | None = None
+    ) -> int:
         """Record a person's approval of a blocked gate; the next drive continues the run.
 
         Returns:
@@ -475,11 +623,19 @@ class Engine:
         Raises:
             GateDecisionRefused: the step is not waiting (or not at ``loop``), or was decided.
         """
-        return self._human_verdict(run_id, step_id, complete=True, feedback=feedback or "",
-                                   missing=(), loop=loop)
+        return self._human_verdict(
+            run_id, step_id, complete=True, feedback=feedback or "", missing=(), loop=loop
+        )
 
-    def reject(self, run_id: str, step_id: str, *, feedback: str,
-               missing: tuple[str, ...] | list[str] = (), loop: int | None = None) -> int:
+    def reject(
+        self,
+        run_id: str,
+        step_id: str,
+        *,
+        feedback: str,
+        missing: tuple[str, ...] | list[str] = (),
+        loop: int | None = None,
+    ) -> int:
         """Record a person's rejection; the next drive re-executes the step with the feedback.
 
         Raises:
@@ -488,11 +644,20 @@ class Engine:
         """
         if not feedback or not feedback.strip():
             raise UsageError("a rejection needs feedback: say what to change (--feedback TEXT)")
-        return self._human_verdict(run_id, step_id, complete=False, feedback=feedback,
-                                   missing=tuple(missing), loop=loop)
+        return self._human_verdict(
+            run_id, step_id, complete=False, feedback=feedback, missing=tuple(missing), loop=loop
+        )
 
-    def _human_verdict(self, run_id: str, step_id: str, *, complete: bool, feedback: str,
-                       missing: tuple[str, ...], loop: int | None) -> int:
+    def _human_verdict(
+        self,
+        run_id: str,
+        step_id: str,
+        *,
+        complete: bool,
+        feedback: str,
+        missing: tuple[str, ...],
+        loop: int | None,
+    ) -> int:
         from .gates import Verdict
 
         run_id = self.resolve_run_id(run_id)
@@ -503,33 +668,60 @@ class Engine:
             row = next((s for s in run_sql.steps_of(conn, run_id) if s.step_id == step_id), None)
             if row is None:
                 raise GateDecisionRefused(f"Run {run_id} has no step {step_id!r}.", run_id=run_id)
-            waiting = json.loads(row.output_json or "{}").get("waiting") if row.status == \
-                "blocked" else None
+            waiting = (
+                json.loads(row.output_json or "{}").get("waiting")
+                if row.status == "blocked"
+                else None
+            )
             if not waiting:
                 raise GateDecisionRefused(
                     f"Run {run_id} step {step_id} is not waiting for a decision (status "
-                    f"{row.status}); nothing was recorded.", run_id=run_id, step_id=step_id)
+                    f"{row.status}); nothing was recorded.",
+                    run_id=run_id,
+                    step_id=step_id,
+                )
             if loop is not None and loop != waiting["loop"]:
                 raise GateDecisionRefused(
                     f"Run {run_id} step {step_id} waits on loop {waiting['loop']}, not loop "
                     f"{loop} (a button from an older output?); nothing was recorded.",
-                    run_id=run_id, step_id=step_id)
+                    run_id=run_id,
+                    step_id=step_id,
+                )
             unit_id = f"{step_id}.gate:l{waiting['loop']}"
             refusal = _decision_refusal(conn, run_id, step_id, unit_id, waiting, complete)
             if refusal:
                 raise GateDecisionRefused(refusal, run_id=run_id, step_id=step_id)
-            key = jsql.UnitKey(run_id=run_id, workflow=run.workflow, step_id=step_id,
-                               unit_id=unit_id, phase="gate", loop=int(waiting["loop"]),
-                               item_index=None, runner="human", model=None,
-                               input_hash=waiting["input_hash"])
-            jsql.record_terminal_attempt_txn(conn, key, jsql.Finish(
-                status="succeeded", output_json=json.dumps(verdict.to_json())),
-                event="human_verdict")
+            key = jsql.UnitKey(
+                run_id=run_id,
+                workflow=run.workflow,
+                step_id=step_id,
+                unit_id=unit_id,
+                phase="gate",
+                loop=int(waiting["loop"]),
+                item_index=None,
+                runner="human",
+                model=None,
+                input_hash=waiting["input_hash"],
+            )
+            jsql.record_terminal_attempt_txn(
+                conn,
+                key,
+                jsql.Finish(status="succeeded", output_json=json.dumps(verdict.to_json())),
+                event="human_verdict",
+            )
             return int(waiting["loop"])
 
         decided_loop = self.write(txn)
-        self.emit("gate_verdict", run_id=run_id, step_id=step_id, loop=decided_loop,
-                  complete=complete, feedback=feedback, missing=list(missing), judge="human")
+        self.emit(
+            "gate_verdict",
+            run_id=run_id,
+            step_id=step_id,
+            loop=decided_loop,
+            complete=complete,
+            feedback=feedback,
+            missing=list(missing),
+            judge="human",
+        )
         return decided_loop
 
     def stop(self, run_id: str) -> None:
@@ -593,20 +785,32 @@ class Engine:
         return self.read(lambda c: frames.budget_frame(c, rid))
 
 
-def _decision_refusal(conn: sqlite3.Connection, run_id: str, step_id: str, unit_id: str,
-                      waiting: dict[str, Any], complete: bool) -> str | None:
+def _decision_refusal(
+    conn: sqlite3.Connection,
+    run_id: str,
+    step_id: str,
+    unit_id: str,
+    waiting: dict[str, Any],
+    complete: bool,
+) -> str | None:
     """Why a human decision must not be recorded now (None: record it)."""
     row = conn.execute(
         "SELECT runner, output_json FROM attempts WHERE run_id = ? AND unit_id = ? AND"
         " input_hash = ? AND status = 'succeeded' ORDER BY attempt_pk DESC LIMIT 1",
-        (run_id, unit_id, waiting["input_hash"])).fetchone()
+        (run_id, unit_id, waiting["input_hash"]),
+    ).fetchone()
     where = f"Run {run_id} step {step_id} loop {waiting['loop']}"
     if waiting.get("judge") == "exhausted":
         if not complete:
-            return (f"{where}: the gate is already exhausted; approve the last artifact, "
-                    "abandon the run, or fork it. Nothing was recorded.")
-        if row is not None and row["runner"] == "human" and json.loads(
-                row["output_json"] or "{}").get("complete"):
+            return (
+                f"{where}: the gate is already exhausted; approve the last artifact, "
+                "abandon the run, or fork it. Nothing was recorded."
+            )
+        if (
+            row is not None
+            and row["runner"] == "human"
+            and json.loads(row["output_json"] or "{}").get("complete")
+        ):
             return f"{where} was already approved; resume the run to continue."
         return None
     if row is not None and row["runner"] == "human":

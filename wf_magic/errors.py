@@ -118,8 +118,15 @@ class GateDecisionRefused(WorkflowError):
 class RunnerError(WorkflowError):
     """A runner could not produce a result; ``transient`` errors may be retried."""
 
-    def __init__(self, message: str, *, transient: bool = False, tokens_in: int = 0,
-                 tokens_out: int = 0, executed: bool = True):
+    def __init__(
+        self,
+        message: str,
+        *,
+        transient: bool = False,
+        tokens_in: int = 0,
+        tokens_out: int = 0,
+        executed: bool = True,
+    ):
         super().__init__(message)
         self.transient = transient
         self.executed = executed

@@ -9,7 +9,9 @@ from typing import Any
 
 def canonical_json(value: Any) -> str:
     """Serialise ``value`` as canonical JSON: sorted keys, no insignificant whitespace."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
 
 
 def sha256_text(text: str) -> str:

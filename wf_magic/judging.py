@@ -7,8 +7,16 @@ from typing import TYPE_CHECKING, Any
 
 from . import spine
 from .errors import RunnerError
-from .gates import (VERDICT_SCHEMA, Verdict, VerdictError, artifact_summary, expr_verdict,
-                    judge_prompt, parse_verdict, render_criteria)
+from .gates import (
+    VERDICT_SCHEMA,
+    Verdict,
+    VerdictError,
+    artifact_summary,
+    expr_verdict,
+    judge_prompt,
+    parse_verdict,
+    render_criteria,
+)
 from .hashing import hash_value
 from .runners.base import UnitRequest
 from .spec.models import GateSpec
@@ -27,8 +35,9 @@ def gate_unit_id(step_id: str, loop: int) -> str:
     return f"{step_id}.gate:l{loop}"
 
 
-def obtain_verdict(driver: Driver, step: PlanStep, *, loop: int, artifact: Any,
-                   unit_count: int) -> spine.Judged | spine.GateWaiting:
+def obtain_verdict(
+    driver: Driver, step: PlanStep, *, loop: int, artifact: Any, unit_count: int
+) -> spine.Judged | spine.GateWaiting:
     """The verdict on this loop: the journaled one for this judge input, or a new judgement.
 
     A human gate with no recorded decision, and a judge that cannot answer, give
@@ -41,20 +50,45 @@ def obtain_verdict(driver: Driver, step: PlanStep, *, loop: int, artifact: Any,
     except TemplateError as exc:
         criteria = [f"(criteria failed to render: {exc})"]
     runner, model = _judge_runner(driver, step, gate)
-    input_hash = hash_value({"judge": gate.judge, "criteria": criteria, "summary": summary,
-                             "check": gate.check, "runner": runner, "model": model})
+    input_hash = hash_value(
+        {
+            "judge": gate.judge,
+            "criteria": criteria,
+            "summary": summary,
+            "check": gate.check,
+            "runner": runner,
+            "model": model,
+        }
+    )
     unit_id = gate_unit_id(step.id, loop)
-    recorded = driver.engine.read(lambda c: jsql.find_in_run(
-        c, run_id=driver.run.run_id, input_hash=input_hash, unit_id=unit_id))
+    recorded = driver.engine.read(
+        lambda c: jsql.find_in_run(
+            c, run_id=driver.run.run_id, input_hash=input_hash, unit_id=unit_id
+        )
+    )
     if recorded is not None and recorded.output_json:
         verdict = Verdict.from_json(json.loads(recorded.output_json))
         return spine.Judged(verdict=verdict, input_hash=input_hash, summary=summary)
     if gate.judge == "human":
-        return spine.GateWaiting(reason=f"waiting for a human verdict on loop {loop}", loop=loop,
-                                 input_hash=input_hash, summary=summary, judge="human")
-    key = jsql.UnitKey(run_id=driver.run.run_id, workflow=driver.plan.name, step_id=step.id,
-                       unit_id=unit_id, phase="gate", loop=loop, item_index=None, runner=runner,
-                       model=model, input_hash=input_hash)
+        return spine.GateWaiting(
+            reason=f"waiting for a human verdict on loop {loop}",
+            loop=loop,
+            input_hash=input_hash,
+            summary=summary,
+            judge="human",
+        )
+    key = jsql.UnitKey(
+        run_id=driver.run.run_id,
+        workflow=driver.plan.name,
+        step_id=step.id,
+        unit_id=unit_id,
+        phase="gate",
+        loop=loop,
+        item_index=None,
+        runner=runner,
+        model=model,
+        input_hash=input_hash,
+    )
     try:
         if gate.judge == "expr":
             verdict = _judge_expr(driver, gate, key, criteria, artifact)
@@ -64,9 +98,20 @@ def obtain_verdict(driver: Driver, step: PlanStep, *, loop: int, artifact: Any,
         return spine.GateWaiting(
             reason=f"judge failed on loop {loop}: {driver.redactor.redact(str(exc))}; no loop "
             "was consumed. Fix the judge and resume to re-judge this work.",
-            loop=loop, input_hash=input_hash, summary=summary, judge="failed")
-    driver.emit("gate_verdict", step_id=step.id, unit_id=unit_id, loop=loop,
-                complete=verdict.complete, feedback=verdict.feedback, missing=list(verdict.missing))
+            loop=loop,
+            input_hash=input_hash,
+            summary=summary,
+            judge="failed",
+        )
+    driver.emit(
+        "gate_verdict",
+        step_id=step.id,
+        unit_id=unit_id,
+        loop=loop,
+        complete=verdict.complete,
+        feedback=verdict.feedback,
+        missing=list(verdict.missing),
+    )
     return spine.Judged(verdict=verdict, input_hash=input_hash, summary=summary)
 
 
@@ -77,11 +122,13 @@ def _judge_runner(driver: Driver, step: PlanStep, gate: GateSpec) -> tuple[str, 
     return gate.runner or default, gate.model or step.model
 
 
-def _judge_expr(driver: Driver, gate: GateSpec, key: jsql.UnitKey, criteria: list[str],
-                artifact: Any) -> Verdict:
+def _judge_expr(
+    driver: Driver, gate: GateSpec, key: jsql.UnitKey, criteria: list[str], artifact: Any
+) -> Verdict:
     try:
-        verdict = expr_verdict(gate.check or "", output=artifact, params=driver.params,
-                               criteria=criteria)
+        verdict = expr_verdict(
+            gate.check or "", output=artifact, params=driver.params, criteria=criteria
+        )
     except VerdictError as exc:
         attempt = driver.store_write(lambda c: jsql.reserve_attempt_txn(c, key, charged=False))
         driver.finish_error(attempt, RunnerError(str(exc)))
@@ -90,14 +137,23 @@ def _judge_expr(driver: Driver, gate: GateSpec, key: jsql.UnitKey, criteria: lis
     return verdict
 
 
-def _judge_llm(driver: Driver, step: PlanStep, key: jsql.UnitKey, criteria: list[str],
-               summary: str) -> Verdict:
+def _judge_llm(
+    driver: Driver, step: PlanStep, key: jsql.UnitKey, criteria: list[str], summary: str
+) -> Verdict:
     attempt = _reclaim_or_reserve(driver, key)
     request = UnitRequest(
-        run_id=driver.run.run_id, step_id=step.id, unit_id=key.unit_id,
-        dispatch_id=attempt.dispatch_id, input_hash=key.input_hash, attempt=attempt.attempt,
-        kind="judge", prompt=judge_prompt(step.id, criteria, summary), model=key.model,
-        output_schema=VERDICT_SCHEMA, timeout_s=step.timeout_s)
+        run_id=driver.run.run_id,
+        step_id=step.id,
+        unit_id=key.unit_id,
+        dispatch_id=attempt.dispatch_id,
+        input_hash=key.input_hash,
+        attempt=attempt.attempt,
+        kind="judge",
+        prompt=judge_prompt(step.id, criteria, summary),
+        model=key.model,
+        output_schema=VERDICT_SCHEMA,
+        timeout_s=step.timeout_s,
+    )
     try:
         result = driver.runner(key.runner).run(request)
         verdict = parse_verdict(result.output)
@@ -107,10 +163,17 @@ def _judge_llm(driver: Driver, step: PlanStep, key: jsql.UnitKey, criteria: list
     except VerdictError as exc:
         driver.finish_error(attempt, RunnerError(str(exc)))
         raise
-    driver.finish_with(attempt, jsql.Finish(
-        status="succeeded", output_json=json.dumps(verdict.to_json()),
-        tokens_in=result.tokens_in, tokens_out=result.tokens_out, cost=result.cost,
-        model=result.model))
+    driver.finish_with(
+        attempt,
+        jsql.Finish(
+            status="succeeded",
+            output_json=json.dumps(verdict.to_json()),
+            tokens_in=result.tokens_in,
+            tokens_out=result.tokens_out,
+            cost=result.cost,
+            model=result.model,
+        ),
+    )
     return verdict
 
 
@@ -120,30 +183,61 @@ def _reclaim_or_reserve(driver: Driver, key: jsql.UnitKey) -> AttemptRow:
     if latest and latest[-1].status == "running" and latest[-1].input_hash == key.input_hash:
         return latest[-1]
     attempt: AttemptRow = driver.store_write(
-        lambda c: jsql.reserve_attempt_txn(c, key, charged=False))
+        lambda c: jsql.reserve_attempt_txn(c, key, charged=False)
+    )
     return attempt
 
 
 def _record(driver: Driver, key: jsql.UnitKey, verdict: Verdict) -> None:
     finish = jsql.Finish(status="succeeded", output_json=json.dumps(verdict.to_json()))
     driver.store_write(lambda c: jsql.record_terminal_attempt_txn(c, key, finish))
-    driver.emit("unit_finished", step_id=key.step_id, unit_id=key.unit_id, status="succeeded",
-                phase="gate", loop=key.loop, tokens=0)
+    driver.emit(
+        "unit_finished",
+        step_id=key.step_id,
+        unit_id=key.unit_id,
+        status="succeeded",
+        phase="gate",
+        loop=key.loop,
+        tokens=0,
+    )
 
 
-def record_schema_verdict(driver: Driver, step: PlanStep, *, loop: int, artifact: Any,
-                          verdict: Verdict) -> None:
+def record_schema_verdict(
+    driver: Driver, step: PlanStep, *, loop: int, artifact: Any, verdict: Verdict
+) -> None:
     """Journal a schema rejection as the loop's verdict (once per loop and artifact)."""
     count = len(artifact) if isinstance(artifact, list) and step.map else 1
     summary = artifact_summary(artifact, unit_count=count)
     input_hash = hash_value({"judge": "schema", "summary": summary, "schema": step.output})
     unit_id = gate_unit_id(step.id, loop)
-    existing = driver.engine.read(lambda c: jsql.find_in_run(
-        c, run_id=driver.run.run_id, input_hash=input_hash, unit_id=unit_id))
+    existing = driver.engine.read(
+        lambda c: jsql.find_in_run(
+            c, run_id=driver.run.run_id, input_hash=input_hash, unit_id=unit_id
+        )
+    )
     if existing is None:
-        _record(driver, jsql.UnitKey(run_id=driver.run.run_id, workflow=driver.plan.name,
-                                     step_id=step.id, unit_id=unit_id, phase="gate", loop=loop,
-                                     item_index=None, runner="schema", model=None,
-                                     input_hash=input_hash), verdict)
-    driver.emit("gate_verdict", step_id=step.id, unit_id=unit_id, loop=loop, complete=False,
-                feedback=verdict.feedback, missing=list(verdict.missing))
+        _record(
+            driver,
+            jsql.UnitKey(
+                run_id=driver.run.run_id,
+                workflow=driver.plan.name,
+                step_id=step.id,
+                unit_id=unit_id,
+                phase="gate",
+                loop=loop,
+                item_index=None,
+                runner="schema",
+                model=None,
+                input_hash=input_hash,
+            ),
+            verdict,
+        )
+    driver.emit(
+        "gate_verdict",
+        step_id=step.id,
+        unit_id=unit_id,
+        loop=loop,
+        complete=False,
+        feedback=verdict.feedback,
+        missing=list(verdict.missing),
+    )

@@ -34,8 +34,12 @@ class RunLock:
             self._lock.acquire(timeout=0)
         except Timeout:
             raise self._held() from None
-        info = {"pid": os.getpid(), "since": time.time(), "host": socket.gethostname(),
-                "thread": threading.current_thread().name}
+        info = {
+            "pid": os.getpid(),
+            "since": time.time(),
+            "host": socket.gethostname(),
+            "thread": threading.current_thread().name,
+        }
         tmp = self.info_path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(json.dumps(info))
         os.replace(tmp, self.info_path)

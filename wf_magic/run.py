@@ -106,8 +106,14 @@ class Run:
         root = self.engine.get_run(row.root_run_id)
         spec = Plan.model_validate_json(root.plan_json).budget
         units, tokens, cost = self.engine.read(lambda c: jsql.budget_usage(c, row.root_run_id))
-        return BudgetUse(units=units, tokens=tokens, cost=cost, max_units=spec.max_units,
-                         max_tokens=spec.max_tokens, max_cost=spec.max_cost)
+        return BudgetUse(
+            units=units,
+            tokens=tokens,
+            cost=cost,
+            max_units=spec.max_units,
+            max_tokens=spec.max_tokens,
+            max_cost=spec.max_cost,
+        )
 
     # -- frames -----------------------------------------------------------------------------
     def journal(self) -> pd.DataFrame:

@@ -51,18 +51,25 @@ class UnitPlan:
     cacheable: bool = True
 
 
-def template_context(params: Mapping[str, Any], outputs: Mapping[str, Any], *,
-                     item: Any = None, index: int | None = None,
-                     feedback: Feedback | None = None) -> dict[str, Any]:
+def template_context(
+    params: Mapping[str, Any],
+    outputs: Mapping[str, Any],
+    *,
+    item: Any = None,
+    index: int | None = None,
+    feedback: Feedback | None = None,
+) -> dict[str, Any]:
     """The names in scope of a template: params, steps.<id>.output, item/index, gate."""
     return {
         "params": params,
         "steps": {sid: {"output": out} for sid, out in outputs.items()},
         "item": item,
         "index": index,
-        "gate": {"feedback": feedback.feedback if feedback else "",
-                 "missing": list(feedback.missing) if feedback else [],
-                 "loop": (feedback.loop + 1) if feedback else 1},
+        "gate": {
+            "feedback": feedback.feedback if feedback else "",
+            "missing": list(feedback.missing) if feedback else [],
+            "loop": (feedback.loop + 1) if feedback else 1,
+        },
     }
 
 
@@ -80,8 +87,9 @@ def feedback_block(feedback: Feedback) -> str:
     return "\n".join(lines)
 
 
-def expand_items(step: PlanStep, params: Mapping[str, Any],
-                 outputs: Mapping[str, Any]) -> list[Any] | None:
+def expand_items(
+    step: PlanStep, params: Mapping[str, Any], outputs: Mapping[str, Any]
+) -> list[Any] | None:
     """The map items of ``step`` (None when it is not a map step).
 
     Raises:
@@ -96,17 +104,26 @@ def expand_items(step: PlanStep, params: Mapping[str, Any],
     if isinstance(value, tuple):
         value = list(value)
     if not isinstance(value, list):
-        raise StepInputError(f"map must evaluate to a list (got {type(value).__name__}: "
-                             f"{str(value)[:80]!r})")
+        raise StepInputError(
+            f"map must evaluate to a list (got {type(value).__name__}: {str(value)[:80]!r})"
+        )
     if len(value) > MAX_MAP_UNITS:
-        raise StepInputError(f"map expands to {len(value)} units, more than the bound of "
-                             f"{MAX_MAP_UNITS}; split the list or pre-aggregate it")
+        raise StepInputError(
+            f"map expands to {len(value)} units, more than the bound of "
+            f"{MAX_MAP_UNITS}; split the list or pre-aggregate it"
+        )
     return value
 
 
-def build_units(plan: Plan, step: PlanStep, *, params: Mapping[str, Any],
-                outputs: Mapping[str, Any], loop: int,
-                feedback: Feedback | None) -> list[UnitPlan]:
+def build_units(
+    plan: Plan,
+    step: PlanStep,
+    *,
+    params: Mapping[str, Any],
+    outputs: Mapping[str, Any],
+    loop: int,
+    feedback: Feedback | None,
+) -> list[UnitPlan]:
     """The work units of ``step`` at ``loop``.
 
     Raises:
@@ -114,18 +131,29 @@ def build_units(plan: Plan, step: PlanStep, *, params: Mapping[str, Any],
     """
     items = expand_items(step, params, outputs)
     pairs: list[tuple[int | None, Any]] = (
-        [(None, None)] if items is None else list(enumerate(items)))
-    return [_unit(plan, step, idx, item, params=params, outputs=outputs, loop=loop,
-                  feedback=feedback) for idx, item in pairs]
+        [(None, None)] if items is None else list(enumerate(items))
+    )
+    return [
+        _unit(plan, step, idx, item, params=params, outputs=outputs, loop=loop, feedback=feedback)
+        for idx, item in pairs
+    ]
 
 
-def _unit(plan: Plan, step: PlanStep, idx: int | None, item: Any, *, params: Mapping[str, Any],
-          outputs: Mapping[str, Any], loop: int, feedback: Feedback | None) -> UnitPlan:
+def _unit(
+    plan: Plan,
+    step: PlanStep,
+    idx: int | None,
+    item: Any,
+    *,
+    params: Mapping[str, Any],
+    outputs: Mapping[str, Any],
+    loop: int,
+    feedback: Feedback | None,
+) -> UnitPlan:
     unit_id = step.id if idx is None else f"{step.id}[{idx}]"
     ctx = template_context(params, outputs, item=item, index=idx, feedback=feedback)
     model = step.model
-    fb = ({"feedback": feedback.feedback, "missing": list(feedback.missing)}
-          if feedback else None)
+    fb = {"feedback": feedback.feedback, "missing": list(feedback.missing)} if feedback else None
     fields: dict[str, Any] = {}
     resolved: dict[str, Any] = {"kind": step.kind, "model": model, "item": item, "feedback": fb}
     try:
@@ -147,8 +175,11 @@ def _unit(plan: Plan, step: PlanStep, idx: int | None, item: Any, *, params: Map
             kwargs = _bindings(step, ctx, None, None)
             child = plan.children[step.workflow or ""]
             fields.update(target=step.workflow, kwargs=kwargs)
-            resolved.update(target=step.workflow, child_plan_hash=hash_value(child.model_dump(
-                mode="json")), kwargs=kwargs)
+            resolved.update(
+                target=step.workflow,
+                child_plan_hash=hash_value(child.model_dump(mode="json")),
+                kwargs=kwargs,
+            )
         elif step.kind == "route":
             value = render_text(step.route.on if step.route else "", ctx).strip()
             fields["kwargs"] = {"value": value}
@@ -157,15 +188,24 @@ def _unit(plan: Plan, step: PlanStep, idx: int | None, item: Any, *, params: Map
         raise StepInputError(f"unit {unit_id}: template failed: {exc}") from exc
     input_hash = hash_value(resolved)
     return UnitPlan(
-        step_id=step.id, unit_id=unit_id, kind=step.kind, phase="work", loop=loop,
-        item_index=idx, item=item, runner=step.runner, model=model, input=resolved,
-        input_hash=input_hash, charged=step.kind not in ("workflow", "route"),
-        cacheable=step.cache and step.kind not in ("route",), **fields,
+        step_id=step.id,
+        unit_id=unit_id,
+        kind=step.kind,
+        phase="work",
+        loop=loop,
+        item_index=idx,
+        item=item,
+        runner=step.runner,
+        model=model,
+        input=resolved,
+        input_hash=input_hash,
+        charged=step.kind not in ("workflow", "route"),
+        cacheable=step.cache and step.kind not in ("route",),
+        **fields,
     )
 
 
-def _bindings(step: PlanStep, ctx: Mapping[str, Any], item: Any,
-              idx: int | None) -> dict[str, Any]:
+def _bindings(step: PlanStep, ctx: Mapping[str, Any], item: Any, idx: int | None) -> dict[str, Any]:
     if step.bindings is None:
         return {} if idx is None else {"item": item}
     return {k: _eval_deep(v, ctx) for k, v in step.bindings.items()}

@@ -34,7 +34,9 @@ class FunctionRunner(BaseRunner):
                 f"python target {target!r} changed since this run's plan was frozen "
                 f"(source hash {request.target_hash[:12]} → {current[:12]}); the run will not "
                 "silently run new code. Start a new run (--new) to use it, or restore the "
-                "function.", executed=False)
+                "function.",
+                executed=False,
+            )
         try:
             output = fn(**dict(request.kwargs or {}))
         except Exception as exc:
@@ -42,6 +44,8 @@ class FunctionRunner(BaseRunner):
         try:
             json.dumps(output)
         except (TypeError, ValueError) as exc:
-            raise RunnerError(f"{target} returned a {type(output).__name__}, which is not "
-                              "JSON-serialisable; return dicts, lists, strings and numbers") from exc
+            raise RunnerError(
+                f"{target} returned a {type(output).__name__}, which is not "
+                "JSON-serialisable; return dicts, lists, strings and numbers"
+            ) from exc
         return UnitResult(output=output)

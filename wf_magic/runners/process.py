@@ -14,8 +14,18 @@ from .base import BaseRunner, RunnerContext, UnitRequest, UnitResult
 
 OUTPUT_CAP_BYTES = 1_048_576
 STDERR_TAIL = 2000
-_BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "TMP", "TEMP", "SYSTEMROOT",
-             "TZ")
+_BASE_ENV = (
+    "PATH",
+    "HOME",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TMPDIR",
+    "TMP",
+    "TEMP",
+    "SYSTEMROOT",
+    "TZ",
+)
 
 
 def minimal_env(pass_env: list[str] | tuple[str, ...], wf_vars: dict[str, str]) -> dict[str, str]:
@@ -62,12 +72,16 @@ class ExecRunner(BaseRunner):
     def run(self, request: UnitRequest) -> UnitResult:
         argv = list(request.argv or ())
         try:
-            proc = subprocess.Popen(argv, env=dict(request.env), stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                env=dict(request.env),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
         except OSError as exc:
-            raise RunnerError(f"cannot start {argv[0]!r}: {exc.strerror}",
-                              executed=False) from exc
+            raise RunnerError(f"cannot start {argv[0]!r}: {exc.strerror}", executed=False) from exc
         assert proc.stdout is not None and proc.stderr is not None  # PIPE was requested
         out = _Capped(proc.stdout, self.output_cap + 1)
         err = _Capped(proc.stderr, 64 * 1024)
@@ -75,15 +89,18 @@ class ExecRunner(BaseRunner):
             code = proc.wait(timeout=request.timeout_s)
         except subprocess.TimeoutExpired:
             _kill(proc)
-            raise RunnerError(f"timed out after {request.timeout_s}s and was killed: "
-                              f"{argv[0]}", transient=True) from None
+            raise RunnerError(
+                f"timed out after {request.timeout_s}s and was killed: {argv[0]}", transient=True
+            ) from None
         except BaseException:
             _kill(proc)  # an interrupt must not leave the child running
             raise
         stdout, stderr = out.text(), err.text()
         if out.total > self.output_cap:
-            raise RunnerError(f"stdout was {out.total} bytes, over the cap of {self.output_cap} "
-                              "bytes; write large results to a file and print its path")
+            raise RunnerError(
+                f"stdout was {out.total} bytes, over the cap of {self.output_cap} "
+                "bytes; write large results to a file and print its path"
+            )
         if code != 0:
             tail = stderr[-STDERR_TAIL:].strip()
             raise RunnerError(f"exited with status {code}" + (f"; stderr: {tail}" if tail else ""))

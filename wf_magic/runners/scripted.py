@@ -74,10 +74,16 @@ class Rule:
         error = raw.get("error")
         if error is not None and error not in ("transient", "permanent"):
             raise ValueError(f"scripted rule {index}: error must be transient or permanent")
-        return cls(match=pattern, reply=raw.get("reply"), tokens_in=raw.get("tokens_in"),
-                   tokens_out=raw.get("tokens_out"), error=error,
-                   sleep_s=float(raw.get("sleep_s", 0)), model=raw.get("model"),
-                   kind=raw.get("kind"))
+        return cls(
+            match=pattern,
+            reply=raw.get("reply"),
+            tokens_in=raw.get("tokens_in"),
+            tokens_out=raw.get("tokens_out"),
+            error=error,
+            sleep_s=float(raw.get("sleep_s", 0)),
+            model=raw.get("model"),
+            kind=raw.get("kind"),
+        )
 
 
 ReplyFunction = Callable[[UnitRequest], Any]
@@ -86,8 +92,13 @@ ReplyFunction = Callable[[UnitRequest], Any]
 class ScriptedRunner(BaseRunner):
     """Deterministic, offline runner answering from rules or a function."""
 
-    def __init__(self, rules: Sequence[Mapping[str, Any] | Rule] = (), *,
-                 fn: ReplyFunction | None = None, model: str = "scripted-1"):
+    def __init__(
+        self,
+        rules: Sequence[Mapping[str, Any] | Rule] = (),
+        *,
+        fn: ReplyFunction | None = None,
+        model: str = "scripted-1",
+    ):
         self.rules = [r if isinstance(r, Rule) else Rule.parse(r, i) for i, r in enumerate(rules)]
         self.fn = fn
         self.model = model
@@ -106,8 +117,10 @@ class ScriptedRunner(BaseRunner):
         if rule is not None and rule.sleep_s:
             time.sleep(rule.sleep_s)
         if rule is not None and rule.error:
-            raise RunnerError(f"scripted {rule.error} error (rule /{rule.match.pattern}/)",
-                              transient=rule.error == "transient")
+            raise RunnerError(
+                f"scripted {rule.error} error (rule /{rule.match.pattern}/)",
+                transient=rule.error == "transient",
+            )
         if self.fn is not None and rule is None:
             reply = self.fn(request)
         elif rule is not None:
@@ -123,8 +136,11 @@ class ScriptedRunner(BaseRunner):
         return UnitResult(
             output=reply,
             tokens_in=rule.tokens_in if rule and rule.tokens_in is not None else count_tokens(text),
-            tokens_out=(rule.tokens_out if rule and rule.tokens_out is not None
-                        else count_tokens(reply_text)),
+            tokens_out=(
+                rule.tokens_out
+                if rule and rule.tokens_out is not None
+                else count_tokens(reply_text)
+            ),
             model=(rule.model if rule and rule.model else request.model or self.model),
         )
 
@@ -143,8 +159,9 @@ def _render_reply(reply: Any, text: str, request: UnitRequest, found: re.Match[s
         from ..spec.templates import render_text
 
         groups = [found.group(0), *found.groups()] if found else []
-        return render_text(reply, {"prompt": text, "item": request.item, "index": request.index,
-                                   "groups": groups})
+        return render_text(
+            reply, {"prompt": text, "item": request.item, "index": request.index, "groups": groups}
+        )
     return reply
 
 

@@ -22,12 +22,40 @@ MAX_SOURCE_BYTES = 1_000_000
 MAX_PLAN_BYTES = 5_000_000
 MAX_CHILD_DEPTH = 8
 SCHEMA_KEYWORDS = {
-    "type", "properties", "required", "items", "enum", "minimum", "maximum",
-    "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength", "minItems", "maxItems",
-    "additionalProperties", "description", "title", "default", "const", "pattern",
-    "uniqueItems", "minProperties", "maxProperties",
+    "type",
+    "properties",
+    "required",
+    "items",
+    "enum",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+    "additionalProperties",
+    "description",
+    "title",
+    "default",
+    "const",
+    "pattern",
+    "uniqueItems",
+    "minProperties",
+    "maxProperties",
 }
-_JINJA_GLOBALS = {"range", "dict", "lipsum", "cycler", "joiner", "namespace", "true", "false", "none"}
+_JINJA_GLOBALS = {
+    "range",
+    "dict",
+    "lipsum",
+    "cycler",
+    "joiner",
+    "namespace",
+    "true",
+    "false",
+    "none",
+}
 _FIXED_RUNNERS = {"exec": "exec", "python": "python", "workflow": "workflow", "route": "route"}
 
 
@@ -50,7 +78,9 @@ class _Source:
     def __init__(self, text: str, name: str | None):
         if len(text.encode("utf-8")) > MAX_SOURCE_BYTES:
             raise DefinitionError(
-                f"source is larger than {MAX_SOURCE_BYTES} bytes", field="(source)", source_name=name
+                f"source is larger than {MAX_SOURCE_BYTES} bytes",
+                field="(source)",
+                source_name=name,
             )
         self.text = text
         self.name = name
@@ -58,7 +88,9 @@ class _Source:
 
     def error(self, problem: str, path: Path) -> DefinitionError:
         return DefinitionError(
-            problem, field=dotted(path) or "(top level)", line=line_of(self.lines, path),
+            problem,
+            field=dotted(path) or "(top level)",
+            line=line_of(self.lines, path),
             source_name=self.name,
         )
 
@@ -89,28 +121,42 @@ def load_workflow(
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
-            raise DefinitionError(f"cannot read workflow file: {exc.strerror}", field="(file)",
-                                  source_name=str(path)) from exc
+            raise DefinitionError(
+                f"cannot read workflow file: {exc.strerror}", field="(file)", source_name=str(path)
+            ) from exc
         source_name = source_name or str(path)
     else:
         text = str(source)
-    freezer = _Freezer(library=dict(library or {}), namespace=namespace,
-                       search_dir=path.parent if path else None)
+    freezer = _Freezer(
+        library=dict(library or {}), namespace=namespace, search_dir=path.parent if path else None
+    )
     plan = freezer.freeze(text, source_name or "<workflow>", depth=0)
     plan_json = plan.to_json()
     if len(plan_json) > MAX_PLAN_BYTES:
-        raise DefinitionError(f"the frozen plan is larger than {MAX_PLAN_BYTES} bytes",
-                              field="(plan)", source_name=source_name)
+        raise DefinitionError(
+            f"the frozen plan is larger than {MAX_PLAN_BYTES} bytes",
+            field="(plan)",
+            source_name=source_name,
+        )
     return Workflow(
-        name=plan.name, source=text, source_hash=sha256_text(text),
+        name=plan.name,
+        source=text,
+        source_hash=sha256_text(text),
         source_path=str(path.resolve()) if path else None,
-        plan=plan, plan_json=plan_json, plan_hash=sha256_text(plan_json),
+        plan=plan,
+        plan_json=plan_json,
+        plan_hash=sha256_text(plan_json),
     )
 
 
 class _Freezer:
-    def __init__(self, *, library: dict[str, str], namespace: Mapping[str, Any] | None,
-                 search_dir: FsPath | None):
+    def __init__(
+        self,
+        *,
+        library: dict[str, str],
+        namespace: Mapping[str, Any] | None,
+        search_dir: FsPath | None,
+    ):
         self.library = library
         self.namespace = namespace
         self.search_dir = search_dir
@@ -123,8 +169,9 @@ class _Freezer:
         for child_name, child_text in docs.items():
             self.library.setdefault(child_name, child_text)
         if spec.name in self.stack:
-            raise src.error(f"child workflows form a cycle: {' -> '.join([*self.stack, spec.name])}",
-                            ("name",))
+            raise src.error(
+                f"child workflows form a cycle: {' -> '.join([*self.stack, spec.name])}", ("name",)
+            )
         self.stack.append(spec.name)
         try:
             return self._plan(spec, src, depth)
@@ -140,8 +187,9 @@ class _Freezer:
         for i, step in enumerate(spec.steps):
             at: Path = ("steps", i)
             if step.id in seen:
-                raise src.error(f"duplicate step id {step.id!r} (first at steps[{seen[step.id]}])",
-                                (*at, "id"))
+                raise src.error(
+                    f"duplicate step id {step.id!r} (first at steps[{seen[step.id]}])", (*at, "id")
+                )
             seen[step.id] = i
             _check_step_templates(spec, step, i, src, earlier=set(list(seen)[:-1]))
             if step.workflow is not None and step.workflow not in children:
@@ -149,8 +197,14 @@ class _Freezer:
             steps.append(self._step(spec, step, i, src))
         _check_routes(spec, src)
         return Plan(
-            name=spec.name, description=spec.description, params=spec.params, budget=spec.budget,
-            execution=spec.execution, runner=spec.runner, runners=spec.runners, steps=steps,
+            name=spec.name,
+            description=spec.description,
+            params=spec.params,
+            budget=spec.budget,
+            execution=spec.execution,
+            runner=spec.runner,
+            runners=spec.runners,
+            steps=steps,
             children=children,
         )
 
@@ -166,20 +220,38 @@ class _Freezer:
                 raise src.error(str(exc), (*at, "python")) from exc
         for name in step.pass_env:
             if not re.match(ENV_NAME_PATTERN, name) or name.startswith("WF_"):
-                raise src.error(f"expected an environment variable name not starting with WF_ "
-                                f"(got {name!r})", (*at, "pass_env"))
+                raise src.error(
+                    f"expected an environment variable name not starting with WF_ (got {name!r})",
+                    (*at, "pass_env"),
+                )
         if step.output is not None:
             _check_schema(step.output, src, (*at, "output"))
         gate = step.gate
         max_loops = gate.max_loops if gate else 1
         capped = kind in ("exec", "workflow") and max_loops > 1
         return PlanStep(
-            id=step.id, kind=kind, prompt=step.prompt,
-            argv=step.exec, target=step.python, target_hash=target_hash, workflow=step.workflow,
-            bindings=step.with_, route=step.route, map=step.map, reduce=step.reduce, runner=runner,
-            model=step.model, timeout_s=step.timeout, retry=step.retry, on_error=step.on_error,
-            output=step.output, gate=gate, max_loops=1 if capped else max_loops,
-            loops_capped=capped, cache=step.cache, pass_env=step.pass_env,
+            id=step.id,
+            kind=kind,
+            prompt=step.prompt,
+            argv=step.exec,
+            target=step.python,
+            target_hash=target_hash,
+            workflow=step.workflow,
+            bindings=step.with_,
+            route=step.route,
+            map=step.map,
+            reduce=step.reduce,
+            runner=runner,
+            model=step.model,
+            timeout_s=step.timeout,
+            retry=step.retry,
+            on_error=step.on_error,
+            output=step.output,
+            gate=gate,
+            max_loops=1 if capped else max_loops,
+            loops_capped=capped,
+            cache=step.cache,
+            pass_env=step.pass_env,
         )
 
     def _child(self, name: str, src: _Source, at: Path, depth: int) -> Plan:
@@ -187,15 +259,20 @@ class _Freezer:
             raise src.error(f"child workflows nest deeper than {MAX_CHILD_DEPTH}", at)
         text = self.library.get(name)
         if text is None and self.search_dir is not None:
-            for candidate in (self.search_dir / f"{name}.yaml", self.search_dir / f"{name}.yml",
-                              self.search_dir / "workflows" / f"{name}.yaml"):
+            for candidate in (
+                self.search_dir / f"{name}.yaml",
+                self.search_dir / f"{name}.yml",
+                self.search_dir / "workflows" / f"{name}.yaml",
+            ):
                 if candidate.is_file():
                     text = candidate.read_text(encoding="utf-8")
                     break
         if text is None:
             raise src.error(
                 f"unknown child workflow {name!r}: define it in the same file (a further YAML "
-                f"document), in an earlier %%workflow cell, or as {name}.yaml beside this file", at)
+                f"document), in an earlier %%workflow cell, or as {name}.yaml beside this file",
+                at,
+            )
         return self.freeze(text, f"workflow {name}", depth=depth + 1)
 
 
@@ -222,8 +299,9 @@ _MESSAGES: dict[str, Callable[[dict[str, Any]], str]] = {
     "less_than_equal": lambda e: f"must be <= {e['ctx']['le']} (got {e['input']!r})",
     "missing": lambda e: "is required",
     "extra_forbidden": lambda e: "unknown key; check its spelling against the format reference",
-    "string_pattern_mismatch": lambda e: f"expected a name matching {e['ctx']['pattern']} "
-    f"(got {e['input']!r})",
+    "string_pattern_mismatch": lambda e: (
+        f"expected a name matching {e['ctx']['pattern']} (got {e['input']!r})"
+    ),
     "literal_error": lambda e: f"expected {e['ctx']['expected']} (got {e['input']!r})",
     "too_short": lambda e: f"must have at least {e['ctx']['min_length']} item(s)",
     "too_long": lambda e: f"must have at most {e['ctx']['max_length']} item(s)",
@@ -249,6 +327,7 @@ def _validate(src: _Source) -> WorkflowSpec:
 
 def _check_params(spec: WorkflowSpec, src: _Source) -> None:
     import jsonschema  # lazy: its import costs ~1 s with some extras installed
+
     for name, schema in spec.params.items():
         at: Path = ("params", name)
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
@@ -258,17 +337,22 @@ def _check_params(spec: WorkflowSpec, src: _Source) -> None:
             try:
                 jsonschema.validate(schema["default"], schema)
             except jsonschema.ValidationError as exc:
-                raise src.error(f"default does not match the param schema: {exc.message}",
-                                (*at, "default")) from None
+                raise src.error(
+                    f"default does not match the param schema: {exc.message}", (*at, "default")
+                ) from None
 
 
 def _check_schema(schema: dict[str, Any], src: _Source, at: Path) -> None:
     import jsonschema  # lazy: its import costs ~1 s with some extras installed
+
     unknown = _unknown_keywords(schema)
     if unknown:
-        raise src.error(f"unsupported JSON Schema keyword(s) {sorted(unknown)}; supported: "
-                        "type, properties, required, items, enum, minimum/maximum, min/maxLength, "
-                        "min/maxItems, pattern, const", at)
+        raise src.error(
+            f"unsupported JSON Schema keyword(s) {sorted(unknown)}; supported: "
+            "type, properties, required, items, enum, minimum/maximum, min/maxLength, "
+            "min/maxItems, pattern, const",
+            at,
+        )
     try:
         jsonschema.Draft202012Validator.check_schema(schema)
     except jsonschema.SchemaError as exc:
@@ -294,13 +378,16 @@ def _check_runners(spec: WorkflowSpec, src: _Source) -> None:
     for name, options in spec.runners.items():
         kind = options.get("type", name)
         if kind not in known:
-            raise src.error(f"unknown runner type {kind!r}; known runners: {sorted(known)}",
-                            ("runners", name))
+            raise src.error(
+                f"unknown runner type {kind!r}; known runners: {sorted(known)}", ("runners", name)
+            )
         for key, value in options.items():
             if isinstance(value, str) and re.search(r"(?i)(^sk-|bearer\s)", value):
-                raise src.error("looks like a secret value; put it in an environment variable "
-                                "and name the variable instead (e.g. api_key_env)",
-                                ("runners", name, key))
+                raise src.error(
+                    "looks like a secret value; put it in an environment variable "
+                    "and name the variable instead (e.g. api_key_env)",
+                    ("runners", name, key),
+                )
     usable = known | set(spec.runners)
     refs: list[tuple[str, Path]] = [(spec.runner, ("runner",))]
     for i, step in enumerate(spec.steps):
@@ -341,8 +428,9 @@ def _strings(value: Any, path: Path = ()) -> list[tuple[str, Path]]:
     return []
 
 
-def _check_step_templates(spec: WorkflowSpec, step: StepSpec, i: int, src: _Source, *,
-                          earlier: set[str]) -> None:
+def _check_step_templates(
+    spec: WorkflowSpec, step: StepSpec, i: int, src: _Source, *, earlier: set[str]
+) -> None:
     for text, rel, bare in _templates_of(step):
         at: Path = ("steps", i, *rel)
         try:
@@ -356,21 +444,33 @@ def _check_step_templates(spec: WorkflowSpec, step: StepSpec, i: int, src: _Sour
             allowed |= {"output"}
         unknown = refs.names - allowed
         if unknown:
-            raise src.error(f"template names unknown variable(s) {sorted(unknown)}; in scope: "
-                            f"{sorted(allowed - _JINJA_GLOBALS)}", at)
+            raise src.error(
+                f"template names unknown variable(s) {sorted(unknown)}; in scope: "
+                f"{sorted(allowed - _JINJA_GLOBALS)}",
+                at,
+            )
         for ref in sorted(refs.steps):
             if ref == step.id:
-                raise src.error(f"template refers to its own step {ref!r}; use `output` in a gate "
-                                "check or an earlier step", at)
+                raise src.error(
+                    f"template refers to its own step {ref!r}; use `output` in a gate "
+                    "check or an earlier step",
+                    at,
+                )
             if ref not in earlier:
                 later = any(s.id == ref for s in spec.steps)
                 why = "a later step" if later else "an unknown step"
-                raise src.error(f"template refers to {why} {ref!r}; only earlier steps' outputs "
-                                f"are in scope (earlier: {sorted(earlier) or 'none'})", at)
+                raise src.error(
+                    f"template refers to {why} {ref!r}; only earlier steps' outputs "
+                    f"are in scope (earlier: {sorted(earlier) or 'none'})",
+                    at,
+                )
         for ref in sorted(refs.params):
             if ref not in spec.params:
-                raise src.error(f"template refers to undeclared param {ref!r}; declare it under "
-                                f"params: (declared: {sorted(spec.params) or 'none'})", at)
+                raise src.error(
+                    f"template refers to undeclared param {ref!r}; declare it under "
+                    f"params: (declared: {sorted(spec.params) or 'none'})",
+                    at,
+                )
 
 
 def _check_routes(spec: WorkflowSpec, src: _Source) -> None:
@@ -383,5 +483,6 @@ def _check_routes(spec: WorkflowSpec, src: _Source) -> None:
             if target not in index:
                 raise src.error(f"route target {target!r} is not a step id", at)
             if index[target] <= i:
-                raise src.error(f"route target {target!r} must come after the router "
-                                f"{step.id!r}", at)
+                raise src.error(
+                    f"route target {target!r} must come after the router {step.id!r}", at
+                )

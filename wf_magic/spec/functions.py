@@ -37,8 +37,9 @@ def resolve(target: str, namespace: Mapping[str, Any] | None = None) -> Callable
         try:
             obj: Any = importlib.import_module(module_name)
         except ImportError as exc:
-            raise TargetError(f"cannot import module {module_name!r} for python target "
-                              f"{target!r}: {exc}") from exc
+            raise TargetError(
+                f"cannot import module {module_name!r} for python target {target!r}: {exc}"
+            ) from exc
         for part in attr.split("."):
             obj = getattr(obj, part, None)
             if obj is None:
@@ -48,8 +49,10 @@ def resolve(target: str, namespace: Mapping[str, Any] | None = None) -> Callable
     elif namespace is not None and target in namespace:
         obj = namespace[target]
     else:
-        raise TargetError(f"unknown python target {target!r}: use `module:function`, define it in "
-                          "the notebook, or register it with wf_magic.register_function")
+        raise TargetError(
+            f"unknown python target {target!r}: use `module:function`, define it in "
+            "the notebook, or register it with wf_magic.register_function"
+        )
     if not callable(obj):
         raise TargetError(f"python target {target!r} is not callable")
     return obj  # type: ignore[no-any-return]

@@ -6,7 +6,6 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-
 from ..errors import UsageError
 from .plan import Plan
 
@@ -30,8 +29,9 @@ def coerce(schema: Mapping[str, Any], text: str) -> Any:
     return text
 
 
-def resolve_params(plan: Plan, given: Mapping[str, Any] | None, *,
-                   from_strings: bool = False) -> dict[str, Any]:
+def resolve_params(
+    plan: Plan, given: Mapping[str, Any] | None, *, from_strings: bool = False
+) -> dict[str, Any]:
     """Params after defaults, validated.
 
     Raises:
@@ -42,8 +42,10 @@ def resolve_params(plan: Plan, given: Mapping[str, Any] | None, *,
     given = dict(given or {})
     unknown = sorted(set(given) - set(plan.params))
     if unknown:
-        raise UsageError(f"workflow {plan.name!r} declares no param {', '.join(map(repr, unknown))}; "
-                         f"declared: {sorted(plan.params) or 'none'}")
+        raise UsageError(
+            f"workflow {plan.name!r} declares no param {', '.join(map(repr, unknown))}; "
+            f"declared: {sorted(plan.params) or 'none'}"
+        )
     out: dict[str, Any] = {}
     for name, schema in plan.params.items():
         if name in given:
@@ -56,8 +58,9 @@ def resolve_params(plan: Plan, given: Mapping[str, Any] | None, *,
         elif "default" in schema:
             value = schema["default"]
         else:
-            raise UsageError(f"param {name!r} of workflow {plan.name!r} is required; pass "
-                             f"--param {name}=VALUE")
+            raise UsageError(
+                f"param {name!r} of workflow {plan.name!r} is required; pass --param {name}=VALUE"
+            )
         try:
             jsonschema.validate(value, dict(schema))
         except jsonschema.ValidationError as exc:

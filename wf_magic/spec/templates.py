@@ -78,8 +78,15 @@ def evaluate_expression(expr: str, context: Mapping[str, Any]) -> Any:
     """Evaluate a bare Jinja expression (no braces) to a native value."""
     try:
         value = _expression(expr)(**context)
-    except (UndefinedError, SecurityError, TemplateSyntaxError, TypeError, ValueError,
-            ArithmeticError, LookupError) as exc:
+    except (
+        UndefinedError,
+        SecurityError,
+        TemplateSyntaxError,
+        TypeError,
+        ValueError,
+        ArithmeticError,
+        LookupError,
+    ) as exc:
         raise TemplateError(str(exc)) from exc
     if hasattr(value, "_undefined_name"):
         raise TemplateError(f"{value._undefined_name!r} is undefined")
@@ -105,7 +112,9 @@ def references(source: str, *, expression: bool = False) -> References:
     try:
         ast = _env.parse(text)
     except TemplateSyntaxError as exc:
-        raise TemplateError(f"invalid template: {exc.message} (template line {exc.lineno})") from exc
+        raise TemplateError(
+            f"invalid template: {exc.message} (template line {exc.lineno})"
+        ) from exc
     assigned = {n.name for n in ast.find_all(nodes.Name) if n.ctx in ("store", "param")}
     names = {n.name for n in ast.find_all(nodes.Name) if n.ctx == "load"} - assigned
     steps: set[str] = set()

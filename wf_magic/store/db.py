@@ -12,7 +12,19 @@ from pathlib import Path
 
 BUSY_TIMEOUT_MS = 30_000
 DB_FILENAME = "state.db"
-_NETWORK_FS = {"nfs", "nfs4", "cifs", "smbfs", "smb3", "fuse", "9p", "afs", "ceph", "glusterfs", "lustre"}
+_NETWORK_FS = {
+    "nfs",
+    "nfs4",
+    "cifs",
+    "smbfs",
+    "smb3",
+    "fuse",
+    "9p",
+    "afs",
+    "ceph",
+    "glusterfs",
+    "lustre",
+}
 _warned_paths: set[str] = set()
 _warn_lock = threading.Lock()
 
@@ -59,8 +71,8 @@ def choose_journal_mode(state_dir: Path) -> str:
                 _warned_paths.add(key)
                 warnings.warn(
                     f"State dir {state_dir} is on a network filesystem ({fstype}); WAL is unsafe "
-                    "there, using journal_mode=DELETE. Set WF_MAGIC_HOME to a local disk for speed, "
-                    "or WF_MAGIC_SQLITE_JOURNAL_MODE to override.",
+                    "there, using journal_mode=DELETE. Set WF_MAGIC_HOME to a local disk for "
+                    "speed, or WF_MAGIC_SQLITE_JOURNAL_MODE to override.",
                     StateDirWarning,
                     stacklevel=3,
                 )
@@ -68,7 +80,9 @@ def choose_journal_mode(state_dir: Path) -> str:
     return "WAL"
 
 
-def connect(db_path: Path, *, durability: str = "normal", read_only: bool = False) -> sqlite3.Connection:
+def connect(
+    db_path: Path, *, durability: str = "normal", read_only: bool = False
+) -> sqlite3.Connection:
     """Open ``db_path`` with the house pragmas (busy timeout, foreign keys, journal mode).
 
     Connections are in autocommit mode (``isolation_level=None``); writers open their own
@@ -76,12 +90,18 @@ def connect(db_path: Path, *, durability: str = "normal", read_only: bool = Fals
     """
     if read_only:
         uri = f"file:{db_path}?mode=ro"
-        conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
-                               check_same_thread=False)
+        conn = sqlite3.connect(
+            uri,
+            uri=True,
+            timeout=BUSY_TIMEOUT_MS / 1000,
+            isolation_level=None,
+            check_same_thread=False,
+        )
     else:
         db_path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(db_path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
-                               check_same_thread=False)
+        conn = sqlite3.connect(
+            db_path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
+        )
     conn.row_factory = sqlite3.Row
     conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
     conn.execute("PRAGMA foreign_keys = ON")

@@ -30,15 +30,29 @@ class UnitKey:
     input_hash: str
 
 
-def append_event_txn(conn: sqlite3.Connection, run_id: str, kind: str, *,
-                     step_id: str | None = None, unit_id: str | None = None,
-                     dispatch_id: str | None = None, data: Any = None) -> None:
+def append_event_txn(
+    conn: sqlite3.Connection,
+    run_id: str,
+    kind: str,
+    *,
+    step_id: str | None = None,
+    unit_id: str | None = None,
+    dispatch_id: str | None = None,
+    data: Any = None,
+) -> None:
     """Append one event row."""
     conn.execute(
         "INSERT INTO events (run_id, at, kind, step_id, unit_id, dispatch_id, data_json)"
         " VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (run_id, time.time(), kind, step_id, unit_id, dispatch_id,
-         None if data is None else json.dumps(data, sort_keys=True, default=str)),
+        (
+            run_id,
+            time.time(),
+            kind,
+            step_id,
+            unit_id,
+            dispatch_id,
+            None if data is None else json.dumps(data, sort_keys=True, default=str),
+        ),
     )
 
 
@@ -49,14 +63,25 @@ def _upsert_unit_txn(conn: sqlite3.Connection, key: UnitKey, status: str, attemp
         " ON CONFLICT (run_id, unit_id) DO UPDATE SET loop = excluded.loop,"
         " status = excluded.status, input_hash = excluded.input_hash,"
         " attempts = excluded.attempts, updated_at = excluded.updated_at",
-        (key.run_id, key.unit_id, key.step_id, key.phase, key.item_index, key.loop, status,
-         key.input_hash, attempt, time.time()),
+        (
+            key.run_id,
+            key.unit_id,
+            key.step_id,
+            key.phase,
+            key.item_index,
+            key.loop,
+            status,
+            key.input_hash,
+            attempt,
+            time.time(),
+        ),
     )
 
 
 def _next_attempt_txn(conn: sqlite3.Connection, run_id: str, unit_id: str) -> int:
-    row = conn.execute("SELECT MAX(attempt) FROM attempts WHERE run_id = ? AND unit_id = ?",
-                       (run_id, unit_id)).fetchone()
+    row = conn.execute(
+        "SELECT MAX(attempt) FROM attempts WHERE run_id = ? AND unit_id = ?", (run_id, unit_id)
+    ).fetchone()
     return int(row[0] or 0) + 1
 
 
@@ -69,20 +94,60 @@ def reserve_attempt_txn(conn: sqlite3.Connection, key: UnitKey, *, charged: bool
         "INSERT INTO attempts (run_id, workflow, step_id, unit_id, attempt, dispatch_id, phase,"
         " loop, item_index, runner, model, status, input_hash, charged, started_at)"
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?)",
-        (key.run_id, key.workflow, key.step_id, key.unit_id, number, dispatch_id, key.phase,
-         key.loop, key.item_index, key.runner, key.model, key.input_hash, int(charged), now),
+        (
+            key.run_id,
+            key.workflow,
+            key.step_id,
+            key.unit_id,
+            number,
+            dispatch_id,
+            key.phase,
+            key.loop,
+            key.item_index,
+            key.runner,
+            key.model,
+            key.input_hash,
+            int(charged),
+            now,
+        ),
     )
     _upsert_unit_txn(conn, key, "running", number)
-    append_event_txn(conn, key.run_id, "unit_started", step_id=key.step_id, unit_id=key.unit_id,
-                     dispatch_id=dispatch_id, data={"attempt": number, "loop": key.loop,
-                                                    "phase": key.phase})
+    append_event_txn(
+        conn,
+        key.run_id,
+        "unit_started",
+        step_id=key.step_id,
+        unit_id=key.unit_id,
+        dispatch_id=dispatch_id,
+        data={"attempt": number, "loop": key.loop, "phase": key.phase},
+    )
     return AttemptRow(
-        attempt_pk=int(cur.lastrowid or 0), run_id=key.run_id, workflow=key.workflow,
-        step_id=key.step_id, unit_id=key.unit_id, attempt=number, dispatch_id=dispatch_id,
-        phase=key.phase, loop=key.loop, item_index=key.item_index, runner=key.runner,
-        model=key.model, status="running", input_hash=key.input_hash, charged=int(charged),
-        tokens_in=0, tokens_out=0, cost=None, saved_tokens=0, reused_from=None, session_id=None,
-        output_json=None, failure=None, transient=None, started_at=now, finished_at=None,
+        attempt_pk=int(cur.lastrowid or 0),
+        run_id=key.run_id,
+        workflow=key.workflow,
+        step_id=key.step_id,
+        unit_id=key.unit_id,
+        attempt=number,
+        dispatch_id=dispatch_id,
+        phase=key.phase,
+        loop=key.loop,
+        item_index=key.item_index,
+        runner=key.runner,
+        model=key.model,
+        status="running",
+        input_hash=key.input_hash,
+        charged=int(charged),
+        tokens_in=0,
+        tokens_out=0,
+        cost=None,
+        saved_tokens=0,
+        reused_from=None,
+        session_id=None,
+        output_json=None,
+        failure=None,
+        transient=None,
+        started_at=now,
+        finished_at=None,
     )
 
 
@@ -108,30 +173,64 @@ def finish_attempt_txn(conn: sqlite3.Connection, attempt: AttemptRow, finish: Fi
         "UPDATE attempts SET status = ?, output_json = ?, failure = ?, transient = ?,"
         " tokens_in = ?, tokens_out = ?, cost = ?, model = COALESCE(?, model), session_id = ?,"
         " finished_at = ? WHERE dispatch_id = ? AND status = 'running'",
-        (finish.status, finish.output_json, finish.failure,
-         None if finish.transient is None else int(finish.transient), finish.tokens_in,
-         finish.tokens_out, finish.cost, finish.model, finish.session_id, now,
-         attempt.dispatch_id),
+        (
+            finish.status,
+            finish.output_json,
+            finish.failure,
+            None if finish.transient is None else int(finish.transient),
+            finish.tokens_in,
+            finish.tokens_out,
+            finish.cost,
+            finish.model,
+            finish.session_id,
+            now,
+            attempt.dispatch_id,
+        ),
     )
     if cur.rowcount == 0:
         return False
-    key = UnitKey(run_id=attempt.run_id, workflow=attempt.workflow, step_id=attempt.step_id,
-                  unit_id=attempt.unit_id, phase=attempt.phase, loop=attempt.loop,
-                  item_index=attempt.item_index, runner=attempt.runner, model=attempt.model,
-                  input_hash=attempt.input_hash)
+    key = UnitKey(
+        run_id=attempt.run_id,
+        workflow=attempt.workflow,
+        step_id=attempt.step_id,
+        unit_id=attempt.unit_id,
+        phase=attempt.phase,
+        loop=attempt.loop,
+        item_index=attempt.item_index,
+        runner=attempt.runner,
+        model=attempt.model,
+        input_hash=attempt.input_hash,
+    )
     _upsert_unit_txn(conn, key, finish.status, attempt.attempt)
-    append_event_txn(conn, attempt.run_id, "unit_finished", step_id=attempt.step_id,
-                     unit_id=attempt.unit_id, dispatch_id=attempt.dispatch_id,
-                     data={"status": finish.status, "attempt": attempt.attempt,
-                           "tokens": finish.tokens_in + finish.tokens_out,
-                           "failure": finish.failure, "phase": attempt.phase,
-                           "loop": attempt.loop})
+    append_event_txn(
+        conn,
+        attempt.run_id,
+        "unit_finished",
+        step_id=attempt.step_id,
+        unit_id=attempt.unit_id,
+        dispatch_id=attempt.dispatch_id,
+        data={
+            "status": finish.status,
+            "attempt": attempt.attempt,
+            "tokens": finish.tokens_in + finish.tokens_out,
+            "failure": finish.failure,
+            "phase": attempt.phase,
+            "loop": attempt.loop,
+        },
+    )
     return True
 
 
-def record_terminal_attempt_txn(conn: sqlite3.Connection, key: UnitKey, finish: Finish, *,
-                                charged: bool = False, reused_from: str | None = None,
-                                saved_tokens: int = 0, event: str = "unit_finished") -> AttemptRow:
+def record_terminal_attempt_txn(
+    conn: sqlite3.Connection,
+    key: UnitKey,
+    finish: Finish,
+    *,
+    charged: bool = False,
+    reused_from: str | None = None,
+    saved_tokens: int = 0,
+    event: str = "unit_finished",
+) -> AttemptRow:
     """Insert an attempt that is terminal at once (a reused result or a recorded verdict)."""
     number = _next_attempt_txn(conn, key.run_id, key.unit_id)
     dispatch_id = uuid.uuid4().hex
@@ -142,36 +241,83 @@ def record_terminal_attempt_txn(conn: sqlite3.Connection, key: UnitKey, finish: 
         " cost, saved_tokens, reused_from, session_id, output_json, failure, transient,"
         " started_at, finished_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
         " ?, ?, ?, ?, ?, ?, ?)",
-        (key.run_id, key.workflow, key.step_id, key.unit_id, number, dispatch_id, key.phase,
-         key.loop, key.item_index, key.runner, finish.model or key.model, finish.status,
-         key.input_hash, int(charged), finish.tokens_in, finish.tokens_out, finish.cost,
-         saved_tokens, reused_from, finish.session_id, finish.output_json, finish.failure,
-         None if finish.transient is None else int(finish.transient), now, now),
+        (
+            key.run_id,
+            key.workflow,
+            key.step_id,
+            key.unit_id,
+            number,
+            dispatch_id,
+            key.phase,
+            key.loop,
+            key.item_index,
+            key.runner,
+            finish.model or key.model,
+            finish.status,
+            key.input_hash,
+            int(charged),
+            finish.tokens_in,
+            finish.tokens_out,
+            finish.cost,
+            saved_tokens,
+            reused_from,
+            finish.session_id,
+            finish.output_json,
+            finish.failure,
+            None if finish.transient is None else int(finish.transient),
+            now,
+            now,
+        ),
     )
     _upsert_unit_txn(conn, key, finish.status, number)
-    append_event_txn(conn, key.run_id, event, step_id=key.step_id, unit_id=key.unit_id,
-                     dispatch_id=dispatch_id,
-                     data={"status": finish.status, "attempt": number, "phase": key.phase,
-                           "loop": key.loop, "reused_from": reused_from,
-                           "saved_tokens": saved_tokens})
-    row = conn.execute(f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE dispatch_id = ?",
-                       (dispatch_id,)).fetchone()
+    append_event_txn(
+        conn,
+        key.run_id,
+        event,
+        step_id=key.step_id,
+        unit_id=key.unit_id,
+        dispatch_id=dispatch_id,
+        data={
+            "status": finish.status,
+            "attempt": number,
+            "phase": key.phase,
+            "loop": key.loop,
+            "reused_from": reused_from,
+            "saved_tokens": saved_tokens,
+        },
+    )
+    row = conn.execute(
+        f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE dispatch_id = ?", (dispatch_id,)
+    ).fetchone()
     return from_row(AttemptRow, row)
 
 
-def attempts_of(conn: sqlite3.Connection, run_id: str, step_id: str | None = None) -> list[AttemptRow]:
+def attempts_of(
+    conn: sqlite3.Connection, run_id: str, step_id: str | None = None
+) -> list[AttemptRow]:
     """A run's attempts (optionally of one step), in journal order."""
     if step_id is None:
-        rows = conn.execute(f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE run_id = ?"
-                            " ORDER BY attempt_pk", (run_id,))
+        rows = conn.execute(
+            f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE run_id = ? ORDER BY attempt_pk", (run_id,)
+        )
     else:
-        rows = conn.execute(f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE run_id = ? AND"
-                            " step_id = ? ORDER BY attempt_pk", (run_id, step_id))
+        rows = conn.execute(
+            f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE run_id = ? AND"
+            " step_id = ? ORDER BY attempt_pk",
+            (run_id, step_id),
+        )
     return [from_row(AttemptRow, r) for r in rows]
 
 
-def find_reusable(conn: sqlite3.Connection, *, workflow: str, input_hash: str, runner: str,
-                  model: str | None, exclude_run_id: str) -> AttemptRow | None:
+def find_reusable(
+    conn: sqlite3.Connection,
+    *,
+    workflow: str,
+    input_hash: str,
+    runner: str,
+    model: str | None,
+    exclude_run_id: str,
+) -> AttemptRow | None:
     """The newest succeeded attempt of another run of ``workflow`` with the same input.
 
     The requested ``model`` is part of ``input_hash``; the stored ``model`` column holds the
@@ -187,8 +333,9 @@ def find_reusable(conn: sqlite3.Connection, *, workflow: str, input_hash: str, r
     return from_row(AttemptRow, row) if row else None
 
 
-def find_in_run(conn: sqlite3.Connection, *, run_id: str, input_hash: str,
-                unit_id: str) -> AttemptRow | None:
+def find_in_run(
+    conn: sqlite3.Connection, *, run_id: str, input_hash: str, unit_id: str
+) -> AttemptRow | None:
     """The newest succeeded/reused attempt of ``unit_id`` in ``run_id`` with that input."""
     row = conn.execute(
         f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE run_id = ? AND unit_id = ? AND"
@@ -203,15 +350,19 @@ def budget_usage(conn: sqlite3.Connection, root_run_id: str) -> tuple[int, int, 
     row = conn.execute(
         "SELECT COUNT(*), COALESCE(SUM(a.tokens_in + a.tokens_out), 0), COALESCE(SUM(a.cost), 0)"
         " FROM attempts a JOIN runs r ON r.run_id = a.run_id"
-        " WHERE r.root_run_id = ? AND a.charged = 1", (root_run_id,),
+        " WHERE r.root_run_id = ? AND a.charged = 1",
+        (root_run_id,),
     ).fetchone()
     return int(row[0]), int(row[1]), float(row[2])
 
 
-def events_after(conn: sqlite3.Connection, run_id: str, after_id: int = 0,
-                 limit: int = 10_000) -> list[EventRow]:
+def events_after(
+    conn: sqlite3.Connection, run_id: str, after_id: int = 0, limit: int = 10_000
+) -> list[EventRow]:
     """Events of ``run_id`` with id greater than ``after_id`` (for watch/tail)."""
     rows = conn.execute(
         "SELECT event_id, run_id, at, kind, step_id, unit_id, dispatch_id, data_json FROM events"
-        " WHERE run_id = ? AND event_id > ? ORDER BY event_id LIMIT ?", (run_id, after_id, limit))
+        " WHERE run_id = ? AND event_id > ? ORDER BY event_id LIMIT ?",
+        (run_id, after_id, limit),
+    )
     return [from_row(EventRow, r) for r in rows]

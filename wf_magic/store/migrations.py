@@ -131,7 +131,7 @@ def m001_initial(conn: sqlite3.Connection) -> None:
             data_json TEXT
         );
         CREATE INDEX events_run ON events(run_id, event_id);
-        """
+        """,
     )
 
 

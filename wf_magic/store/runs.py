@@ -12,20 +12,31 @@ from .records import RunRow, StepRow, from_row
 _RUN_COLS = ", ".join(RunRow.__dataclass_fields__)
 
 
-def insert_run_txn(conn: sqlite3.Connection, run: RunRow,
-                   steps: Sequence[tuple[str, int, str, int]]) -> None:
+def insert_run_txn(
+    conn: sqlite3.Connection, run: RunRow, steps: Sequence[tuple[str, int, str, int]]
+) -> None:
     """Insert a run and its step rows (``(step_id, position, kind, max_loops)``)."""
     marks = ", ".join("?" for _ in RunRow.__dataclass_fields__)
-    conn.execute(f"INSERT INTO runs ({_RUN_COLS}) VALUES ({marks})",
-                 [getattr(run, f) for f in RunRow.__dataclass_fields__])
+    conn.execute(
+        f"INSERT INTO runs ({_RUN_COLS}) VALUES ({marks})",
+        [getattr(run, f) for f in RunRow.__dataclass_fields__],
+    )
     conn.executemany(
         "INSERT INTO steps (run_id, step_id, position, kind, status, loop, max_loops, updated_at)"
         " VALUES (?, ?, ?, ?, 'pending', 1, ?, ?)",
         [(run.run_id, sid, pos, kind, loops, run.created_at) for sid, pos, kind, loops in steps],
     )
-    append_event_txn(conn, run.run_id, "run_created",
-                     data={"workflow": run.workflow, "plan_hash": run.plan_hash,
-                           "parent_run_id": run.parent_run_id, "forked_from": run.forked_from})
+    append_event_txn(
+        conn,
+        run.run_id,
+        "run_created",
+        data={
+            "workflow": run.workflow,
+            "plan_hash": run.plan_hash,
+            "parent_run_id": run.parent_run_id,
+            "forked_from": run.forked_from,
+        },
+    )
 
 
 def get_run(conn: sqlite3.Connection, run_id: str) -> RunRow | None:
@@ -36,8 +47,10 @@ def get_run(conn: sqlite3.Connection, run_id: str) -> RunRow | None:
 
 def find_run_prefix(conn: sqlite3.Connection, prefix: str) -> list[str]:
     """Run ids starting with ``prefix`` (for friendly lookups)."""
-    rows = conn.execute("SELECT run_id FROM runs WHERE run_id LIKE ? ORDER BY created_at LIMIT 5",
-                        (prefix.replace("%", "") + "%",))
+    rows = conn.execute(
+        "SELECT run_id FROM runs WHERE run_id LIKE ? ORDER BY created_at LIMIT 5",
+        (prefix.replace("%", "") + "%",),
+    )
     return [r[0] for r in rows]
 
 
@@ -51,8 +64,9 @@ def latest_in_scope(conn: sqlite3.Connection, scope_key: str) -> RunRow | None:
     return from_row(RunRow, row) if row else None
 
 
-def list_runs(conn: sqlite3.Connection, *, include_children: bool = False,
-              limit: int | None = None) -> list[RunRow]:
+def list_runs(
+    conn: sqlite3.Connection, *, include_children: bool = False, limit: int | None = None
+) -> list[RunRow]:
     """Runs, newest first."""
     where = "" if include_children else "WHERE parent_run_id IS NULL"
     lim = f" LIMIT {int(limit)}" if limit else ""
@@ -69,8 +83,14 @@ def child_run(conn: sqlite3.Connection, parent_run_id: str, invocation_key: str)
     return from_row(RunRow, row) if row else None
 
 
-def set_run_status_txn(conn: sqlite3.Connection, run_id: str, status: str, *,
-                       reason: str | None = None, result_json: str | None = None) -> None:
+def set_run_status_txn(
+    conn: sqlite3.Connection,
+    run_id: str,
+    status: str,
+    *,
+    reason: str | None = None,
+    result_json: str | None = None,
+) -> None:
     """Write a run's status (and result when completed), with a ``run_status`` event."""
     now = time.time()
     finished = now if status in ("completed", "failed", "abandoned") else None
@@ -86,20 +106,36 @@ def steps_of(conn: sqlite3.Connection, run_id: str) -> list[StepRow]:
     """The step rows of a run in plan order."""
     rows = conn.execute(
         "SELECT run_id, step_id, position, kind, status, loop, max_loops, note, output_json,"
-        " updated_at, stops_run FROM steps WHERE run_id = ? ORDER BY position", (run_id,))
+        " updated_at, stops_run FROM steps WHERE run_id = ? ORDER BY position",
+        (run_id,),
+    )
     return [from_row(StepRow, r) for r in rows]
 
 
-def write_step_txn(conn: sqlite3.Connection, run_id: str, step_id: str, *, status: str, loop: int,
-                   note: str | None, output_json: str | None, stops_run: bool = False) -> None:
+def write_step_txn(
+    conn: sqlite3.Connection,
+    run_id: str,
+    step_id: str,
+    *,
+    status: str,
+    loop: int,
+    note: str | None,
+    output_json: str | None,
+    stops_run: bool = False,
+) -> None:
     """Write a step's state (called only by the spine) with a ``step_status`` event."""
     conn.execute(
         "UPDATE steps SET status = ?, loop = ?, note = ?, output_json = ?, updated_at = ?,"
         " stops_run = ? WHERE run_id = ? AND step_id = ?",
         (status, loop, note, output_json, time.time(), int(stops_run), run_id, step_id),
     )
-    append_event_txn(conn, run_id, "step_status", step_id=step_id,
-                     data={"status": status, "loop": loop, "note": note})
+    append_event_txn(
+        conn,
+        run_id,
+        "step_status",
+        step_id=step_id,
+        data={"status": status, "loop": loop, "note": note},
+    )
 
 
 def set_stop_requested(conn: sqlite3.Connection, run_id: str, value: bool) -> None:
@@ -117,7 +153,9 @@ def finished_runs_before(conn: sqlite3.Connection, cutoff: float) -> list[str]:
     """Root runs completed/failed/abandoned before ``cutoff`` (candidates for gc)."""
     rows = conn.execute(
         "SELECT run_id FROM runs WHERE parent_run_id IS NULL AND status IN"
-        " ('completed','failed','abandoned') AND COALESCE(finished_at, updated_at) < ?", (cutoff,))
+        " ('completed','failed','abandoned') AND COALESCE(finished_at, updated_at) < ?",
+        (cutoff,),
+    )
     return [r[0] for r in rows]
 
 

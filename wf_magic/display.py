@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 from typing import TYPE_CHECKING
 
-from .spec.plan import Plan
+from .spec.plan import Plan, PlanStep
 
 if TYPE_CHECKING:
     from .run import Run
@@ -113,18 +113,17 @@ def run_html(run: Run) -> str:
     return f"<div class='wf-run'>{head}{table}{warn}</div>"
 
 
-def _target(step: object) -> str:
-    s = step  # PlanStep
-    kind = s.kind
-    if kind == "prompt":
-        return (s.prompt or "").strip().splitlines()[0][:60] if s.prompt else ""
-    if kind == "exec":
-        return " ".join(s.argv or [])[:60]
-    if kind == "python":
-        return str(s.target)
-    if kind == "workflow":
-        return f"workflow {s.workflow}"
-    route = s.route
+def _target(step: PlanStep) -> str:
+    if step.kind == "prompt":
+        lines = (step.prompt or "").strip().splitlines()
+        return lines[0][:60] if lines else ""
+    if step.kind == "exec":
+        return " ".join(step.argv or [])[:60]
+    if step.kind == "python":
+        return str(step.target)
+    if step.kind == "workflow":
+        return f"workflow {step.workflow}"
+    route = step.route
     return f"on {route.on} → {route.cases}" if route else ""
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 import sqlite3
@@ -745,7 +746,7 @@ class Engine:
         for run_id in self.read(lambda c: run_sql.finished_runs_before(c, cutoff)):
             if is_locked(self.lock_dir, run_id):
                 continue
-            self.write(lambda c, rid=run_id: run_sql.delete_run_tree_txn(c, rid))
+            self.write(functools.partial(run_sql.delete_run_tree_txn, run_id=run_id))
             deleted.append(run_id)
         return deleted
 

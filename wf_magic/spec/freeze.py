@@ -6,7 +6,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path as FsPath
-from typing import Any
+from typing import Any, cast
 
 from pydantic import ValidationError
 
@@ -14,7 +14,7 @@ from ..errors import DefinitionError
 from ..hashing import sha256_text
 from . import functions
 from .models import ENV_NAME_PATTERN, StepSpec, WorkflowSpec
-from .plan import Plan, PlanStep
+from .plan import Plan, PlanStep, StepKind
 from .templates import TemplateError, references
 from .yamlload import Path, dotted, line_of, load_with_lines
 
@@ -210,7 +210,7 @@ class _Freezer:
 
     def _step(self, spec: WorkflowSpec, step: StepSpec, i: int, src: _Source) -> PlanStep:
         at: Path = ("steps", i)
-        kind = step.kind
+        kind = cast(StepKind, step.kind)
         runner = _FIXED_RUNNERS.get(kind) or step.runner or spec.runner
         target_hash = None
         if step.python is not None:
@@ -315,7 +315,7 @@ def _validate(src: _Source) -> WorkflowSpec:
     try:
         return WorkflowSpec.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
+        err: dict[str, Any] = dict(exc.errors()[0])
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
         make = _MESSAGES.get(err["type"])
         msg = make(err) if make else err["msg"].removeprefix("Value error, ")

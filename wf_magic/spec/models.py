@@ -87,7 +87,7 @@ class StepSpec(_Strict):
     """Model name passed to the runner."""
     timeout: float | None = Field(None, gt=0, le=86_400)
     """Seconds before an attempt is killed and failed."""
-    retry: RetrySpec = Field(default_factory=RetrySpec)
+    retry: RetrySpec = RetrySpec()
     on_error: Literal["fail", "continue"] = "fail"
     """``fail`` stops the run on a failed unit; ``continue`` records it and goes on."""
     output: dict[str, Any] | None = None
@@ -143,8 +143,8 @@ class WorkflowSpec(_Strict):
     description: str = ""
     params: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Param name → JSON Schema (``type``, ``default``, ``minimum``, ``enum``, ...)."""
-    budget: BudgetSpec = Field(default_factory=BudgetSpec)
-    execution: ExecutionSpec = Field(default_factory=ExecutionSpec)
+    budget: BudgetSpec = BudgetSpec()
+    execution: ExecutionSpec = ExecutionSpec()
     runner: str = "scripted"
     """Default runner of prompt steps and llm judges."""
     runners: dict[str, dict[str, Any]] = Field(default_factory=dict)

@@ -39,7 +39,7 @@ class PlanStep(_Frozen):
     """Runner name for prompt units; ``exec``/``python``/``workflow``/``route`` otherwise."""
     model: str | None = None
     timeout_s: float | None = None
-    retry: RetrySpec = Field(default_factory=RetrySpec)
+    retry: RetrySpec = RetrySpec()
     on_error: Literal["fail", "continue"] = "fail"
     output: dict[str, Any] | None = None
     gate: GateSpec | None = None
@@ -58,8 +58,8 @@ class Plan(_Frozen):
     name: str
     description: str = ""
     params: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    budget: BudgetSpec = Field(default_factory=BudgetSpec)
-    execution: ExecutionSpec = Field(default_factory=ExecutionSpec)
+    budget: BudgetSpec = BudgetSpec()
+    execution: ExecutionSpec = ExecutionSpec()
     runner: str = "scripted"
     runners: dict[str, dict[str, Any]] = Field(default_factory=dict)
     steps: list[PlanStep]

@@ -120,6 +120,8 @@ def references(source: str, *, expression: bool = False) -> References:
     steps: set[str] = set()
     params: set[str] = set()
     for node in ast.find_all((nodes.Getattr, nodes.Getitem)):
+        if not isinstance(node, (nodes.Getattr, nodes.Getitem)):
+            continue
         base = node.node
         if isinstance(base, nodes.Name) and base.name in ("steps", "params"):
             key = _attr_key(node)

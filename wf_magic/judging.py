@@ -56,7 +56,6 @@ def obtain_verdict(
             "criteria": criteria,
             "summary": summary,
             "check": gate.check,
-            "runner": runner,
             "model": model,
         }
     )

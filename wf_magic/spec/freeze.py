@@ -11,6 +11,7 @@ from typing import Any, cast
 from pydantic import ValidationError
 
 from ..errors import DefinitionError
+from ..redact import is_secret_key
 from ..hashing import sha256_text
 from . import functions
 from .models import ENV_NAME_PATTERN, StepSpec, WorkflowSpec
@@ -382,7 +383,8 @@ def _check_runners(spec: WorkflowSpec, src: _Source) -> None:
                 f"unknown runner type {kind!r}; known runners: {sorted(known)}", ("runners", name)
             )
         for key, value in options.items():
-            if isinstance(value, str) and re.search(r"(?i)(^sk-|bearer\s)", value):
+            secret_name = is_secret_key(key) and not key.endswith("_env")
+            if secret_name or (isinstance(value, str) and re.search(r"(?i)(^sk-|bearer\s)", value)):
                 raise src.error(
                     "looks like a secret value; put it in an environment variable "
                     "and name the variable instead (e.g. api_key_env)",

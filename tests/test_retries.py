@@ -81,7 +81,8 @@ def test_backoff_waits_between_attempts(tmp_path: Path) -> None:
 
     assert run.status == "completed"
     attempts = [a for a in engine.attempts(run.run_id) if a.unit_id == "s"]
-    gaps = [b.started_at - (a.finished_at or 0) for a, b in zip(attempts, attempts[1:])]
+    gaps = [b.started_at - (a.finished_at or 0)
+            for a, b in zip(attempts, attempts[1:], strict=False)]
     assert gaps[0] >= 0.05 and gaps[1] >= 0.1  # doubles per further attempt
     assert elapsed >= 0.15
 

@@ -50,7 +50,8 @@ steps:
   - id: other
     prompt: Other
   - id: summary
-    prompt: "Summary: {{ steps.branch_a.output }}|{{ steps.branch_b.output }}|{{ steps.other.output }}"
+    prompt: >-
+      Summary: {{ steps.branch_a.output }}|{{ steps.branch_b.output }}|{{ steps.other.output }}
 """
 
 
@@ -104,7 +105,7 @@ def test_redriving_a_routed_run_writes_nothing(tmp_path: Path) -> None:
 def test_kill_9_after_the_route_resumes_on_the_selected_branch(tmp_path: Path) -> None:
     state = tmp_path / "state"
     wf = tmp_path / "route.yaml"
-    wf.write_text(route_source(sleep=0.4))
+    wf.write_text(route_source(sleep=0.25))
     with wf_process(state, wf) as proc:
         wait_for_journal(proc, state, "SELECT COUNT(*) FROM attempts WHERE unit_id = 'branch_b'"
                                       " AND status = 'running'")

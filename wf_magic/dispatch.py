@@ -67,8 +67,14 @@ class LoopWork:
 _MISSING = object()
 
 
-def run_units(driver: Driver, step: PlanStep, units: list[UnitPlan]) -> LoopWork:
-    """Produce every unit's output for one loop, dispatching only what the journal lacks."""
+def run_units(
+    driver: Driver, step: PlanStep, units: list[UnitPlan], *, judged: bool = False
+) -> LoopWork:
+    """Produce every unit's output for one loop, dispatching only what the journal lacks.
+
+    ``judged`` says the loop already has a journaled verdict: it is rebuilt from the journal
+    exactly as it was judged, so its tolerated failures (``on_error: continue``) stay failures.
+    """
     work = LoopWork(outputs=[_MISSING] * len(units), failures={})
     history = driver.attempts_by_unit(step.id)
     jobs: deque[_Job] = deque()
@@ -86,6 +92,11 @@ def run_units(driver: Driver, step: PlanStep, units: list[UnitPlan]) -> LoopWork
             work.outputs[i] = _load(done.output_json)
             continue
         latest = attempts[-1] if attempts else None
+        same_input = [a for a in attempts if a.input_hash == unit.input_hash]
+        if judged and same_input and same_input[-1].status == "failed":
+            work.outputs[i] = None
+            work.failures[unit.unit_id] = same_input[-1].failure or "failed"
+            continue
         reclaim = None
         if latest is not None and latest.status == "running":
             if latest.input_hash == unit.input_hash:

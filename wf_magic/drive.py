@@ -267,7 +267,7 @@ class Driver:
                 return spine.complete_step(
                     self, step, loop=loop, units=[], work=spine.WorkOutcome(input_error=str(exc))
                 )
-            work = dispatch.run_units(self, step, units)
+            work = dispatch.run_units(self, step, units, judged=self._has_verdict(step, loop))
             self.stats.dispatched += work.dispatched
             if work.stopped and not dispatch.is_complete(work):
                 return None
@@ -314,6 +314,12 @@ class Driver:
         for a in self.engine.read(lambda c: jsql.attempts_of(c, self.run.run_id, step_id)):
             out.setdefault(a.unit_id, []).append(a)
         return out
+
+    def _has_verdict(self, step: PlanStep, loop: int) -> bool:
+        if step.gate is None and step.output is None:
+            return False
+        unit_id = judging.gate_unit_id(step.id, loop)
+        return any(a.status == "succeeded" for a in self.attempts_by_unit(step.id).get(unit_id, []))
 
     def before_dispatch(self, step: PlanStep, loop: int) -> None:
         spine.start_loop(self, step, loop)

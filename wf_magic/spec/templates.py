@@ -29,7 +29,16 @@ class TemplateError(Exception):
     """A template failed to parse or render; the caller adds run/step context."""
 
 
-_env = ImmutableSandboxedEnvironment(
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """The sandbox, with mapping keys winning over attributes: ``params.items`` is the param."""
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        if isinstance(obj, dict) and attribute in obj:
+            return obj[attribute]
+        return super().getattr(obj, attribute)
+
+
+_env = _Sandbox(
     undefined=StrictUndefined,
     finalize=_finalize,
     autoescape=False,

@@ -1,0 +1,322 @@
+"""Child workflows (DESIGN.md §3.1, §9, issue 4): embedded plans, idempotent publish, budgets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.helpers_flow import (
+    journal_counts,
+    kill9,
+    only_run_id,
+    run_cli,
+    wait_for_journal,
+    wf_process,
+)
+from wf_magic import Engine
+from wf_magic.spec.plan import Plan
+
+PARENT = """
+name: parent
+runners:
+  scripted:
+    rules:
+      - {match: '^Pick', reply: owls}
+      - {match: '^kid a (\\w+) (\\d)', reply: "facts about {{ groups[1] }} x{{ groups[2] }}"}
+      - {match: '^kid b (.*)', reply: "summary of {{ groups[1] }}"}
+steps:
+  - id: topic
+    prompt: Pick a topic
+  - id: sub
+    workflow: kid
+    with: {topic: "{{ steps.topic.output }}", n: 2}
+---
+name: kid
+params:
+  topic: {type: string}
+  n: {type: integer}
+runners:
+  scripted:
+    rules:
+      - {match: '^kid a (\\w+) (\\d)', reply: "facts about {{ groups[1] }} x{{ groups[2] }}"}
+      - {match: '^kid b (.*)', reply: "summary of {{ groups[1] }}"}
+steps:
+  - id: a
+    prompt: "kid a {{ params.topic }} {{ params.n }}"
+  - id: b
+    prompt: "kid b {{ steps.a.output }}"
+"""
+
+
+def children_of(engine: Engine, run_id: str) -> list[str]:
+    return [r.run_id for r in engine.list_runs(include_children=True)
+            if r.parent_run_id == run_id]
+
+
+def test_parent_completes_with_the_child_output(tmp_path: Path) -> None:
+    engine = Engine(tmp_path / "state")
+    run = engine.run(PARENT)
+
+    assert run.status == "completed"
+    assert run.result == "summary of facts about owls x2"
+    [child_id] = children_of(engine, run.run_id)
+    child = engine.get_run(child_id)
+    assert (child.workflow, child.status, child.invocation_key, child.root_run_id) == (
+        "kid", "completed", "sub", run.run_id)
+    assert json.loads(child.params_json) == {"topic": "owls", "n": 2}
+    assert [(a.unit_id, a.runner, a.charged) for a in engine.attempts(run.run_id)] == [
+        ("topic", "scripted", 1), ("sub", "workflow", 0)]  # the workflow unit itself is free
+    assert [a.unit_id for a in engine.attempts(child_id)] == ["a", "b"]
+    assert run.budget_use().units == 3  # the child's dispatches count against the root
+
+
+def test_redriving_the_parent_does_not_publish_a_second_child(tmp_path: Path) -> None:
+    engine = Engine(tmp_path / "state")
+    run = engine.run(PARENT)
+    [child_id] = children_of(engine, run.run_id)
+    before = (journal_counts(engine, run.run_id), journal_counts(engine, child_id))
+
+    assert engine.drive(run.run_id).status == "completed"
+    assert engine.run(PARENT).run_id == run.run_id  # an unchanged source resumes the same run
+
+    assert children_of(engine, run.run_id) == [child_id]
+    assert (journal_counts(engine, run.run_id), journal_counts(engine, child_id)) == before
+
+
+HUMAN_CHILD = """
+name: waits
+steps:
+  - id: sub
+    workflow: reviewed
+  - id: after
+    prompt: "after {{ steps.sub.output }}"
+---
+name: reviewed
+steps:
+  - id: draft
+    prompt: draft
+    gate: {judge: human}
+"""
+
+
+def test_a_blocked_child_blocks_the_parent_and_the_same_child_continues(tmp_path: Path) -> None:
+    engine = Engine(tmp_path / "state")
+    run = engine.run(HUMAN_CHILD)
+    [child_id] = children_of(engine, run.run_id)
+
+    assert run.status == "blocked"
+    assert run.reason == (f"step sub: child run {child_id} (reviewed) is blocked: step draft: "
+                          "waiting for a human verdict on loop 1")
+    assert engine.get_run(child_id).status == "blocked"
+    assert engine.drive(run.run_id).status == "blocked"
+
+    engine.approve(child_id, "draft")
+    done = engine.drive(run.run_id)
+
+    assert done.status == "completed"
+    assert children_of(engine, run.run_id) == [child_id]
+    assert done.output("sub") == engine.status(child_id).result
+    sub = [(a.attempt, a.status) for a in engine.attempts(run.run_id) if a.unit_id == "sub"]
+    assert sub == [(1, "succeeded")]  # the in-flight workflow unit was reclaimed
+
+
+def test_editing_the_child_source_after_the_parent_started_changes_nothing(
+        tmp_path: Path) -> None:
+    (tmp_path / "kid.yaml").write_text("""
+name: kid
+steps:
+  - id: only
+    prompt: "OLD child prompt"
+""")
+    parent = tmp_path / "parent.yaml"
+    parent.write_text("""
+name: edited
+steps:
+  - id: first
+    prompt: first
+  - id: sub
+    workflow: kid
+""")
+    engine = Engine(tmp_path / "state")
+    run_id, _, _ = engine.start(parent)
+    assert engine.drive(run_id, max_steps=1).status == "active"
+    frozen = engine.get_run(run_id).plan_json
+
+    (tmp_path / "kid.yaml").write_text("""
+name: kid
+steps:
+  - id: only
+    prompt: "NEW child prompt"
+  - id: extra
+    prompt: extra
+""")
+    assert run_cli(tmp_path / "state", "resume", run_id) == 0
+
+    run = engine.get_run(run_id)
+    assert run.status == "completed"
+    assert run.plan_json == frozen
+    [child_id] = children_of(engine, run_id)
+    child = engine.get_run(child_id)
+    assert Plan.model_validate_json(child.plan_json) == Plan.model_validate_json(
+        frozen).children["kid"]
+    assert [s.step_id for s in engine.steps(child_id)] == ["only"]
+    assert json.loads(run.result_json or "null").endswith(": OLD child prompt")
+
+    # Running the file again picks up the edit as a new run (the plan changed).
+    newer = engine.run(parent)
+    assert newer.run_id != run_id
+    assert newer.result.endswith(": extra")
+
+
+def test_child_dispatches_count_against_the_parent_budget(tmp_path: Path) -> None:
+    engine = Engine(tmp_path / "state")
+    run = engine.run("""
+name: thrifty
+budget: {max_units: 2}
+steps:
+  - id: sub
+    workflow: spender
+---
+name: spender
+budget: {max_units: 100}
+steps:
+  - id: a
+    prompt: a
+  - id: b
+    prompt: b
+  - id: c
+    prompt: c
+""")
+    [child_id] = children_of(engine, run.run_id)
+
+    assert run.status == "failed"
+    assert run.reason is not None
+    assert "Budget exceeded" in run.reason
+    assert "max_units used 2 of 2; unit c was not dispatched" in run.reason
+    assert [a.unit_id for a in engine.attempts(child_id)] == ["a", "b"]
+    assert run.budget_use().units == 2
+
+    again = engine.drive(run.run_id)  # a budget stop re-stops at once
+    assert again.status == "failed"
+    assert [a.unit_id for a in engine.attempts(child_id)] == ["a", "b"]
+    assert children_of(engine, run.run_id) == [child_id]
+
+
+def test_a_failed_child_fails_the_parent_step_with_its_reason(tmp_path: Path) -> None:
+    engine = Engine(tmp_path / "state")
+    run = engine.run("""
+name: fragile
+steps:
+  - id: sub
+    workflow: breaks
+---
+name: breaks
+steps:
+  - id: boom
+    exec: [python, -c, "import sys; sys.exit(4)"]
+""")
+    [child_id] = children_of(engine, run.run_id)
+    assert run.status == "failed"
+    assert run.reason == (f"step sub: unit sub failed: child run {child_id} (breaks) failed: "
+                          "step boom: unit boom failed: exited with status 4")
+
+
+def test_kill_9_inside_a_child_resumes_the_same_child(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    wf = tmp_path / "nested.yaml"
+    wf.write_text("""
+name: nested
+steps:
+  - id: sub
+    workflow: slowkid
+---
+name: slowkid
+runners:
+  scripted:
+    rules:
+      - {match: '^slow', reply: slow done, sleep_s: 0.25}
+steps:
+  - id: quick
+    prompt: quick
+  - id: slow
+    prompt: slow
+""")
+    with wf_process(state, wf) as proc:
+        wait_for_journal(proc, state, "SELECT COUNT(*) FROM attempts WHERE unit_id = 'slow' AND"
+                                      " status = 'running'")
+        kill9(proc)
+    run_id = only_run_id(state)
+    engine = Engine(state)
+    [child_id] = children_of(engine, run_id)
+
+    assert run_cli(state, "resume", run_id) == 0
+
+    assert children_of(engine, run_id) == [child_id]
+    assert [(a.unit_id, a.attempt, a.status) for a in engine.attempts(child_id)] == [
+        ("quick", 1, "succeeded"), ("slow", 1, "succeeded")]
+    assert engine.status(run_id).result == "slow done"
+
+
+def test_example_child_workflow_runs_offline(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    example = Path(__file__).resolve().parent.parent / "examples" / "child_workflow.yaml"
+
+    assert run_cli(state, "run", str(example)) == 0
+
+    engine = Engine(state)
+    run_id = only_run_id(state)
+    [child_id] = children_of(engine, run_id)
+    assert engine.get_run(child_id).workflow == "summarise"
+    assert engine.status(run_id).result == ("Release 1.2.0 is out. Faster resume. Human gates "
+                                            "in the cli. Exec timeouts.")
+
+
+def test_a_map_of_child_workflows_publishes_one_child_per_item(tmp_path: Path) -> None:
+    engine = Engine(tmp_path / "state")
+    source = """
+name: many
+steps:
+  - id: sub
+    map: "{{ ['a', 'b', 'c'] }}"
+    workflow: echo
+    with: {x: "{{ item }}"}
+---
+name: echo
+params: {x: {type: string}}
+runners:
+  scripted:
+    rules:
+      - {match: '^echo (.*)', reply: "{{ groups[1] | upper }}"}
+steps:
+  - id: k
+    prompt: "echo {{ params.x }}"
+"""
+    run = engine.run(source)
+
+    assert run.status == "completed"
+    assert run.result == ["A", "B", "C"]
+    kids = {engine.get_run(c).invocation_key: c for c in children_of(engine, run.run_id)}
+    assert sorted(kids) == ["sub[0]", "sub[1]", "sub[2]"]
+    assert engine.run(source).run_id == run.run_id
+    assert len(children_of(engine, run.run_id)) == 3
+
+
+def test_with_bindings_that_do_not_fit_the_child_params_fail_the_unit(tmp_path: Path) -> None:
+    engine = Engine(tmp_path / "state")
+    run = engine.run("""
+name: misbound
+steps:
+  - id: sub
+    workflow: kid
+    with: {nope: 1}
+---
+name: kid
+params: {x: {type: string}}
+steps:
+  - id: k
+    prompt: "kid {{ params.x }}"
+""")
+    assert run.status == "failed"
+    assert run.reason == ("step sub: unit sub failed: child workflow 'kid': workflow 'kid' "
+                          "declares no param 'nope'; declared: ['x']")
+    assert children_of(engine, run.run_id) == []

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.helpers_flow import (
     journal_counts,
     kill9,
@@ -13,7 +15,7 @@ from tests.helpers_flow import (
     wait_for_journal,
     wf_process,
 )
-from wf_magic import Engine
+from wf_magic import DefinitionError, Engine
 from wf_magic.spec.plan import Plan
 
 PARENT = """
@@ -301,9 +303,10 @@ steps:
     assert len(children_of(engine, run.run_id)) == 3
 
 
-def test_with_bindings_that_do_not_fit_the_child_params_fail_the_unit(tmp_path: Path) -> None:
+def test_with_bindings_that_do_not_fit_the_child_params_are_definition_errors(
+        tmp_path: Path) -> None:
     engine = Engine(tmp_path / "state")
-    run = engine.run("""
+    source = """
 name: misbound
 steps:
   - id: sub
@@ -315,8 +318,11 @@ params: {x: {type: string}}
 steps:
   - id: k
     prompt: "kid {{ params.x }}"
-""")
-    assert run.status == "failed"
-    assert run.reason == ("step sub: unit sub failed: child workflow 'kid': workflow 'kid' "
-                          "declares no param 'nope'; declared: ['x']")
-    assert children_of(engine, run.run_id) == []
+"""
+    with pytest.raises(DefinitionError) as info:
+        engine.run(source)
+    assert str(info.value) == ("steps[0].with: child workflow 'kid' declares no param(s) "
+                               "['nope']; declared: ['x'] (<workflow>, line 7)")
+    with pytest.raises(DefinitionError, match=r"needs param\(s\) \['x'\]"):
+        engine.run(source.replace("with: {nope: 1}", "with: {}"))
+    assert engine.list_runs() == []

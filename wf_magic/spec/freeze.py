@@ -195,6 +195,8 @@ class _Freezer:
             _check_step_templates(spec, step, i, src, earlier=set(list(seen)[:-1]))
             if step.workflow is not None and step.workflow not in children:
                 children[step.workflow] = self._child(step.workflow, src, (*at, "workflow"), depth)
+            if step.workflow is not None:
+                _check_bindings(step, children[step.workflow], src, at)
             steps.append(self._step(spec, step, i, src))
         _check_routes(spec, src)
         return Plan(
@@ -473,6 +475,24 @@ def _check_step_templates(
                     f"params: (declared: {sorted(spec.params) or 'none'})",
                     at,
                 )
+
+
+def _check_bindings(step: StepSpec, child: Plan, src: _Source, at: Path) -> None:
+    """A child's ``with:`` must bind declared params and every param without a default."""
+    given = set(step.with_ or {})
+    unknown = sorted(given - set(child.params))
+    if unknown:
+        raise src.error(
+            f"child workflow {child.name!r} declares no param(s) {unknown}; "
+            f"declared: {sorted(child.params) or 'none'}",
+            (*at, "with"),
+        )
+    missing = sorted(n for n, s in child.params.items() if "default" not in s and n not in given)
+    if missing:
+        raise src.error(
+            f"child workflow {child.name!r} needs param(s) {missing}; bind them under with:",
+            (*at, "with" if step.with_ else "workflow"),
+        )
 
 
 def _check_routes(spec: WorkflowSpec, src: _Source) -> None:

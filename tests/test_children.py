@@ -322,7 +322,7 @@ steps:
     with pytest.raises(DefinitionError) as info:
         engine.run(source)
     assert str(info.value) == ("steps[0].with: child workflow 'kid' declares no param(s) "
-                               "['nope']; declared: ['x'] (<workflow>, line 7)")
+                               "['nope']; declared: ['x'] (<workflow>, line 6)")
     with pytest.raises(DefinitionError, match=r"needs param\(s\) \['x'\]"):
         engine.run(source.replace("with: {nope: 1}", "with: {}"))
     assert engine.list_runs() == []

@@ -29,6 +29,10 @@ class ChildBlocked(Exception):
     """A child workflow run is blocked; its parent unit stays in flight."""
 
 
+class ChildBudgetStop(Exception):
+    """A child workflow run was stopped by the (shared) budget: a hard stop for the parent."""
+
+
 class InlineExecutor(Executor):
     """Runs each submitted call at once in the calling thread (concurrency 1, no threads)."""
 
@@ -108,11 +112,24 @@ def run_units(
             if reused is not None:
                 work.outputs[i] = _load(reused.output_json)
                 continue
-        jobs.append(_Job(index=i, unit=unit, reclaimed=reclaim))
+        tries = 0 if driver.reopened else _retry_streak(attempts, unit.input_hash)
+        jobs.append(_Job(index=i, unit=unit, reclaimed=reclaim, tries=tries))
     if jobs:
         driver.before_dispatch(step, units[0].loop)
         _schedule(driver, step, jobs, work)
     return work
+
+
+def _retry_streak(attempts: list[AttemptRow], input_hash: str) -> int:
+    """Transient failures that ended this unit's latest tries (a crash does not reset them)."""
+    streak = 0
+    for attempt in reversed(attempts):
+        if attempt.input_hash != input_hash or attempt.status == "running":
+            continue
+        if attempt.status != "failed" or not attempt.transient:
+            break
+        streak += 1
+    return streak
 
 
 def _schedule(driver: Driver, step: PlanStep, jobs: deque[_Job], work: LoopWork) -> None:
@@ -190,6 +207,10 @@ def _start(
         future: Future[UnitResult] = Future()
         try:
             future.set_result(driver.run_inline(step, unit, attempt))
+        except ChildBudgetStop as exc:
+            driver.finish_error(attempt, RunnerError(str(exc), executed=False))
+            work.budget_error = str(exc)
+            return None
         except ChildBlocked as exc:
             if driver.should_stop():
                 work.stopped = True  # the child stopped for the same stop request

@@ -108,6 +108,7 @@ class Driver:
         budget: Budget,
         options: DriveOptions,
         depth: int = 0,
+        reopened: bool = False,
     ):
         self.engine = engine
         self.run = run
@@ -116,6 +117,8 @@ class Driver:
         self.budget = budget
         self.options = options
         self.depth = depth
+        self.reopened = reopened
+        """The run had failed and this drive re-opened it: unit retries start afresh."""
         self.stats = DriveStats()
         self.step_rows: dict[str, StepRow] = {}
         self.outputs: dict[str, Any] = {}

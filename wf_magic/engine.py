@@ -452,12 +452,15 @@ class Engine:
             return DriveStats()
         if run.stop_requested and run.parent_run_id is None:
             self.write(lambda c: run_sql.set_stop_requested(c, run.run_id, False))
-        if run.status == "failed":
+        reopened = run.status == "failed"
+        if reopened:
             self.set_run_status(run.run_id, "active", reason=None)
             run = self.get_run(run.run_id)
         if budget is None:
             budget = self._seed_budget(run, plan)
-        driver = Driver(self, run, plan, params, budget=budget, options=options, depth=depth)
+        driver = Driver(
+            self, run, plan, params, budget=budget, options=options, depth=depth, reopened=reopened
+        )
         full = plan.execution.durability == "full" and self.durability != "full"
         if full:  # this plan asked for power-loss safety: synchronous=FULL while it drives
             self.read(lambda c: c.execute("PRAGMA synchronous = FULL"))
@@ -484,7 +487,7 @@ class Engine:
         self, driver: Driver, step: PlanStep, unit: UnitPlan, attempt: AttemptRow
     ) -> UnitResult:
         """Publish (once) and drive the child run of a ``workflow:`` unit."""
-        from .dispatch import ChildBlocked
+        from .dispatch import ChildBlocked, ChildBudgetStop
 
         parent = driver.run
         key = unit.unit_id
@@ -506,9 +509,12 @@ class Engine:
                 f"child run {child.run_id} ({child.workflow}) was stopped "
                 "before it finished; resume the parent to continue it"
             )
-        raise RunnerError(
+        message = (
             f"child run {child.run_id} ({child.workflow}) {child.status}: {child.status_reason}"
         )
+        if any(row.stops_run and row.status == "failed" for row in self.steps(child.run_id)):
+            raise ChildBudgetStop(message)  # a budget stop stops the parent too
+        raise RunnerError(message)
 
     def _publish_child(self, driver: Driver, step: PlanStep, unit: UnitPlan) -> RunRow:
         plan = driver.plan.children[step.workflow or ""]

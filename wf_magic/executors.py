@@ -14,10 +14,11 @@ Dask is the optional extra ``wf_magic[dask]``; it is imported only when
 
 from __future__ import annotations
 
+import importlib
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from .errors import UsageError
+from .errors import RunnerError, UsageError
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -31,7 +32,7 @@ _DASK_MISSING = (
 
 
 def thread_executor(max_workers: int) -> ThreadPoolExecutor:
-    """A thread pool of ``max_workers`` threads named ``wf-unit-N``.
+    """A thread pool of ``max_workers`` threads named ``wf-unit_N``.
 
     Threads suit runners that wait on I/O (HTTP model calls, subprocesses). Shut the pool down
     (or use it as a context manager) when the drives that use it are over.
@@ -50,15 +51,16 @@ def thread_executor(max_workers: int) -> ThreadPoolExecutor:
 def dask_executor(client_or_address: Client | str) -> Executor:
     """An executor that runs units on a Dask distributed cluster.
 
-    Given a ``distributed.Client``, this is ``client.get_executor(pure=False)``: the client
-    stays yours to close. Given a scheduler address (``"tcp://10.0.0.5:8786"``), a client is
-    opened on it and closed when the returned executor is shut down (``with`` closes it too).
+    It submits through ``client.get_executor(pure=False)``. Given a ``distributed.Client``,
+    the client stays yours to close; given a scheduler address (``"tcp://10.0.0.5:8786"``), a
+    client is opened on it and closed when the executor is shut down (``with`` does that).
 
     Submissions are never *pure*: Dask would otherwise key a task by its arguments and could
     hand one result to two dispatches, while every dispatch must really run (sampling twice
     is a legitimate request). The runner and its request are pickled to the workers, so a
-    runner that crosses machines must be picklable and must find there what it needs
-    (packages, credentials in the environment, files for ``exec`` units).
+    runner that crosses machines must pickle and must find there what it needs (packages,
+    credentials in the environment, files for ``exec`` units). A runner that does not pickle
+    fails its attempt with a permanent ``RunnerError`` saying so, instead of crashing the drive.
 
     Args:
         client_or_address: a connected ``distributed.Client``, or a scheduler address.
@@ -68,31 +70,54 @@ def dask_executor(client_or_address: Client | str) -> Executor:
             an address.
     """
     try:
-        import distributed
+        # Typed as Any: distributed ships no type hints, and may be absent when mypy runs.
+        distributed: Any = importlib.import_module("distributed")
     except ImportError as exc:
         raise UsageError(_DASK_MISSING) from exc
     if isinstance(client_or_address, distributed.Client):
-        return client_or_address.get_executor(pure=False)
+        return _DaskExecutor(client_or_address, owns_client=False)
     if isinstance(client_or_address, str) and client_or_address:
-        client = distributed.Client(client_or_address)
-        return _ClientOwningExecutor(client, client.get_executor(pure=False))
-    raise UsageError("dask_executor expects a distributed.Client or a scheduler address "
-                     f"(got {type(client_or_address).__name__})")
+        return _DaskExecutor(distributed.Client(client_or_address), owns_client=True)
+    raise UsageError(
+        "dask_executor expects a distributed.Client or a scheduler address "
+        f"(got {type(client_or_address).__name__})"
+    )
 
 
-class _ClientOwningExecutor(Executor):
-    """A Dask client executor that also closes the client it was opened with."""
+class _DaskExecutor(Executor):
+    """A Dask ``ClientExecutor`` that fails unpicklable units cleanly and may own its client."""
 
-    def __init__(self, client: Client, inner: Executor):
+    def __init__(self, client: Any, *, owns_client: bool):  # a distributed.Client (untyped)
         self._client = client
-        self._inner = inner
+        self._owns_client = owns_client
+        self._inner: Executor = self._client.get_executor(pure=False)
 
     def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
-        return self._inner.submit(fn, *args, **kwargs)
+        try:
+            return self._inner.submit(fn, *args, **kwargs)
+        except TypeError as exc:
+            if "serializ" not in str(exc) and "pickle" not in str(exc):
+                raise
+            # Dask pickles the call in the driver thread; nothing ran anywhere.
+            owner = type(getattr(fn, "__self__", fn)).__name__
+            root: BaseException = exc
+            while root.__cause__ is not None:
+                root = root.__cause__
+            future: Future[Any] = Future()
+            future.set_exception(
+                RunnerError(
+                    f"{owner} cannot be sent to the Dask workers: it does not pickle ({root}). Run "
+                    "this step without the Dask executor, or make the runner picklable (create "
+                    "clients and locks on first use and leave them out of its pickled state).",
+                    executed=False,
+                )
+            )
+            return future
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         try:
             # ClientExecutor cancels what is pending when told not to wait.
             self._inner.shutdown(wait=wait and not cancel_futures)
         finally:
-            self._client.close()
+            if self._owns_client:
+                self._client.close()

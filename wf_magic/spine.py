@@ -49,6 +49,8 @@ class StepOutcome:
     note: str | None = None
     feedback: Feedback | None = None
     run_failed: bool = False
+    hard_stop: bool = False
+    """A budget stop: fails the run whatever the step's ``on_error``."""
     retryable: bool = False
     """A unit failure a run-level retry (``max_retries``) may re-open the run for."""
 
@@ -84,7 +86,7 @@ def complete_step(driver: Driver, step: PlanStep, *, loop: int, units: list[Unit
     output_json = canonical_json(outcome.output) if outcome.output is not None else None
     _write_step(driver, step, status=outcome.status, loop=loop, note=outcome.note,
                 output_json=output_json,
-                stops_run=outcome.status == "failed" and outcome.run_failed)
+                stops_run=outcome.status == "failed" and outcome.hard_stop)
     return outcome
 
 
@@ -104,7 +106,7 @@ def _decide(driver: Driver, step: PlanStep, *, loop: int, units: list[UnitPlan],
     if work.input_error:
         return _failed(step, work.input_error)
     if work.budget_error:
-        return StepOutcome(status="failed", note=work.budget_error, run_failed=True)
+        return StepOutcome(status="failed", note=work.budget_error, run_failed=True, hard_stop=True)
     if work.blocked:
         return StepOutcome(status="blocked", note=work.blocked)
     partial: str | None = None

@@ -140,6 +140,17 @@ class OpenAIChatRunner:
         self._redactor = Redactor()
         self._no_json_mode: set[str] = set()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled for executors such as Dask: ship the settings, never the client or lock;
+        # the worker builds its own client on first use.
+        state = dict(self.__dict__)
+        state.update(_lock=None, _client=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     @classmethod
     def from_context(cls, ctx: RunnerContext) -> OpenAIChatRunner:
         """The registry factory: options from the plan's ``runners`` section.

@@ -118,6 +118,16 @@ class ReplayRunner:
         self._tape: dict[tuple[str, str], Recording] | None = None
         self._conn: sqlite3.Connection | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled for executors such as Dask: the worker reopens the cassette/journal itself.
+        state = dict(self.__dict__)
+        state.update(_lock=None, _conn=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     @classmethod
     def from_context(cls, ctx: RunnerContext) -> ReplayRunner:
         """The registry factory: ``cassette`` and ``journal`` from the plan's options.

@@ -238,11 +238,13 @@ def budget_frame(conn: sqlite3.Connection, run_id: str) -> pd.DataFrame:
     """One row per budget ceiling (units, tokens, cost) of a run: used against its limit.
 
     ``used`` counts only charged attempts (never gate or reused ones) of the run and of every
-    run below it, since child workflow runs are charged to their root.
+    run below it, since child workflow runs are charged to their root. For the same reason a
+    child run reports its root's budget: the root's ceilings, and what the whole tree used
+    (the figures :meth:`wf_magic.Run.budget_use` gives, and the engine enforces).
 
     Args:
         conn: An open connection to the state database.
-        run_id: The run whose budget (from its frozen plan) is reported.
+        run_id: The run whose budget (from its root's frozen plan) is reported.
 
     Returns:
         A DataFrame with one row per ceiling in :data:`CEILINGS` order and these columns:
@@ -258,8 +260,8 @@ def budget_frame(conn: sqlite3.Connection, run_id: str) -> pd.DataFrame:
     Raises:
         UsageError: no run ``run_id`` is in the state database.
     """
-    limits = _budget_limits(conn, run_id)
-    figures = _budget_figures(conn, run_id)
+    root_run_id, limits = _budget_limits(conn, run_id)
+    figures = _budget_figures(conn, root_run_id)
     used = np.array(figures[:3], dtype=np.float64)
     limit = np.array([np.nan if v is None else float(v) for v in limits], dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -276,13 +278,17 @@ def budget_frame(conn: sqlite3.Connection, run_id: str) -> pd.DataFrame:
     )
 
 
-def _budget_limits(conn: sqlite3.Connection, run_id: str) -> tuple[float | None, ...]:
-    """The run's ceilings from its frozen plan, in :data:`CEILINGS` order (None when unset)."""
-    row = conn.execute("SELECT plan_json FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+def _budget_limits(conn: sqlite3.Connection, run_id: str) -> tuple[str, tuple[float | None, ...]]:
+    """The run's root and the root's ceilings, in :data:`CEILINGS` order (None when unset)."""
+    row = conn.execute(
+        "SELECT root.run_id, root.plan_json FROM runs AS run"
+        " JOIN runs AS root ON root.run_id = run.root_run_id WHERE run.run_id = ?",
+        (run_id,),
+    ).fetchone()
     if row is None:
         raise UsageError(f"No run {run_id} in this state database; `wf list` shows the runs.")
-    budget = json.loads(row[0]).get("budget") or {}
-    return tuple(budget.get(f"max_{name}") for name in CEILINGS)
+    budget = json.loads(row[1]).get("budget") or {}
+    return str(row[0]), tuple(budget.get(f"max_{name}") for name in CEILINGS)
 
 
 def _budget_figures(conn: sqlite3.Connection, run_id: str) -> tuple[float, ...]:

@@ -138,3 +138,20 @@ def test_engine_imports_without_ipython_or_pandas() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_module_level_frames_match_engine_methods(state_dir: Path) -> None:
+    import wf_magic
+    from wf_magic import Engine
+
+    with Engine(state_dir) as engine:
+        run = engine.run("name: f\nsteps:\n  - id: a\n    prompt: x\n")
+        expected = engine.journal(run.run_id)
+    frame = wf_magic.journal(run.run_id, state_dir=state_dir)
+    assert frame.equals(expected)
+    assert list(wf_magic.runs(state_dir=state_dir)["run"]) == [run.run_id]
+    assert int(wf_magic.tokens(run.run_id, state_dir=state_dir)["tokens"].sum()) == int(
+        expected["tokens_in"].sum() + expected["tokens_out"].sum())
+    assert len(wf_magic.events(run.run_id, state_dir=state_dir)) > 0
+    assert set(wf_magic.budget(run.run_id, state_dir=state_dir)["ceiling"]) == {
+        "units", "tokens", "cost"}

@@ -21,6 +21,7 @@ from .errors import (
     WorkflowError,
 )
 from .events import Event
+from .frames_api import budget, events, journal, runs, tokens
 from .run import Run
 from .runners.base import Runner, RunnerContext, UnitRequest, UnitResult
 from .runners.registry import register_runner
@@ -48,10 +49,15 @@ __all__ = [
     "UsageError",
     "Workflow",
     "WorkflowError",
+    "budget",
+    "events",
+    "journal",
     "load_ipython_extension",
     "load_workflow",
     "register_function",
     "register_runner",
+    "runs",
+    "tokens",
 ]
 __version__ = "0.1.0"
 

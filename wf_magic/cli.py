@@ -255,7 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--format", choices=["table", "csv", "json"], default="table")
     t = add("tokens", cmd_tokens, "token accounting of a run")
     t.add_argument("run")
-    t.add_argument("--by", choices=["step", "model", "runner", "loop", "run"], default="step")
+    t.add_argument(
+        "--by", choices=["step", "model", "runner", "loop", "run", "phase"], default="step"
+    )
     t.add_argument("--format", choices=["table", "csv", "json"], default="table")
     add("abandon", cmd_abandon, "give up a run").add_argument("run")
     f = add("fork", cmd_fork, "re-run from a step, reusing everything before it")

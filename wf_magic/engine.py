@@ -683,7 +683,7 @@ class Engine:
             if not waiting:
                 raise GateDecisionRefused(
                     f"Run {run_id} step {step_id} is not waiting for a decision (status "
-                    f"{row.status}{': ' + row.note if row.note else ''}); nothing was recorded.",
+                    f"{row.status}{': ' + row.note if row.status == 'blocked' and row.note else ''}); nothing was recorded.",
                     run_id=run_id,
                     step_id=step_id,
                 )

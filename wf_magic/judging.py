@@ -35,6 +35,24 @@ def gate_unit_id(step_id: str, loop: int) -> str:
     return f"{step_id}.gate:l{loop}"
 
 
+def gate_key(
+    driver: Driver, step_id: str, loop: int, *, runner: str, model: str | None, input_hash: str
+) -> jsql.UnitKey:
+    """The journal key of a verdict unit ``<step>.gate:l<loop>``."""
+    return jsql.UnitKey(
+        run_id=driver.run.run_id,
+        workflow=driver.plan.name,
+        step_id=step_id,
+        unit_id=gate_unit_id(step_id, loop),
+        phase="gate",
+        loop=loop,
+        item_index=None,
+        runner=runner,
+        model=model,
+        input_hash=input_hash,
+    )
+
+
 def obtain_verdict(
     driver: Driver, step: PlanStep, *, loop: int, artifact: Any, unit_count: int
 ) -> spine.Judged | spine.GateWaiting:
@@ -76,18 +94,7 @@ def obtain_verdict(
             summary=summary,
             judge="human",
         )
-    key = jsql.UnitKey(
-        run_id=driver.run.run_id,
-        workflow=driver.plan.name,
-        step_id=step.id,
-        unit_id=unit_id,
-        phase="gate",
-        loop=loop,
-        item_index=None,
-        runner=runner,
-        model=model,
-        input_hash=input_hash,
-    )
+    key = gate_key(driver, step.id, loop, runner=runner, model=model, input_hash=input_hash)
     try:
         if gate.judge == "expr":
             verdict = _judge_expr(driver, gate, key, criteria, artifact)
@@ -217,18 +224,7 @@ def record_schema_verdict(
     if existing is None:
         _record(
             driver,
-            jsql.UnitKey(
-                run_id=driver.run.run_id,
-                workflow=driver.plan.name,
-                step_id=step.id,
-                unit_id=unit_id,
-                phase="gate",
-                loop=loop,
-                item_index=None,
-                runner="schema",
-                model=None,
-                input_hash=input_hash,
-            ),
+            gate_key(driver, step.id, loop, runner="schema", model=None, input_hash=input_hash),
             verdict,
         )
     driver.emit(

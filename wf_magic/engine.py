@@ -681,9 +681,10 @@ class Engine:
                 else None
             )
             if not waiting:
+                why = f": {row.note}" if row.status == "blocked" and row.note else ""
                 raise GateDecisionRefused(
                     f"Run {run_id} step {step_id} is not waiting for a decision (status "
-                    f"{row.status}{': ' + row.note if row.status == 'blocked' and row.note else ''}); nothing was recorded.",
+                    f"{row.status}{why}); nothing was recorded.",
                     run_id=run_id,
                     step_id=step_id,
                 )

@@ -58,8 +58,9 @@ def cell_args(ns: argparse.Namespace, user_ns: Mapping[str, Any]) -> CellArgs:
         value = user_ns.get(ns.params)
         if not isinstance(value, Mapping):
             got = "undefined" if ns.params not in user_ns else type(value).__name__
-            raise UsageError(f"--params expects the name of a dict in the notebook "
-                             f"(got {ns.params!r}: {got})")
+            raise UsageError(
+                f"--params expects the name of a dict in the notebook (got {ns.params!r}: {got})"
+            )
         params.update(value)
     params.update(parse_param_pairs(ns.param or []))
     if ns.as_var is not None and not _IDENTIFIER.match(ns.as_var):
@@ -68,9 +69,17 @@ def cell_args(ns: argparse.Namespace, user_ns: Mapping[str, Any]) -> CellArgs:
         raise UsageError("--new and --resume contradict each other; pick one")
     if ns.max_steps is not None and ns.max_steps < 1:
         raise UsageError(f"--max-steps expects a positive number (got {ns.max_steps})")
-    return CellArgs(name=ns.name, params=params, new=ns.new, resume=ns.resume,
-                    max_steps=ns.max_steps, dry_run=ns.dry_run, no_cache=ns.no_cache,
-                    background=ns.background, as_var=ns.as_var)
+    return CellArgs(
+        name=ns.name,
+        params=params,
+        new=ns.new,
+        resume=ns.resume,
+        max_steps=ns.max_steps,
+        dry_run=ns.dry_run,
+        no_cache=ns.no_cache,
+        background=ns.background,
+        as_var=ns.as_var,
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,6 +99,7 @@ class LineArgs:
     older_than_days: float | None = None
     idle_s: float = 10.0
     limit: int | None = None
+    all: bool = False
 
 
 class _Parser(argparse.ArgumentParser):
@@ -116,8 +126,13 @@ def _command_parser(command: str) -> _Parser:
         p.add_argument("--max-steps", type=int)
         p.add_argument("--background", action="store_true")
     if command == "tokens":
-        p.add_argument("--by", nargs="?", const="step", default="step",
-                       choices=["step", "model", "runner", "loop", "run"])
+        p.add_argument(
+            "--by",
+            nargs="?",
+            const="step",
+            default="step",
+            choices=["step", "model", "runner", "loop", "run"],
+        )
     if command == "abandon":
         p.add_argument("--reason")
     if command == "gc":
@@ -126,11 +141,23 @@ def _command_parser(command: str) -> _Parser:
         p.add_argument("--idle", dest="idle_s", type=float, default=10.0)
     if command == "list":
         p.add_argument("--limit", type=int)
+        p.add_argument("--all", action="store_true")
     return p
 
 
-RUN_COMMANDS = ("status", "resume", "abandon", "fork", "approve", "reject", "journal", "tokens",
-                "events", "watch", "stop")
+RUN_COMMANDS = (
+    "status",
+    "resume",
+    "abandon",
+    "fork",
+    "approve",
+    "reject",
+    "journal",
+    "tokens",
+    "events",
+    "watch",
+    "stop",
+)
 COMMANDS = ("list", *RUN_COMMANDS, "gc", "config")
 
 
@@ -141,8 +168,10 @@ def line_args(command: str, rest: str | Sequence[str]) -> LineArgs:
         UsageError: an unknown command or malformed arguments.
     """
     if command not in COMMANDS:
-        raise UsageError(f"%workflow: unknown command {command!r}; commands: "
-                         f"{', '.join(COMMANDS)} (`%workflow?` shows the help)")
+        raise UsageError(
+            f"%workflow: unknown command {command!r}; commands: "
+            f"{', '.join(COMMANDS)} (`%workflow?` shows the help)"
+        )
     argv = shlex.split(rest) if isinstance(rest, str) else list(rest)
     ns = _command_parser(command).parse_args(argv)
     return LineArgs(command=command, **vars(ns))

@@ -6,6 +6,7 @@ import re
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..display import plan_html, plan_mermaid, plan_text
@@ -36,9 +37,8 @@ class LiveRun(Run):
         self.view = view
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        row = self.row
-        reason = f": {row.status_reason}" if row.status_reason else ""
-        return {"text/plain": f"<Run {row.run_id} ({row.workflow}) {row.status}{reason}>"}
+        # No status here: the view above stays current, a status printed once would go stale.
+        return {"text/plain": f"<Run {self.run_id} ({self.row.workflow})>"}
 
     def _repr_html_(self) -> None:  # type: ignore[override]
         return None  # the live view above is the rich display
@@ -46,21 +46,28 @@ class LiveRun(Run):
 
 # -- the cell ---------------------------------------------------------------------------------
 def load_cell(ctx: WorkflowMagics, source: str, name: str | None) -> Workflow:
-    """Freeze a cell's YAML (NAME fills a missing ``name:``); library learns it.
+    """Freeze a cell's YAML, or the ``.yaml`` file its one line names; the library learns it.
+
+    NAME fills a missing ``name:`` (and must match a present one).
 
     Raises:
         UsageError: NAME contradicts the YAML's name, or a definition error (with the cell
             line and the field, in one line).
     """
     text, offset = source, 1  # cell line = YAML line + 1 (the %%workflow line)
+    stripped = source.strip()
+    if "\n" not in stripped and stripped.endswith((".yaml", ".yml")):
+        return _load_file(ctx, Path(stripped).expanduser())
     if name is not None:
         first_document = re.split(r"^---\s*$", text, maxsplit=1, flags=re.MULTILINE)[0]
         declared = _NAME_LINE.search(first_document)
         if declared is None:
             text, offset = f"name: {name}\n{text}", 0
         elif declared.group(1) != name:
-            raise UsageError(f"the cell line names the workflow {name!r} but its YAML says "
-                             f"name: {declared.group(1)}; make them agree or drop one")
+            raise UsageError(
+                f"the cell line names the workflow {name!r} but its YAML says "
+                f"name: {declared.group(1)}; make them agree or drop one"
+            )
     try:
         wf = ctx.engine.load(text, source_name=CELL_SOURCE_NAME)
     except DefinitionError as exc:
@@ -71,29 +78,46 @@ def load_cell(ctx: WorkflowMagics, source: str, name: str | None) -> Workflow:
     return wf
 
 
+def _load_file(ctx: WorkflowMagics, path: Path) -> Workflow:
+    try:
+        wf = ctx.engine.load(path)
+    except DefinitionError as exc:
+        raise UsageError(f"workflow definition error — {exc}") from None
+    ctx.library[wf.name] = wf.source
+    return wf
+
+
 def run_cell(ctx: WorkflowMagics, args: CellArgs, source: str) -> Run | None:
     """``%%workflow``: freeze, find or start the run (DESIGN §4), drive it, return the handle."""
     wf = load_cell(ctx, source, args.name) if source.strip() else None
     if wf is None and args.resume is None:
-        raise UsageError("the cell is empty: write the workflow YAML under %%workflow "
-                         "(or pass --resume RUN)")
+        raise UsageError(
+            "the cell is empty: write the workflow YAML under %%workflow (or pass --resume RUN)"
+        )
     if args.dry_run:
         if wf is None:
             raise UsageError("--dry-run needs the workflow YAML in the cell")
         show_plan(ctx, wf)
         if args.as_var:
-            ctx.shell.user_ns[args.as_var] = wf
+            ctx.user_ns[args.as_var] = wf
         return None
     warnings: list[str] = []
     if wf is None or args.resume is not None:
         run_id = ctx.engine.resolve_run_id(args.resume or "")
     else:
-        run_id, _, warnings = ctx.engine.start(wf, params=args.params, new=args.new,
-                                               no_cache=args.no_cache, params_from_strings=True)
-    handle = launch(ctx, run_id, max_steps=args.max_steps, background=args.background,
-                    live_source=wf, warnings=warnings)
+        run_id, _, warnings = ctx.engine.start(
+            wf, params=args.params, new=args.new, no_cache=args.no_cache, params_from_strings=True
+        )
+    handle = launch(
+        ctx,
+        run_id,
+        max_steps=args.max_steps,
+        background=args.background,
+        live_source=wf,
+        warnings=warnings,
+    )
     if args.as_var:
-        ctx.shell.user_ns[args.as_var] = handle
+        ctx.user_ns[args.as_var] = handle
     return handle
 
 
@@ -103,14 +127,21 @@ def show_plan(ctx: WorkflowMagics, wf: Workflow) -> None:
 
     table = plan_html(wf.plan, plan_hash=wf.plan_hash).split("<pre class='mermaid'>")[0]
     graph = plan_mermaid(wf.plan)
-    display({"text/plain": plan_text(wf.plan, plan_hash=wf.plan_hash), "text/html": table},
-            raw=True)
-    display({"text/plain": graph, "text/markdown": f"```mermaid\n{graph}\n```"}, raw=True)
+    summary = {"text/plain": plan_text(wf.plan, plan_hash=wf.plan_hash), "text/html": table}
+    mermaid = {"text/plain": graph, "text/markdown": f"```mermaid\n{graph}\n```"}
+    display(summary, raw=True)  # type: ignore[no-untyped-call]
+    display(mermaid, raw=True)  # type: ignore[no-untyped-call]
 
 
-def launch(ctx: WorkflowMagics, run_id: str, *, max_steps: int | None = None,
-           background: bool = False, live_source: Workflow | None = None,
-           warnings: list[str] | None = None) -> Run:
+def launch(
+    ctx: WorkflowMagics,
+    run_id: str,
+    *,
+    max_steps: int | None = None,
+    background: bool = False,
+    live_source: Workflow | None = None,
+    warnings: list[str] | None = None,
+) -> Run:
     """Drive a run in the foreground or in the background, behind a live view when possible."""
     warnings = list(warnings or [])
     view = ctx.open_view(run_id, warnings=warnings) if ctx.use_widgets else None
@@ -129,16 +160,26 @@ def launch(ctx: WorkflowMagics, run_id: str, *, max_steps: int | None = None,
     for message in handle.warnings:
         view.add_warning(message)
     view.flush()
+    if not background:
+        view.refresh()
     ctx.settle_view(view)
     return LiveRun(handle, view)
 
 
 # -- line commands ------------------------------------------------------------------------------
+LIST_COLUMNS = ("run", "workflow", "status", "status_reason", "created_at", "duration_s")
+
+
 def cmd_list(ctx: WorkflowMagics, args: LineArgs) -> Any:
+    """Root runs, newest first, in a few columns (``--all``: every run and column)."""
     frame = ctx.engine.runs()
     if frame.empty:
         print(f"no runs in {ctx.engine.db_path}")
         return None
+    frame = frame.iloc[::-1].reset_index(drop=True)
+    if not args.all:
+        frame = frame[frame["parent_run"].isna()].reset_index(drop=True)
+        frame = frame[[c for c in LIST_COLUMNS if c in frame.columns]]
     return frame.head(args.limit) if args.limit else frame
 
 
@@ -169,16 +210,19 @@ def cmd_abandon(ctx: WorkflowMagics, args: LineArgs) -> None:
 def cmd_approve(ctx: WorkflowMagics, args: LineArgs) -> None:
     run_id = _run(ctx, args)
     loop = ctx.engine.approve(run_id, args.step or "", feedback=args.feedback, loop=args.loop)
-    print(f"approved {run_id} step {args.step} (loop {loop}); "
-          f"`%workflow resume {run_id}` continues the run")
+    print(
+        f"approved {run_id} step {args.step} (loop {loop}); "
+        f"`%workflow resume {run_id}` continues the run"
+    )
 
 
 def cmd_reject(ctx: WorkflowMagics, args: LineArgs) -> None:
     run_id = _run(ctx, args)
-    loop = ctx.engine.reject(run_id, args.step or "", feedback=args.feedback or "",
-                             loop=args.loop)
-    print(f"rejected {run_id} step {args.step} (loop {loop}); "
-          f"`%workflow resume {run_id}` re-executes it with the feedback")
+    loop = ctx.engine.reject(run_id, args.step or "", feedback=args.feedback or "", loop=args.loop)
+    print(
+        f"rejected {run_id} step {args.step} (loop {loop}); "
+        f"`%workflow resume {run_id}` re-executes it with the feedback"
+    )
 
 
 def cmd_journal(ctx: WorkflowMagics, args: LineArgs) -> Any:
@@ -202,21 +246,25 @@ def cmd_stop(ctx: WorkflowMagics, args: LineArgs) -> None:
 
 def cmd_gc(ctx: WorkflowMagics, args: LineArgs) -> None:
     deleted = ctx.engine.gc(older_than_s=(args.older_than_days or 0) * 86400)
-    print(f"deleted {len(deleted)} finished run(s)" + (f": {', '.join(deleted)}"
-                                                      if deleted else ""))
+    print(
+        f"deleted {len(deleted)} finished run(s)" + (f": {', '.join(deleted)}" if deleted else "")
+    )
 
 
 def cmd_config(ctx: WorkflowMagics, args: LineArgs) -> None:
     engine = ctx.engine
-    lines = [f"state dir        {engine.state_dir}", f"database         {engine.db_path}",
-             f"durability       {ctx.durability}",
-             f"max concurrency  {ctx.max_concurrency or '(the plan decides)'}",
-             f"widgets          {ctx.widgets} (live view {'on' if ctx.use_widgets else 'off'})",
-             "default runner   scripted (a plan's `runner:` overrides it)",
-             f"runners          {', '.join(known_runners())}",
-             f"library          {', '.join(sorted(ctx.library)) or '(no cells run yet)'}",
-             "settings         %config WorkflowMagics.state_dir = '...' (also durability, "
-             "max_concurrency, widgets, watch_poll_s)"]
+    lines = [
+        f"state dir        {engine.state_dir}",
+        f"database         {engine.db_path}",
+        f"durability       {ctx.durability}",
+        f"max concurrency  {ctx.max_concurrency or '(the plan decides)'}",
+        f"widgets          {ctx.widgets} (live view {'on' if ctx.use_widgets else 'off'})",
+        "default runner   scripted (a plan's `runner:` overrides it)",
+        f"runners          {', '.join(known_runners())}",
+        f"library          {', '.join(sorted(ctx.library)) or '(no cells run yet)'}",
+        "settings         %config WorkflowMagics.state_dir = '...' (also durability, "
+        "max_concurrency, widgets, watch_poll_s)",
+    ]
     print("\n".join(lines))
 
 
@@ -231,7 +279,7 @@ def cmd_watch(ctx: WorkflowMagics, args: LineArgs) -> Run:
     idle_since: float | None = None
     try:
         while True:
-            rows = engine.read(lambda c: jsql.events_after(c, run_id, after))
+            rows = _events_after(ctx, run_id, after)
             if rows:
                 after = rows[-1].event_id
                 if view is not None:
@@ -245,8 +293,11 @@ def cmd_watch(ctx: WorkflowMagics, args: LineArgs) -> Run:
             elif idle_since is None:
                 idle_since = time.monotonic()
             elif time.monotonic() - idle_since > args.idle_s:
-                print(f"no driver has held {run_id} for {args.idle_s:g}s; stopped watching "
-                      f"(`%workflow resume {run_id}` drives it here)", file=sys.stderr)
+                print(
+                    f"no driver has held {run_id} for {args.idle_s:g}s; stopped watching "
+                    f"(`%workflow resume {run_id}` drives it here)",
+                    file=sys.stderr,
+                )
                 break
             time.sleep(ctx.watch_poll_s)
     except KeyboardInterrupt:
@@ -255,6 +306,7 @@ def cmd_watch(ctx: WorkflowMagics, args: LineArgs) -> Run:
     if view is None:
         return handle
     view.flush()
+    view.refresh()
     return LiveRun(handle, view)
 
 
@@ -266,11 +318,13 @@ def _run(ctx: WorkflowMagics, args: LineArgs) -> str:
 
 def _last_event_id(ctx: WorkflowMagics, run_id: str) -> int:
     after = 0
-    while True:
-        rows = ctx.engine.read(lambda c: jsql.events_after(c, run_id, after))
-        if not rows:
-            return after
+    while rows := _events_after(ctx, run_id, after):
         after = rows[-1].event_id
+    return after
+
+
+def _events_after(ctx: WorkflowMagics, run_id: str, after: int) -> list[EventRow]:
+    return ctx.engine.read(lambda c: jsql.events_after(c, run_id, after))
 
 
 def _event_line(row: EventRow) -> str:
@@ -281,8 +335,18 @@ def _event_line(row: EventRow) -> str:
 
 
 COMMANDS: dict[str, Callable[[WorkflowMagics, LineArgs], Any]] = {
-    "list": cmd_list, "status": cmd_status, "resume": cmd_resume, "abandon": cmd_abandon,
-    "fork": cmd_fork, "approve": cmd_approve, "reject": cmd_reject, "journal": cmd_journal,
-    "tokens": cmd_tokens, "events": cmd_events, "watch": cmd_watch, "stop": cmd_stop,
-    "gc": cmd_gc, "config": cmd_config,
+    "list": cmd_list,
+    "status": cmd_status,
+    "resume": cmd_resume,
+    "abandon": cmd_abandon,
+    "fork": cmd_fork,
+    "approve": cmd_approve,
+    "reject": cmd_reject,
+    "journal": cmd_journal,
+    "tokens": cmd_tokens,
+    "events": cmd_events,
+    "watch": cmd_watch,
+    "stop": cmd_stop,
+    "gc": cmd_gc,
+    "config": cmd_config,
 }

@@ -25,7 +25,10 @@ class _Drive:
     thread: threading.Thread
     handle: Run | None = None
     error: BaseException | None = None
+    is_over: bool = False
+    """The engine call returned (set before the after-drive callback runs)."""
     done: threading.Event = field(default_factory=threading.Event)
+    """Set once the callback ran too: waiting on it sees the view's final state."""
 
 
 class Drives:
@@ -45,39 +48,54 @@ class Drives:
         """Whether a thread of this kernel drives ``run_id`` now."""
         with self._lock:
             drive = self._drives.get(run_id)
-        return drive is not None and not drive.done.is_set()
+        return drive is not None and not drive.is_over
 
-    def _begin(self, run_id: str, *, max_steps: int | None, live_source: Workflow | None,
-               on_done: Callable[[_Drive], None] | None) -> _Drive:
+    def _begin(
+        self,
+        run_id: str,
+        *,
+        max_steps: int | None,
+        live_source: Workflow | None,
+        on_done: Callable[[_Drive], None] | None,
+    ) -> _Drive:
         engine = self._engine()
 
         def target() -> None:
             try:
-                drive.handle = engine.drive(run_id, max_steps=max_steps, signal=drive.signal,
-                                            live_source=live_source)
+                drive.handle = engine.drive(
+                    run_id, max_steps=max_steps, signal=drive.signal, live_source=live_source
+                )
             except BaseException as exc:  # handed to the waiter or logged below
                 drive.error = exc
             finally:
-                drive.done.set()
+                drive.is_over = True
                 if on_done is not None:
                     try:
                         on_done(drive)
                     except Exception:
                         log.exception("after-drive callback failed")
+                drive.done.set()
 
-        drive = _Drive(run_id=run_id, signal=threading.Event(), thread=threading.Thread(
-            target=target, name=f"wf-drive-{run_id}", daemon=True))
+        drive = _Drive(
+            run_id=run_id,
+            signal=threading.Event(),
+            thread=threading.Thread(target=target, name=f"wf-drive-{run_id}", daemon=True),
+        )
         with self._lock:
             current = self._drives.get(run_id)
-            if current is not None and not current.done.is_set():
-                raise UsageError(f"Run {run_id} is already being driven in this kernel; "
-                                 f"wait for it or `%workflow stop {run_id}`.", run_id=run_id)
+            if current is not None and not current.is_over:
+                raise UsageError(
+                    f"Run {run_id} is already being driven in this kernel; "
+                    f"wait for it or `%workflow stop {run_id}`.",
+                    run_id=run_id,
+                )
             self._drives[run_id] = drive
         drive.thread.start()
         return drive
 
-    def foreground(self, run_id: str, *, max_steps: int | None = None,
-                   live_source: Workflow | None = None) -> Run:
+    def foreground(
+        self, run_id: str, *, max_steps: int | None = None, live_source: Workflow | None = None
+    ) -> Run:
         """Drive ``run_id`` and wait; an interrupt stops it gracefully (the run stays active).
 
         Raises:
@@ -90,22 +108,30 @@ class Drives:
                 drive.done.wait(0.1)
             except KeyboardInterrupt:
                 if interrupted:
-                    print(f"Stopped waiting; run {run_id} stops after its units in flight.",
-                          file=sys.stderr)
+                    print(
+                        f"Stopped waiting; run {run_id} stops after its units in flight.",
+                        file=sys.stderr,
+                    )
                     return Run(self._engine(), run_id)
                 interrupted = True
                 drive.signal.set()
-                print(f"Interrupted: run {run_id} stops after the units in flight and stays "
-                      "active; re-run the cell (or `%workflow resume`) to continue.",
-                      file=sys.stderr)
+                print(
+                    f"Interrupted: run {run_id} stops after the units in flight and stays "
+                    "active; re-run the cell (or `%workflow resume`) to continue.",
+                    file=sys.stderr,
+                )
         if drive.error is not None:
             raise drive.error
         return drive.handle if drive.handle is not None else Run(self._engine(), run_id)
 
-    def background(self, run_id: str, *, max_steps: int | None = None,
-                   live_source: Workflow | None = None,
-                   on_done: Callable[[Run | None, BaseException | None], None] | None = None
-                   ) -> threading.Thread:
+    def background(
+        self,
+        run_id: str,
+        *,
+        max_steps: int | None = None,
+        live_source: Workflow | None = None,
+        on_done: Callable[[Run | None, BaseException | None], None] | None = None,
+    ) -> threading.Thread:
         """Drive ``run_id`` in a daemon thread; ``on_done(handle, error)`` runs in that thread."""
 
         def finished(drive: _Drive) -> None:
@@ -114,14 +140,15 @@ class Drives:
             if on_done is not None:
                 on_done(drive.handle, drive.error)
 
-        return self._begin(run_id, max_steps=max_steps, live_source=live_source,
-                           on_done=finished).thread
+        return self._begin(
+            run_id, max_steps=max_steps, live_source=live_source, on_done=finished
+        ).thread
 
     def stop(self, run_id: str) -> bool:
         """Ask a drive of this kernel to stop between units; False when none runs."""
         with self._lock:
             drive = self._drives.get(run_id)
-        if drive is None or drive.done.is_set():
+        if drive is None or drive.is_over:
             return False
         drive.signal.set()
         return True

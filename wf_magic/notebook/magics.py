@@ -1,4 +1,7 @@
-"""``%%workflow`` and ``%workflow``: thin IPython shells over the Engine (settings are traitlets)."""
+"""``%%workflow`` and ``%workflow``: thin IPython shells over the Engine, set by traitlets."""
+
+# IPython's magic decorators are untyped; everything else here is checked strictly.
+# mypy: disallow-untyped-calls=False, disallow-untyped-decorators=False
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from traitlets import Bool, CaselessStrEnum, Float, Integer, Unicode
 
 from ..engine import Engine
 from ..errors import WorkflowError
+from ..run import Run
 from ..spec.freeze import Workflow
 from ..store.db import default_state_dir
 from . import commands
@@ -40,21 +44,30 @@ def _as_usage_errors() -> Iterator[None]:
 class WorkflowMagics(Magics):
     """Durable LLM-agent workflows in cells: ``%%workflow`` runs one, ``%workflow`` manages runs."""
 
-    state_dir = Unicode("", help="State directory (state.db and run locks); empty means "
-                        "$WF_MAGIC_HOME, else ./.wf_magic").tag(config=True)
-    durability = CaselessStrEnum(["normal", "full"], default_value="normal",
-                                 help="SQLite durability: normal (WAL, synchronous=NORMAL) or "
-                                 "full (synchronous=FULL)").tag(config=True)
-    max_concurrency = Integer(None, allow_none=True,
-                              help="Cap on map units in flight (the plan's cap also applies)"
-                              ).tag(config=True)
-    widgets = CaselessStrEnum(["auto", "on", "off"], default_value="auto",
-                              help="Live run view: auto (when a kernel serves a front end), "
-                              "on, off (text/HTML only)").tag(config=True)
-    watch_poll_s = Float(0.25, help="How often `%workflow watch` polls the events table"
-                         ).tag(config=True)
-    close_finished_views = Bool(True, help="Stop observing once a shown run completed"
-                                ).tag(config=True)
+    state_dir = Unicode(
+        "",
+        help="State directory (state.db and run locks); empty means "
+        "$WF_MAGIC_HOME, else ./.wf_magic",
+    ).tag(config=True)
+    durability = CaselessStrEnum(
+        ["normal", "full"],
+        default_value="normal",
+        help="SQLite durability: normal (WAL, synchronous=NORMAL) or full (synchronous=FULL)",
+    ).tag(config=True)
+    max_concurrency = Integer(
+        None, allow_none=True, help="Cap on map units in flight (the plan's cap also applies)"
+    ).tag(config=True)
+    widgets = CaselessStrEnum(
+        ["auto", "on", "off"],
+        default_value="auto",
+        help="Live run view: auto (when a kernel serves a front end), on, off (text/HTML only)",
+    ).tag(config=True)
+    watch_poll_s = Float(0.25, help="How often `%workflow watch` polls the events table").tag(
+        config=True
+    )
+    close_finished_views = Bool(True, help="Stop observing once a shown run completed").tag(
+        config=True
+    )
 
     def __init__(self, shell: Any = None, **kwargs: Any):
         super().__init__(shell, **kwargs)
@@ -68,14 +81,27 @@ class WorkflowMagics(Magics):
     def engine(self) -> Engine:
         """This shell's Engine (re-created when the configured state dir changes)."""
         target = Path(self.state_dir).expanduser() if self.state_dir else default_state_dir()
-        current = self._engine
-        if current is None or current.state_dir.resolve() != target.resolve():
-            self._engine = Engine(target, namespace=self.shell.user_ns, library=self.library,
-                                  durability=self.durability,
-                                  max_concurrency=self.max_concurrency)
-            self._engine.library = self.library  # cells teach the library as they run
+        engine = self._engine
+        if engine is None or engine.state_dir.resolve() != target.resolve():
+            engine = Engine(
+                target,
+                namespace=self.user_ns,
+                library=self.library,
+                durability=self.durability,
+                max_concurrency=self.max_concurrency,
+            )
+            engine.library = self.library  # cells teach the library as they run
             self._forget_views()
-        return self._engine
+            self._engine = engine
+        return engine
+
+    @property
+    def user_ns(self) -> dict[str, Any]:
+        """The notebook's namespace (``python:`` targets, ``--params``, ``--as``)."""
+        if self.shell is None:
+            raise RuntimeError("WorkflowMagics is used without an IPython shell")
+        namespace: dict[str, Any] = self.shell.user_ns
+        return namespace
 
     @property
     def use_widgets(self) -> bool:
@@ -84,47 +110,58 @@ class WorkflowMagics(Magics):
             return getattr(self.shell, "kernel", None) is not None
         return bool(self.widgets == "on")
 
-    def open_view(self, run_id: str, *, subscribe: bool = True,
-                  warnings: list[str] | None = None) -> RunView:
+    def open_view(
+        self, run_id: str, *, subscribe: bool = True, warnings: list[str] | None = None
+    ) -> RunView:
         """Create, display (from this thread) and first draw a run view."""
-        from IPython.display import display
-
         from .widgets import RunView
 
         old = self.views.pop(run_id, None)
         if old is not None:
             old.detach()  # the older output keeps its last state; only one view observes
-        view = RunView(self.engine, run_id, subscribe=subscribe,
-                       continue_drive=self.drive_in_background, stop_drive=self.stop_drive,
-                       is_driving=self.drives.is_driving, warnings=warnings)
+        view = RunView(
+            self.engine,
+            run_id,
+            subscribe=subscribe,
+            continue_drive=self.drive_in_background,
+            stop_drive=self.stop_drive,
+            is_driving=self.drives.is_driving,
+            warnings=warnings,
+        )
         self.views[run_id] = view
-        display(view)
+        view.show()
         view.flush()
         return view
 
     def settle_view(self, view: RunView) -> None:
         """Stop a view observing once its run can no longer change."""
-        if self.close_finished_views and view.snapshot is not None and \
-                view.snapshot.status in _TERMINAL and not self.drives.is_driving(view.run_id):
+        if (
+            self.close_finished_views
+            and view.snapshot is not None
+            and view.snapshot.status in _TERMINAL
+            and not self.drives.is_driving(view.run_id)
+        ):
             view.detach()
             if self.views.get(view.run_id) is view:
                 del self.views[view.run_id]
 
-    def drive_in_background(self, run_id: str, *, max_steps: int | None = None,
-                            live_source: Workflow | None = None) -> None:
+    def drive_in_background(
+        self, run_id: str, *, max_steps: int | None = None, live_source: Workflow | None = None
+    ) -> None:
         """Continue ``run_id`` in a thread; its view (if any) shows the outcome."""
 
-        def done(handle: Any, error: BaseException | None) -> None:
+        def done(handle: Run | None, error: BaseException | None) -> None:
             view = self.views.get(run_id)
             if view is None:
                 return
+            for message in handle.warnings if handle is not None else ():
+                view.add_warning(message)
             if error is not None:
                 view.add_warning(f"the background drive stopped: {error}")
             view.flush()
             self.settle_view(view)
 
-        self.drives.background(run_id, max_steps=max_steps, live_source=live_source,
-                               on_done=done)
+        self.drives.background(run_id, max_steps=max_steps, live_source=live_source, on_done=done)
 
     def stop_drive(self, run_id: str) -> None:
         """Stop a drive of this kernel, or ask another process's driver to stop."""
@@ -147,21 +184,28 @@ class WorkflowMagics(Magics):
     # -- magics -----------------------------------------------------------------------------
     @magic_arguments(name="%workflow")
     @argument("name", nargs="?", help="workflow name (fills a missing `name:` in the YAML)")
-    @argument("--param", action="append", default=[], metavar="K=V",
-              help="a workflow param (repeatable); values are coerced to the declared type")
+    @argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="a workflow param (repeatable); values are coerced to the declared type",
+    )
     @argument("--params", metavar="VAR", help="a dict in the notebook holding params")
     @argument("--new", action="store_true", help="always start a fresh run")
     @argument("--resume", metavar="RUN", help="drive the given run (not the cell's latest)")
     @argument("--max-steps", type=int, metavar="N", help="stop after N finished steps")
-    @argument("--dry-run", action="store_true",
-              help="freeze and show the plan; dispatch nothing")
+    @argument("--dry-run", action="store_true", help="freeze and show the plan; dispatch nothing")
     @argument("--no-cache", action="store_true", help="no result reuse from earlier runs")
-    @argument("--background", action="store_true",
-              help="drive in a thread; the notebook stays usable")
+    @argument(
+        "--background", action="store_true", help="drive in a thread; the notebook stays usable"
+    )
     @argument("--as", dest="as_var", metavar="VAR", help="also store the Run handle in VAR")
-    @cell_magic("workflow")
+    @cell_magic("workflow")  # type: ignore[arg-type]
     def workflow_cell(self, line: str, cell: str) -> Any:
         """Run the workflow written (in YAML) in this cell and show its live progress.
+
+        The cell holds the workflow's YAML, or one line naming a ``.yaml`` file.
 
         Re-running an unchanged cell resumes its unfinished run (or shows the finished one and
         dispatches nothing); a changed cell starts a new run and abandons the old unfinished
@@ -170,20 +214,26 @@ class WorkflowMagics(Magics):
         evaluates to the ``Run`` handle.
         """
         with _as_usage_errors():
-            args = cell_args(parse_argstring(self.workflow_cell, line), self.shell.user_ns)
+            args = cell_args(parse_argstring(self.workflow_cell, line), self.user_ns)
             return commands.run_cell(self, args, cell)
 
     @magic_arguments(name="workflow")
-    @argument("command", nargs="?", default="list", choices=COMMANDS, metavar="COMMAND",
-              help="what to do (default: list); one of " + ", ".join(COMMANDS))
+    @argument(
+        "command",
+        nargs="?",
+        default="list",
+        choices=COMMANDS,
+        metavar="COMMAND",
+        help="what to do (default: list); one of " + ", ".join(COMMANDS),
+    )
     @argument("args", nargs=argparse.REMAINDER, help="the command's arguments")
-    @line_magic("workflow")
+    @line_magic("workflow")  # type: ignore[arg-type]
     def workflow_line(self, line: str) -> Any:
         """Manage workflow runs.
 
         Commands::
 
-            %workflow list [--limit N]
+            %workflow list [--limit N] [--all]
             %workflow status RUN
             %workflow resume RUN [--max-steps N] [--background]
             %workflow abandon RUN [--reason TEXT]

@@ -96,17 +96,27 @@ class SnapshotReader:
         for a in attempts:
             by_step.setdefault(a.step_id, []).append(a)
         now = time.time()
-        steps = tuple(self._step_state(s, by_step.get(s.step_id, []), step_rows, now)
-                      for s in step_rows)
+        steps = tuple(
+            self._step_state(s, by_step.get(s.step_id, []), step_rows, now) for s in step_rows
+        )
         reused = [a for a in attempts if a.status == "reused"]
         return RunSnapshot(
-            run_id=row.run_id, workflow=row.workflow, status=row.status,
-            reason=row.status_reason, steps=steps, rejections=tuple(_rejections(attempts)),
-            waiting=_waiting(step_rows), budget=Run(self.engine, self.run_id).budget_use(),
-            reused=len(reused), saved_tokens=sum(a.saved_tokens for a in reused), taken_at=now)
+            run_id=row.run_id,
+            workflow=row.workflow,
+            status=row.status,
+            reason=row.status_reason,
+            steps=steps,
+            rejections=tuple(_rejections(attempts)),
+            waiting=_waiting(step_rows),
+            budget=Run(self.engine, self.run_id).budget_use(),
+            reused=len(reused),
+            saved_tokens=sum(a.saved_tokens for a in reused),
+            taken_at=now,
+        )
 
-    def _step_state(self, step: StepRow, attempts: list[AttemptRow], rows: list[StepRow],
-                    now: float) -> StepState:
+    def _step_state(
+        self, step: StepRow, attempts: list[AttemptRow], rows: list[StepRow], now: float
+    ) -> StepState:
         latest: dict[str, AttemptRow] = {}
         for a in attempts:
             if a.phase == "work":
@@ -119,11 +129,18 @@ class SnapshotReader:
         started = [a.started_at for a in attempts]
         ends = [a.finished_at or now for a in attempts]
         return StepState(
-            step_id=step.step_id, kind=step.kind, status=step.status,
-            done=done, total=total, tokens=sum(a.tokens_in + a.tokens_out for a in attempts),
+            step_id=step.step_id,
+            kind=step.kind,
+            status=step.status,
+            done=done,
+            total=total,
+            tokens=sum(a.tokens_in + a.tokens_out for a in attempts),
             saved_tokens=sum(a.saved_tokens for a in attempts if a.status == "reused"),
-            elapsed_s=(max(ends) - min(started)) if started else None, loop=step.loop,
-            max_loops=step.max_loops, note=step.note)
+            elapsed_s=(max(ends) - min(started)) if started else None,
+            loop=step.loop,
+            max_loops=step.max_loops,
+            note=step.note,
+        )
 
     def _total(self, step: StepRow, rows: list[StepRow]) -> int | None:
         if step.step_id in self._totals:
@@ -132,8 +149,11 @@ class SnapshotReader:
         if plan_step.map is None:
             self._totals[step.step_id] = 1
             return 1
-        outputs = {r.step_id: json.loads(r.output_json) if r.output_json else None
-                   for r in rows if r.status in ("completed", "skipped")}
+        outputs = {
+            r.step_id: json.loads(r.output_json) if r.output_json else None
+            for r in rows
+            if r.status in ("completed", "skipped")
+        }
         try:
             items = expand_items(plan_step, self.params, outputs)
         except StepInputError:
@@ -151,9 +171,15 @@ def _rejections(attempts: list[AttemptRow]) -> list[Rejection]:
         verdict = json.loads(a.output_json)
         if not isinstance(verdict, dict) or verdict.get("complete", True):
             continue
-        out.append(Rejection(step_id=a.step_id, loop=a.loop, judge=str(verdict.get("judge", "")),
-                             feedback=str(verdict.get("feedback") or ""),
-                             missing=tuple(str(m) for m in verdict.get("missing") or ())))
+        out.append(
+            Rejection(
+                step_id=a.step_id,
+                loop=a.loop,
+                judge=str(verdict.get("judge", "")),
+                feedback=str(verdict.get("feedback") or ""),
+                missing=tuple(str(m) for m in verdict.get("missing") or ()),
+            )
+        )
     return out
 
 
@@ -164,7 +190,10 @@ def _waiting(rows: list[StepRow]) -> Waiting | None:
         data = json.loads(row.output_json)
         waiting = data.get("waiting") if isinstance(data, dict) else None
         if isinstance(waiting, dict) and "loop" in waiting:
-            return Waiting(step_id=row.step_id, loop=int(waiting["loop"]),
-                           judge=str(waiting.get("judge", "human")),
-                           summary=str(waiting.get("summary", "")))
+            return Waiting(
+                step_id=row.step_id,
+                loop=int(waiting["loop"]),
+                judge=str(waiting.get("judge", "human")),
+                summary=str(waiting.get("summary", "")),
+            )
     return None

@@ -60,8 +60,7 @@ class Throttle:
             finally:
                 self.calls += 1
                 cost = time.monotonic() - started
-                self.interval_s = min(MAX_INTERVAL_S,
-                                      max(self.min_interval_s, COST_FACTOR * cost))
+                self.interval_s = min(MAX_INTERVAL_S, max(self.min_interval_s, COST_FACTOR * cost))
 
     def flush(self) -> None:
         """Call ``fn`` now in this thread, dropping a pending timer (its call would be stale)."""

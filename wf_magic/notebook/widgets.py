@@ -10,10 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
 
-from ..display import STATUS_COLOURS
+from ..display import STATUS_COLOURS, run_html, run_text
 from ..errors import WorkflowError
 from ..events import Event
-from .snapshot import RunSnapshot, SnapshotReader, StepState, Waiting
+from ..run import Run
+from .rows import COLUMNS, StepRowWidgets, badge
+from .snapshot import RunSnapshot, SnapshotReader, Waiting
 from .throttle import Throttle
 
 if TYPE_CHECKING:
@@ -21,68 +23,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("wf_magic")
 
-_BAR_STYLES = {"completed": "success", "failed": "danger", "blocked": "warning",
-               "skipped": "", "pending": "info"}
-_COLUMNS = ("step", "status", "progress", "units", "tokens", "elapsed", "loop", "note")
-_JUDGE_TITLES = {"human": "Waiting for your decision",
-                 "exhausted": "Gate exhausted — approve the last artifact or reject it",
-                 "failed": "The judge could not answer — decide yourself"}
+_JUDGE_TITLES = {
+    "human": "Waiting for your decision",
+    "exhausted": "Gate exhausted — approve the last artifact or reject it",
+    "failed": "The judge could not answer — decide yourself",
+}
 
 
-def badge(status: str) -> str:
-    """A coloured status pill (HTML)."""
-    colour = STATUS_COLOURS.get(status, "#6e7781")
-    return (f'<span style="background:{colour};color:white;border-radius:8px;'
-            f'padding:1px 8px;font-size:85%">{html.escape(status)}</span>')
-
-
-def elapsed_text(seconds: float | None) -> str:
-    """``0.4 s``, ``12 s``, ``3 m 04 s``, ``1 h 02 m``."""
-    if seconds is None:
-        return ""
-    if seconds < 10:
-        return f"{seconds:.1f} s"
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    minutes, secs = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes} m {secs:02d} s"
-    return f"{minutes // 60} h {minutes % 60:02d} m"
-
-
-class _StepRow:
-    """The widgets of one step row (created once, then only their values change)."""
-
-    def __init__(self, step_id: str):
-        self.name = w.HTML(f"<code>{html.escape(step_id)}</code>")
-        self.status = w.HTML()
-        self.bar = w.IntProgress(value=0, min=0, max=1, layout=w.Layout(width="120px"))
-        self.units = w.Label()
-        self.tokens = w.Label()
-        self.elapsed = w.Label()
-        self.loop = w.Label()
-        self.note = w.HTML(layout=w.Layout(overflow="hidden"))
-
-    def cells(self) -> list[w.Widget]:
-        return [self.name, self.status, self.bar, self.units, self.tokens, self.elapsed,
-                self.loop, self.note]
-
-    def show(self, s: StepState) -> None:
-        total = s.total if s.total is not None else max(s.done, 1)
-        done = s.done
-        self.status.value = badge(s.status)
-        self.bar.max = max(total, 1)
-        self.bar.value = min(done, self.bar.max)
-        self.bar.bar_style = _BAR_STYLES.get(s.status, "")
-        self.units.value = f"{done}/{s.total if s.total is not None else '?'}"
-        self.tokens.value = f"{s.tokens:,}" + (f" (+{s.saved_tokens:,} reused)"
-                                               if s.saved_tokens else "")
-        self.elapsed.value = elapsed_text(s.elapsed_s)
-        self.loop.value = f"{s.loop}/{s.max_loops}" if s.max_loops > 1 else ""
-        self.note.value = f"<small>{html.escape(s.note or '')}</small>"
-
-
-class RunView(w.VBox):
+class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
     """A live view of one run: header, step rows, gate panel, budget, warnings, decisions.
 
     It observes: engine events (or :meth:`poke`) schedule a throttled redraw that reads the
@@ -99,11 +47,19 @@ class RunView(w.VBox):
         is_driving: whether this kernel drives the run now (shows the Stop button).
     """
 
-    def __init__(self, engine: Engine, run_id: str, *, subscribe: bool = True,
-                 continue_drive: Callable[[str], object] | None = None,
-                 stop_drive: Callable[[str], object] | None = None,
-                 is_driving: Callable[[str], bool] | None = None,
-                 warnings: list[str] | None = None, interval_s: float = 0.1, **kwargs: Any):
+    def __init__(
+        self,
+        engine: Engine,
+        run_id: str,
+        *,
+        subscribe: bool = True,
+        continue_drive: Callable[[str], object] | None = None,
+        stop_drive: Callable[[str], object] | None = None,
+        is_driving: Callable[[str], bool] | None = None,
+        warnings: list[str] | None = None,
+        interval_s: float = 0.1,
+        **kwargs: Any,
+    ):
         self.engine = engine
         self.run_id = run_id
         self.reader = SnapshotReader(engine, run_id)
@@ -118,10 +74,21 @@ class RunView(w.VBox):
         self._unsubscribe: Callable[[], None] | None = None
         self._decision_key: tuple[str, int, str] | None = None
         self._acted: str | None = None
+        self.display_handle: Any = None
         self.throttle = Throttle(self._redraw_safely, interval_s=interval_s)
         self._build()
-        super().__init__(children=[self.header, self.grid, self.gate_panel, self.budget_box,
-                                   self.warning_box, self.decision_box, self.footer], **kwargs)
+        super().__init__(
+            children=[
+                self.header,
+                self.grid,
+                self.gate_panel,
+                self.budget_box,
+                self.warning_box,
+                self.decision_box,
+                self.footer,
+            ],
+            **kwargs,
+        )
         self.add_class("wf-run-view")
         if subscribe:
             self._unsubscribe = engine.subscribe(self._on_event)
@@ -129,43 +96,59 @@ class RunView(w.VBox):
     # -- construction -----------------------------------------------------------------------
     def _build(self) -> None:
         self.header = w.HTML()
-        self.rows = {s.id: _StepRow(s.id) for s in self.reader.plan.steps}
-        heads = [w.HTML(f"<b>{c}</b>") for c in _COLUMNS]
+        self.rows = {s.id: StepRowWidgets(s.id) for s in self.reader.plan.steps}
+        heads = [w.HTML(f"<b>{c}</b>") for c in COLUMNS]
         cells: list[w.Widget] = [*heads]
         for row in self.rows.values():
             cells.extend(row.cells())
-        self.grid = w.GridBox(cells, layout=w.Layout(
-            grid_template_columns="max-content max-content 130px max-content max-content "
-                                  "max-content max-content minmax(0, 1fr)",
-            grid_gap="2px 12px", align_items="center"))
+        self.grid = w.GridBox(
+            cells,
+            layout=w.Layout(
+                grid_template_columns="max-content max-content 130px max-content max-content "
+                "max-content max-content minmax(0, 1fr)",
+                grid_gap="2px 12px",
+                align_items="center",
+            ),
+        )
         self.gate_panel = w.HTML(layout=w.Layout(display="none"))
         self.units_bar = w.IntProgress(min=0, max=1, layout=w.Layout(width="160px"))
         self.tokens_bar = w.IntProgress(min=0, max=1, layout=w.Layout(width="160px"))
         self.units_label, self.tokens_label = w.Label(), w.Label()
-        self.budget_box = w.HBox([w.Label("budget — units"), self.units_bar, self.units_label,
-                                  w.Label("tokens"), self.tokens_bar, self.tokens_label],
-                                 layout=w.Layout(align_items="center", grid_gap="8px"))
+        self.budget_box = w.HBox(
+            [
+                w.Label("budget — units"),
+                self.units_bar,
+                self.units_label,
+                w.Label("tokens"),
+                self.tokens_bar,
+                self.tokens_label,
+            ],
+            layout=w.Layout(align_items="center", grid_gap="8px"),
+        )
         self.warning_box = w.HTML(layout=w.Layout(display="none"))
         self.summary = w.HTML()
-        self.feedback = w.Textarea(placeholder="Feedback for the step (required to reject)",
-                                   layout=w.Layout(width="100%", height="4em"))
-        self.approve_button = w.Button(description="Approve", button_style="success",
-                                       icon="check")
-        self.reject_button = w.Button(description="Reject", button_style="danger",
-                                      icon="times")
+        self.feedback = w.Textarea(
+            placeholder="Feedback for the step (required to reject)",
+            layout=w.Layout(width="100%", height="4em"),
+        )
+        self.approve_button = w.Button(description="Approve", button_style="success", icon="check")
+        self.reject_button = w.Button(description="Reject", button_style="danger", icon="times")
         self.approve_button.on_click(lambda _b: self.decide(approve=True))
         self.reject_button.on_click(lambda _b: self.decide(approve=False))
-        self.decision_box = w.VBox([self.summary, self.feedback,
-                                    w.HBox([self.approve_button, self.reject_button])],
-                                   layout=w.Layout(display="none", border="1px solid #bf8700",
-                                                   padding="6px"))
-        self.stop_button = w.Button(description="Stop", icon="stop",
-                                    layout=w.Layout(display="none"))
+        self.decision_box = w.VBox(
+            [self.summary, self.feedback, w.HBox([self.approve_button, self.reject_button])],
+            layout=w.Layout(display="none", border="1px solid #bf8700", padding="6px"),
+        )
+        self.stop_button = w.Button(
+            description="Stop", icon="stop", layout=w.Layout(display="none")
+        )
         self.stop_button.on_click(lambda _b: self.stop())
         self.status_line = w.HTML()
         self.message = w.HTML()
-        self.footer = w.HBox([self.stop_button, self.status_line, self.message],
-                             layout=w.Layout(align_items="center", grid_gap="12px"))
+        self.footer = w.HBox(
+            [self.stop_button, self.status_line, self.message],
+            layout=w.Layout(align_items="center", grid_gap="12px"),
+        )
 
     # -- observing --------------------------------------------------------------------------
     def _on_event(self, event: Event) -> None:
@@ -212,11 +195,11 @@ class RunView(w.VBox):
         text = self.feedback.value.strip()
         try:
             if approve:
-                self.engine.approve(self.run_id, waiting.step_id, feedback=text or None,
-                                    loop=waiting.loop)
+                self.engine.approve(
+                    self.run_id, waiting.step_id, feedback=text or None, loop=waiting.loop
+                )
             else:
-                self.engine.reject(self.run_id, waiting.step_id, feedback=text,
-                                   loop=waiting.loop)
+                self.engine.reject(self.run_id, waiting.step_id, feedback=text, loop=waiting.loop)
         except WorkflowError as exc:
             self._say(str(exc), error=True)
             return
@@ -258,9 +241,11 @@ class RunView(w.VBox):
         self.snapshot = snap
         self.redraws += 1
         reason = f" <i>{html.escape(snap.reason)}</i>" if snap.reason else ""
-        self.header.value = (f"<b>{html.escape(snap.workflow)}</b> &nbsp;<code>"
-                             f"{html.escape(snap.run_id)}</code> &nbsp;{badge(snap.status)}"
-                             f"{reason}")
+        self.header.value = (
+            f"<b>{html.escape(snap.workflow)}</b> &nbsp;<code>"
+            f"{html.escape(snap.run_id)}</code> &nbsp;{badge(snap.status)}"
+            f"{reason}"
+        )
         for state in snap.steps:
             if state.step_id in self.rows:
                 self.rows[state.step_id].show(state)
@@ -282,20 +267,24 @@ class RunView(w.VBox):
         rows = "".join(
             f"<tr><td><code>{html.escape(r.step_id)}</code></td><td>{r.loop}</td>"
             f"<td>{html.escape(r.judge)}</td><td>{html.escape(r.feedback)}</td>"
-            f"<td>{html.escape(', '.join(r.missing))}</td></tr>" for r in snap.rejections)
+            f"<td>{html.escape(', '.join(r.missing))}</td></tr>"
+            for r in snap.rejections
+        )
         self.gate_panel.value = (
             "<details open><summary><b>Gate rejections</b> "
             f"({len(snap.rejections)})</summary><table><thead><tr><th>step</th><th>loop</th>"
             "<th>judge</th><th>feedback</th><th>missing</th></tr></thead>"
-            f"<tbody>{rows}</tbody></table></details>")
+            f"<tbody>{rows}</tbody></table></details>"
+        )
         self.gate_panel.layout.display = ""
 
     def _draw_budget(self, snap: RunSnapshot) -> None:
         use = snap.budget
-        for bar, label, used, limit in ((self.units_bar, self.units_label, use.units,
-                                         use.max_units),
-                                        (self.tokens_bar, self.tokens_label, use.tokens,
-                                         use.max_tokens)):
+        for bar, label, used, limit in (
+            (self.units_bar, self.units_label, use.units, use.max_units),
+            (self.tokens_bar, self.tokens_label, use.tokens, use.max_tokens),
+        ):
+            bar.layout.display = "" if limit else "none"  # a full bar would mean "at the limit"
             bar.max = max(int(limit or used or 1), 1)
             bar.value = min(int(used), bar.max)
             share = used / limit if limit else 0.0
@@ -306,8 +295,10 @@ class RunView(w.VBox):
         with self._warn_lock:
             items = list(self.warnings)
         if snap.reused:
-            items.append(f"reused {snap.reused} result{'s' if snap.reused != 1 else ''} from "
-                         f"earlier runs ({snap.saved_tokens:,} tokens saved)")
+            items.append(
+                f"reused {snap.reused} result{'s' if snap.reused != 1 else ''} from "
+                f"earlier runs ({snap.saved_tokens:,} tokens saved)"
+            )
         self.warning_box.value = "".join(f"<div>⚠ {html.escape(m)}</div>" for m in items)
         self.warning_box.layout.display = "" if items else "none"
 
@@ -320,27 +311,57 @@ class RunView(w.VBox):
             self._decision_key = key  # a new question: re-arm the buttons
             self.approve_button.disabled = self.reject_button.disabled = False
         title = _JUDGE_TITLES.get(waiting.judge, "Waiting for a decision")
-        self.summary.value = (f"<b>{html.escape(title)}</b>: step <code>"
-                              f"{html.escape(waiting.step_id)}</code>, loop {waiting.loop}"
-                              f"<pre style='max-height:12em;overflow:auto;white-space:pre-wrap'>"
-                              f"{html.escape(waiting.summary)}</pre>")
+        self.summary.value = (
+            f"<b>{html.escape(title)}</b>: step <code>"
+            f"{html.escape(waiting.step_id)}</code>, loop {waiting.loop}"
+            f"<pre style='max-height:12em;overflow:auto;white-space:pre-wrap'>"
+            f"{html.escape(waiting.summary)}</pre>"
+        )
         self.decision_box.layout.display = ""
 
-    def __repr__(self) -> str:
-        from ..display import run_text
-        from ..run import Run
-
+    def _handle(self) -> Run:
         handle = Run(self.engine, self.run_id)
-        handle.warnings.extend(self.warnings)
-        return run_text(handle)
+        with self._warn_lock:
+            handle.warnings.extend(self.warnings)
+        return handle
+
+    def __repr__(self) -> str:
+        return run_text(self._handle())
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
+        # Front ends without the widget manager (nbconvert, GitHub, a closed kernel) fall
+        # back to these: the full text summary (ipywidgets clips it) and the HTML table.
+        bundle: dict[str, Any] | None = super()._repr_mimebundle_(**kwargs)
+        if bundle is not None:
+            handle = self._handle()
+            bundle["text/plain"] = run_text(handle)
+            bundle["text/html"] = run_html(handle)
+        return bundle
+
+    def show(self) -> None:
+        """Display the view (from the main thread) and remember where, for :meth:`refresh`."""
+        from IPython.display import display
+
+        self.display_handle = display(self, display_id=True)  # type: ignore[no-untyped-call]
+
+    def refresh(self) -> None:
+        """Re-publish the display (main thread only) so its text/HTML fallbacks are final."""
+        if self.display_handle is not None:
+            self.display_handle.update(self)
 
 
 def _status_line(snap: RunSnapshot, *, driving: bool) -> str:
     if snap.status == "completed":
         return "<b>Run completed.</b>"
     if snap.status == "active":
-        return "driving…" if driving else ("<i>not being driven: re-run the cell or "
-                                           "<code>%workflow resume</code> to continue</i>")
+        return (
+            "driving…"
+            if driving
+            else (
+                "<i>not being driven: re-run the cell or "
+                "<code>%workflow resume</code> to continue</i>"
+            )
+        )
     if snap.status == "blocked" and snap.waiting is not None:
         return f"Blocked: waiting on step <code>{html.escape(snap.waiting.step_id)}</code>."
     return f"Run {html.escape(snap.status)}."

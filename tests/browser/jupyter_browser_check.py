@@ -1,0 +1,289 @@
+#!/usr/bin/env python3
+"""Check a notebook's ipywidgets in real JupyterLab, driven by headless Chromium.
+
+Starts `jupyter lab` (from this Python's environment) on 127.0.0.1 in a temp
+directory holding a copy of NOTEBOOK (outputs cleared), opens it in Playwright with the system
+Chromium, runs all cells from the Run menu, waits for the widget button whose
+label is BUTTON, clicks it, and waits for EXPECTED to appear in a cell output
+(e.g. a Label or Output widget updated by the kernel-side click handler).
+A screenshot is saved in every case. Exit status: 0 pass, 1 fail, 2 bad usage.
+
+    python jupyter_browser_check.py demo_widget.ipynb Approve "approved by human"
+
+Adapted for wf_magic from ../shared/tools/browser/ (ours to change): ``check_notebook`` can
+wait for a text before the click (``before``) and type into the output's textarea
+(``feedback``), so a human-gate run view is approved with a note, as a person would.
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import psutil  # installed with ipykernel
+from playwright.sync_api import Error as PlaywrightError
+from playwright.sync_api import sync_playwright
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+class CheckFailed(Exception):
+    pass
+
+
+def log(msg):
+    print(f"[check] {msg}", flush=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def jupyter_lab(notebook, extra_files=(), startup_timeout=90):
+    """Serve a temp copy of `notebook` (and `extra_files`) with JupyterLab; yield the URL that opens it."""
+    work = Path(tempfile.mkdtemp(prefix="jupyter-check-"))
+    root, state = work / "root", work / "state"
+    root.mkdir()
+    nb = json.loads(notebook.read_text())
+    for cell in nb["cells"]:  # start clean: saved outputs or widget state could show stale buttons
+        if cell["cell_type"] == "code":
+            cell["outputs"], cell["execution_count"] = [], None
+    nb.get("metadata", {}).pop("widgets", None)
+    (root / notebook.name).write_text(json.dumps(nb))
+    for path in extra_files:
+        (shutil.copytree if path.is_dir() else shutil.copy)(path, root / path.name)
+    port, token = free_port(), secrets.token_hex(16)
+    base = f"http://127.0.0.1:{port}"
+    server_log = work / "jupyter.log"
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--allow-root",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={root}",
+        "--LabApp.news_url=None",
+    ]
+    # Fresh per-user Jupyter dirs: no stray config, kernelspecs, settings or workspaces from ~, so kernel
+    # "python3" is this Python. Lab setting "never fetch news" keeps the news toast off the page.
+    env = dict(
+        os.environ,
+        JUPYTER_CONFIG_DIR=str(state / "config"),
+        JUPYTER_DATA_DIR=str(state / "data"),
+        JUPYTER_RUNTIME_DIR=str(state / "runtime"),
+    )
+    settings = (
+        state
+        / "config/lab/user-settings/@jupyterlab/apputils-extension/notification.jupyterlab-settings"
+    )
+    settings.parent.mkdir(parents=True)
+    settings.write_text('{"fetchNews": "false", "checkForUpdates": false}')
+    with open(server_log, "wb") as out:
+        server = subprocess.Popen(
+            cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    log(f"jupyter lab pid {server.pid} on {base}")
+    try:
+        deadline = time.monotonic() + startup_timeout
+        while True:
+            if server.poll() is not None:
+                raise CheckFailed(
+                    f"jupyter lab exited with code {server.returncode} during startup"
+                )
+            try:
+                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise CheckFailed(
+                        f"jupyter lab did not answer on {base} within {startup_timeout}s"
+                    ) from None
+                time.sleep(0.5)
+        yield f"{base}/lab/tree/{urllib.parse.quote(notebook.name)}?token={token}"
+    except BaseException:
+        tail = server_log.read_text(errors="replace").splitlines()[-25:]
+        print("---- jupyter lab log (tail) ----", *tail, "--------", sep="\n", file=sys.stderr)
+        raise
+    finally:
+        stop_server(server, base, token)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def stop_server(server, base, token):
+    """Ask the server to shut down (it stops its kernels); then kill, by pid, whatever it started."""
+    t0 = time.monotonic()
+    try:
+        started = psutil.Process(server.pid).children(recursive=True)  # kernels etc.
+    except psutil.Error:
+        started = []
+    try:
+        req = urllib.request.Request(
+            f"{base}/api/shutdown", method="POST", headers={"Authorization": f"token {token}"}
+        )
+        urllib.request.urlopen(req, timeout=5).close()
+    except OSError:
+        pass
+    try:
+        server.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)  # the group started with start_new_session
+        server.wait()
+    for proc in psutil.wait_procs(started, timeout=10)[1]:  # still alive after 10 s
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    log(f"jupyter lab stopped in {time.monotonic() - t0:.1f}s (exit code {server.returncode})")
+
+
+def check_notebook(url, button, expected, screenshot, timeout_s, *, before=None, feedback=None):
+    """Open `url` in headless Chromium, run all cells, click `button`, wait for `expected`.
+
+    `before`: a text that must show in an output before the click; `feedback`: typed into the
+    (single) textarea of the outputs before the click.
+    """
+    with (
+        sync_playwright() as pw,
+        tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile,
+    ):
+        browser = pw.chromium.launch_persistent_context(
+            profile,
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1280, "height": 800},
+        )
+        page = browser.pages[0] if browser.pages else browser.new_page()
+        page.set_default_timeout(timeout_s * 1000)
+        browser_errors = []
+        page.on("console", lambda msg: msg.type == "error" and browser_errors.append(msg.text))
+        page.on("pageerror", lambda err: browser_errors.append(str(err)))
+        outputs = page.locator(".jp-OutputArea-output")
+        try:
+            step = "open the notebook and wait for an idle kernel"
+            page.goto(url)
+            # status bar "Python 3 (ipykernel) | Idle" (the notebook toolbar says idle before a kernel exists)
+            idle = page.locator(
+                "#jp-main-statusbar .jp-StatusBar-TextItem",
+                has_text=re.compile(r"^(?!No Kernel).+ \| Idle$"),
+            )
+            kernel_dialog = page.locator(".jp-Dialog")
+            idle.or_(kernel_dialog).first.wait_for()
+            if (
+                kernel_dialog.is_visible()
+            ):  # notebook without kernelspec: accept the proposed kernel
+                log("accepting the kernel proposed by the 'Select Kernel' dialog")
+                kernel_dialog.locator(".jp-mod-accept").click()
+            idle.wait_for()
+
+            step = "run all cells from the Run menu"
+            page.get_by_role("menuitem", name="Run", exact=True).click()
+            page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+
+            step = f"find the widget button {button!r}"
+            # match the visible text, not the accessible name (an icon's glyph becomes part of that)
+            target = outputs.locator("button", has_text=re.compile(rf"^\s*{re.escape(button)}\s*$"))
+            target.wait_for()
+            log("widget rendered")
+            if before is not None:
+                step = f"see {before!r} before the click"
+                outputs.get_by_text(before).first.wait_for()
+            if outputs.get_by_text(expected).count():
+                raise CheckFailed(
+                    f"{expected!r} is shown before the click, so the click would prove nothing"
+                )
+            if feedback is not None:
+                step = "type the feedback"
+                outputs.locator("textarea").first.fill(feedback)
+
+            step = f"see {expected!r} after clicking {button!r}"
+            target.click()
+            outputs.get_by_text(expected).first.wait_for()
+            log(f"clicked {button!r}; saw {expected!r}")
+        except (PlaywrightError, CheckFailed) as exc:
+            reason = (
+                f"could not {step}: {str(exc).splitlines()[0]}"
+                if isinstance(exc, PlaywrightError)
+                else exc
+            )
+            with contextlib.suppress(PlaywrightError):
+                reason = f"{reason}\ncell outputs: {[t.strip() for t in outputs.all_inner_texts()]}"
+            raise CheckFailed(f"{reason}\nbrowser errors: {browser_errors[-5:]}") from None
+        finally:
+            with contextlib.suppress(PlaywrightError):
+                page.screenshot(path=str(screenshot))
+                log(f"screenshot: {screenshot}")
+            browser.close()
+
+
+def main():
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("notebook", type=Path, help=".ipynb to run")
+    ap.add_argument("button", help="description (label) of the widget button to click")
+    ap.add_argument("expected", help="text that must appear in a cell output after the click")
+    ap.add_argument(
+        "--screenshot", type=Path, default=Path("jupyter_browser_check.png"), help="PNG to write"
+    )
+    ap.add_argument(
+        "--timeout", type=float, default=60, help="seconds allowed for each step (default 60)"
+    )
+    ap.add_argument(
+        "--copy",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="file or folder the notebook needs, copied next to it (repeatable)",
+    )
+    args = ap.parse_args()
+    for path in [args.notebook, *args.copy]:
+        if not path.exists():
+            ap.error(f"not found: {path}")
+    if not Path(CHROMIUM).exists():
+        ap.error(f"{CHROMIUM} not found: apt-get install -y chromium")
+
+    signal.signal(
+        signal.SIGTERM, lambda *_: sys.exit(143)
+    )  # so the cleanup below runs on SIGTERM too
+    started = time.monotonic()
+    try:
+        with jupyter_lab(args.notebook.resolve(), [p.resolve() for p in args.copy]) as url:
+            check_notebook(url, args.button, args.expected, args.screenshot.resolve(), args.timeout)
+    except CheckFailed as exc:
+        print(f"FAIL: {exc}", file=sys.stderr)
+        return 1
+    log(f"PASS in {time.monotonic() - started:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,330 @@
+"""Specification of the live run view (wf_magic.notebook.widgets) and its throttle."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from wf_magic import Engine
+from wf_magic.notebook.drives import Drives
+from wf_magic.notebook.rows import elapsed_text
+from wf_magic.notebook.throttle import Throttle
+from wf_magic.notebook.widgets import RunView
+
+DIGEST = """\
+name: digest
+runner: scripted
+runners:
+  scripted:
+    rules:
+      - match: "^Outline"
+        reply: {sections: [intro, method, results]}
+steps:
+  - id: outline
+    prompt: "Outline the digest"
+    output:
+      type: object
+      properties: {sections: {type: array, items: {type: string}}}
+      required: [sections]
+  - id: draft
+    map: "{{ steps.outline.output.sections }}"
+    prompt: "Write the section {{ item }}"
+  - id: wrap
+    prompt: "Wrap up {{ steps.draft.output | length }} sections"
+"""
+
+JUDGED = """\
+name: judged
+runner: scripted
+runners:
+  scripted:
+    rules:
+      - match: "Gate feedback"
+        reply: "a long and detailed draft"
+      - match: "(?s)^Judge.*long and detailed"
+        reply: {complete: true, feedback: "", missing: []}
+      - match: "(?s)^Judge"
+        reply: {complete: false, feedback: "far too short", missing: [an example]}
+steps:
+  - id: draft
+    prompt: "Write a draft"
+    gate: {judge: llm, criteria: [detailed, has an example], max_loops: 3}
+"""
+
+HUMAN = """\
+name: reviewed
+runner: scripted
+steps:
+  - id: draft
+    prompt: "Write a draft"
+  - id: review
+    prompt: "Polish {{ steps.draft.output }}"
+    gate: {judge: human, criteria: [ready to publish]}
+  - id: publish
+    prompt: "Publish {{ steps.review.output }}"
+"""
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[Engine]:
+    eng = Engine(tmp_path / "state")
+    yield eng
+    eng.close()
+
+
+@pytest.fixture
+def drives(engine: Engine) -> Iterator[Drives]:
+    d = Drives(lambda: engine)
+    yield d
+    d.stop_all()
+
+
+def _view(engine: Engine, run_id: str, drives: Drives | None = None) -> RunView:
+    return RunView(
+        engine,
+        run_id,
+        continue_drive=(lambda r: drives.background(r)) if drives else None,
+        is_driving=drives.is_driving if drives else None,
+    )
+
+
+def _cells(view: RunView, step_id: str) -> dict[str, object]:
+    row = view.rows[step_id]
+    return {
+        "bar": row.bar.value,
+        "bar_max": row.bar.max,
+        "units": row.units.value,
+        "tokens": row.tokens.value,
+        "loop": row.loop.value,
+        "status": row.status.value,
+    }
+
+
+def test_step_rows_match_the_journal_after_a_run(engine: Engine) -> None:
+    run_id, _, _ = engine.start(DIGEST)
+    view = _view(engine, run_id)
+    engine.drive(run_id)
+    view.flush()
+    journal = engine.journal(run_id)
+    assert list(view.rows) == ["outline", "draft", "wrap"]
+    for step_id in view.rows:
+        work = journal[(journal["step"] == step_id) & (journal["phase"] == "work")]
+        done = int((work["status"] == "succeeded").sum())
+        tokens = int(
+            (
+                journal[journal["step"] == step_id]["tokens_in"]
+                + journal[journal["step"] == step_id]["tokens_out"]
+            ).sum()
+        )
+        cells = _cells(view, step_id)
+        assert cells["units"] == f"{done}/{done}"
+        assert (cells["bar"], cells["bar_max"]) == (done, done)
+        assert cells["tokens"] == f"{tokens:,}"
+        assert ">completed<" in str(cells["status"])
+    assert _cells(view, "draft")["units"] == "3/3"
+    assert ">completed<" in view.header.value and run_id in view.header.value
+    assert "Run completed." in view.status_line.value
+    use = engine.status(run_id).budget_use()
+    assert view.units_label.value == f"{use.units:,} (no limit)"
+    assert view.decision_box.layout.display == "none"
+    assert view.gate_panel.layout.display == "none"
+    assert view.events_seen > 0 and view.redraws >= 1
+
+
+def test_budget_bars_show_use_against_the_ceilings(engine: Engine) -> None:
+    run_id, _, _ = engine.start(
+        DIGEST.replace(
+            "runner: scripted\n", "runner: scripted\nbudget: {max_units: 40, max_tokens: 5000}\n", 1
+        )
+    )
+    view = _view(engine, run_id)
+    engine.drive(run_id)
+    view.flush()
+    use = engine.status(run_id).budget_use()
+    assert (view.units_bar.value, view.units_bar.max) == (use.units, 40)
+    assert view.units_label.value == f"{use.units}/40"
+    assert (view.tokens_bar.value, view.tokens_bar.max) == (use.tokens, 5000)
+
+
+def test_a_rejected_gate_shows_in_the_gate_panel_with_its_feedback(engine: Engine) -> None:
+    run_id, _, _ = engine.start(JUDGED)
+    view = _view(engine, run_id)
+    engine.drive(run_id)
+    view.flush()
+    assert engine.status(run_id).status == "completed"
+    assert view.gate_panel.layout.display == ""
+    panel = view.gate_panel.value
+    assert "Gate rejections</b> (1)" in panel
+    assert (
+        "<td><code>draft</code></td><td>1</td><td>llm</td><td>far too short</td>"
+        "<td>an example</td>" in panel
+    )
+    assert _cells(view, "draft")["loop"] == "2/3"
+
+
+def test_reused_results_and_tokens_saved_show_as_a_warning(engine: Engine) -> None:
+    first, _, _ = engine.start(DIGEST)
+    engine.drive(first)
+    second, created, _ = engine.start(DIGEST.replace("Wrap up", "Sum up"))
+    assert created
+    view = _view(engine, second)
+    handle = engine.drive(second)
+    view.flush()
+    assert handle.stats is not None and handle.stats.reused == 4
+    saved = handle.stats.saved_tokens
+    assert f"reused 4 results from earlier runs ({saved:,} tokens saved)" in view.warning_box.value
+    assert view.warning_box.layout.display == ""
+    assert str(_cells(view, "draft")["tokens"]).endswith(" reused)")
+    assert _cells(view, "wrap")["tokens"] != "0"  # the edited step was re-paid
+
+
+def test_clicking_approve_completes_a_blocked_human_gate_run(
+    engine: Engine, drives: Drives
+) -> None:
+    run_id, _, _ = engine.start(HUMAN)
+    view = _view(engine, run_id, drives)
+    engine.drive(run_id)
+    view.flush()
+    assert engine.status(run_id).status == "blocked"
+    assert view.decision_box.layout.display == ""
+    assert "Waiting for your decision" in view.summary.value
+    assert "<code>review</code>, loop 1" in view.summary.value
+    view.feedback.value = "ship it"
+    view.approve_button.click()
+    assert drives.wait(run_id, timeout=30)
+    view.flush()
+    assert engine.status(run_id).status == "completed"
+    assert view.decision_box.layout.display == "none"
+    assert "Run completed." in view.status_line.value
+    assert "approved step review (loop 1)." in view.message.value
+    verdicts = engine.journal(run_id)
+    human = verdicts[verdicts["runner"] == "human"]
+    assert list(human["unit"]) == ["review.gate:l1"]
+
+
+def test_reject_needs_feedback_and_then_re_executes_the_step(
+    engine: Engine, drives: Drives
+) -> None:
+    run_id, _, _ = engine.start(
+        HUMAN.replace("criteria: [ready to publish]", "criteria: [ready to publish], max_loops: 2")
+    )
+    view = _view(engine, run_id, drives)
+    engine.drive(run_id)
+    view.flush()
+    view.reject_button.click()
+    assert "a rejection needs feedback" in view.message.value
+    assert not drives.is_driving(run_id)
+    view.feedback.value = "mention the method"
+    view.reject_button.click()
+    assert drives.wait(run_id, timeout=30)
+    view.flush()
+    assert engine.status(run_id).status == "blocked"  # loop 2 waits for a person again
+    assert "<code>review</code>, loop 2" in view.summary.value
+    assert "mention the method" in view.gate_panel.value
+    assert not view.approve_button.disabled  # a new question re-arms the buttons
+
+
+def test_a_stale_decision_is_refused_and_shown(engine: Engine) -> None:
+    run_id, _, _ = engine.start(HUMAN)
+    view = _view(engine, run_id)
+    engine.drive(run_id)
+    view.flush()
+    engine.approve(run_id, "review")  # decided elsewhere (another view, the CLI)
+    view.approve_button.click()
+    assert "already decided" in view.message.value
+
+
+def test_a_2000_unit_fan_out_redraws_a_bounded_number_of_times(engine: Engine) -> None:
+    run_id, _, _ = engine.start("""\
+name: fan
+runner: scripted
+execution: {max_concurrency: 1}
+steps:
+  - id: fan
+    map: "{{ range(2000) | list }}"
+    prompt: "unit {{ item }}"
+""")
+    view = _view(engine, run_id)
+    started = time.monotonic()
+    engine.drive(run_id)
+    elapsed = time.monotonic() - started
+    view.flush()
+    assert view.events_seen >= 4000
+    assert view.redraws <= 10 * elapsed + 3  # ~10 a second at most, plus the final flush
+    assert view.redraws < 100
+    assert _cells(view, "fan")["units"] == "2000/2000"
+
+
+def test_a_map_step_shows_its_total_before_its_units_run(engine: Engine) -> None:
+    run_id, _, _ = engine.start(DIGEST)
+    engine.drive(run_id, max_steps=1)
+    view = _view(engine, run_id)
+    view.flush()
+    assert _cells(view, "draft")["units"] == "0/3"
+    assert _cells(view, "wrap")["units"] == "0/1"
+
+
+def test_the_throttle_coalesces_bursts_and_always_draws_the_last_state() -> None:
+    seen: list[int] = []
+    state = {"n": 0}
+    throttle = Throttle(lambda: seen.append(state["n"]), interval_s=0.1)
+    started = time.monotonic()
+    while time.monotonic() - started < 0.5:
+        state["n"] += 1
+        throttle.poke()
+    time.sleep(0.3)
+    assert 2 <= throttle.calls <= 8
+    assert seen[-1] == state["n"]  # the trailing call saw the final state
+
+
+def test_pokes_from_many_threads_never_overlap_calls() -> None:
+    active = {"now": 0, "max": 0}
+    lock = threading.Lock()
+
+    def slow() -> None:
+        with lock:
+            active["now"] += 1
+            active["max"] = max(active["max"], active["now"])
+        time.sleep(0.01)
+        with lock:
+            active["now"] -= 1
+
+    throttle = Throttle(slow, interval_s=0.0)
+    threads = [
+        threading.Thread(target=lambda: [throttle.poke() for _ in range(200)]) for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    throttle.flush()
+    assert active["max"] == 1
+
+
+def test_a_detached_view_stops_observing(engine: Engine) -> None:
+    run_id, _, _ = engine.start(DIGEST)
+    view = _view(engine, run_id)
+    view.detach()
+    engine.drive(run_id)
+    assert view.events_seen == 0
+
+
+def test_the_view_renders_as_text_outside_a_widget_front_end(engine: Engine) -> None:
+    run_id, _, _ = engine.start(DIGEST)
+    engine.drive(run_id)
+    view = _view(engine, run_id)
+    text = repr(view)
+    assert text.startswith(f"Run {run_id}  digest  [completed]")
+    assert "draft            completed units 3/3" in text
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(None, ""), (0.42, "0.4 s"), (12.3, "12 s"), (184, "3 m 04 s"), (3720, "1 h 02 m")],
+)
+def test_elapsed_text(seconds: float | None, text: str) -> None:
+    assert elapsed_text(seconds) == text

@@ -25,14 +25,32 @@ class Budget:
         spec = self.spec
         with self._lock:
             if spec.max_units is not None and self.units + 1 > spec.max_units:
-                raise BudgetExceeded(run_id=run_id, step_id=step_id, unit_id=unit_id,
-                                     ceiling="max_units", used=self.units, limit=spec.max_units)
+                raise BudgetExceeded(
+                    run_id=run_id,
+                    step_id=step_id,
+                    unit_id=unit_id,
+                    ceiling="max_units",
+                    used=self.units,
+                    limit=spec.max_units,
+                )
             if spec.max_tokens is not None and self.tokens >= spec.max_tokens:
-                raise BudgetExceeded(run_id=run_id, step_id=step_id, unit_id=unit_id,
-                                     ceiling="max_tokens", used=self.tokens, limit=spec.max_tokens)
+                raise BudgetExceeded(
+                    run_id=run_id,
+                    step_id=step_id,
+                    unit_id=unit_id,
+                    ceiling="max_tokens",
+                    used=self.tokens,
+                    limit=spec.max_tokens,
+                )
             if spec.max_cost is not None and self.cost >= spec.max_cost:
-                raise BudgetExceeded(run_id=run_id, step_id=step_id, unit_id=unit_id,
-                                     ceiling="max_cost", used=self.cost, limit=spec.max_cost)
+                raise BudgetExceeded(
+                    run_id=run_id,
+                    step_id=step_id,
+                    unit_id=unit_id,
+                    ceiling="max_cost",
+                    used=self.cost,
+                    limit=spec.max_cost,
+                )
 
     def charge_unit(self) -> None:
         """Count one dispatch attempt (at reservation)."""

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import dispatch, judging, spine
@@ -58,9 +59,10 @@ class DriveStats:
 class RunnerPool:
     """Runners of one plan, created on first use and closed together on every exit path."""
 
-    def __init__(self, engine: Engine, plan: Plan):
+    def __init__(self, engine: Engine, plan: Plan, *, source_dir: str | None = None):
         self.engine = engine
         self.plan = plan
+        self.source_dir = source_dir
         self.runners: dict[str, Runner] = {}
         self.lock = threading.Lock()
 
@@ -79,6 +81,7 @@ class RunnerPool:
                         state_dir=str(self.engine.state_dir),
                         workflow=self.plan.name,
                         namespace=self.engine.namespace,
+                        source_dir=self.source_dir,
                     )
                 )
             return self.runners[name]
@@ -122,7 +125,9 @@ class Driver:
         self.stats = DriveStats()
         self.step_rows: dict[str, StepRow] = {}
         self.outputs: dict[str, Any] = {}
-        self.pool = RunnerPool(engine, plan)
+        self.pool = RunnerPool(
+            engine, plan, source_dir=str(Path(run.source_path).parent) if run.source_path else None
+        )
         self.redactor = engine.redactor.with_secrets(
             v for k, v in params.items() if isinstance(v, str) and is_secret_key(k)
         )

@@ -29,15 +29,22 @@ class Verdict:
 
     def to_json(self) -> dict[str, Any]:
         """The verdict as stored in the gate attempt's output."""
-        return {"complete": self.complete, "feedback": self.feedback,
-                "missing": list(self.missing), "judge": self.judge}
+        return {
+            "complete": self.complete,
+            "feedback": self.feedback,
+            "missing": list(self.missing),
+            "judge": self.judge,
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Verdict:
         """Rebuild a stored verdict."""
-        return cls(complete=bool(data["complete"]), feedback=str(data.get("feedback") or ""),
-                   missing=tuple(str(m) for m in data.get("missing") or ()),
-                   judge=str(data.get("judge", "llm")))
+        return cls(
+            complete=bool(data["complete"]),
+            feedback=str(data.get("feedback") or ""),
+            missing=tuple(str(m) for m in data.get("missing") or ()),
+            judge=str(data.get("judge", "llm")),
+        )
 
 
 def artifact_summary(artifact: Any, *, unit_count: int, clip: int = SUMMARY_CLIP) -> str:
@@ -57,7 +64,7 @@ def judge_prompt(step_id: str, criteria: Sequence[str], summary: str) -> str:
     """The prompt an ``llm`` judge receives."""
     crit = "\n".join(f"- {c}" for c in criteria) or "- the artifact fulfils the step's request"
     return (
-        f"Judge the artifact of step \"{step_id}\" against every criterion.\n"
+        f'Judge the artifact of step "{step_id}" against every criterion.\n'
         f"Criteria:\n{crit}\n"
         f"Artifact ({summary.splitlines()[0]}):\n{summary.split(chr(10), 1)[1]}\n"
         'Answer with JSON only: {"complete": true|false, "feedback": "what to fix", '
@@ -67,8 +74,11 @@ def judge_prompt(step_id: str, criteria: Sequence[str], summary: str) -> str:
 
 VERDICT_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "properties": {"complete": {"type": "boolean"}, "feedback": {"type": "string"},
-                   "missing": {"type": "array", "items": {"type": "string"}}},
+    "properties": {
+        "complete": {"type": "boolean"},
+        "feedback": {"type": "string"},
+        "missing": {"type": "array", "items": {"type": "string"}},
+    },
     "required": ["complete"],
 }
 
@@ -93,12 +103,17 @@ def parse_verdict(output: Any) -> Verdict:
     missing = data.get("missing") or []
     if not isinstance(missing, list):
         raise VerdictError("judge reply's `missing` is not a list")
-    return Verdict(complete=data["complete"], feedback=str(data.get("feedback") or ""),
-                   missing=tuple(str(m) for m in missing), judge="llm")
+    return Verdict(
+        complete=data["complete"],
+        feedback=str(data.get("feedback") or ""),
+        missing=tuple(str(m) for m in missing),
+        judge="llm",
+    )
 
 
-def expr_verdict(check: str, *, output: Any, params: Mapping[str, Any],
-                 criteria: Sequence[str]) -> Verdict:
+def expr_verdict(
+    check: str, *, output: Any, params: Mapping[str, Any], criteria: Sequence[str]
+) -> Verdict:
     """Evaluate an ``expr`` gate (raises VerdictError when the expression fails)."""
     try:
         ok = evaluate_expression(check, {"output": output, "params": params})
@@ -110,8 +125,9 @@ def expr_verdict(check: str, *, output: Any, params: Mapping[str, Any],
     return Verdict(complete=False, feedback=feedback, missing=tuple(criteria), judge="expr")
 
 
-def schema_errors(schema: Mapping[str, Any], outputs: Sequence[Any], *,
-                  unit_ids: Sequence[str]) -> list[str]:
+def schema_errors(
+    schema: Mapping[str, Any], outputs: Sequence[Any], *, unit_ids: Sequence[str]
+) -> list[str]:
     """Validation errors of each unit output against the step's output schema."""
     import jsonschema  # lazy: its import costs ~1 s with some extras installed
 

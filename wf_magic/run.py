@@ -30,6 +30,27 @@ class BudgetUse:
     max_cost: float | None
 
 
+class FrozenPlan:
+    """A run's frozen plan with its hash; attributes are the plan's, display is a plan view."""
+
+    def __init__(self, plan: Plan, *, plan_hash: str):
+        self.model = plan
+        self.plan_hash = plan_hash
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+    def __repr__(self) -> str:
+        from .display import plan_text
+
+        return plan_text(self.model, plan_hash=self.plan_hash)
+
+    def _repr_html_(self) -> str:
+        from .display import plan_html
+
+        return plan_html(self.model, plan_hash=self.plan_hash)
+
+
 class Run:
     """A handle on one run. Properties read the state database afresh each time."""
 
@@ -67,9 +88,10 @@ class Run:
         return json.loads(row.result_json) if row.result_json else None
 
     @property
-    def plan(self) -> Plan:
-        """The frozen plan this run executes."""
-        return Plan.model_validate_json(self.row.plan_json)
+    def plan(self) -> FrozenPlan:
+        """The frozen plan this run executes (renders as a table + Mermaid graph)."""
+        row = self.row
+        return FrozenPlan(Plan.model_validate_json(row.plan_json), plan_hash=row.plan_hash)
 
     @property
     def params(self) -> dict[str, Any]:

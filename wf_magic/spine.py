@@ -75,8 +75,9 @@ class GateWaiting:
     judge: str
 
 
-def complete_step(driver: Driver, step: PlanStep, *, loop: int, units: list[UnitPlan],
-                  work: WorkOutcome) -> StepOutcome:
+def complete_step(
+    driver: Driver, step: PlanStep, *, loop: int, units: list[UnitPlan], work: WorkOutcome
+) -> StepOutcome:
     """Decide and record a step's status after one loop of work."""
     outcome = _decide(driver, step, loop=loop, units=units, work=work)
     if outcome.status == "loop":
@@ -84,9 +85,15 @@ def complete_step(driver: Driver, step: PlanStep, *, loop: int, units: list[Unit
         # loop dispatches (start_loop), so re-driving a finished gate writes nothing.
         return outcome
     output_json = canonical_json(outcome.output) if outcome.output is not None else None
-    _write_step(driver, step, status=outcome.status, loop=loop, note=outcome.note,
-                output_json=output_json,
-                stops_run=outcome.status == "failed" and outcome.hard_stop)
+    _write_step(
+        driver,
+        step,
+        status=outcome.status,
+        loop=loop,
+        note=outcome.note,
+        output_json=output_json,
+        stops_run=outcome.status == "failed" and outcome.hard_stop,
+    )
     return outcome
 
 
@@ -101,8 +108,9 @@ def start_loop(driver: Driver, step: PlanStep, loop: int) -> None:
     _write_step(driver, step, status="pending", loop=loop, note=None, output_json=None)
 
 
-def _decide(driver: Driver, step: PlanStep, *, loop: int, units: list[UnitPlan],
-            work: WorkOutcome) -> StepOutcome:
+def _decide(
+    driver: Driver, step: PlanStep, *, loop: int, units: list[UnitPlan], work: WorkOutcome
+) -> StepOutcome:
     if work.input_error:
         return _failed(step, work.input_error)
     if work.budget_error:
@@ -123,18 +131,25 @@ def _decide(driver: Driver, step: PlanStep, *, loop: int, units: list[UnitPlan],
     if isinstance(artifact, StepOutcome):
         return _with_note(artifact, partial)
     if step.output is not None:
-        errors = schema_errors(step.output, [work.outputs[i] for i in ok],
-                               unit_ids=[units[i].unit_id for i in ok])
+        errors = schema_errors(
+            step.output, [work.outputs[i] for i in ok], unit_ids=[units[i].unit_id for i in ok]
+        )
         if errors:
             return _with_note(
-                _schema_rejected(driver, step, loop=loop, artifact=artifact, errors=errors),
-                partial)
+                _schema_rejected(driver, step, loop=loop, artifact=artifact, errors=errors), partial
+            )
     if step.gate is None:
         return StepOutcome(status="completed", output=artifact, note=partial)
     verdict = driver.obtain_verdict(step, loop=loop, artifact=artifact, unit_count=len(units))
     if isinstance(verdict, GateWaiting):
-        waiting = {"waiting": {"loop": verdict.loop, "input_hash": verdict.input_hash,
-                               "summary": verdict.summary, "judge": verdict.judge}}
+        waiting = {
+            "waiting": {
+                "loop": verdict.loop,
+                "input_hash": verdict.input_hash,
+                "summary": verdict.summary,
+                "judge": verdict.judge,
+            }
+        }
         return StepOutcome(status="blocked", note=verdict.reason, output=waiting)
     return _with_note(_judged(step, loop=loop, artifact=artifact, judged=verdict), partial)
 
@@ -144,9 +159,14 @@ def _with_note(outcome: StepOutcome, extra: str | None) -> StepOutcome:
     if not extra or outcome.status in ("loop", "blocked"):
         return outcome
     note = f"{outcome.note}; {extra}" if outcome.note else extra
-    return StepOutcome(status=outcome.status, output=outcome.output, note=note,
-                       feedback=outcome.feedback, run_failed=outcome.run_failed,
-                       retryable=outcome.retryable)
+    return StepOutcome(
+        status=outcome.status,
+        output=outcome.output,
+        note=note,
+        feedback=outcome.feedback,
+        run_failed=outcome.run_failed,
+        retryable=outcome.retryable,
+    )
 
 
 def _partial_note(units: list[UnitPlan], work: WorkOutcome) -> str:
@@ -162,18 +182,26 @@ def _failed(step: PlanStep, note: str) -> StepOutcome:
 def _unit_failures(step: PlanStep, units: list[UnitPlan], work: WorkOutcome) -> StepOutcome:
     failed = [u.unit_id for u in units if u.unit_id in work.failures] or list(work.failures)
     first_id, count = failed[0], len(failed)
-    note = (f"unit {first_id} failed: {work.failures[first_id]}"
-            + (f" (+{count - 1} more)" if count > 1 else ""))
+    note = f"unit {first_id} failed: {work.failures[first_id]}" + (
+        f" (+{count - 1} more)" if count > 1 else ""
+    )
     outcome = _failed(step, note)
-    return StepOutcome(status=outcome.status, note=outcome.note, run_failed=outcome.run_failed,
-                       retryable=work.executed_failure)
+    return StepOutcome(
+        status=outcome.status,
+        note=outcome.note,
+        run_failed=outcome.run_failed,
+        retryable=work.executed_failure,
+    )
 
 
 def _route(step: PlanStep, result: Any) -> StepOutcome:
     if not isinstance(result, dict) or "selected" not in result:
         return _failed(step, f"route result is malformed: {result!r}")
-    return StepOutcome(status="completed", output=result,
-                       note=f"selected {result['selected']!r} (case {result['case']!r})")
+    return StepOutcome(
+        status="completed",
+        output=result,
+        note=f"selected {result['selected']!r} (case {result['case']!r})",
+    )
 
 
 def _reduce(step: PlanStep, outputs: list[Any], *, ok: list[int]) -> Any:
@@ -187,25 +215,35 @@ def _reduce(step: PlanStep, outputs: list[Any], *, ok: list[int]) -> Any:
     if step.reduce == "collect":
         return outputs
     if not ok:
-        return _failed(step, "vote over an empty map has no majority" if not outputs else
-                       "vote has no outputs: every unit failed")
+        return _failed(
+            step,
+            "vote over an empty map has no majority"
+            if not outputs
+            else "vote has no outputs: every unit failed",
+        )
     counts = Counter(canonical_json(outputs[i]) for i in ok)
     ranked = counts.most_common()
     if len(ranked) > 1 and ranked[0][1] == ranked[1][1]:
-        return _failed(step, f"vote tied ({ranked[0][1]} votes each for the top outputs); "
-                             "add items or use reduce: collect")
+        return _failed(
+            step,
+            f"vote tied ({ranked[0][1]} votes each for the top outputs); "
+            "add items or use reduce: collect",
+        )
     return json.loads(ranked[0][0])
 
 
-def _schema_rejected(driver: Driver, step: PlanStep, *, loop: int, artifact: Any,
-                     errors: list[str]) -> StepOutcome:
+def _schema_rejected(
+    driver: Driver, step: PlanStep, *, loop: int, artifact: Any, errors: list[str]
+) -> StepOutcome:
     feedback = "The output does not match the required schema: " + "; ".join(errors[:20])
-    verdict = Verdict(complete=False, feedback=feedback, missing=tuple(errors[:20]),
-                      judge="schema")
+    verdict = Verdict(complete=False, feedback=feedback, missing=tuple(errors[:20]), judge="schema")
     driver.record_verdict(step, loop=loop, artifact=artifact, verdict=verdict)
     if loop < step.max_loops:
-        return StepOutcome(status="loop", note=feedback, feedback=Feedback(
-            loop=loop, feedback=verdict.feedback, missing=verdict.missing))
+        return StepOutcome(
+            status="loop",
+            note=feedback,
+            feedback=Feedback(loop=loop, feedback=verdict.feedback, missing=verdict.missing),
+        )
     return _failed(step, f"output failed its schema after {loop} loop(s): " + "; ".join(errors))
 
 
@@ -218,29 +256,69 @@ def _judged(step: PlanStep, *, loop: int, artifact: Any, judged: Judged) -> Step
         return StepOutcome(status="completed", output=artifact, note=note)
     fb = Feedback(loop=loop, feedback=verdict.feedback, missing=verdict.missing)
     if loop < step.max_loops:
-        return StepOutcome(status="loop", note=f"loop {loop} rejected: {verdict.feedback}",
-                           feedback=fb)
-    waiting = {"waiting": {"loop": loop, "input_hash": judged.input_hash,
-                           "summary": judged.summary, "judge": "exhausted"}}
+        return StepOutcome(
+            status="loop", note=f"loop {loop} rejected: {verdict.feedback}", feedback=fb
+        )
+    waiting = {
+        "waiting": {
+            "loop": loop,
+            "input_hash": judged.input_hash,
+            "summary": judged.summary,
+            "judge": "exhausted",
+        }
+    }
     return StepOutcome(
-        status="blocked", output=waiting,
+        status="blocked",
+        output=waiting,
         note=f"gate exhausted after {loop} loop(s); last feedback: {verdict.feedback}"
-             + (f" (missing: {', '.join(verdict.missing)})" if verdict.missing else ""))
+        + (f" (missing: {', '.join(verdict.missing)})" if verdict.missing else ""),
+    )
 
 
-def _write_step(driver: Driver, step: PlanStep, *, status: str, loop: int, note: str | None,
-                output_json: str | None, stops_run: bool = False) -> None:
+def _write_step(
+    driver: Driver,
+    step: PlanStep,
+    *,
+    status: str,
+    loop: int,
+    note: str | None,
+    output_json: str | None,
+    stops_run: bool = False,
+) -> None:
     current = driver.step_rows[step.id]
-    if (current.status, current.loop, current.note, current.output_json,
-            bool(current.stops_run)) == (status, loop, note, output_json, stops_run):
+    if (
+        current.status,
+        current.loop,
+        current.note,
+        current.output_json,
+        bool(current.stops_run),
+    ) == (status, loop, note, output_json, stops_run):
         return
-    driver.store_write(lambda conn: run_sql.write_step_txn(
-        conn, driver.run.run_id, step.id, status=status, loop=loop, note=note,
-        output_json=output_json, stops_run=stops_run))
+    driver.store_write(
+        lambda conn: run_sql.write_step_txn(
+            conn,
+            driver.run.run_id,
+            step.id,
+            status=status,
+            loop=loop,
+            note=note,
+            output_json=output_json,
+            stops_run=stops_run,
+        )
+    )
     driver.step_rows[step.id] = StepRow(
-        run_id=current.run_id, step_id=current.step_id, position=current.position,
-        kind=current.kind, status=status, loop=loop, max_loops=current.max_loops, note=note,
-        output_json=output_json, updated_at=current.updated_at, stops_run=int(stops_run))
+        run_id=current.run_id,
+        step_id=current.step_id,
+        position=current.position,
+        kind=current.kind,
+        status=status,
+        loop=loop,
+        max_loops=current.max_loops,
+        note=note,
+        output_json=output_json,
+        updated_at=current.updated_at,
+        stops_run=int(stops_run),
+    )
     driver.emit("step_status", step_id=step.id, status=status, loop=loop, note=note)
 
 

@@ -85,6 +85,8 @@ class RunnerContext:
     workflow: str
     namespace: Mapping[str, Any] | None = None
     """Where bare python target names are looked up (the notebook's namespace)."""
+    source_dir: str | None = None
+    """Folder of the run's workflow file (python targets may import modules from it)."""
 
 
 class BaseRunner:

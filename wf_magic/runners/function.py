@@ -14,18 +14,21 @@ from .base import BaseRunner, RunnerContext, UnitRequest, UnitResult
 class FunctionRunner(BaseRunner):
     """Runs ``python:`` units: ``fn(**kwargs)``; the return value must be JSON-serialisable."""
 
-    def __init__(self, namespace: Mapping[str, Any] | None = None):
+    def __init__(
+        self, namespace: Mapping[str, Any] | None = None, *, source_dir: str | None = None
+    ):
         self.namespace = namespace
+        self.source_dir = source_dir
 
     @classmethod
     def from_context(cls, ctx: RunnerContext) -> FunctionRunner:
         """Factory: targets are looked up in ``ctx.namespace`` besides the registry."""
-        return cls(ctx.namespace)
+        return cls(ctx.namespace, source_dir=ctx.source_dir)
 
     def run(self, request: UnitRequest) -> UnitResult:
         target = request.target or ""
         try:
-            fn = functions.resolve(target, self.namespace)
+            fn = functions.resolve(target, self.namespace, search_dir=self.source_dir)
         except functions.TargetError as exc:
             raise RunnerError(str(exc), executed=False) from exc
         current = functions.source_hash(fn)

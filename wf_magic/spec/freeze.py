@@ -11,8 +11,8 @@ from typing import Any, cast
 from pydantic import ValidationError
 
 from ..errors import DefinitionError
-from ..redact import is_secret_key
 from ..hashing import sha256_text
+from ..redact import is_secret_key
 from . import functions
 from .models import ENV_NAME_PATTERN, StepSpec, WorkflowSpec
 from .plan import Plan, PlanStep, StepKind
@@ -218,7 +218,11 @@ class _Freezer:
         target_hash = None
         if step.python is not None:
             try:
-                target_hash = functions.target_hash(step.python, self.namespace)
+                target_hash = functions.target_hash(
+                    step.python,
+                    self.namespace,
+                    search_dir=str(self.search_dir.resolve()) if self.search_dir else None,
+                )
             except functions.TargetError as exc:
                 raise src.error(str(exc), (*at, "python")) from exc
         for name in step.pass_env:

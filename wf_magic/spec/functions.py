@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -26,8 +27,28 @@ def register_function(name: str, fn: Callable[..., Any]) -> None:
         _registry[name] = fn
 
 
-def resolve(target: str, namespace: Mapping[str, Any] | None = None) -> Callable[..., Any]:
+def _import(module_name: str, search_dir: str | None) -> Any:
+    """Import ``module_name``; failing that, also from ``search_dir`` (the workflow's folder)."""
+    try:
+        return importlib.import_module(module_name)
+    except ImportError:
+        if not search_dir or search_dir in sys.path:
+            raise
+    with _lock:  # the folder is on sys.path only for this import
+        sys.path.insert(0, search_dir)
+        try:
+            return importlib.import_module(module_name)
+        finally:
+            sys.path.remove(search_dir)
+
+
+def resolve(
+    target: str, namespace: Mapping[str, Any] | None = None, *, search_dir: str | None = None
+) -> Callable[..., Any]:
     """The callable for ``target``: ``module:function``, a registered name or a namespace name.
+
+    ``module:function`` modules are imported normally, else from ``search_dir`` (the folder
+    of the workflow file), so a helper module beside the YAML just works.
 
     Raises:
         TargetError: nothing by that name, or it is not callable.
@@ -35,7 +56,7 @@ def resolve(target: str, namespace: Mapping[str, Any] | None = None) -> Callable
     if ":" in target:
         module_name, _, attr = target.partition(":")
         try:
-            obj: Any = importlib.import_module(module_name)
+            obj: Any = _import(module_name, search_dir)
         except ImportError as exc:
             raise TargetError(
                 f"cannot import module {module_name!r} for python target {target!r}: {exc}"
@@ -69,6 +90,8 @@ def source_hash(fn: Callable[..., Any]) -> str:
         return sha256_text(code.co_code.hex() + repr(code.co_consts))
 
 
-def target_hash(target: str, namespace: Mapping[str, Any] | None = None) -> str:
+def target_hash(
+    target: str, namespace: Mapping[str, Any] | None = None, *, search_dir: str | None = None
+) -> str:
     """Resolve ``target`` and hash its source (frozen into the plan)."""
-    return source_hash(resolve(target, namespace))
+    return source_hash(resolve(target, namespace, search_dir=search_dir))

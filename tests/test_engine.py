@@ -312,3 +312,33 @@ def test_secret_looking_params_are_redacted_from_the_journal(engine: Engine) -> 
     attempt = engine.attempts(run.run_id)[0]
     assert "hunter2-very-secret" not in (attempt.output_json or "")
     assert "***" in (attempt.output_json or "")
+
+
+def test_undecodable_older_plan_abandons_the_run_with_guidance(engine: Engine) -> None:
+    from wf_magic import PlanVersionError
+    from wf_magic.hashing import sha256_text
+
+    src = "name: s\nsteps:\n  - id: a\n    prompt: x\n  - id: b\n    prompt: y\n"
+    run = engine.run(src, max_steps=1)
+    old = '{"name":"s","plan_version":0,"tasks":[]}'
+    engine.write(lambda c: c.execute(
+        "UPDATE runs SET plan_json = ?, plan_hash = ?, plan_version = 0 WHERE run_id = ?",
+        (old, sha256_text(old), run.run_id)))
+    with pytest.raises(PlanVersionError, match="wf run FILE --new"):
+        engine.drive(run.run_id)
+    row = engine.get_run(run.run_id)
+    assert row.status == "abandoned" and "cannot be decoded" in (row.status_reason or "")
+
+
+def test_resume_warns_once_when_the_source_file_changed(tmp_path: Path, engine: Engine) -> None:
+    path = tmp_path / "wf.yaml"
+    path.write_text("name: d\nsteps:\n  - id: a\n    prompt: x\n  - id: b\n    prompt: y\n")
+    run = engine.run(path, max_steps=1)
+    path.write_text(path.read_text().replace("prompt: y", "prompt: z"))
+    resumed = engine.drive(run.run_id)
+    assert resumed.warnings == [
+        f"the workflow source changed since run {run.run_id} started; continuing with its "
+        "frozen plan (start a new run with --new to pick up the edit)"]
+    assert resumed.output("b") == json.loads(engine.attempts(run.run_id)[-1].output_json or "")
+    assert [a.unit_id for a in engine.attempts(run.run_id)] == ["a", "b"]
+    assert "y" in str(resumed.output("b"))

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
-import secrets
 import sqlite3
 import threading
 import time
@@ -13,24 +11,21 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pydantic import ValidationError
-
+from . import integrity
 from .budget import Budget
 from .errors import (
-    GateDecisionRefused,
-    PlanIntegrityError,
     PlanVersionError,
-    RunnerError,
     UsageError,
 )
 from .events import Event, EventBus, Observer
-from .hashing import canonical_json, sha256_text
+from .frame_methods import FrameMethods
 from .locking import RunLock, is_locked
 from .redact import Redactor
 from .runners.base import UnitResult
+from .runrows import new_run_id, run_row, scope_key
 from .spec.freeze import Workflow, load_workflow
 from .spec.params import resolve_params
-from .spec.plan import PLAN_VERSION, Plan, PlanStep
+from .spec.plan import Plan, PlanStep
 from .store import journal as jsql
 from .store import runs as run_sql
 from .store.db import DB_FILENAME, connect, default_state_dir, immediate
@@ -38,8 +33,6 @@ from .store.migrations import apply_migrations
 from .store.records import AttemptRow, RunRow, StepRow
 
 if TYPE_CHECKING:
-    import pandas as pd
-
     from .drive import Driver, DriveStats
     from .run import Run
     from .units import UnitPlan
@@ -47,17 +40,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-def new_run_id() -> str:
-    """A sortable, readable run id: ``r-YYYYmmdd-HHMMSS-xxxxxx``."""
-    return f"r-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
-
-
-def scope_key(workflow: str, params: Mapping[str, Any]) -> str:
-    """A run's scope: workflow name + params after defaults, as canonical JSON."""
-    return canonical_json({"workflow": workflow, "params": dict(params)})
-
-
-class Engine:
+class Engine(FrameMethods):
     """Everything wf_magic does, as plain Python; the CLI and the magics are thin shells.
 
     Args:
@@ -255,33 +238,17 @@ class Engine:
         run_id: str | None = None,
         supersede: str | None = None,
     ) -> str:
-        now = time.time()
         run_id = run_id or new_run_id()
-        params_json = canonical_json(params)
-        row = RunRow(
+        row = run_row(
+            wf,
+            params,
             run_id=run_id,
-            workflow=wf.name,
-            plan_json=wf.plan_json,
-            plan_hash=wf.plan_hash,
-            plan_version=wf.plan.plan_version,
-            source_hash=wf.source_hash,
-            source_path=wf.source_path,
-            params_json=params_json,
-            params_hash=sha256_text(params_json),
-            status="active",
-            status_reason=None,
-            scope_key=scope,
-            parent_run_id=parent.run_id if parent else None,
+            scope=scope,
+            use_cache=use_cache,
+            parent=parent,
             invocation_key=invocation_key,
-            root_run_id=parent.root_run_id if parent else run_id,
-            forked_from=forked_from.run_id if forked_from else None,
+            forked_from=forked_from,
             fork_step=fork_step,
-            use_cache=int(use_cache),
-            stop_requested=0,
-            result_json=None,
-            created_at=now,
-            updated_at=now,
-            finished_at=None,
         )
         steps = [(s.id, i, s.kind, s.max_loops) for i, s in enumerate(wf.plan.steps)]
 
@@ -388,59 +355,25 @@ class Engine:
     resume = drive
 
     def _drift_warnings(self, run: RunRow, live: Workflow | None) -> list[str]:
-        current: str | None = None
-        if live is not None:
-            current = live.source_hash
-        elif run.source_path and Path(run.source_path).is_file():
-            current = sha256_text(Path(run.source_path).read_text(encoding="utf-8"))
-        if current is not None and current != run.source_hash:
-            return [
-                f"the workflow source changed since run {run.run_id} started; continuing "
-                "with its frozen plan (start a new run with --new to pick up the edit)"
-            ]
-        return []
+        return integrity.drift_warnings(run, live)
 
     def verified_plan(self, run: RunRow) -> tuple[Plan, dict[str, Any]]:
         """Decode a run's plan and params after checking their hashes and plan_version.
 
+        An older plan this version cannot decode abandons the run (with how to start afresh).
+
         Raises:
             PlanIntegrityError: a hash mismatch (nothing is dispatched).
-            PlanVersionError: a newer plan_version (the run is left untouched).
+            PlanVersionError: a newer plan_version (left untouched) or an undecodable one.
         """
-        if sha256_text(run.plan_json) != run.plan_hash:
-            raise PlanIntegrityError(
-                f"Run {run.run_id}: the stored plan does not match its plan_hash "
-                f"{run.plan_hash[:12]}; it was edited outside wf_magic. Nothing was dispatched. "
-                "Start a new run from the source (--new) or fork an intact run.",
-                run_id=run.run_id,
-            )
-        if sha256_text(run.params_json) != run.params_hash:
-            raise PlanIntegrityError(
-                f"Run {run.run_id}: the stored params do not match their hash; they were edited "
-                "outside wf_magic. Nothing was dispatched. Start a new run with the params you "
-                "want.",
-                run_id=run.run_id,
-            )
-        if run.plan_version > PLAN_VERSION:
-            raise PlanVersionError(
-                f"Run {run.run_id} was frozen by a newer wf_magic (plan_version "
-                f"{run.plan_version}; this version reads {PLAN_VERSION}). It was left untouched: "
-                "upgrade wf_magic to drive it.",
-                run_id=run.run_id,
-            )
         try:
-            plan = Plan.model_validate_json(run.plan_json)
-        except ValidationError as exc:
-            reason = (
-                f"plan_version {run.plan_version} cannot be decoded by this wf_magic "
-                f"({exc.error_count()} problem(s)); start afresh with `wf run FILE --new`"
-            )
+            return integrity.verify(run)
+        except integrity.UndecodablePlan as exc:
             if run.status not in ("completed", "abandoned"):
-                self.set_run_status(run.run_id, "abandoned", reason=reason)
+                self.set_run_status(run.run_id, "abandoned", reason=exc.reason)
             raise PlanVersionError(
-                f"Run {run.run_id}: {reason}. The run was abandoned.", run_id=run.run_id
+                f"Run {run.run_id}: {exc.reason}. The run was abandoned.", run_id=run.run_id
             ) from None
-        return plan, json.loads(run.params_json)
 
     def _drive_locked(
         self, run: RunRow, options: Any, *, budget: Budget | None, depth: int
@@ -486,67 +419,20 @@ class Engine:
     def drive_child(
         self, driver: Driver, step: PlanStep, unit: UnitPlan, attempt: AttemptRow
     ) -> UnitResult:
-        """Publish (once) and drive the child run of a ``workflow:`` unit."""
-        from .dispatch import ChildBlocked, ChildBudgetStop
+        """Publish (once) and drive the child run of a ``workflow:`` unit (see children.py)."""
+        from .children import drive_child
 
-        parent = driver.run
-        key = unit.unit_id
-        child = self.read(lambda c: run_sql.child_run(c, parent.run_id, key))
-        if child is None:
-            child = self._publish_child(driver, step, unit)
-        with RunLock(self.lock_dir, child.run_id):
-            child = self.get_run(child.run_id)
-            self._drive_locked(child, driver.options, budget=driver.budget, depth=driver.depth + 1)
-        child = self.get_run(child.run_id)
-        if child.status == "completed":
-            return UnitResult(output=json.loads(child.result_json or "null"))
-        if child.status == "blocked":
-            raise ChildBlocked(
-                f"child run {child.run_id} ({child.workflow}) is blocked: {child.status_reason}"
-            )
-        if child.status == "active":
-            raise ChildBlocked(
-                f"child run {child.run_id} ({child.workflow}) was stopped "
-                "before it finished; resume the parent to continue it"
-            )
-        message = (
-            f"child run {child.run_id} ({child.workflow}) {child.status}: {child.status_reason}"
-        )
-        if any(row.stops_run and row.status == "failed" for row in self.steps(child.run_id)):
-            raise ChildBudgetStop(message)  # a budget stop stops the parent too
-        raise RunnerError(message)
+        return drive_child(self, driver, step, unit)
 
-    def _publish_child(self, driver: Driver, step: PlanStep, unit: UnitPlan) -> RunRow:
-        plan = driver.plan.children[step.workflow or ""]
-        try:
-            params = resolve_params(plan, unit.kwargs or {})
-        except UsageError as exc:
-            raise RunnerError(f"child workflow {plan.name!r}: {exc}") from None
-        plan_json = plan.to_json()
-        wf = Workflow(
-            name=plan.name,
-            source=plan_json,
-            source_hash=sha256_text(plan_json),
-            source_path=None,
-            plan=plan,
-            plan_json=plan_json,
-            plan_hash=sha256_text(plan_json),
-        )
-        try:
-            run_id = self._create_run(
-                wf,
-                params,
-                scope=scope_key(plan.name, params),
-                use_cache=bool(driver.run.use_cache),
-                parent=driver.run,
-                invocation_key=unit.unit_id,
-            )
-        except sqlite3.IntegrityError:  # published meanwhile: (parent, invocation_key) is unique
-            existing = self.read(lambda c: run_sql.child_run(c, driver.run.run_id, unit.unit_id))
-            if existing is None:
-                raise
-            return existing
-        return self.get_run(run_id)
+    def drive_locked(
+        self, run: RunRow, options: Any, *, budget: Budget | None, depth: int
+    ) -> DriveStats:
+        """Drive ``run`` whose lock the caller holds (a child shares its root's budget)."""
+        return self._drive_locked(run, options, budget=budget, depth=depth)
+
+    def create_run(self, wf: Workflow, params: dict[str, Any], **kwargs: Any) -> str:
+        """Insert a run for ``wf`` (see :meth:`start` for the user-facing rules)."""
+        return self._create_run(wf, params, **kwargs)
 
     # -- verbs ------------------------------------------------------------------------------
     def status(self, run_id: str) -> Run:
@@ -665,61 +551,17 @@ class Engine:
         missing: tuple[str, ...],
         loop: int | None,
     ) -> int:
+        from .decisions import record_human_verdict_txn
         from .gates import Verdict
 
         run_id = self.resolve_run_id(run_id)
-        run = self.get_run(run_id)
+        workflow = self.get_run(run_id).workflow
         verdict = Verdict(complete=complete, feedback=feedback, missing=missing, judge="human")
-
-        def txn(conn: sqlite3.Connection) -> int:
-            row = next((s for s in run_sql.steps_of(conn, run_id) if s.step_id == step_id), None)
-            if row is None:
-                raise GateDecisionRefused(f"Run {run_id} has no step {step_id!r}.", run_id=run_id)
-            waiting = (
-                json.loads(row.output_json or "{}").get("waiting")
-                if row.status == "blocked"
-                else None
+        decided_loop = self.write(
+            lambda c: record_human_verdict_txn(
+                c, run_id, step_id, workflow=workflow, verdict=verdict, loop=loop
             )
-            if not waiting:
-                why = f": {row.note}" if row.status == "blocked" and row.note else ""
-                raise GateDecisionRefused(
-                    f"Run {run_id} step {step_id} is not waiting for a decision (status "
-                    f"{row.status}{why}); nothing was recorded.",
-                    run_id=run_id,
-                    step_id=step_id,
-                )
-            if loop is not None and loop != waiting["loop"]:
-                raise GateDecisionRefused(
-                    f"Run {run_id} step {step_id} waits on loop {waiting['loop']}, not loop "
-                    f"{loop} (a button from an older output?); nothing was recorded.",
-                    run_id=run_id,
-                    step_id=step_id,
-                )
-            unit_id = f"{step_id}.gate:l{waiting['loop']}"
-            refusal = _decision_refusal(conn, run_id, step_id, unit_id, waiting, complete)
-            if refusal:
-                raise GateDecisionRefused(refusal, run_id=run_id, step_id=step_id)
-            key = jsql.UnitKey(
-                run_id=run_id,
-                workflow=run.workflow,
-                step_id=step_id,
-                unit_id=unit_id,
-                phase="gate",
-                loop=int(waiting["loop"]),
-                item_index=None,
-                runner="human",
-                model=None,
-                input_hash=waiting["input_hash"],
-            )
-            jsql.record_terminal_attempt_txn(
-                conn,
-                key,
-                jsql.Finish(status="succeeded", output_json=json.dumps(verdict.to_json())),
-                event="human_verdict",
-            )
-            return int(waiting["loop"])
-
-        decided_loop = self.write(txn)
+        )
         self.emit(
             "gate_verdict",
             run_id=run_id,
@@ -756,71 +598,3 @@ class Engine:
             self.write(functools.partial(run_sql.delete_run_tree_txn, run_id=run_id))
             deleted.append(run_id)
         return deleted
-
-    # -- frames -----------------------------------------------------------------------------
-    def runs(self) -> pd.DataFrame:
-        """All runs as a DataFrame (see :func:`wf_magic.store.frames.runs_frame`)."""
-        from .store import frames
-
-        return self.read(frames.runs_frame)
-
-    def journal(self, run_id: str | None = None) -> pd.DataFrame:
-        """One row per attempt (see :func:`wf_magic.store.frames.journal_frame`)."""
-        from .store import frames
-
-        rid = self.resolve_run_id(run_id) if run_id else None
-        return self.read(lambda c: frames.journal_frame(c, rid))
-
-    def tokens(self, run_id: str | None = None, *, by: str = "step") -> pd.DataFrame:
-        """Token accounting grouped ``by`` step/model/runner/loop/run."""
-        from .store import frames
-
-        rid = self.resolve_run_id(run_id) if run_id else None
-        return self.read(lambda c: frames.tokens_frame(c, rid, by=by))
-
-    def events(self, run_id: str) -> pd.DataFrame:
-        """The run's events."""
-        from .store import frames
-
-        rid = self.resolve_run_id(run_id)
-        return self.read(lambda c: frames.events_frame(c, rid))
-
-    def budget(self, run_id: str) -> pd.DataFrame:
-        """Used vs limit per ceiling, and tokens saved by reuse."""
-        from .store import frames
-
-        rid = self.resolve_run_id(run_id)
-        return self.read(lambda c: frames.budget_frame(c, rid))
-
-
-def _decision_refusal(
-    conn: sqlite3.Connection,
-    run_id: str,
-    step_id: str,
-    unit_id: str,
-    waiting: dict[str, Any],
-    complete: bool,
-) -> str | None:
-    """Why a human decision must not be recorded now (None: record it)."""
-    row = conn.execute(
-        "SELECT runner, output_json FROM attempts WHERE run_id = ? AND unit_id = ? AND"
-        " input_hash = ? AND status = 'succeeded' ORDER BY attempt_pk DESC LIMIT 1",
-        (run_id, unit_id, waiting["input_hash"]),
-    ).fetchone()
-    where = f"Run {run_id} step {step_id} loop {waiting['loop']}"
-    if waiting.get("judge") == "exhausted":
-        if not complete:
-            return (
-                f"{where}: the gate is already exhausted; approve the last artifact, "
-                "abandon the run, or fork it. Nothing was recorded."
-            )
-        if (
-            row is not None
-            and row["runner"] == "human"
-            and json.loads(row["output_json"] or "{}").get("complete")
-        ):
-            return f"{where} was already approved; resume the run to continue."
-        return None
-    if row is not None and row["runner"] == "human":
-        return f"{where} was already decided; resume the run to act on that decision."
-    return None

@@ -345,6 +345,18 @@ def find_in_run(
     return from_row(AttemptRow, row) if row else None
 
 
+def latest_verdict(
+    conn: sqlite3.Connection, *, run_id: str, unit_id: str, input_hash: str
+) -> AttemptRow | None:
+    """The newest succeeded verdict attempt of a gate unit for one judge input."""
+    row = conn.execute(
+        f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE run_id = ? AND unit_id = ? AND"
+        " input_hash = ? AND status = 'succeeded' ORDER BY attempt_pk DESC LIMIT 1",
+        (run_id, unit_id, input_hash),
+    ).fetchone()
+    return from_row(AttemptRow, row) if row else None
+
+
 def budget_usage(conn: sqlite3.Connection, root_run_id: str) -> tuple[int, int, float]:
     """(charged attempts, their tokens, their cost) over a root run and its descendants."""
     row = conn.execute(

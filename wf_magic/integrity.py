@@ -1,0 +1,78 @@
+"""Plan integrity: a run's stored plan and params must match their hashes and plan_version."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from .errors import PlanIntegrityError, PlanVersionError
+from .hashing import sha256_text
+from .spec.plan import PLAN_VERSION, Plan
+from .store.records import RunRow
+
+if TYPE_CHECKING:
+    from .spec.freeze import Workflow
+
+
+class UndecodablePlan(Exception):
+    """An older plan this version cannot decode; ``reason`` says how to start afresh."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def verify(run: RunRow) -> tuple[Plan, dict[str, Any]]:
+    """The run's plan and params, after checking hashes and plan_version.
+
+    Raises:
+        PlanIntegrityError: the plan or the params were edited outside wf_magic.
+        PlanVersionError: a newer wf_magic froze the plan.
+        UndecodablePlan: an older plan this version cannot read.
+    """
+    if sha256_text(run.plan_json) != run.plan_hash:
+        raise PlanIntegrityError(
+            f"Run {run.run_id}: the stored plan does not match its plan_hash "
+            f"{run.plan_hash[:12]}; it was edited outside wf_magic. Nothing was dispatched. "
+            "Start a new run from the source (--new) or fork an intact run.",
+            run_id=run.run_id,
+        )
+    if sha256_text(run.params_json) != run.params_hash:
+        raise PlanIntegrityError(
+            f"Run {run.run_id}: the stored params do not match their hash; they were edited "
+            "outside wf_magic. Nothing was dispatched. Start a new run with the params you want.",
+            run_id=run.run_id,
+        )
+    if run.plan_version > PLAN_VERSION:
+        raise PlanVersionError(
+            f"Run {run.run_id} was frozen by a newer wf_magic (plan_version "
+            f"{run.plan_version}; this version reads {PLAN_VERSION}). It was left untouched: "
+            "upgrade wf_magic to drive it.",
+            run_id=run.run_id,
+        )
+    try:
+        plan = Plan.model_validate_json(run.plan_json)
+    except ValidationError as exc:
+        raise UndecodablePlan(
+            f"plan_version {run.plan_version} cannot be decoded by this wf_magic "
+            f"({exc.error_count()} problem(s)); start afresh with `wf run FILE --new`"
+        ) from None
+    return plan, json.loads(run.params_json)
+
+
+def drift_warnings(run: RunRow, live: Workflow | None) -> list[str]:
+    """A warning when the live source (cell or file) differs from the run's frozen source."""
+    current: str | None = None
+    if live is not None:
+        current = live.source_hash
+    elif run.source_path and Path(run.source_path).is_file():
+        current = sha256_text(Path(run.source_path).read_text(encoding="utf-8"))
+    if current is not None and current != run.source_hash:
+        return [
+            f"the workflow source changed since run {run.run_id} started; continuing "
+            "with its frozen plan (start a new run with --new to pick up the edit)"
+        ]
+    return []

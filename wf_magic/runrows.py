@@ -1,0 +1,64 @@
+"""New run rows: readable run ids, scope keys and the row a fresh run starts from."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from .hashing import canonical_json, sha256_text
+from .spec.freeze import Workflow
+from .store.records import RunRow
+
+
+def new_run_id() -> str:
+    """A sortable, readable run id: ``r-YYYYmmdd-HHMMSS-xxxxxx`` (UTC)."""
+    return f"r-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
+
+
+def scope_key(workflow: str, params: Mapping[str, Any]) -> str:
+    """A run's scope: workflow name + params after defaults, as canonical JSON."""
+    return canonical_json({"workflow": workflow, "params": dict(params)})
+
+
+def run_row(
+    wf: Workflow,
+    params: Mapping[str, Any],
+    *,
+    run_id: str,
+    scope: str,
+    use_cache: bool,
+    parent: RunRow | None = None,
+    invocation_key: str | None = None,
+    forked_from: RunRow | None = None,
+    fork_step: str | None = None,
+) -> RunRow:
+    """The ``runs`` row of a new, ``active`` run of ``wf`` (a child charges its root)."""
+    now = time.time()
+    params_json = canonical_json(dict(params))
+    return RunRow(
+        run_id=run_id,
+        workflow=wf.name,
+        plan_json=wf.plan_json,
+        plan_hash=wf.plan_hash,
+        plan_version=wf.plan.plan_version,
+        source_hash=wf.source_hash,
+        source_path=wf.source_path,
+        params_json=params_json,
+        params_hash=sha256_text(params_json),
+        status="active",
+        status_reason=None,
+        scope_key=scope,
+        parent_run_id=parent.run_id if parent else None,
+        invocation_key=invocation_key,
+        root_run_id=parent.root_run_id if parent else run_id,
+        forked_from=forked_from.run_id if forked_from else None,
+        fork_step=fork_step,
+        use_cache=int(use_cache),
+        stop_requested=0,
+        result_json=None,
+        created_at=now,
+        updated_at=now,
+        finished_at=None,
+    )

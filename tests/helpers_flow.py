@@ -58,14 +58,19 @@ def by_unit(attempts: list[AttemptRow]) -> dict[str, list[AttemptRow]]:
 
 def journal_counts(engine: Engine, run_id: str) -> tuple[int, int, int]:
     """(attempt rows, event rows, steps updated_at checksum) of a run: 'nothing was written'."""
+
     def q(conn: sqlite3.Connection) -> tuple[int, int, int]:
-        attempts = conn.execute("SELECT COUNT(*) FROM attempts WHERE run_id = ?",
-                                (run_id,)).fetchone()[0]
-        events = conn.execute("SELECT COUNT(*) FROM events WHERE run_id = ?",
-                              (run_id,)).fetchone()[0]
-        stamp = conn.execute("SELECT COALESCE(MAX(updated_at), 0) FROM steps WHERE run_id = ?",
-                             (run_id,)).fetchone()[0]
+        attempts = conn.execute(
+            "SELECT COUNT(*) FROM attempts WHERE run_id = ?", (run_id,)
+        ).fetchone()[0]
+        events = conn.execute("SELECT COUNT(*) FROM events WHERE run_id = ?", (run_id,)).fetchone()[
+            0
+        ]
+        stamp = conn.execute(
+            "SELECT COALESCE(MAX(updated_at), 0) FROM steps WHERE run_id = ?", (run_id,)
+        ).fetchone()[0]
         return int(attempts), int(events), stamp
+
     return engine.read(q)
 
 
@@ -90,14 +95,27 @@ def _query(db: Path, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ..
 
 
 @contextmanager
-def wf_process(state_dir: Path, workflow_file: Path,
-               *args: str) -> Iterator[subprocess.Popen[bytes]]:
+def wf_process(
+    state_dir: Path, workflow_file: Path, *args: str
+) -> Iterator[subprocess.Popen[bytes]]:
     """``wf run FILE`` in a real child process; killed (SIGKILL) on exit if still alive."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "wf_magic.cli", "--db", str(state_dir), "run", str(workflow_file),
-         *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=str(REPO))
+        [
+            sys.executable,
+            "-m",
+            "wf_magic.cli",
+            "--db",
+            str(state_dir),
+            "run",
+            str(workflow_file),
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=str(REPO),
+    )
     try:
         yield proc
     finally:
@@ -106,8 +124,14 @@ def wf_process(state_dir: Path, workflow_file: Path,
         proc.communicate()
 
 
-def wait_for_journal(proc: subprocess.Popen[bytes], state_dir: Path, sql: str,
-                     args: tuple[Any, ...] = (), *, timeout_s: float = 20.0) -> list[Any]:
+def wait_for_journal(
+    proc: subprocess.Popen[bytes],
+    state_dir: Path,
+    sql: str,
+    args: tuple[Any, ...] = (),
+    *,
+    timeout_s: float = 20.0,
+) -> list[Any]:
     """Poll the state DB until ``sql`` returns a truthy first cell; the rows found.
 
     Fails (AssertionError) when the process exits first or the timeout passes.
@@ -120,8 +144,10 @@ def wait_for_journal(proc: subprocess.Popen[bytes], state_dir: Path, sql: str,
             return rows
         if proc.poll() is not None:
             out, err = proc.communicate()
-            raise AssertionError(f"wf exited ({proc.returncode}) before the journal showed "
-                                 f"{sql!r}:\n{out.decode()}\n{err.decode()}")
+            raise AssertionError(
+                f"wf exited ({proc.returncode}) before the journal showed "
+                f"{sql!r}:\n{out.decode()}\n{err.decode()}"
+            )
         time.sleep(0.01)
     raise AssertionError(f"timed out waiting for {sql!r}")
 

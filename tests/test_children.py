@@ -51,8 +51,7 @@ steps:
 
 
 def children_of(engine: Engine, run_id: str) -> list[str]:
-    return [r.run_id for r in engine.list_runs(include_children=True)
-            if r.parent_run_id == run_id]
+    return [r.run_id for r in engine.list_runs(include_children=True) if r.parent_run_id == run_id]
 
 
 def test_parent_completes_with_the_child_output(tmp_path: Path) -> None:
@@ -64,10 +63,16 @@ def test_parent_completes_with_the_child_output(tmp_path: Path) -> None:
     [child_id] = children_of(engine, run.run_id)
     child = engine.get_run(child_id)
     assert (child.workflow, child.status, child.invocation_key, child.root_run_id) == (
-        "kid", "completed", "sub", run.run_id)
+        "kid",
+        "completed",
+        "sub",
+        run.run_id,
+    )
     assert json.loads(child.params_json) == {"topic": "owls", "n": 2}
     assert [(a.unit_id, a.runner, a.charged) for a in engine.attempts(run.run_id)] == [
-        ("topic", "scripted", 1), ("sub", "workflow", 0)]  # the workflow unit itself is free
+        ("topic", "scripted", 1),
+        ("sub", "workflow", 0),
+    ]  # the workflow unit itself is free
     assert [a.unit_id for a in engine.attempts(child_id)] == ["a", "b"]
     assert run.budget_use().units == 3  # the child's dispatches count against the root
 
@@ -107,8 +112,10 @@ def test_a_blocked_child_blocks_the_parent_and_the_same_child_continues(tmp_path
     [child_id] = children_of(engine, run.run_id)
 
     assert run.status == "blocked"
-    assert run.reason == (f"step sub: child run {child_id} (reviewed) is blocked: step draft: "
-                          "waiting for a human verdict on loop 1")
+    assert run.reason == (
+        f"step sub: child run {child_id} (reviewed) is blocked: step draft: "
+        "waiting for a human verdict on loop 1"
+    )
     assert engine.get_run(child_id).status == "blocked"
     assert engine.drive(run.run_id).status == "blocked"
 
@@ -122,8 +129,7 @@ def test_a_blocked_child_blocks_the_parent_and_the_same_child_continues(tmp_path
     assert sub == [(1, "succeeded")]  # the in-flight workflow unit was reclaimed
 
 
-def test_editing_the_child_source_after_the_parent_started_changes_nothing(
-        tmp_path: Path) -> None:
+def test_editing_the_child_source_after_the_parent_started_changes_nothing(tmp_path: Path) -> None:
     (tmp_path / "kid.yaml").write_text("""
 name: kid
 steps:
@@ -140,7 +146,8 @@ steps:
     workflow: kid
 """)
     engine = Engine(tmp_path / "state")
-    run_id, _, _ = engine.start(parent)
+    _started = engine.start(parent)
+    run_id = _started.run_id
     assert engine.drive(run_id, max_steps=1).status == "active"
     frozen = engine.get_run(run_id).plan_json
 
@@ -159,8 +166,10 @@ steps:
     assert run.plan_json == frozen
     [child_id] = children_of(engine, run_id)
     child = engine.get_run(child_id)
-    assert Plan.model_validate_json(child.plan_json) == Plan.model_validate_json(
-        frozen).children["kid"]
+    assert (
+        Plan.model_validate_json(child.plan_json)
+        == Plan.model_validate_json(frozen).children["kid"]
+    )
     assert [s.step_id for s in engine.steps(child_id)] == ["only"]
     assert json.loads(run.result_json or "null").endswith(": OLD child prompt")
 
@@ -219,8 +228,10 @@ steps:
 """)
     [child_id] = children_of(engine, run.run_id)
     assert run.status == "failed"
-    assert run.reason == (f"step sub: unit sub failed: child run {child_id} (breaks) failed: "
-                          "step boom: unit boom failed: exited with status 4")
+    assert run.reason == (
+        f"step sub: unit sub failed: child run {child_id} (breaks) failed: "
+        "step boom: unit boom failed: exited with status 4"
+    )
 
 
 def test_kill_9_inside_a_child_resumes_the_same_child(tmp_path: Path) -> None:
@@ -244,8 +255,11 @@ steps:
     prompt: slow
 """)
     with wf_process(state, wf) as proc:
-        wait_for_journal(proc, state, "SELECT COUNT(*) FROM attempts WHERE unit_id = 'slow' AND"
-                                      " status = 'running'")
+        wait_for_journal(
+            proc,
+            state,
+            "SELECT COUNT(*) FROM attempts WHERE unit_id = 'slow' AND status = 'running'",
+        )
         kill9(proc)
     run_id = only_run_id(state)
     engine = Engine(state)
@@ -255,7 +269,9 @@ steps:
 
     assert children_of(engine, run_id) == [child_id]
     assert [(a.unit_id, a.attempt, a.status) for a in engine.attempts(child_id)] == [
-        ("quick", 1, "succeeded"), ("slow", 1, "succeeded")]
+        ("quick", 1, "succeeded"),
+        ("slow", 1, "succeeded"),
+    ]
     assert engine.status(run_id).result == "slow done"
 
 
@@ -269,8 +285,9 @@ def test_example_child_workflow_runs_offline(tmp_path: Path) -> None:
     run_id = only_run_id(state)
     [child_id] = children_of(engine, run_id)
     assert engine.get_run(child_id).workflow == "summarise"
-    assert engine.status(run_id).result == ("Release 1.2.0 is out. Faster resume. Human gates "
-                                            "in the cli. Exec timeouts.")
+    assert engine.status(run_id).result == (
+        "Release 1.2.0 is out. Faster resume. Human gates in the cli. Exec timeouts."
+    )
 
 
 def test_a_map_of_child_workflows_publishes_one_child_per_item(tmp_path: Path) -> None:
@@ -304,7 +321,8 @@ steps:
 
 
 def test_with_bindings_that_do_not_fit_the_child_params_are_definition_errors(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     engine = Engine(tmp_path / "state")
     source = """
 name: misbound
@@ -321,8 +339,10 @@ steps:
 """
     with pytest.raises(DefinitionError) as info:
         engine.run(source)
-    assert str(info.value) == ("steps[0].with: child workflow 'kid' declares no param(s) "
-                               "['nope']; declared: ['x'] (<workflow>, line 6)")
+    assert str(info.value) == (
+        "steps[0].with: child workflow 'kid' declares no param(s) "
+        "['nope']; declared: ['x'] (<workflow>, line 6)"
+    )
     with pytest.raises(DefinitionError, match=r"needs param\(s\) \['x'\]"):
         engine.run(source.replace("with: {nope: 1}", "with: {}"))
     assert engine.list_runs() == []

@@ -151,10 +151,14 @@ def test_module_level_frames_match_engine_methods(state_dir: Path) -> None:
     assert frame.equals(expected)
     assert list(wf_magic.runs(state_dir=state_dir)["run"]) == [run.run_id]
     assert int(wf_magic.tokens(run.run_id, state_dir=state_dir)["tokens"].sum()) == int(
-        expected["tokens_in"].sum() + expected["tokens_out"].sum())
+        expected["tokens_in"].sum() + expected["tokens_out"].sum()
+    )
     assert len(wf_magic.events(run.run_id, state_dir=state_dir)) > 0
     assert set(wf_magic.budget(run.run_id, state_dir=state_dir)["ceiling"]) == {
-        "units", "tokens", "cost"}
+        "units",
+        "tokens",
+        "cost",
+    }
 
 
 def test_run_plan_renders_the_frozen_plan(state_dir: Path) -> None:
@@ -163,7 +167,10 @@ def test_run_plan_renders_the_frozen_plan(state_dir: Path) -> None:
     with Engine(state_dir) as engine:
         run = engine.run(ROOT / "examples" / "quickstart.yaml")
         plan = run.plan
-        assert plan.name == "paper-digest" and [s.id for s in plan.steps][:2] == ["outline", "draft"]
+        assert plan.name == "paper-digest" and [s.id for s in plan.steps][:2] == [
+            "outline",
+            "draft",
+        ]
         assert repr(plan).startswith(f"Plan paper-digest  hash {run.row.plan_hash[:16]}")
         html = plan._repr_html_()
         assert "<pre class='mermaid'>flowchart TD" in html and "decide -- ok --&gt; publish" in html

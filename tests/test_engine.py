@@ -321,9 +321,12 @@ def test_undecodable_older_plan_abandons_the_run_with_guidance(engine: Engine) -
     src = "name: s\nsteps:\n  - id: a\n    prompt: x\n  - id: b\n    prompt: y\n"
     run = engine.run(src, max_steps=1)
     old = '{"name":"s","plan_version":0,"tasks":[]}'
-    engine.write(lambda c: c.execute(
-        "UPDATE runs SET plan_json = ?, plan_hash = ?, plan_version = 0 WHERE run_id = ?",
-        (old, sha256_text(old), run.run_id)))
+    engine.write(
+        lambda c: c.execute(
+            "UPDATE runs SET plan_json = ?, plan_hash = ?, plan_version = 0 WHERE run_id = ?",
+            (old, sha256_text(old), run.run_id),
+        )
+    )
     with pytest.raises(PlanVersionError, match="wf run FILE --new"):
         engine.drive(run.run_id)
     row = engine.get_run(run.run_id)
@@ -338,7 +341,21 @@ def test_resume_warns_once_when_the_source_file_changed(tmp_path: Path, engine: 
     resumed = engine.drive(run.run_id)
     assert resumed.warnings == [
         f"the workflow source changed since run {run.run_id} started; continuing with its "
-        "frozen plan (start a new run with --new to pick up the edit)"]
+        "frozen plan (start a new run with --new to pick up the edit)"
+    ]
     assert resumed.output("b") == json.loads(engine.attempts(run.run_id)[-1].output_json or "")
     assert [a.unit_id for a in engine.attempts(run.run_id)] == ["a", "b"]
     assert "y" in str(resumed.output("b"))
+
+
+def test_start_returns_a_typed_handle_and_every_verb_accepts_it(engine: Engine) -> None:
+    src = "name: t\nsteps:\n  - id: a\n    prompt: x\n  - id: b\n    prompt: y\n"
+    started = engine.start(src)
+    assert (started.created, started.status, started.warnings) == (True, "active", [])
+    again = engine.start(src)
+    assert again.run_id == started.run_id and again.created is False
+    done = engine.drive(started)
+    assert done.status == "completed" and engine.status(done).run_id == started.run_id
+    fork = engine.fork(done, from_step="b")
+    assert fork.created and engine.drive(fork).status == "completed"
+    assert [a.status for a in engine.attempts(fork)] == ["reused", "succeeded"]

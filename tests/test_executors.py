@@ -73,7 +73,8 @@ def test_thread_executor_is_a_named_pool_usable_per_drive(state_dir: Path) -> No
         return threading.current_thread().name
 
     with thread_executor(4) as pool, Engine(state_dir, namespace={"meet": meet}) as engine:
-        run_id, _, _ = engine.start(BARRIER_MAP)
+        _started = engine.start(BARRIER_MAP)
+        run_id = _started.run_id
         run = engine.drive(run_id, executor=pool)
         assert run.status == "completed", run.reason
         assert all(name.startswith("wf-unit") for name in run.result)

@@ -23,13 +23,17 @@ from wf_magic.display import plan_text
 
 def journal(engine: Engine, run_id: str) -> list[tuple[str, str, int, int, str, str]]:
     """(unit, phase, loop, attempt, status, runner) per attempt row, in journal order."""
-    return [(a.unit_id, a.phase, a.loop, a.attempt, a.status, a.runner)
-            for a in engine.attempts(run_id)]
+    return [
+        (a.unit_id, a.phase, a.loop, a.attempt, a.status, a.runner) for a in engine.attempts(run_id)
+    ]
 
 
 def verdicts(engine: Engine, run_id: str) -> list[dict[str, object]]:
-    return [json.loads(a.output_json or "null") for a in engine.attempts(run_id)
-            if a.phase == "gate" and a.status == "succeeded"]
+    return [
+        json.loads(a.output_json or "null")
+        for a in engine.attempts(run_id)
+        if a.phase == "gate" and a.status == "succeeded"
+    ]
 
 
 def step_row(engine: Engine, run_id: str, step_id: str):  # noqa: ANN201
@@ -90,10 +94,14 @@ def test_llm_gate_rejecting_twice_then_accepting_journals_three_loops(tmp_path: 
 
     work = rec.prompts("prompt")
     assert work[0] == "Write an essay on owls."
-    assert work[1] == ("Write an essay on owls.\n\nGate feedback (loop 1 was rejected):\n"
-                       "too short\nMissing:\n- length\n- tone")
-    assert work[2] == ("Write an essay on owls.\n\nGate feedback (loop 2 was rejected):\n"
-                       "cite a source\nMissing:\n- source")
+    assert work[1] == (
+        "Write an essay on owls.\n\nGate feedback (loop 1 was rejected):\n"
+        "too short\nMissing:\n- length\n- tone"
+    )
+    assert work[2] == (
+        "Write an essay on owls.\n\nGate feedback (loop 2 was rejected):\n"
+        "cite a source\nMissing:\n- source"
+    )
     judge = rec.prompts("judge")
     assert len(judge) == 3
     assert judge[0].startswith('Judge the artifact of step "essay"')
@@ -129,8 +137,11 @@ steps:
     gate: {max_loops: 3}
 """)
     assert run.status == "completed"
-    assert rec.prompts() == ["Essay.", "Essay. Fix: too short (length,tone)",
-                             "Essay. Fix: cite a source (source)"]
+    assert rec.prompts() == [
+        "Essay.",
+        "Essay. Fix: too short (length,tone)",
+        "Essay. Fix: cite a source (source)",
+    ]
 
 
 EXHAUST = """
@@ -163,8 +174,9 @@ def test_gate_exhausted_blocks_with_last_feedback_and_exit_3(tmp_path: Path) -> 
     run_id = only_run_id(state)
     run = engine.status(run_id)
     assert run.status == "blocked"
-    assert run.reason == ("step draft: gate exhausted after 2 loop(s); last feedback: fix v2 "
-                          "(missing: depth)")
+    assert run.reason == (
+        "step draft: gate exhausted after 2 loop(s); last feedback: fix v2 (missing: depth)"
+    )
     assert journal(engine, run_id) == [
         ("draft", "work", 1, 1, "succeeded", "scripted"),
         ("draft.gate:l1", "gate", 1, 1, "succeeded", "scripted"),
@@ -229,7 +241,8 @@ def _flaky_judge(request: UnitRequest) -> object:
 
 @pytest.mark.parametrize("mode", ["not json", "permanent", "transient"])
 def test_judge_failure_blocks_without_consuming_a_loop_then_rejudges_after_fix(
-        tmp_path: Path, mode: str) -> None:
+    tmp_path: Path, mode: str
+) -> None:
     JUDGE_MODE["mode"] = mode
     rec = use_runner("switch_judge", _flaky_judge)
     engine = Engine(tmp_path / "state")
@@ -285,13 +298,23 @@ steps:
     run_id = only_run_id(tmp_path / "state")
     assert "judge reply is not JSON: 'not json'" in (engine.get_run(run_id).status_reason or "")
     assert [(a.unit_id, a.status) for a in engine.attempts(run_id)] == [
-        ("s", "succeeded"), ("s.gate:l1", "failed")]
+        ("s", "succeeded"),
+        ("s.gate:l1", "failed"),
+    ]
 
 
 # -- expr gate ------------------------------------------------------------------------------
 def test_expr_gate_rejection_feeds_rendered_criteria_back(tmp_path: Path) -> None:
-    rec = use_runner("grow", lambda r: "x" * (5 * (r.prompt or "").count("Gate feedback")
-                                              + (10 if "at least" in (r.prompt or "") else 1)))
+    rec = use_runner(
+        "grow",
+        lambda r: (
+            "x"
+            * (
+                5 * (r.prompt or "").count("Gate feedback")
+                + (10 if "at least" in (r.prompt or "") else 1)
+            )
+        ),
+    )
     engine = Engine(tmp_path / "state")
     run = engine.run("""
 name: expr-gate
@@ -308,16 +331,20 @@ steps:
       max_loops: 2
 """)
     assert run.status == "completed"
-    assert rec.prompts() == ["Write.", "Write.\n\nGate feedback (loop 1 was rejected):\n"
-                             "at least 8 characters\nMissing:\n- at least 8 characters"]
+    assert rec.prompts() == [
+        "Write.",
+        "Write.\n\nGate feedback (loop 1 was rejected):\n"
+        "at least 8 characters\nMissing:\n- at least 8 characters",
+    ]
     assert journal(engine, run.run_id) == [
         ("s", "work", 1, 1, "succeeded", "grow"),
         ("s.gate:l1", "gate", 1, 1, "succeeded", "expr"),
         ("s", "work", 2, 2, "succeeded", "grow"),
         ("s.gate:l2", "gate", 2, 1, "succeeded", "expr"),
     ]
-    assert [a.tokens_in + a.tokens_out for a in engine.attempts(run.run_id)
-            if a.phase == "gate"] == [0, 0]
+    assert [
+        a.tokens_in + a.tokens_out for a in engine.attempts(run.run_id) if a.phase == "gate"
+    ] == [0, 0]
 
 
 # -- output schemas -------------------------------------------------------------------------
@@ -336,17 +363,26 @@ steps:
 
 
 def test_schema_mismatch_feeds_the_loop_with_validation_errors(tmp_path: Path) -> None:
-    rec = use_runner("typed_runner", lambda r: (
-        {"complete": True} if r.kind == "judge"
-        else {"n": 3} if "Gate feedback" in (r.prompt or "") else "three"))
+    rec = use_runner(
+        "typed_runner",
+        lambda r: (
+            {"complete": True}
+            if r.kind == "judge"
+            else {"n": 3}
+            if "Gate feedback" in (r.prompt or "")
+            else "three"
+        ),
+    )
     engine = Engine(tmp_path / "state")
     run = engine.run(SCHEMA_STEP.replace("{gate}", "gate: {max_loops: 2}"))
 
     assert run.status == "completed"
     assert run.result == {"n": 3}
     second = rec.prompts()[1]
-    assert second.startswith("Count.\n\nGate feedback (loop 1 was rejected):\n"
-                             "The output does not match the required schema: ")
+    assert second.startswith(
+        "Count.\n\nGate feedback (loop 1 was rejected):\n"
+        "The output does not match the required schema: "
+    )
     assert "s: (root): 'three' is not of type 'object'" in second
     rows = journal(engine, run.run_id)
     assert rows == [
@@ -367,11 +403,16 @@ def test_final_schema_mismatch_fails_the_step_with_the_validation_errors(tmp_pat
     assert run.status == "failed"
     row = step_row(engine, run.run_id, "s")
     assert (row.status, row.loop) == ("failed", 2)
-    assert row.note == ("output failed its schema after 2 loop(s): "
-                        "s: n: 0 is less than the minimum of 1")
+    assert row.note == (
+        "output failed its schema after 2 loop(s): s: n: 0 is less than the minimum of 1"
+    )
     assert run.reason == f"step s: {row.note}"
     assert [r[:3] for r in journal(engine, run.run_id)] == [
-        ("s", "work", 1), ("s.gate:l1", "gate", 1), ("s", "work", 2), ("s.gate:l2", "gate", 2)]
+        ("s", "work", 1),
+        ("s.gate:l1", "gate", 1),
+        ("s", "work", 2),
+        ("s.gate:l2", "gate", 2),
+    ]
 
 
 def test_schema_mismatch_without_a_gate_fails_at_once(tmp_path: Path) -> None:
@@ -381,7 +422,8 @@ def test_schema_mismatch_without_a_gate_fails_at_once(tmp_path: Path) -> None:
 
     assert run.status == "failed"
     assert step_row(engine, run.run_id, "s").note == (
-        "output failed its schema after 1 loop(s): s: (root): 'three' is not of type 'object'")
+        "output failed its schema after 1 loop(s): s: (root): 'three' is not of type 'object'"
+    )
     assert len([a for a in engine.attempts(run.run_id) if a.phase == "work"]) == 1
 
 
@@ -432,7 +474,8 @@ def test_human_gate_blocks_until_approved_and_redrive_dispatches_nothing(tmp_pat
         ("publish", "work", 1, 1, "succeeded", "human_work"),
     ]
     assert verdicts(engine, run.run_id) == [
-        {"complete": True, "feedback": "", "missing": [], "judge": "human"}]
+        {"complete": True, "feedback": "", "missing": [], "judge": "human"}
+    ]
 
 
 def test_human_decisions_are_compare_and_set(tmp_path: Path) -> None:
@@ -450,13 +493,13 @@ def test_human_decisions_are_compare_and_set(tmp_path: Path) -> None:
     assert len([a for a in engine.attempts(run.run_id) if a.runner == "human"]) == 1
 
     engine.drive(run.run_id)
-    with pytest.raises(GateDecisionRefused,
-                       match=r"not waiting for a decision \(status completed\)"):
+    with pytest.raises(
+        GateDecisionRefused, match=r"not waiting for a decision \(status completed\)"
+    ):
         engine.approve(run.run_id, "post")
 
 
-def test_human_rejection_loops_with_the_feedback_and_stale_loop_is_refused(
-        tmp_path: Path) -> None:
+def test_human_rejection_loops_with_the_feedback_and_stale_loop_is_refused(tmp_path: Path) -> None:
     rec = use_runner("human_work", _human_work)
     engine = Engine(tmp_path / "state")
     run = engine.run(HUMAN)
@@ -468,8 +511,9 @@ def test_human_rejection_loops_with_the_feedback_and_stale_loop_is_refused(
 
     assert looped.status == "blocked"
     assert looped.reason == "step post: waiting for a human verdict on loop 2"
-    assert rec.prompts()[-1] == ("Write a post.\n\nGate feedback (loop 1 was rejected):\n"
-                                 "warmer tone\nMissing:\n- emoji")
+    assert rec.prompts()[-1] == (
+        "Write a post.\n\nGate feedback (loop 1 was rejected):\nwarmer tone\nMissing:\n- emoji"
+    )
     with pytest.raises(GateDecisionRefused, match="waits on loop 2, not loop 1"):
         engine.approve(run.run_id, "post", loop=1)
 
@@ -507,12 +551,15 @@ steps:
     assert run_cli(state, "resume", run_id) == 0
     engine = Engine(state)
     assert [(a.unit_id, a.runner) for a in engine.attempts(run_id) if a.phase == "gate"] == [
-        ("post.gate:l1", "human"), ("post.gate:l2", "human")]
+        ("post.gate:l1", "human"),
+        ("post.gate:l2", "human"),
+    ]
 
 
 # -- crash resume ---------------------------------------------------------------------------
 def test_kill_9_after_a_rejection_resumes_at_the_next_loop_with_stored_feedback(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     state = tmp_path / "state"
     wf = tmp_path / "gate_crash.yaml"
     wf.write_text("""
@@ -532,8 +579,11 @@ steps:
     gate: {criteria: [full], max_loops: 3}
 """)
     with wf_process(state, wf) as proc:
-        wait_for_journal(proc, state, "SELECT COUNT(*) FROM attempts WHERE unit_id = 'w' AND"
-                                      " loop = 2 AND status = 'running'")
+        wait_for_journal(
+            proc,
+            state,
+            "SELECT COUNT(*) FROM attempts WHERE unit_id = 'w' AND loop = 2 AND status = 'running'",
+        )
         kill9(proc)
     run_id = only_run_id(state)
     engine = Engine(state)
@@ -555,13 +605,18 @@ steps:
 
 
 def test_kill_9_after_the_final_rejection_reproduces_exhaustion_without_an_extra_loop(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     state = tmp_path / "state"
     wf = tmp_path / "final.yaml"
     wf.write_text(EXHAUST)
     with wf_process(state, wf) as proc:
-        wait_for_journal(proc, state, "SELECT COUNT(*) FROM attempts WHERE"
-                                      " unit_id = 'draft.gate:l2' AND status = 'succeeded'")
+        wait_for_journal(
+            proc,
+            state,
+            "SELECT COUNT(*) FROM attempts WHERE"
+            " unit_id = 'draft.gate:l2' AND status = 'succeeded'",
+        )
         if proc.poll() is None:
             kill9(proc)
     run_id = only_run_id(state)
@@ -570,8 +625,10 @@ def test_kill_9_after_the_final_rejection_reproduces_exhaustion_without_an_extra
     again = engine.drive(run_id)
 
     assert again.status == "blocked"
-    assert again.reason is not None and "gate exhausted after 2 loop(s); last feedback: fix v2" \
-        in again.reason
+    assert (
+        again.reason is not None
+        and "gate exhausted after 2 loop(s); last feedback: fix v2" in again.reason
+    )
     assert len(engine.attempts(run_id)) == 4
 
 
@@ -607,17 +664,24 @@ steps:
     run = engine.run(wf)
 
     assert run.status == "blocked"
-    assert run.reason == ("step x: gate exhausted after 1 loop(s); last feedback: says bye "
-                          "(missing: says bye)")
+    assert run.reason == (
+        "step x: gate exhausted after 1 loop(s); last feedback: says bye (missing: says bye)"
+    )
     assert [(a.unit_id, a.loop) for a in engine.attempts(run.run_id)] == [
-        ("x", 1), ("x.gate:l1", 1)]
+        ("x", 1),
+        ("x.gate:l1", 1),
+    ]
 
 
-def test_gate_on_a_map_step_judges_the_whole_list_and_reloops_every_unit(
-        tmp_path: Path) -> None:
-    rec = use_runner("map_gate", lambda r: (
-        {"complete": "fixed" in (r.prompt or ""), "feedback": "fix all"} if r.kind == "judge"
-        else ("fixed " if "Gate feedback" in (r.prompt or "") else "") + str(r.item)))
+def test_gate_on_a_map_step_judges_the_whole_list_and_reloops_every_unit(tmp_path: Path) -> None:
+    rec = use_runner(
+        "map_gate",
+        lambda r: (
+            {"complete": "fixed" in (r.prompt or ""), "feedback": "fix all"}
+            if r.kind == "judge"
+            else ("fixed " if "Gate feedback" in (r.prompt or "") else "") + str(r.item)
+        ),
+    )
     engine = Engine(tmp_path / "state")
     run = engine.run("""
 name: map-gate
@@ -631,12 +695,20 @@ steps:
     assert run.status == "completed"
     assert run.result == ["fixed 1", "fixed 2", "fixed 3"]
     assert [(a.unit_id, a.loop) for a in engine.attempts(run.run_id)] == [
-        ("m[0]", 1), ("m[1]", 1), ("m[2]", 1), ("m.gate:l1", 1),
-        ("m[0]", 2), ("m[1]", 2), ("m[2]", 2), ("m.gate:l2", 2)]
+        ("m[0]", 1),
+        ("m[1]", 1),
+        ("m[2]", 1),
+        ("m.gate:l1", 1),
+        ("m[0]", 2),
+        ("m[1]", 2),
+        ("m[2]", 2),
+        ("m.gate:l2", 2),
+    ]
     judge = rec.prompts("judge")
     assert 'Artifact (3 units):\n["1","2","3"]' in judge[0]
-    assert rec.prompts()[3:] == [f"item {i}\n\nGate feedback (loop 1 was rejected):\nfix all"
-                                 for i in (1, 2, 3)]
+    assert rec.prompts()[3:] == [
+        f"item {i}\n\nGate feedback (loop 1 was rejected):\nfix all" for i in (1, 2, 3)
+    ]
 
 
 def test_expr_check_that_errors_is_a_judge_failure_not_a_pass(tmp_path: Path) -> None:
@@ -654,9 +726,12 @@ steps:
     assert run.reason == (
         "step x: judge failed on loop 1: gate check `output.foo > 1` failed: 'str object' has "
         "no attribute 'foo'; no loop was consumed. Fix the judge and resume to re-judge this "
-        "work.")
+        "work."
+    )
     assert [(a.unit_id, a.status) for a in engine.attempts(run.run_id)] == [
-        ("x", "succeeded"), ("x.gate:l1", "failed")]
+        ("x", "succeeded"),
+        ("x.gate:l1", "failed"),
+    ]
 
 
 def test_approving_a_gate_exhausted_by_a_human_rejection_completes_it(tmp_path: Path) -> None:
@@ -693,8 +768,11 @@ steps:
     gate: {max_loops: 2}
 """)
     with wf_process(state, wf) as proc:
-        wait_for_journal(proc, state, "SELECT COUNT(*) FROM attempts WHERE"
-                                      " unit_id = 'w.gate:l1' AND status = 'running'")
+        wait_for_journal(
+            proc,
+            state,
+            "SELECT COUNT(*) FROM attempts WHERE unit_id = 'w.gate:l1' AND status = 'running'",
+        )
         kill9(proc)
     run_id = only_run_id(state)
     engine = Engine(state)
@@ -704,7 +782,8 @@ steps:
 
     gate_rows = by_unit(engine.attempts(run_id))["w.gate:l1"]
     assert [(a.attempt, a.status, a.dispatch_id) for a in gate_rows] == [
-        (1, "succeeded", killed.dispatch_id)]
+        (1, "succeeded", killed.dispatch_id)
+    ]
 
 
 def test_example_gate_loop_runs_offline_through_three_loops(tmp_path: Path) -> None:
@@ -716,10 +795,14 @@ def test_example_gate_loop_runs_offline_through_three_loops(tmp_path: Path) -> N
     engine = Engine(state)
     run_id = only_run_id(state)
     assert [r[:3] for r in journal(engine, run_id)] == [
-        ("abstract", "work", 1), ("abstract.gate:l1", "gate", 1),
-        ("abstract", "work", 2), ("abstract.gate:l2", "gate", 2),
-        ("abstract", "work", 3), ("abstract.gate:l3", "gate", 3),
-        ("title", "work", 1)]
+        ("abstract", "work", 1),
+        ("abstract.gate:l1", "gate", 1),
+        ("abstract", "work", 2),
+        ("abstract.gate:l2", "gate", 2),
+        ("abstract", "work", 3),
+        ("abstract.gate:l3", "gate", 3),
+        ("title", "work", 1),
+    ]
     assert engine.status(run_id).output("abstract").startswith("draft 3: write-ahead logging")
 
 
@@ -738,7 +821,9 @@ steps:
 """)
     assert run.status == "completed"
     assert [(a.unit_id, a.runner, a.model) for a in engine.attempts(run.run_id)] == [
-        ("s", "writer", "small"), ("s.gate:l1", "critic", "big")]
+        ("s", "writer", "small"),
+        ("s.gate:l1", "critic", "big"),
+    ]
     assert [r.kind for r in work.requests] == ["prompt"]
     assert [r.kind for r in judge.requests] == ["judge"]
     assert step_row(engine, run.run_id, "s").note == "gate passed at loop 1/1 (llm): ok by big"

@@ -13,10 +13,14 @@ from wf_magic.spec.freeze import load_workflow
 from wf_magic.units import Feedback, build_units
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(max_size=20)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.text(max_size=20)
     | st.floats(allow_nan=False, allow_infinity=False),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
     max_leaves=20,
 )
 
@@ -31,17 +35,23 @@ def test_canonical_json_ignores_key_order_and_round_trips(value: dict[str, Any])
 
 @given(st.text(min_size=1, max_size=30), st.text(max_size=30))
 def test_input_hash_changes_with_prompt_item_and_feedback(word: str, feedback: str) -> None:
-    wf = load_workflow("name: h\nsteps:\n  - id: a\n    map: '{{ params.items }}'\n"
-                       "    prompt: 'say {{ item }}'\nparams:\n  items: {type: array}\n")
+    wf = load_workflow(
+        "name: h\nsteps:\n  - id: a\n    map: '{{ params.items }}'\n"
+        "    prompt: 'say {{ item }}'\nparams:\n  items: {type: array}\n"
+    )
     params = {"items": [word, word + "!"]}
-    first = build_units(wf.plan, wf.plan.steps[0], params=params, outputs={}, loop=1,
-                        feedback=None)
-    again = build_units(wf.plan, wf.plan.steps[0], params=params, outputs={}, loop=1,
-                        feedback=None)
+    first = build_units(wf.plan, wf.plan.steps[0], params=params, outputs={}, loop=1, feedback=None)
+    again = build_units(wf.plan, wf.plan.steps[0], params=params, outputs={}, loop=1, feedback=None)
     assert [u.input_hash for u in first] == [u.input_hash for u in again]
     assert first[0].input_hash != first[1].input_hash
-    looped = build_units(wf.plan, wf.plan.steps[0], params=params, outputs={}, loop=2,
-                         feedback=Feedback(loop=1, feedback=feedback))
+    looped = build_units(
+        wf.plan,
+        wf.plan.steps[0],
+        params=params,
+        outputs={},
+        loop=2,
+        feedback=Feedback(loop=1, feedback=feedback),
+    )
     assert looped[0].input_hash != first[0].input_hash
     assert "Gate feedback (loop 1 was rejected):" in (looped[0].prompt or "")
 
@@ -49,5 +59,7 @@ def test_input_hash_changes_with_prompt_item_and_feedback(word: str, feedback: s
 def test_hash_value_is_sha256_of_canonical_json() -> None:
     import hashlib
 
-    assert hash_value({"b": 1, "a": [True, None]}) == hashlib.sha256(
-        b'{"a":[true,null],"b":1}').hexdigest()
+    assert (
+        hash_value({"b": 1, "a": [True, None]})
+        == hashlib.sha256(b'{"a":[true,null],"b":1}').hexdigest()
+    )

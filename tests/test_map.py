@@ -26,12 +26,14 @@ steps:
 
 
 def fan(n: int, sleep: float) -> str:
-    return FAN.replace("SLEEP", str(sleep)).replace("N", str(n), 1).replace(
-        "range(N)", f"range({n})")
+    return (
+        FAN.replace("SLEEP", str(sleep)).replace("N", str(n), 1).replace("range(N)", f"range({n})")
+    )
 
 
 def timed_drive(engine: Engine, source: str, *, max_concurrency: int | None) -> tuple[str, float]:
-    run_id, _, _ = engine.start(source, new=True, no_cache=True)
+    _started = engine.start(source, new=True, no_cache=True)
+    run_id = _started.run_id
     started = time.monotonic()
     run = engine.drive(run_id, max_concurrency=max_concurrency)
     elapsed = time.monotonic() - started
@@ -88,15 +90,20 @@ def test_kill_9_mid_fan_out_redispatches_only_unfinished_items(tmp_path: Path) -
     wf = tmp_path / "fan.yaml"
     wf.write_text(fan(5, 0.1).replace("max_concurrency: 8", "max_concurrency: 1"))
     with wf_process(state, wf) as proc:
-        wait_for_journal(proc, state, "SELECT COUNT(*) FROM attempts WHERE item_index >= 2 AND"
-                                      " status = 'running'")
+        wait_for_journal(
+            proc,
+            state,
+            "SELECT COUNT(*) FROM attempts WHERE item_index >= 2 AND status = 'running'",
+        )
         kill9(proc)
     run_id = only_run_id(state)
     engine = Engine(state)
     before = engine.attempts(run_id)
     done = len(before) - 1  # items finished before the kill (at least 2), then one in flight
     assert [(a.unit_id, a.status) for a in before] == [
-        *((f"m[{i}]", "succeeded") for i in range(done)), (f"m[{done}]", "running")]
+        *((f"m[{i}]", "succeeded") for i in range(done)),
+        (f"m[{done}]", "running"),
+    ]
     assert 2 <= done < 5
 
     run = engine.drive(run_id)
@@ -105,7 +112,8 @@ def test_kill_9_mid_fan_out_redispatches_only_unfinished_items(tmp_path: Path) -
     assert run.result == [f"out {i}" for i in range(5)]
     units = by_unit(engine.attempts(run_id))
     assert {u: [(a.attempt, a.status) for a in rows] for u, rows in units.items()} == {
-        f"m[{i}]": [(1, "succeeded")] for i in range(5)}
+        f"m[{i}]": [(1, "succeeded")] for i in range(5)
+    }
     for i in range(done + 1):  # finished ones untouched; the in-flight one reclaimed in place
         assert units[f"m[{i}]"][0].dispatch_id == before[i].dispatch_id
 
@@ -155,9 +163,12 @@ steps:
     assert row.status == "completed"
     assert row.note == "2 of 4 units failed; first: m[1]: item 1 is odd"
     assert [(a.unit_id, a.status, a.failure) for a in engine.attempts(run.run_id)] == [
-        ("m[0]", "succeeded", None), ("m[1]", "failed", "item 1 is odd"),
-        ("m[2]", "succeeded", None), ("m[3]", "failed", "item 3 is odd"),
-        ("after", "succeeded", None)]
+        ("m[0]", "succeeded", None),
+        ("m[1]", "failed", "item 1 is odd"),
+        ("m[2]", "succeeded", None),
+        ("m[3]", "failed", "item 3 is odd"),
+        ("after", "succeeded", None),
+    ]
 
 
 def test_a_failed_item_fails_the_step_after_units_in_flight_finish(tmp_path: Path) -> None:
@@ -185,14 +196,23 @@ steps:
     assert {a.unit_id for a in rows} == {"m[0]", "m[1]", "m[2]"}  # nothing new after the failure
 
 
-@pytest.mark.parametrize(("items", "expected"), [
-    ("['a', 'b', 'a']", ("completed", "A")),
-    ("['a', 'b', 'b', 'c', 'b']", ("completed", "B")),
-    ("['a', 'b']", ("failed", "vote tied (1 votes each for the top outputs); add items or use "
-                              "reduce: collect")),
-])
+@pytest.mark.parametrize(
+    ("items", "expected"),
+    [
+        ("['a', 'b', 'a']", ("completed", "A")),
+        ("['a', 'b', 'b', 'c', 'b']", ("completed", "B")),
+        (
+            "['a', 'b']",
+            (
+                "failed",
+                "vote tied (1 votes each for the top outputs); add items or use reduce: collect",
+            ),
+        ),
+    ],
+)
 def test_reduce_vote_takes_the_majority_and_fails_on_a_tie(
-        tmp_path: Path, items: str, expected: tuple[str, str]) -> None:
+    tmp_path: Path, items: str, expected: tuple[str, str]
+) -> None:
     use_runner("upper", lambda r: str(r.item).upper())
     engine = Engine(tmp_path / "state")
     run = engine.run(f"""
@@ -225,15 +245,21 @@ steps:
     assert run.result == [{"item": {"k": 1}, "index": 0}, {"item": "two", "index": 1}]
     assert sorted(rec.prompts()) == ['0: {"k": 1}', "1: two"]
     assert [(a.unit_id, a.item_index) for a in engine.attempts(run.run_id)] == [
-        ("m[0]", 0), ("m[1]", 1)]
+        ("m[0]", 0),
+        ("m[1]", 1),
+    ]
 
 
-@pytest.mark.parametrize(("map_expr", "message"), [
-    ('"{{ 42 }}"', "map must evaluate to a list (got int: '42')"),
-    ('"{{ range(10001) | list }}"', "map expands to 10001 units, more than the bound of 10000"),
-])
-def test_a_map_that_is_not_a_list_or_too_big_fails_the_step(tmp_path: Path, map_expr: str,
-                                                            message: str) -> None:
+@pytest.mark.parametrize(
+    ("map_expr", "message"),
+    [
+        ('"{{ 42 }}"', "map must evaluate to a list (got int: '42')"),
+        ('"{{ range(10001) | list }}"', "map expands to 10001 units, more than the bound of 10000"),
+    ],
+)
+def test_a_map_that_is_not_a_list_or_too_big_fails_the_step(
+    tmp_path: Path, map_expr: str, message: str
+) -> None:
     engine = Engine(tmp_path / "state")
     run = engine.run(f"""
 name: badmap
@@ -292,10 +318,13 @@ steps:
     prompt: after
 """)
     assert run.status == "blocked"
-    assert run.reason == ("step m: gate exhausted after 2 loop(s); last feedback: never good "
-                          "enough")
+    assert run.reason == (
+        "step m: gate exhausted after 2 loop(s); last feedback: never good enough"
+    )
     assert [a.unit_id for a in engine.attempts(run.run_id) if a.phase == "gate"] == [
-        "m.gate:l1", "m.gate:l2"]
+        "m.gate:l1",
+        "m.gate:l2",
+    ]
 
 
 def test_a_tolerant_map_checks_the_schema_of_the_items_that_succeeded(tmp_path: Path) -> None:
@@ -313,12 +342,14 @@ steps:
 """)
     row = next(s for s in engine.steps(run.run_id) if s.step_id == "m")
     assert row.status == "failed"
-    assert row.note == ("output failed its schema after 1 loop(s): m[0]: (root): 'even' is not "
-                        "of type 'integer'; 1 of 2 units failed; first: m[1]: item 1 is odd")
+    assert row.note == (
+        "output failed its schema after 1 loop(s): m[0]: (root): 'even' is not "
+        "of type 'integer'; 1 of 2 units failed; first: m[1]: item 1 is odd"
+    )
 
 
 def test_failed_items_cast_no_vote(tmp_path: Path) -> None:
-    use_runner("tolerant_vote", lambda r: (r.item if r.item != "x" else _raise("no vote")))
+    use_runner("tolerant_vote", lambda r: r.item if r.item != "x" else _raise("no vote"))
     engine = Engine(tmp_path / "state")
     run = engine.run("""
 name: tolerant-vote
@@ -360,8 +391,7 @@ steps:
     assert len(engine.attempts(run.run_id)) == 2
 
 
-def test_replaying_a_judged_loop_does_not_redispatch_its_tolerated_failures(
-        tmp_path: Path) -> None:
+def test_replaying_a_judged_loop_does_not_redispatch_its_tolerated_failures(tmp_path: Path) -> None:
     stop = threading.Event()
 
     def body(request: UnitRequest) -> object:
@@ -378,7 +408,7 @@ def test_replaying_a_judged_loop_does_not_redispatch_its_tolerated_failures(
 
     use_runner("replay_tolerant", body)
     engine = Engine(tmp_path / "state")
-    run_id, _, _ = engine.start("""
+    _started = engine.start("""
 name: replay-tolerant
 runner: replay_tolerant
 steps:
@@ -388,10 +418,14 @@ steps:
     on_error: continue
     gate: {max_loops: 2}
 """)
+    run_id = _started.run_id
     assert engine.drive(run_id, signal=stop).stopped_by == "signal"
 
     assert engine.drive(run_id).status == "completed"
 
-    loop1 = [(a.unit_id, a.attempt, a.status) for a in engine.attempts(run_id)
-             if a.phase == "work" and a.loop == 1]
+    loop1 = [
+        (a.unit_id, a.attempt, a.status)
+        for a in engine.attempts(run_id)
+        if a.phase == "work" and a.loop == 1
+    ]
     assert loop1 == [("m[0]", 1, "succeeded"), ("m[1]", 1, "failed"), ("m[2]", 1, "succeeded")]

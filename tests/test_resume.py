@@ -91,7 +91,8 @@ def test_two_concurrent_resumes_one_drives_other_exits_75(
 
 def test_second_thread_is_refused_with_run_lock_held(engine: Engine) -> None:
     src = "name: t\nsteps:\n  - id: a\n    prompt: x\n  - id: b\n    prompt: y\n"
-    run_id, _, _ = engine.start(src)
+    _started = engine.start(src)
+    run_id = _started.run_id
     gate = threading.Event()
     release = threading.Event()
     from wf_magic import ScriptedRunner, register_runner
@@ -104,7 +105,8 @@ def test_second_thread_is_refused_with_run_lock_held(engine: Engine) -> None:
 
     register_runner("blocking-test", lambda ctx: Blocking(), replace=True)
     src2 = "name: t2\nrunner: blocking-test\nsteps:\n  - id: a\n    prompt: x\n"
-    run2, _, _ = engine.start(src2)
+    _started = engine.start(src2)
+    run2 = _started.run_id
     other = Engine(engine.state_dir)
     worker = threading.Thread(target=lambda: other.drive(run2))
     worker.start()

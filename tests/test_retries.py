@@ -14,6 +14,7 @@ def _flaky(failures: int, *, transient: bool = True):  # noqa: ANN202
         if request.prompt == "work" and request.attempt <= failures:
             raise RunnerError(f"hiccup on attempt {request.attempt}", transient=transient)
         return f"ok on attempt {request.attempt}"
+
     return body
 
 
@@ -30,8 +31,9 @@ steps:
 
 
 def rows(engine: Engine, run_id: str) -> list[tuple[str, int, str, str | None, int | None]]:
-    return [(a.unit_id, a.attempt, a.status, a.failure, a.transient)
-            for a in engine.attempts(run_id)]
+    return [
+        (a.unit_id, a.attempt, a.status, a.failure, a.transient) for a in engine.attempts(run_id)
+    ]
 
 
 def test_transient_errors_retry_until_success_with_one_row_per_attempt(tmp_path: Path) -> None:
@@ -60,7 +62,10 @@ def test_retries_are_bounded_by_max_attempts(tmp_path: Path) -> None:
     assert run.status == "failed"
     assert run.reason == "step s: unit s failed: hiccup on attempt 3"
     assert [r[:3] for r in rows(engine, run.run_id)] == [
-        ("s", 1, "failed"), ("s", 2, "failed"), ("s", 3, "failed")]
+        ("s", 1, "failed"),
+        ("s", 2, "failed"),
+        ("s", 3, "failed"),
+    ]
 
 
 def test_a_permanent_error_fails_at_once_without_retry(tmp_path: Path) -> None:
@@ -81,8 +86,9 @@ def test_backoff_waits_between_attempts(tmp_path: Path) -> None:
 
     assert run.status == "completed"
     attempts = [a for a in engine.attempts(run.run_id) if a.unit_id == "s"]
-    gaps = [b.started_at - (a.finished_at or 0)
-            for a, b in zip(attempts, attempts[1:], strict=False)]
+    gaps = [
+        b.started_at - (a.finished_at or 0) for a, b in zip(attempts, attempts[1:], strict=False)
+    ]
     assert gaps[0] >= 0.05 and gaps[1] >= 0.1  # doubles per further attempt
     assert elapsed >= 0.15
 
@@ -111,8 +117,11 @@ steps:
     assert run.result == [0, 1, 2]
     assert seen == {0: 1, 1: 2, 2: 1}
     assert sorted((a.unit_id, a.attempt, a.status) for a in engine.attempts(run.run_id)) == [
-        ("m[0]", 1, "succeeded"), ("m[1]", 1, "failed"), ("m[1]", 2, "succeeded"),
-        ("m[2]", 1, "succeeded")]
+        ("m[0]", 1, "succeeded"),
+        ("m[1]", 1, "failed"),
+        ("m[1]", 2, "succeeded"),
+        ("m[2]", 1, "succeeded"),
+    ]
 
 
 def test_exec_timeout_kills_the_process_and_fails_the_attempt(tmp_path: Path) -> None:
@@ -131,8 +140,10 @@ steps:
     assert run.status == "failed"
     assert elapsed < 2.5
     [attempt] = engine.attempts(run.run_id)
-    assert (attempt.status, attempt.failure) == ("failed", "timed out after 0.3s and was killed: "
-                                                           "python")
+    assert (attempt.status, attempt.failure) == (
+        "failed",
+        "timed out after 0.3s and was killed: python",
+    )
     time.sleep(0.1)
     assert not marker.exists()
 
@@ -149,7 +160,9 @@ steps:
 """)
     assert run.status == "failed"
     assert [(a.attempt, a.status) for a in engine.attempts(run.run_id)] == [
-        (1, "failed"), (2, "failed")]
+        (1, "failed"),
+        (2, "failed"),
+    ]
 
 
 def test_resuming_a_failed_run_redispatches_only_the_failed_units(tmp_path: Path) -> None:
@@ -178,8 +191,11 @@ steps:
     assert again.status == "completed"
     assert again.result == [0, 1, 2]
     assert [(a.unit_id, a.attempt, a.status) for a in engine.attempts(run.run_id)] == [
-        ("m[0]", 1, "succeeded"), ("m[1]", 1, "failed"),  # the failure halted the fan-out
-        ("m[1]", 2, "succeeded"), ("m[2]", 1, "succeeded")]
+        ("m[0]", 1, "succeeded"),
+        ("m[1]", 1, "failed"),  # the failure halted the fan-out
+        ("m[1]", 2, "succeeded"),
+        ("m[2]", 1, "succeeded"),
+    ]
 
 
 def test_a_runner_that_cannot_be_built_never_leaves_a_running_attempt(tmp_path: Path) -> None:

@@ -107,8 +107,11 @@ def test_kill_9_after_the_route_resumes_on_the_selected_branch(tmp_path: Path) -
     wf = tmp_path / "route.yaml"
     wf.write_text(route_source(sleep=0.25))
     with wf_process(state, wf) as proc:
-        wait_for_journal(proc, state, "SELECT COUNT(*) FROM attempts WHERE unit_id = 'branch_b'"
-                                      " AND status = 'running'")
+        wait_for_journal(
+            proc,
+            state,
+            "SELECT COUNT(*) FROM attempts WHERE unit_id = 'branch_b' AND status = 'running'",
+        )
         kill9(proc)
     run_id = only_run_id(state)
     engine = Engine(state)
@@ -128,8 +131,11 @@ def test_kill_9_after_the_route_resumes_on_the_selected_branch(tmp_path: Path) -
     }
     # The route was decided once; branch_b's in-flight attempt was reclaimed, not repeated.
     assert [(a.unit_id, a.attempt, a.status) for a in engine.attempts(run_id)] == [
-        ("classify", 1, "succeeded"), ("decide", 1, "succeeded"), ("branch_b", 1, "succeeded"),
-        ("summary", 1, "succeeded")]
+        ("classify", 1, "succeeded"),
+        ("decide", 1, "succeeded"),
+        ("branch_b", 1, "succeeded"),
+        ("summary", 1, "succeeded"),
+    ]
 
 
 CASCADE = """
@@ -157,7 +163,8 @@ steps:
 
 
 def test_a_skipped_router_cascades_to_its_targets_unless_another_router_chose_them(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     engine = Engine(tmp_path / "state")
     run = engine.run(CASCADE)
 
@@ -190,12 +197,18 @@ steps:
     prompt: b
 """)
     assert run.status == "failed"
-    message = ("unit decide failed: route value 'scripted reply' matches no case ['no', 'yes'] "
-               "and there is no default; add a case or a default")
+    message = (
+        "unit decide failed: route value 'scripted reply' matches no case ['no', 'yes'] "
+        "and there is no default; add a case or a default"
+    )
     assert statuses(engine, run.run_id)["decide"] == ("failed", message)
     assert run.reason == f"step decide: {message}"
-    assert [s.status for s in engine.steps(run.run_id)] == ["completed", "failed", "pending",
-                                                            "pending"]
+    assert [s.status for s in engine.steps(run.run_id)] == [
+        "completed",
+        "failed",
+        "pending",
+        "pending",
+    ]
 
 
 def test_yaml_on_key_and_yes_no_cases_stay_strings() -> None:
@@ -219,13 +232,15 @@ steps:
     assert route.cases == {"yes": "a", "no": "b", "off": "c"}
 
 
-@pytest.mark.parametrize(("cases", "problem"), [
-    ("{x: nowhere}", "route target 'nowhere' is not a step id"),
-    ("{x: early}", "route target 'early' must come after the router 'decide'"),
-    ("{x: decide}", "route target 'decide' must come after the router 'decide'"),
-])
-def test_route_targets_are_checked_when_freezing(tmp_path: Path, cases: str,
-                                                 problem: str) -> None:
+@pytest.mark.parametrize(
+    ("cases", "problem"),
+    [
+        ("{x: nowhere}", "route target 'nowhere' is not a step id"),
+        ("{x: early}", "route target 'early' must come after the router 'decide'"),
+        ("{x: decide}", "route target 'decide' must come after the router 'decide'"),
+    ],
+)
+def test_route_targets_are_checked_when_freezing(tmp_path: Path, cases: str, problem: str) -> None:
     source = f"""
 name: badroute
 steps:
@@ -268,12 +283,16 @@ steps:
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "fanout_route.yaml"
 
 
-@pytest.mark.parametrize(("args", "ran", "skipped"), [
-    ((), "ship", "rework"),
-    (("--param", "strict=true"), "rework", "ship"),
-])
-def test_example_fanout_route_runs_offline(tmp_path: Path, args: tuple[str, ...], ran: str,
-                                           skipped: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "ran", "skipped"),
+    [
+        ((), "ship", "rework"),
+        (("--param", "strict=true"), "rework", "ship"),
+    ],
+)
+def test_example_fanout_route_runs_offline(
+    tmp_path: Path, args: tuple[str, ...], ran: str, skipped: str
+) -> None:
     state = tmp_path / "state"
 
     assert run_cli(state, "run", str(EXAMPLE), *args) == 0

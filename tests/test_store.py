@@ -82,7 +82,8 @@ def test_terminal_attempts_are_never_updated_or_deleted(engine: Engine) -> None:
 def test_duplicate_finish_adds_no_tokens_and_no_event(engine: Engine) -> None:
     from wf_magic.store import journal as jsql
 
-    run_id, _, _ = engine.start("name: n\nsteps:\n  - id: a\n    prompt: x\n")
+    _started = engine.start("name: n\nsteps:\n  - id: a\n    prompt: x\n")
+    run_id = _started.run_id
     key = jsql.UnitKey(
         run_id=run_id,
         workflow="n",

@@ -105,7 +105,8 @@ def _cells(view: RunView, step_id: str) -> dict[str, object]:
 
 
 def test_step_rows_match_the_journal_after_a_run(engine: Engine) -> None:
-    run_id, _, _ = engine.start(DIGEST)
+    _started = engine.start(DIGEST)
+    run_id = _started.run_id
     view = _view(engine, run_id)
     engine.drive(run_id)
     view.flush()
@@ -136,11 +137,12 @@ def test_step_rows_match_the_journal_after_a_run(engine: Engine) -> None:
 
 
 def test_budget_bars_show_use_against_the_ceilings(engine: Engine) -> None:
-    run_id, _, _ = engine.start(
+    _started = engine.start(
         DIGEST.replace(
             "runner: scripted\n", "runner: scripted\nbudget: {max_units: 40, max_tokens: 5000}\n", 1
         )
     )
+    run_id = _started.run_id
     view = _view(engine, run_id)
     engine.drive(run_id)
     view.flush()
@@ -151,7 +153,8 @@ def test_budget_bars_show_use_against_the_ceilings(engine: Engine) -> None:
 
 
 def test_a_rejected_gate_shows_in_the_gate_panel_with_its_feedback(engine: Engine) -> None:
-    run_id, _, _ = engine.start(JUDGED)
+    _started = engine.start(JUDGED)
+    run_id = _started.run_id
     view = _view(engine, run_id)
     engine.drive(run_id)
     view.flush()
@@ -167,9 +170,12 @@ def test_a_rejected_gate_shows_in_the_gate_panel_with_its_feedback(engine: Engin
 
 
 def test_reused_results_and_tokens_saved_show_as_a_warning(engine: Engine) -> None:
-    first, _, _ = engine.start(DIGEST)
+    _started = engine.start(DIGEST)
+    first = _started.run_id
     engine.drive(first)
-    second, created, _ = engine.start(DIGEST.replace("Wrap up", "Sum up"))
+    _started = engine.start(DIGEST.replace("Wrap up", "Sum up"))
+    second = _started.run_id
+    created = _started.created
     assert created
     view = _view(engine, second)
     handle = engine.drive(second)
@@ -185,7 +191,8 @@ def test_reused_results_and_tokens_saved_show_as_a_warning(engine: Engine) -> No
 def test_clicking_approve_completes_a_blocked_human_gate_run(
     engine: Engine, drives: Drives
 ) -> None:
-    run_id, _, _ = engine.start(HUMAN)
+    _started = engine.start(HUMAN)
+    run_id = _started.run_id
     view = _view(engine, run_id, drives)
     engine.drive(run_id)
     view.flush()
@@ -209,9 +216,10 @@ def test_clicking_approve_completes_a_blocked_human_gate_run(
 def test_reject_needs_feedback_and_then_re_executes_the_step(
     engine: Engine, drives: Drives
 ) -> None:
-    run_id, _, _ = engine.start(
+    _started = engine.start(
         HUMAN.replace("criteria: [ready to publish]", "criteria: [ready to publish], max_loops: 2")
     )
+    run_id = _started.run_id
     view = _view(engine, run_id, drives)
     engine.drive(run_id)
     view.flush()
@@ -229,7 +237,8 @@ def test_reject_needs_feedback_and_then_re_executes_the_step(
 
 
 def test_a_stale_decision_is_refused_and_shown(engine: Engine) -> None:
-    run_id, _, _ = engine.start(HUMAN)
+    _started = engine.start(HUMAN)
+    run_id = _started.run_id
     view = _view(engine, run_id)
     engine.drive(run_id)
     view.flush()
@@ -239,7 +248,7 @@ def test_a_stale_decision_is_refused_and_shown(engine: Engine) -> None:
 
 
 def test_a_2000_unit_fan_out_redraws_a_bounded_number_of_times(engine: Engine) -> None:
-    run_id, _, _ = engine.start("""\
+    _started = engine.start("""\
 name: fan
 runner: scripted
 execution: {max_concurrency: 1}
@@ -248,6 +257,7 @@ steps:
     map: "{{ range(2000) | list }}"
     prompt: "unit {{ item }}"
 """)
+    run_id = _started.run_id
     view = _view(engine, run_id)
     started = time.monotonic()
     engine.drive(run_id)
@@ -260,7 +270,8 @@ steps:
 
 
 def test_a_map_step_shows_its_total_before_its_units_run(engine: Engine) -> None:
-    run_id, _, _ = engine.start(DIGEST)
+    _started = engine.start(DIGEST)
+    run_id = _started.run_id
     engine.drive(run_id, max_steps=1)
     view = _view(engine, run_id)
     view.flush()
@@ -306,7 +317,8 @@ def test_pokes_from_many_threads_never_overlap_calls() -> None:
 
 
 def test_a_detached_view_stops_observing(engine: Engine) -> None:
-    run_id, _, _ = engine.start(DIGEST)
+    _started = engine.start(DIGEST)
+    run_id = _started.run_id
     view = _view(engine, run_id)
     view.detach()
     engine.drive(run_id)
@@ -314,7 +326,8 @@ def test_a_detached_view_stops_observing(engine: Engine) -> None:
 
 
 def test_the_view_renders_as_text_outside_a_widget_front_end(engine: Engine) -> None:
-    run_id, _, _ = engine.start(DIGEST)
+    _started = engine.start(DIGEST)
+    run_id = _started.run_id
     engine.drive(run_id)
     view = _view(engine, run_id)
     text = repr(view)

@@ -102,17 +102,17 @@ def cmd_run(engine: Engine, args: argparse.Namespace) -> int:
 
         print(plan_text(wf.plan, plan_hash=wf.plan_hash))
         return EXIT_OK
-    run_id, created, warnings = engine.start(
+    started = engine.start(
         wf,
         params=_params(args.param),
         new=args.new,
         no_cache=args.no_cache,
         params_from_strings=True,
     )
-    for w in warnings:
+    for w in started.warnings:
         print(f"warning: {w}", file=sys.stderr)
-    print(f"run {run_id} ({'new' if created else 'existing'})", flush=True)
-    return _drive(engine, run_id, args)
+    print(f"run {started.run_id} ({'new' if started.created else 'existing'})", flush=True)
+    return _drive(engine, started.run_id, args)
 
 
 def cmd_resume(engine: Engine, args: argparse.Namespace) -> int:
@@ -175,7 +175,7 @@ def cmd_abandon(engine: Engine, args: argparse.Namespace) -> int:
 
 
 def cmd_fork(engine: Engine, args: argparse.Namespace) -> int:
-    run_id = engine.fork(args.run, from_step=args.from_step)
+    run_id = engine.fork(args.run, from_step=args.from_step).run_id
     print(f"run {run_id} (fork of {args.run} from step {args.from_step})", flush=True)
     return _drive(engine, run_id, args)
 

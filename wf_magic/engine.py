@@ -22,7 +22,7 @@ from .frame_methods import FrameMethods
 from .locking import RunLock, is_locked
 from .redact import Redactor
 from .runners.base import UnitResult
-from .runrows import new_run_id, run_row, scope_key
+from .runrows import RunRef, new_run_id, run_ref, run_row, scope_key
 from .spec.freeze import Workflow, load_workflow
 from .spec.params import resolve_params
 from .spec.plan import Plan, PlanStep
@@ -144,12 +144,13 @@ class Engine(FrameMethods):
         self.library.setdefault(wf.name, wf.source)
         return wf
 
-    def get_run(self, run_id: str) -> RunRow:
-        """The run row of ``run_id``.
+    def get_run(self, run_id: RunRef) -> RunRow:
+        """The run row of ``run_id`` (an id or a ``Run`` handle).
 
         Raises:
             UsageError: no such run (close matches are suggested).
         """
+        run_id = run_ref(run_id)
         row = self.read(lambda c: run_sql.get_run(c, run_id))
         if row is None:
             near = self.read(lambda c: run_sql.find_run_prefix(c, run_id))
@@ -157,8 +158,9 @@ class Engine(FrameMethods):
             raise UsageError(f"No run {run_id!r} in {self.db_path}.{hint}", run_id=run_id)
         return row
 
-    def resolve_run_id(self, run_id: str) -> str:
-        """Accept a unique prefix of a run id."""
+    def resolve_run_id(self, run_id: RunRef) -> str:
+        """The full id of ``run_id``: an id, a unique prefix of one, or a ``Run`` handle."""
+        run_id = run_ref(run_id)
         if self.read(lambda c: run_sql.get_run(c, run_id)) is not None:
             return run_id
         near = self.read(lambda c: run_sql.find_run_prefix(c, run_id))
@@ -174,12 +176,14 @@ class Engine(FrameMethods):
         new: bool = False,
         no_cache: bool = False,
         params_from_strings: bool = False,
-    ) -> tuple[str, bool, list[str]]:
+    ) -> Run:
         """Find or create the run a (re-)run of ``workflow`` should drive (DESIGN.md §4).
 
+        Nothing is dispatched; :meth:`drive` does that.
+
         Returns:
-            ``(run_id, created, warnings)``: an unchanged source in an unfinished scope gives
-            the existing run; a changed one gives a new run superseding the old.
+            A ``Run`` handle with ``created`` (False: an unchanged source found its scope's
+            existing run) and ``warnings`` (e.g. which run a changed source superseded).
 
         Raises:
             DefinitionError: the source is invalid.
@@ -197,13 +201,10 @@ class Engine(FrameMethods):
                     "the source changed only in ways that do not change the plan; "
                     f"continuing run {latest.run_id}"
                 )
-            return latest.run_id, False, warnings
+            return self._handle(latest.run_id, created=False, warnings=warnings)
         if latest is None or latest.status not in ("active", "blocked", "failed"):
-            return (
-                self._create_run(wf, resolved, scope=scope, use_cache=not no_cache),
-                True,
-                warnings,
-            )
+            run_id = self._create_run(wf, resolved, scope=scope, use_cache=not no_cache)
+            return self._handle(run_id, created=True, warnings=warnings)
         # Supersede under the old run's lock, in the same transaction as the new run's insert:
         # a driven run is refused (RunLockHeld) and nothing is half-written.
         run_id = new_run_id()
@@ -222,7 +223,14 @@ class Engine(FrameMethods):
         warnings.append(
             f"run {latest.run_id} was unfinished and is now abandoned (superseded by {run_id})"
         )
-        return run_id, True, warnings
+        return self._handle(run_id, created=True, warnings=warnings)
+
+    def _handle(self, run_id: str, *, created: bool, warnings: list[str]) -> Run:
+        from .run import Run
+
+        handle = Run(self, run_id, created=created)
+        handle.warnings.extend(warnings)
+        return handle
 
     def _create_run(
         self,
@@ -286,21 +294,22 @@ class Engine(FrameMethods):
         max_retries: int = 0,
     ) -> Run:
         """Start (or find) the run for ``source`` and drive it; see :meth:`start`, :meth:`drive`."""
-        run_id, _, warnings = self.start(
+        started = self.start(
             source,
             params=params,
             new=new,
             no_cache=no_cache,
             params_from_strings=params_from_strings,
         )
-        handle = self.drive(run_id, max_steps=max_steps, signal=signal, max_retries=max_retries)
-        handle.warnings[:0] = warnings
+        handle = self.drive(started, max_steps=max_steps, signal=signal, max_retries=max_retries)
+        handle.warnings[:0] = started.warnings
+        handle.created = started.created
         return handle
 
     # -- driving ----------------------------------------------------------------------------
     def drive(
         self,
-        run_id: str,
+        run_id: RunRef,
         *,
         max_steps: int | None = None,
         signal: threading.Event | None = None,
@@ -435,7 +444,7 @@ class Engine(FrameMethods):
         return self._create_run(wf, params, **kwargs)
 
     # -- verbs ------------------------------------------------------------------------------
-    def status(self, run_id: str) -> Run:
+    def status(self, run_id: RunRef) -> Run:
         """A handle on the run (status, steps, result, frames)."""
         from .run import Run
 
@@ -449,15 +458,17 @@ class Engine(FrameMethods):
             lambda c: run_sql.list_runs(c, include_children=include_children, limit=limit)
         )
 
-    def steps(self, run_id: str) -> list[StepRow]:
+    def steps(self, run_id: RunRef) -> list[StepRow]:
         """The step rows of a run, in plan order."""
-        return self.read(lambda c: run_sql.steps_of(c, run_id))
+        rid = run_ref(run_id)
+        return self.read(lambda c: run_sql.steps_of(c, rid))
 
-    def attempts(self, run_id: str) -> list[AttemptRow]:
+    def attempts(self, run_id: RunRef) -> list[AttemptRow]:
         """The journal of a run, in order."""
-        return self.read(lambda c: jsql.attempts_of(c, run_id))
+        rid = run_ref(run_id)
+        return self.read(lambda c: jsql.attempts_of(c, rid))
 
-    def abandon(self, run_id: str, *, reason: str = "abandoned by user") -> None:
+    def abandon(self, run_id: RunRef, *, reason: str = "abandoned by user") -> None:
         """Give up a run (refused while another driver holds it, or once it completed).
 
         Raises:
@@ -474,8 +485,10 @@ class Engine(FrameMethods):
             if run.status != "abandoned":
                 self.set_run_status(run_id, "abandoned", reason=reason)
 
-    def fork(self, run_id: str, *, from_step: str) -> str:
+    def fork(self, run_id: RunRef, *, from_step: str) -> Run:
         """A new run with the same frozen plan reusing every result before ``from_step``.
+
+        The fork is created, not driven: pass it to :meth:`drive`.
 
         Raises:
             UsageError: ``from_step`` is not a step of the run's plan.
@@ -496,7 +509,7 @@ class Engine(FrameMethods):
             plan_json=source.plan_json,
             plan_hash=source.plan_hash,
         )
-        return self._create_run(
+        run_id = self._create_run(
             wf,
             params,
             scope=source.scope_key,
@@ -504,9 +517,10 @@ class Engine(FrameMethods):
             forked_from=source,
             fork_step=from_step,
         )
+        return self._handle(run_id, created=True, warnings=[])
 
     def approve(
-        self, run_id: str, step_id: str, *, feedback: str | None = None, loop: int | None = None
+        self, run_id: RunRef, step_id: str, *, feedback: str | None = None, loop: int | None = None
     ) -> int:
         """Record a person's approval of a blocked gate; the next drive continues the run.
 
@@ -522,7 +536,7 @@ class Engine(FrameMethods):
 
     def reject(
         self,
-        run_id: str,
+        run_id: RunRef,
         step_id: str,
         *,
         feedback: str,
@@ -543,7 +557,7 @@ class Engine(FrameMethods):
 
     def _human_verdict(
         self,
-        run_id: str,
+        run_id: RunRef,
         step_id: str,
         *,
         complete: bool,
@@ -574,14 +588,14 @@ class Engine(FrameMethods):
         )
         return decided_loop
 
-    def stop(self, run_id: str) -> None:
+    def stop(self, run_id: RunRef) -> None:
         """Ask the run's driver (anywhere) to stop gracefully between units."""
         run = self.get_run(self.resolve_run_id(run_id))
         self.write(lambda c: run_sql.set_stop_requested(c, run.root_run_id, True))
 
-    def is_driving(self, run_id: str) -> bool:
+    def is_driving(self, run_id: RunRef) -> bool:
         """Whether a driver holds the run now."""
-        return is_locked(self.lock_dir, run_id)
+        return is_locked(self.lock_dir, run_ref(run_id))
 
     def gc(self, *, older_than_s: float) -> list[str]:
         """Delete finished root runs (and their children) older than the retention.

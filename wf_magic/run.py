@@ -54,10 +54,19 @@ class FrozenPlan:
 class Run:
     """A handle on one run. Properties read the state database afresh each time."""
 
-    def __init__(self, engine: Engine, run_id: str, *, stats: DriveStats | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        run_id: str,
+        *,
+        stats: DriveStats | None = None,
+        created: bool = False,
+    ):
         self.engine = engine
         self.run_id = run_id
         self.stats = stats
+        self.created = created
+        """True when the call that returned this handle created the run."""
         self.warnings: list[str] = []
 
     # -- state ------------------------------------------------------------------------------

@@ -5,11 +5,22 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 from .hashing import canonical_json, sha256_text
 from .spec.freeze import Workflow
 from .store.records import RunRow
+
+if TYPE_CHECKING:
+    from .run import Run
+
+RunRef = Union[str, "Run"]
+"""A run id, or a ``Run`` handle: every Engine method taking a run accepts both."""
+
+
+def run_ref(run: RunRef) -> str:
+    """The run id of ``run`` (an id string or a ``Run`` handle)."""
+    return run if isinstance(run, str) else run.run_id
 
 
 def new_run_id() -> str:

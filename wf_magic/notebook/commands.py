@@ -105,9 +105,10 @@ def run_cell(ctx: WorkflowMagics, args: CellArgs, source: str) -> Run | None:
     if wf is None or args.resume is not None:
         run_id = ctx.engine.resolve_run_id(args.resume or "")
     else:
-        run_id, _, warnings = ctx.engine.start(
+        started = ctx.engine.start(
             wf, params=args.params, new=args.new, no_cache=args.no_cache, params_from_strings=True
         )
+        run_id, warnings = started.run_id, started.warnings
     handle = launch(
         ctx,
         run_id,
@@ -196,7 +197,7 @@ def cmd_resume(ctx: WorkflowMagics, args: LineArgs) -> Run:
 
 
 def cmd_fork(ctx: WorkflowMagics, args: LineArgs) -> Run:
-    run_id = ctx.engine.fork(_run(ctx, args), from_step=args.from_step or "")
+    run_id = ctx.engine.fork(_run(ctx, args), from_step=args.from_step or "").run_id
     print(f"run {run_id}: fork of {args.run} from step {args.from_step}")
     return launch(ctx, run_id, max_steps=args.max_steps, background=args.background)
 

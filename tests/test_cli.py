@@ -174,3 +174,21 @@ def test_run_plan_renders_the_frozen_plan(state_dir: Path) -> None:
         assert repr(plan).startswith(f"Plan paper-digest  hash {run.row.plan_hash[:16]}")
         html = plan._repr_html_()
         assert "<pre class='mermaid'>flowchart TD" in html and "decide -- ok --&gt; publish" in html
+
+
+def test_readme_python_api_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Python API", 1)[1].split("## CLI", 1)[0]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    monkeypatch.chdir(tmp_path)
+    out = io.StringIO()
+    with redirect_stdout(out):
+        exec(compile(code, "README.md", "exec"), {})  # noqa: S102 - our own documentation
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("completed {")
+    assert lines[1] == "completed"
+    assert lines[2].startswith("blocked step draft: waiting for a human verdict on loop 1")
+    assert lines[3] == "completed"

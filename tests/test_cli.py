@@ -192,3 +192,15 @@ def test_readme_python_api_example_runs(tmp_path: Path, monkeypatch: pytest.Monk
     assert lines[1] == "completed"
     assert lines[2].startswith("blocked step draft: waiting for a human verdict on loop 1")
     assert lines[3] == "completed"
+
+
+def test_gc_deletes_finished_runs_older_than_a_duration(tmp_path: Path, state_dir: Path) -> None:
+    wf = tmp_path / "wf.yaml"
+    wf.write_text("name: g\nsteps:\n  - id: a\n    prompt: hi\n")
+    assert _cli("--db", str(state_dir), "run", str(wf))[0] == 0
+    code, out, _ = _cli("--db", str(state_dir), "gc", "--older-than", "1d")
+    assert code == 0 and out.startswith("deleted 0 finished run(s)")
+    run_id = str(db_rows(state_dir, "SELECT run_id FROM runs")[0][0])
+    code, out, _ = _cli("--db", str(state_dir), "gc", "--older-than", "0s")
+    assert code == 0 and run_id in out
+    assert db_rows(state_dir, "SELECT COUNT(*) FROM attempts") == [(0,)]

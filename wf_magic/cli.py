@@ -199,7 +199,10 @@ def cmd_stop(engine: Engine, args: argparse.Namespace) -> int:
 
 
 def cmd_gc(engine: Engine, args: argparse.Namespace) -> int:
-    deleted = engine.gc(older_than_s=args.older_than_days * 86400)
+    seconds = args.older_than if args.older_than is not None else args.older_than_days * 86400
+    deleted = engine.gc(older_than_s=seconds)
+    for run_id in deleted:
+        print(run_id)
     print(f"deleted {len(deleted)} finished run(s)")
     return EXIT_OK
 
@@ -211,6 +214,21 @@ def cmd_export_cassette(engine: Engine, args: argparse.Namespace) -> int:
     for line in engine.read(lambda c: list(export_cassette(c, run_id))):
         print(line)
     return EXIT_OK
+
+
+def duration_s(text: str) -> float:
+    """Seconds in a duration such as ``30d``, ``12h``, ``45m``, ``90s`` or ``3600``."""
+    units = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+    number, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "s")
+    try:
+        value = float(number) * units[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration like 30d, 12h, 45m or 90s (got {text!r})"
+        ) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a duration >= 0 (got {text!r})")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -272,7 +290,11 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--loop", type=int, help="the loop you are deciding (refused if stale)")
     add("stop", cmd_stop, "ask a run's driver to stop between units").add_argument("run")
     g = add("gc", cmd_gc, "delete finished runs older than a retention")
-    g.add_argument("--older-than-days", type=float, required=True)
+    retention = g.add_mutually_exclusive_group(required=True)
+    retention.add_argument("--older-than-days", type=float, metavar="N")
+    retention.add_argument(
+        "--older-than", type=duration_s, metavar="DURATION", help="e.g. 30d, 12h, 45m, 90s"
+    )
     add(
         "export-cassette",
         cmd_export_cassette,

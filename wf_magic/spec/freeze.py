@@ -76,7 +76,7 @@ class Workflow:
 class _Source:
     """One parsed source document and its line map, for error messages."""
 
-    def __init__(self, text: str, name: str | None):
+    def __init__(self, text: str, name: str | None, *, child: str | None = None):
         if len(text.encode("utf-8")) > MAX_SOURCE_BYTES:
             raise DefinitionError(
                 f"source is larger than {MAX_SOURCE_BYTES} bytes",
@@ -85,9 +85,12 @@ class _Source:
             )
         self.text = text
         self.name = name
+        self.child = child
         self.data, self.lines = load_with_lines(text, source_name=name)
 
     def error(self, problem: str, path: Path) -> DefinitionError:
+        if self.child is not None:
+            problem = f"in child workflow {self.child!r}: {problem}"
         return DefinitionError(
             problem,
             field=dotted(path) or "(top level)",
@@ -161,14 +164,18 @@ class _Freezer:
         self.library = library
         self.namespace = namespace
         self.search_dir = search_dir
+        self.origins: dict[str, str] = {}
+        """Child name → the source it was written in (its lines are that source's lines)."""
         self.stack: list[str] = []
 
-    def freeze(self, text: str, name: str, *, depth: int) -> Plan:
+    def freeze(self, text: str, name: str, *, depth: int, child: str | None = None) -> Plan:
         first, docs = _split_documents(text, name)
-        src = _Source(first, name)
+        src = _Source(first, name, child=child)
         spec = _validate(src)
         for child_name, child_text in docs.items():
-            self.library.setdefault(child_name, child_text)
+            if child_name not in self.library:
+                self.library[child_name] = child_text
+                self.origins[child_name] = name
         if spec.name in self.stack:
             raise src.error(
                 f"child workflows form a cycle: {' -> '.join([*self.stack, spec.name])}", ("name",)
@@ -280,7 +287,9 @@ class _Freezer:
                 f"document), in an earlier %%workflow cell, or as {name}.yaml beside this file",
                 at,
             )
-        return self.freeze(text, f"workflow {name}", depth=depth + 1)
+        return self.freeze(
+            text, self.origins.get(name, f"workflow {name}"), depth=depth + 1, child=name
+        )
 
 
 def _split_documents(text: str, name: str) -> tuple[str, dict[str, str]]:
@@ -293,7 +302,8 @@ def _split_documents(text: str, name: str) -> tuple[str, dict[str, str]]:
     bounds = [*seps, len(text)]
     out: dict[str, str] = {}
     for start, end in zip(bounds, bounds[1:], strict=False):
-        part = text[start:end]
+        # Pad with the newlines before the document so its errors name the source's own lines.
+        part = "\n" * text.count("\n", 0, start) + text[start:end]
         data, _ = load_with_lines(part, source_name=name)
         if isinstance(data, dict) and isinstance(data.get("name"), str):
             out[data["name"]] = part

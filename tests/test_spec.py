@@ -194,3 +194,16 @@ def test_arbitrary_text_never_crashes_the_loader(text: str) -> None:
         load_workflow(text if "\n" in text or not text.endswith((".yaml", ".yml")) else text + "\n")
     except DefinitionError as exc:
         assert "\n" not in str(exc)
+
+
+def test_error_in_a_child_document_names_the_files_own_line() -> None:
+    src = (
+        "name: parent\nsteps:\n  - id: c\n    workflow: kid\n---\nname: kid\nsteps:\n"
+        "  - id: k\n    prompt: hi\n    gate: {max_loops: 0}\n"
+    )
+    with pytest.raises(DefinitionError) as info:
+        load_workflow(src, source_name="wf.yaml")
+    assert str(info.value) == (
+        "steps[0].gate.max_loops: in child workflow 'kid': must be >= 1 (got 0) "
+        "(wf.yaml, line 10)"
+    )

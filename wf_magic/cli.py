@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal as signals
 import sys
 import threading
@@ -216,6 +217,19 @@ def cmd_export_cassette(engine: Engine, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _count(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer (got {text!r})") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low} (got {value})")
+        return value
+
+    return parse
+
+
 def duration_s(text: str) -> float:
     """Seconds in a duration such as ``30d``, ``12h``, ``45m``, ``90s`` or ``3600``."""
     units = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
@@ -236,12 +250,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="wf", description="Durable LLM-agent workflows.")
     p.add_argument("--db", help="state dir (default $WF_MAGIC_HOME or ./.wf_magic)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
+    # The same two options after the verb (`wf list --db DIR`); SUPPRESS keeps a value given
+    # before the verb from being reset by the subparser's default.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--db", default=argparse.SUPPRESS, help="state dir")
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS)
     sub = p.add_subparsers(dest="command", required=True)
 
     def add(
         name: str, fn: Callable[[Engine, argparse.Namespace], int], help_: str
     ) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, help=help_)
+        sp = sub.add_parser(name, help=help_, parents=[common])
         sp.set_defaults(fn=fn)
         return sp
 
@@ -250,8 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--param", action="append", default=[], metavar="K=V")
     r.add_argument("--new", action="store_true", help="always start a fresh run")
     r.add_argument("--no-cache", action="store_true", help="no result reuse across runs")
-    r.add_argument("--max-steps", type=int, help="stop after N finished steps")
-    r.add_argument("--max-concurrency", type=int)
+    r.add_argument("--max-steps", type=_count(1), help="stop after N finished steps")
+    r.add_argument("--max-concurrency", type=_count(1))
     r.add_argument(
         "--max-retries",
         type=int,
@@ -262,9 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name, fn, help_ in (("resume", cmd_resume, "drive an existing run"),):
         sp = add(name, fn, help_)
         sp.add_argument("run")
-        sp.add_argument("--max-steps", type=int)
-        sp.add_argument("--max-concurrency", type=int)
-        sp.add_argument("--max-retries", type=int, default=0)
+        sp.add_argument("--max-steps", type=_count(1))
+        sp.add_argument("--max-concurrency", type=_count(1))
+        sp.add_argument("--max-retries", type=_count(0), default=0)
     add("status", cmd_status, "show a run (or list runs)").add_argument("run", nargs="?")
     add("list", cmd_list, "list runs").add_argument("--limit", type=int)
     for name, fn in (("journal", cmd_journal), ("events", cmd_events)):
@@ -281,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     f = add("fork", cmd_fork, "re-run from a step, reusing everything before it")
     f.add_argument("run")
     f.add_argument("--from", dest="from_step", required=True, metavar="STEP")
-    f.add_argument("--max-steps", type=int)
+    f.add_argument("--max-steps", type=_count(1))
     for name, fn in (("approve", cmd_approve), ("reject", cmd_reject)):
         sp = add(name, fn, f"{name} a blocked gate")
         sp.add_argument("run")
@@ -310,6 +329,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine = Engine(args.db)
     try:
         return int(args.fn(engine, args))
+    except BrokenPipeError:
+        # stdout went away (`wf run F | head -1`): stop quietly, as a SIGPIPE'd tool would.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + 13
     except KeyboardInterrupt:
         print("interrupted: the run stays active; `wf resume` continues it", file=sys.stderr)
         return EXIT_INTERRUPTED

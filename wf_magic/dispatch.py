@@ -313,8 +313,10 @@ def _finish(
 
 def _oversize(output: Any) -> str | None:
     try:
-        size = len(json.dumps(output))
-    except (TypeError, ValueError):
+        size = len(json.dumps(output, allow_nan=False))
+    except ValueError:
+        return "output contains NaN or Infinity, which JSON cannot hold; return finite numbers"
+    except TypeError:
         return f"output of type {type(output).__name__} is not JSON-serialisable"
     if size > MAX_OUTPUT_BYTES:
         return f"output is {size} bytes, over the bound of {MAX_OUTPUT_BYTES} bytes"

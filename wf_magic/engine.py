@@ -82,9 +82,20 @@ class Engine(FrameMethods):
         """The engine's connection (opened and migrated on first use)."""
         with self._db_lock:
             if self._conn is None:
-                conn = connect(self.db_path, durability=self.durability)
+                try:
+                    conn = connect(self.db_path, durability=self.durability)
+                except OSError as exc:
+                    raise UsageError(
+                        f"Cannot use state dir {self.state_dir}: {exc.strerror or exc}. Point "
+                        "--db or WF_MAGIC_HOME at a directory you can write."
+                    ) from None
+                except sqlite3.DatabaseError as exc:
+                    raise UsageError(_bad_db(self.db_path, exc)) from None
                 try:
                     apply_migrations(conn)
+                except sqlite3.DatabaseError as exc:
+                    conn.close()
+                    raise UsageError(_bad_db(self.db_path, exc)) from None
                 except BaseException:
                     conn.close()
                     raise
@@ -332,6 +343,14 @@ class Engine(FrameMethods):
         """
         from .drive import DriveOptions
         from .run import Run
+
+        for label, value, low in (
+            ("max_steps", max_steps, 1),
+            ("max_concurrency", max_concurrency, 1),
+            ("max_retries", max_retries, 0),
+        ):
+            if value is not None and value < low:
+                raise UsageError(f"{label} must be >= {low} (got {value})")
 
         options = DriveOptions(
             max_steps=max_steps,
@@ -612,3 +631,10 @@ class Engine(FrameMethods):
             self.write(functools.partial(run_sql.delete_run_tree_txn, run_id=run_id))
             deleted.append(run_id)
         return deleted
+
+
+def _bad_db(path: Path, exc: sqlite3.DatabaseError) -> str:
+    return (
+        f"{path} is not a usable wf_magic state database ({exc}). Move it aside, or point "
+        "--db or WF_MAGIC_HOME at another directory."
+    )

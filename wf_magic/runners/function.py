@@ -45,10 +45,10 @@ class FunctionRunner(BaseRunner):
         except Exception as exc:
             raise RunnerError(f"{target} raised {type(exc).__name__}: {exc}") from exc
         try:
-            json.dumps(output)
+            json.dumps(output, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise RunnerError(
-                f"{target} returned a {type(output).__name__}, which is not "
-                "JSON-serialisable; return dicts, lists, strings and numbers"
+                f"{target} returned a {type(output).__name__} that is not JSON-serialisable "
+                f"({exc}); return dicts, lists, strings and finite numbers"
             ) from exc
         return UnitResult(output=output)

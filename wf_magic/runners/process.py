@@ -107,10 +107,15 @@ class ExecRunner(BaseRunner):
         output: object = stdout
         if request.output_schema is not None:
             try:
-                output = json.loads(stdout)
+                output = json.loads(stdout, parse_constant=_refuse_constant)
             except ValueError:
                 output = stdout  # the schema check reports it and feeds the gate loop
         return UnitResult(output=output)
+
+
+def _refuse_constant(name: str) -> object:
+    # NaN/Infinity are not JSON; leave the raw text for the schema check to report.
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:

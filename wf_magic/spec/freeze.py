@@ -271,6 +271,13 @@ class _Freezer:
     def _child(self, name: str, src: _Source, at: Path, depth: int) -> Plan:
         if depth + 1 > MAX_CHILD_DEPTH:
             raise src.error(f"child workflows nest deeper than {MAX_CHILD_DEPTH}", at)
+        if name in self.stack:
+            cycle = " -> ".join([*self.stack, name])
+            raise src.error(
+                f"child workflows form a cycle ({cycle}); a workflow cannot call "
+                "itself, directly or through its children",
+                at,
+            )
         text = self.library.get(name)
         if text is None and self.search_dir is not None:
             for candidate in (
@@ -467,6 +474,12 @@ def _check_step_templates(
                 f"{sorted(allowed - _JINJA_GLOBALS)}",
                 at,
             )
+        for ref, field in sorted(refs.step_fields):
+            if field != "output":
+                raise src.error(
+                    f"template names steps.{ref}.{field}; a step exposes only `steps.{ref}.output`",
+                    at,
+                )
         for ref in sorted(refs.steps):
             if ref == step.id:
                 raise src.error(

@@ -108,6 +108,15 @@ class StepSpec(_Strict):
             raise ValueError("a route step takes no map, gate or output")
         if self.with_ is not None and self.python is None and self.workflow is None:
             raise ValueError("`with:` is read only by python and workflow steps")
+        kind = self.kind
+        if self.pass_env and kind != "exec":
+            raise ValueError("`pass_env:` is read only by exec steps")
+        if self.reduce != "collect" and self.map is None:
+            raise ValueError("`reduce:` needs `map:` (it combines the outputs of a fan-out)")
+        if self.runner is not None and kind != "prompt":
+            raise ValueError(f"`runner:` is read only by prompt steps (this is a {kind} step)")
+        if self.model is not None and kind != "prompt":
+            raise ValueError(f"`model:` is read only by prompt steps (this is a {kind} step)")
         return self
 
     @property

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,7 +18,10 @@ def coerce(schema: Mapping[str, Any], text: str) -> Any:
         if kind == "integer":
             return int(text)
         if kind == "number":
-            return float(text)
+            value = float(text)
+            if not math.isfinite(value):
+                raise ValueError(text)
+            return value
         if kind == "boolean":
             if text.lower() in ("true", "false"):
                 return text.lower() == "true"
@@ -25,7 +29,8 @@ def coerce(schema: Mapping[str, Any], text: str) -> Any:
         if kind in ("array", "object"):
             return json.loads(text)
     except ValueError:
-        raise UsageError(f"expected a {kind} (got {text!r})") from None
+        article = "an" if str(kind)[:1] in "aeiou" else "a"
+        raise UsageError(f"expected {article} {kind} (got {text!r})") from None
     return text
 
 
@@ -61,6 +66,12 @@ def resolve_params(
             raise UsageError(
                 f"param {name!r} of workflow {plan.name!r} is required; pass --param {name}=VALUE"
             )
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError):
+            raise UsageError(
+                f"param {name}: expected a JSON value with finite numbers (got {value!r})"
+            ) from None
         try:
             jsonschema.validate(value, dict(schema))
         except jsonschema.ValidationError as exc:

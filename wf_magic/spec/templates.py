@@ -109,6 +109,8 @@ class References:
     names: frozenset[str]
     steps: frozenset[str]
     params: frozenset[str]
+    step_fields: frozenset[tuple[str, str]] = frozenset()
+    """``(step id, field)`` for every ``steps.<id>.<field>`` (only ``output`` exists)."""
 
 
 def references(source: str, *, expression: bool = False) -> References:
@@ -128,6 +130,7 @@ def references(source: str, *, expression: bool = False) -> References:
     names = {n.name for n in ast.find_all(nodes.Name) if n.ctx == "load"} - assigned
     steps: set[str] = set()
     params: set[str] = set()
+    fields: set[tuple[str, str]] = set()
     for node in ast.find_all((nodes.Getattr, nodes.Getitem)):
         if not isinstance(node, (nodes.Getattr, nodes.Getitem)):
             continue
@@ -136,7 +139,12 @@ def references(source: str, *, expression: bool = False) -> References:
             key = _attr_key(node)
             if key is not None:
                 (steps if base.name == "steps" else params).add(key)
-    return References(frozenset(names), frozenset(steps), frozenset(params))
+        inner = base.node if isinstance(base, (nodes.Getattr, nodes.Getitem)) else None
+        if isinstance(inner, nodes.Name) and inner.name == "steps":
+            step_id, field = _attr_key(base), _attr_key(node)  # type: ignore[arg-type]
+            if step_id is not None and field is not None:
+                fields.add((step_id, field))
+    return References(frozenset(names), frozenset(steps), frozenset(params), frozenset(fields))
 
 
 def _attr_key(node: nodes.Getattr | nodes.Getitem) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -98,7 +99,15 @@ def _build(
         return out
     if isinstance(node, yaml.SequenceNode):
         return [_build(child, (*path, i), lines, loader, src) for i, child in enumerate(node.value)]
-    return loader.construct_object(node, deep=True)
+    value = loader.construct_object(node, deep=True)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise DefinitionError(
+            f"expected a finite number (got {node.value}); .inf and .nan are not allowed",
+            field=_dotted(path) or "(top level)",
+            line=node.start_mark.line + 1,
+            source_name=src,
+        )
+    return value
 
 
 def _dotted(path: Path) -> str:

@@ -359,3 +359,41 @@ def test_start_returns_a_typed_handle_and_every_verb_accepts_it(engine: Engine) 
     fork = engine.fork(done, from_step="b")
     assert fork.created and engine.drive(fork).status == "completed"
     assert [a.status for a in engine.attempts(fork)] == ["reused", "succeeded"]
+
+
+class _Closing:
+    """A runner that counts closes and can raise an interrupt mid-unit."""
+
+    closed = 0
+
+    def __init__(self, interrupt: bool) -> None:
+        self.interrupt = interrupt
+
+    def run(self, request):  # type: ignore[no-untyped-def]
+        from wf_magic import UnitResult
+
+        if self.interrupt:
+            raise KeyboardInterrupt
+        return UnitResult(output="ok", tokens_in=1, tokens_out=1)
+
+    def close(self) -> None:
+        type(self).closed += 1
+
+
+@pytest.mark.parametrize("interrupt", [False, True])
+def test_runners_are_closed_on_every_exit_path(engine: Engine, interrupt: bool) -> None:
+    from wf_magic import register_runner
+
+    _Closing.closed = 0
+    name = f"closing-{interrupt}"
+    register_runner(name, lambda ctx: _Closing(interrupt), replace=True)
+    src = f"name: c{int(interrupt)}\nrunner: {name}\nsteps:\n  - id: a\n    prompt: x\n"
+    if interrupt:
+        with pytest.raises(KeyboardInterrupt):
+            engine.run(src)
+        run_id = engine.list_runs()[0].run_id
+        assert engine.get_run(run_id).status == "active"  # owed to the next drive
+        assert [a.status for a in engine.attempts(run_id)] == ["running"]
+    else:
+        assert engine.run(src).status == "completed"
+    assert _Closing.closed == 1

@@ -142,6 +142,16 @@ def test_resume_drives_the_given_run(shell: InteractiveShell, engine: Engine) ->
     assert len(engine.list_runs()) == 1
 
 
+def test_resume_refuses_params_and_no_cache_that_cannot_apply(
+    shell: InteractiveShell, engine: Engine
+) -> None:
+    first = cell(shell, "--max-steps 1")
+    for flags in ("--param topic=cats", "--no-cache"):
+        with pytest.raises(UsageError, match=f"--resume drives run {first.run_id} as it was"):
+            cell(shell, f"--resume {first.run_id} {flags}")
+    assert first.status == "active" and len(engine.list_runs()) == 1
+
+
 def test_a_dry_run_shows_the_plan_and_dispatches_nothing(
     shell: InteractiveShell, engine: Engine, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -273,6 +283,48 @@ def test_background_drives_in_a_thread(
     assert run.status == "completed"
 
 
+SLOW = """\
+name: slow
+runner: scripted
+execution: {max_concurrency: 1}
+runners:
+  scripted:
+    rules:
+      - {match: "unit", reply: "ok", sleep_s: 0.2}
+steps:
+  - id: fan
+    map: "{{ range(10) | list }}"
+    prompt: "unit {{ item }}"
+"""
+
+
+def test_a_run_this_kernel_drives_in_the_background_names_the_stop_magic(
+    shell: InteractiveShell, magics: WorkflowMagics, engine: Engine
+) -> None:
+    running = cell(shell, "--background", SLOW)
+    try:
+        time.sleep(0.2)
+        with pytest.raises(UsageError) as info:
+            cell(shell, "", SLOW.replace("unit {{ item }}", "piece {{ item }}"))
+        assert "is being driven by pid" in str(info.value)
+        assert str(info.value).endswith(
+            f"This kernel drives it in the background: `%workflow stop {running.run_id}` "
+            "stops it between units."
+        )
+    finally:
+        magics.stop_drive(running.run_id)
+        assert magics.drives.wait(running.run_id, timeout=30)
+
+
+def test_a_cell_handle_says_whether_it_created_the_run(
+    shell: InteractiveShell, engine: Engine
+) -> None:
+    first = cell(shell, "--max-steps 1")
+    again = cell(shell, "")
+    forked = line(shell, f"fork {first.run_id} --from draft")
+    assert (first.created, again.created, forked.created) == (True, False, True)
+
+
 # -- %workflow ----------------------------------------------------------------------------------
 def line(shell: InteractiveShell, text: str) -> Any:
     return shell.run_line_magic("workflow", text)
@@ -338,11 +390,12 @@ def test_abandon_fork_stop_gc_and_config(
     line(shell, f"stop {open_run.run_id}")
     line(shell, f"abandon {open_run.run_id}")
     assert open_run.status == "abandoned"
+    line(shell, "gc --older-than 1d")  # nothing that old yet
     line(shell, "gc --older-than-days 0")
     line(shell, "config")
     out = capsys.readouterr().out
     assert f"stop requested for {open_run.run_id}" in out
-    assert "deleted 3 finished run(s)" in out
+    assert "deleted 0 finished run(s)\ndeleted 3 finished run(s)" in out
     assert f"state dir        {engine.state_dir}" in out
     assert engine.list_runs() == []
 
@@ -356,6 +409,10 @@ def test_unknown_commands_and_missing_runs_are_usage_errors(
         line(shell, "status r-nope")
     with pytest.raises(UsageError, match="the following arguments are required: --from"):
         line(shell, "fork r-x")
+    with pytest.raises(UsageError, match="expected a duration like 30d, 12h, 45m or 90s"):
+        line(shell, "gc --older-than soon")
+    with pytest.raises(UsageError, match="not allowed with argument"):
+        line(shell, "gc --older-than 1d --older-than-days 1")
 
 
 def test_line_arguments_parse_into_a_dataclass() -> None:
@@ -368,6 +425,8 @@ def test_line_arguments_parse_into_a_dataclass() -> None:
         2,
     )
     assert line_args("tokens", "r-1 --by").by == "step"
+    assert line_args("gc", "--older-than 2h").older_than_s == 7200
+    assert line_args("budget", "r-1").run == "r-1"
 
 
 def test_watch_follows_a_run_driven_by_another_process(

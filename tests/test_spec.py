@@ -204,6 +204,5 @@ def test_error_in_a_child_document_names_the_files_own_line() -> None:
     with pytest.raises(DefinitionError) as info:
         load_workflow(src, source_name="wf.yaml")
     assert str(info.value) == (
-        "steps[0].gate.max_loops: in child workflow 'kid': must be >= 1 (got 0) "
-        "(wf.yaml, line 10)"
+        "steps[0].gate.max_loops: in child workflow 'kid': must be >= 1 (got 0) (wf.yaml, line 10)"
     )

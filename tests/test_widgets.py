@@ -236,6 +236,41 @@ def test_reject_needs_feedback_and_then_re_executes_the_step(
     assert not view.approve_button.disabled  # a new question re-arms the buttons
 
 
+def test_an_exhausted_gate_offers_approve_only(engine: Engine) -> None:
+    exhausted = JUDGED.replace("a long and detailed draft", "still short").replace(
+        "max_loops: 3", "max_loops: 2"
+    )
+    run_id = engine.start(exhausted).run_id
+    view = _view(engine, run_id)
+    engine.drive(run_id)
+    view.flush()
+    assert engine.status(run_id).status == "blocked"
+    assert view.decision_box.layout.display == ""
+    assert "approve the last artifact, or abandon or fork the run" in view.summary.value
+    assert view.reject_button.layout.display == "none" and view.reject_button.disabled
+    assert not view.approve_button.disabled
+    assert _cells(view, "draft")["loop"] == "2/2"
+
+
+def test_a_human_gate_with_one_loop_shows_its_loop(engine: Engine) -> None:
+    run_id = engine.start(HUMAN).run_id
+    view = _view(engine, run_id)
+    engine.drive(run_id)
+    view.flush()
+    assert view.reject_button.layout.display == ""  # a human gate can be rejected
+    assert (_cells(view, "draft")["loop"], _cells(view, "review")["loop"]) == ("", "1/1")
+
+
+def test_a_completed_run_shows_its_result_in_the_header(engine: Engine) -> None:
+    run = engine.run(DIGEST)
+    view = _view(engine, run.run_id)
+    view.flush()
+    assert (
+        f"<pre style='max-height:12em;overflow:auto;white-space:pre-wrap'>{run.result}</pre>"
+        in (view.header.value)
+    )
+
+
 def test_a_stale_decision_is_refused_and_shown(engine: Engine) -> None:
     _started = engine.start(HUMAN)
     run_id = _started.run_id
@@ -333,6 +368,29 @@ def test_the_view_renders_as_text_outside_a_widget_front_end(engine: Engine) -> 
     text = repr(view)
     assert text.startswith(f"Run {run_id}  digest  [completed]")
     assert "draft            completed units 3/3" in text
+    assert text.endswith(f"  result: {engine.status(run_id).result}")
+
+
+def test_the_html_rendering_matches_the_view(engine: Engine) -> None:
+    body = JUDGED.replace("runner: scripted\n", "runner: scripted\nbudget: {max_units: 10}\n", 1)
+    run = engine.run(body)
+    html = run._repr_html_()
+    assert "<td><code>draft</code></td><td>1</td><td>llm</td><td>far too short</td>" in html
+    assert "budget — units 2/10 · tokens " in html
+    assert (
+        f"<pre style='max-height:12em;overflow:auto;white-space:pre-wrap'>{run.result}</pre>"
+        in (html)
+    )
+    text = repr(run)
+    assert "  gate rejected draft loop 1 (llm): far too short; missing: an example" in text
+    assert "  draft            completed units 1/1  tokens " in text and "loop 2/3" in text
+
+
+def test_a_pending_map_step_shows_its_total_once_known(engine: Engine) -> None:
+    run_id = engine.start(DIGEST).run_id
+    assert "  draft            pending   units 0/?  tokens 0" in repr(engine.status(run_id))
+    run = engine.drive(run_id, max_steps=1)
+    assert "  draft            pending   units 0/3  tokens 0" in repr(run)
 
 
 @pytest.mark.parametrize(

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from .spec.plan import Plan, PlanStep
+from .units import StepInputError, expand_items
 
 if TYPE_CHECKING:
-    from .run import Run
+    from .run import BudgetUse, Run
+    from .store.records import AttemptRow, StepRow
 
 STATUS_COLOURS = {
     "completed": "#1a7f37",
@@ -19,63 +24,217 @@ STATUS_COLOURS = {
     "skipped": "#8c959f",
     "abandoned": "#8c959f",
 }
+RESULT_CHARS = 400
+"""How much of a completed run's result the renderings show."""
+_DONE = ("succeeded", "reused")
 
 
-def _unit_counts(run: Run) -> dict[str, tuple[int, int, int]]:
-    """step → (work units done, work units seen, tokens)."""
-    out: dict[str, tuple[int, int, int]] = {}
-    rows = run.engine.read(
-        lambda c: c.execute(
-            "SELECT step_id, SUM(status IN ('succeeded','reused')), COUNT(*) FROM units"
-            " WHERE run_id = ? AND phase = 'work' GROUP BY step_id",
-            (run.run_id,),
-        ).fetchall()
-    )
-    tokens = dict(
-        run.engine.read(
-            lambda c: c.execute(
-                "SELECT step_id, SUM(tokens_in + tokens_out) FROM attempts WHERE run_id = ?"
-                " GROUP BY step_id",
-                (run.run_id,),
-            ).fetchall()
+# -- facts shared with the live view (notebook/snapshot.py) ------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rejection:
+    """A gate verdict that sent a step back (or stopped it)."""
+
+    step_id: str
+    loop: int
+    judge: str
+    feedback: str
+    missing: tuple[str, ...]
+
+
+def gate_rejections(attempts: Iterable[AttemptRow]) -> list[Rejection]:
+    """The journaled gate verdicts (``<step>.gate:l<n>``) that said "not complete"."""
+    out = []
+    for a in attempts:
+        if a.phase != "gate" or a.status != "succeeded" or not a.output_json:
+            continue
+        verdict = json.loads(a.output_json)
+        if not isinstance(verdict, dict) or verdict.get("complete", True):
+            continue
+        out.append(
+            Rejection(
+                step_id=a.step_id,
+                loop=a.loop,
+                judge=str(verdict.get("judge", "")),
+                feedback=str(verdict.get("feedback") or ""),
+                missing=tuple(str(m) for m in verdict.get("missing") or ()),
+            )
         )
-    )
-    for step_id, done, seen in rows:
-        out[step_id] = (int(done or 0), int(seen), int(tokens.get(step_id) or 0))
-    for step_id, tok in tokens.items():
-        out.setdefault(step_id, (0, 0, int(tok or 0)))
     return out
 
 
-def run_text(run: Run) -> str:
-    """A plain-text summary of a run: header, one line per step, budget, warnings."""
+def unit_counts(step: StepRow, attempts: Iterable[AttemptRow]) -> tuple[int, int]:
+    """(done, seen) work units of the step's current loop, by each unit's latest attempt."""
+    latest: dict[str, AttemptRow] = {}
+    for a in attempts:
+        if a.phase == "work" and a.step_id == step.step_id:
+            latest[a.unit_id] = a
+    current = [a for a in latest.values() if a.loop == step.loop]
+    return sum(a.status in _DONE for a in current), len(current)
+
+
+def unit_total(plan_step: PlanStep, params: dict[str, Any], rows: Sequence[StepRow]) -> int | None:
+    """How many work units the step has: 1, a map's expansion, or None while its input is owed."""
+    if plan_step.map is None:
+        return 1
+    outputs = {
+        r.step_id: json.loads(r.output_json) if r.output_json else None
+        for r in rows
+        if r.status in ("completed", "skipped")
+    }
+    try:
+        items = expand_items(plan_step, params, outputs)
+    except StepInputError:
+        return None  # an earlier step has not produced the map's input yet
+    return len(items or [])
+
+
+def result_text(result_json: str | None, *, limit: int = RESULT_CHARS) -> str | None:
+    """A completed run's result for display: text as is, anything else as JSON, clipped."""
+    if result_json is None:
+        return None
+    value = json.loads(result_json)
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def budget_text(use: BudgetUse, *, sep: str = " · ") -> str:
+    """``units 5/10 · tokens 66/∞`` (cost only when it is limited or spent)."""
+    parts = [
+        f"units {use.units:,}/{_limit(use.max_units)}",
+        f"tokens {use.tokens:,}/{_limit(use.max_tokens)}",
+    ]
+    if use.max_cost or use.cost:
+        parts.append(f"cost {use.cost:.4g}/{_limit(use.max_cost)}")
+    return sep.join(parts)
+
+
+def _limit(value: float | None) -> str:
+    return "∞" if not value else f"{value:,}" if isinstance(value, int) else f"{value:.4g}"
+
+
+def reuse_text(attempts: Iterable[AttemptRow]) -> str | None:
+    """``reused 4 results from earlier runs (60 tokens saved)``, or None when nothing was."""
+    reused = [a for a in attempts if a.status == "reused"]
+    if not reused:
+        return None
+    saved = sum(a.saved_tokens for a in reused)
+    plural = "s" if len(reused) != 1 else ""
+    return f"reused {len(reused)} result{plural} from earlier runs ({saved:,} tokens saved)"
+
+
+def gates_html(rejections: Sequence[Rejection]) -> str:
+    """The gate panel: one table row per rejection (loop, judge, feedback, missing)."""
+    rows = "".join(
+        f"<tr><td><code>{html.escape(r.step_id)}</code></td><td>{r.loop}</td>"
+        f"<td>{html.escape(r.judge)}</td><td>{html.escape(r.feedback)}</td>"
+        f"<td>{html.escape(', '.join(r.missing))}</td></tr>"
+        for r in rejections
+    )
+    return (
+        "<details open><summary><b>Gate rejections</b> "
+        f"({len(rejections)})</summary><table><thead><tr><th>step</th><th>loop</th>"
+        "<th>judge</th><th>feedback</th><th>missing</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table></details>"
+    )
+
+
+def loop_text(step: StepRow, *, has_gate: bool) -> str:
+    """``2/3`` for a gated or looping step, else empty."""
+    return f"{step.loop}/{step.max_loops}" if has_gate or step.max_loops > 1 else ""
+
+
+# -- one run ----------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _StepLine:
+    row: StepRow
+    done: int
+    total: int | None
+    tokens: int
+    saved_tokens: int
+    loop: str
+
+    @property
+    def units(self) -> str:
+        return f"{self.done}/{self.total if self.total is not None else '?'}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Facts:
+    steps: list[_StepLine]
+    rejections: list[Rejection]
+    reuse: str | None
+    result: str | None
+
+
+def _facts(run: Run) -> _Facts:
     row = run.row
+    plan = Plan.model_validate_json(row.plan_json)
+    params: dict[str, Any] = json.loads(row.params_json)
+    rows = run.steps
+    attempts = run.engine.attempts(run.run_id)
+    lines = []
+    for step in rows:
+        mine = [a for a in attempts if a.step_id == step.step_id]
+        done, seen = unit_counts(step, mine)
+        plan_step = plan.step(step.step_id)
+        total = seen if step.status == "skipped" else unit_total(plan_step, params, rows)
+        lines.append(
+            _StepLine(
+                row=step,
+                done=done,
+                total=seen if total is None and seen else total,
+                tokens=sum(a.tokens_in + a.tokens_out for a in mine),
+                saved_tokens=sum(a.saved_tokens for a in mine if a.status == "reused"),
+                loop=loop_text(step, has_gate=plan_step.gate is not None),
+            )
+        )
+    return _Facts(
+        steps=lines,
+        rejections=gate_rejections(attempts),
+        reuse=reuse_text(attempts),
+        result=result_text(row.result_json) if row.status == "completed" else None,
+    )
+
+
+def run_text(run: Run) -> str:
+    """A plain-text summary of a run: header, steps, gates, budget, reuse, warnings, result."""
+    row = run.row
+    facts = _facts(run)
     lines = [f"Run {row.run_id}  {row.workflow}  [{row.status}]"]
     if row.status_reason:
         lines.append(f"  reason: {row.status_reason}")
-    counts = _unit_counts(run)
-    for step in run.steps:
-        done, seen, tokens = counts.get(step.step_id, (0, 0, 0))
-        loop = f"  loop {step.loop}/{step.max_loops}" if step.max_loops > 1 else ""
-        note = f"  — {step.note}" if step.note else ""
+    for s in facts.steps:
+        loop = f"  loop {s.loop}" if s.loop else ""
+        note = f"  — {s.row.note}" if s.row.note else ""
         lines.append(
-            f"  {step.step_id:<16} {step.status:<9} units {done}/{seen}  "
-            f"tokens {tokens}{loop}{note}"
+            f"  {s.row.step_id:<16} {s.row.status:<9} units {s.units}  "
+            f"tokens {s.tokens}{loop}{note}"
         )
-    use = run.budget_use()
-    lines.append(
-        f"  budget: units {use.units}/{use.max_units or '∞'}  tokens "
-        f"{use.tokens}/{use.max_tokens or '∞'}"
-    )
+    for r in facts.rejections:
+        missing = f"; missing: {', '.join(r.missing)}" if r.missing else ""
+        lines.append(
+            f"  gate rejected {r.step_id} loop {r.loop} ({r.judge}): {r.feedback}{missing}"
+        )
+    lines.append(f"  budget: {budget_text(run.budget_use(), sep='  ')}")
+    if facts.reuse:
+        lines.append(f"  {facts.reuse}")
     if run.stats is not None:
-        s = run.stats
-        lines.append(
-            f"  this drive: {s.dispatched} dispatched, {s.reused} reused "
-            f"({s.saved_tokens} tokens saved)"
-            + (f", stopped by {s.stopped_by}" if s.stopped_by else "")
-        )
+        lines.append(f"  {_stats_text(run)}")
     lines.extend(f"  warning: {w}" for w in run.warnings)
+    if facts.result is not None:
+        lines.append(f"  result: {facts.result}")
     return "\n".join(lines)
+
+
+def _stats_text(run: Run) -> str:
+    s = run.stats
+    if s is None:
+        return ""
+    stopped = f", stopped by {s.stopped_by}" if s.stopped_by else ""
+    return (
+        f"this drive: {s.dispatched} dispatched, {s.reused} reused "
+        f"({s.saved_tokens} tokens saved){stopped}"
+    )
 
 
 def _badge(status: str) -> str:
@@ -86,10 +245,19 @@ def _badge(status: str) -> str:
     )
 
 
+def result_html(text: str) -> str:
+    """A clipped result as a small scrollable block."""
+    return (
+        "<div><b>result</b><pre style='max-height:12em;overflow:auto;white-space:pre-wrap'>"
+        f"{html.escape(text, quote=False)}</pre></div>"
+    )
+
+
 def run_html(run: Run) -> str:
-    """An HTML table summary of a run (for notebooks without widgets, and nbconvert)."""
+    """An HTML summary of a run (for notebooks without widgets, and nbconvert): the live
+    view's header, step table, gate panel, budget, reuse and warnings, plus the result."""
     row = run.row
-    counts = _unit_counts(run)
+    facts = _facts(run)
     head = (
         f"<div><b>{html.escape(row.workflow)}</b> <code>{html.escape(row.run_id)}</code> "
         f"{_badge(row.status)}</div>"
@@ -97,20 +265,25 @@ def run_html(run: Run) -> str:
     if row.status_reason:
         head += f"<div><i>{html.escape(row.status_reason)}</i></div>"
     body = ""
-    for step in run.steps:
-        done, seen, tokens = counts.get(step.step_id, (0, 0, 0))
+    for s in facts.steps:
+        saved = f" (+{s.saved_tokens:,} reused)" if s.saved_tokens else ""
         body += (
-            f"<tr><td><code>{html.escape(step.step_id)}</code></td>"
-            f"<td>{_badge(step.status)}</td><td>{done}/{seen}</td><td>{tokens}</td>"
-            f"<td>{step.loop}/{step.max_loops}</td>"
-            f"<td>{html.escape(step.note or '')}</td></tr>"
+            f"<tr><td><code>{html.escape(s.row.step_id)}</code></td>"
+            f"<td>{_badge(s.row.status)}</td><td>{s.units}</td><td>{s.tokens:,}{saved}</td>"
+            f"<td>{s.loop}</td><td>{html.escape(s.row.note or '')}</td></tr>"
         )
     table = (
         "<table><thead><tr><th>step</th><th>status</th><th>units</th><th>tokens</th>"
         f"<th>loop</th><th>note</th></tr></thead><tbody>{body}</tbody></table>"
     )
-    warn = "".join(f"<div>⚠ {html.escape(w)}</div>" for w in run.warnings)
-    return f"<div class='wf-run'>{head}{table}{warn}</div>"
+    gates = gates_html(facts.rejections) if facts.rejections else ""
+    budget = f"<div>budget — {html.escape(budget_text(run.budget_use()))}</div>"
+    notes = [facts.reuse] if facts.reuse else []
+    notes.extend(run.warnings)
+    warn = "".join(f"<div>⚠ {html.escape(w)}</div>" for w in notes)
+    stats = f"<div><small>{html.escape(_stats_text(run))}</small></div>" if run.stats else ""
+    result = result_html(facts.result) if facts.result is not None else ""
+    return f"<div class='wf-run'>{head}{result}{table}{gates}{budget}{warn}{stats}</div>"
 
 
 def _target(step: PlanStep) -> str:

@@ -67,6 +67,14 @@ def cell_args(ns: argparse.Namespace, user_ns: Mapping[str, Any]) -> CellArgs:
         raise UsageError(f"--as expects a Python variable name (got {ns.as_var!r})")
     if ns.new and ns.resume:
         raise UsageError("--new and --resume contradict each other; pick one")
+    if ns.resume and (params or ns.no_cache):
+        given = ", ".join(
+            flag for flag, on in (("--param/--params", params), ("--no-cache", ns.no_cache)) if on
+        )
+        raise UsageError(
+            f"--resume drives run {ns.resume} as it was started, so {given} cannot apply; "
+            "drop them, or start a new run with them (--new)"
+        )
     if ns.max_steps is not None and ns.max_steps < 1:
         raise UsageError(f"--max-steps expects a positive number (got {ns.max_steps})")
     return CellArgs(
@@ -97,9 +105,30 @@ class LineArgs:
     max_steps: int | None = None
     background: bool = False
     older_than_days: float | None = None
+    older_than_s: float | None = None
+    """``gc --older-than DURATION`` (the CLI's spelling) in seconds."""
     idle_s: float = 10.0
     limit: int | None = None
     all: bool = False
+
+
+def duration_s(text: str) -> float:
+    """Seconds in a duration such as ``30d``, ``12h``, ``45m``, ``90s`` or ``3600`` (as ``wf gc``).
+
+    Raises:
+        argparse.ArgumentTypeError: not a duration, or a negative one.
+    """
+    units = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+    number, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "s")
+    try:
+        value = float(number) * units[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration like 30d, 12h, 45m or 90s (got {text!r})"
+        ) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a duration >= 0 (got {text!r})")
+    return value
 
 
 class _Parser(argparse.ArgumentParser):
@@ -136,7 +165,11 @@ def _command_parser(command: str) -> _Parser:
     if command == "abandon":
         p.add_argument("--reason")
     if command == "gc":
-        p.add_argument("--older-than-days", type=float, required=True)
+        retention = p.add_mutually_exclusive_group(required=True)
+        retention.add_argument("--older-than-days", type=float, metavar="N")
+        retention.add_argument(
+            "--older-than", dest="older_than_s", type=duration_s, metavar="DURATION"
+        )
     if command == "watch":
         p.add_argument("--idle", dest="idle_s", type=float, default=10.0)
     if command == "list":
@@ -155,6 +188,7 @@ RUN_COMMANDS = (
     "journal",
     "tokens",
     "events",
+    "budget",
     "watch",
     "stop",
 )

@@ -32,7 +32,7 @@ class LiveRun(Run):
     """
 
     def __init__(self, handle: Run, view: Any):
-        super().__init__(handle.engine, handle.run_id, stats=handle.stats)
+        super().__init__(handle.engine, handle.run_id, stats=handle.stats, created=handle.created)
         self.warnings.extend(handle.warnings)
         self.view = view
 
@@ -102,13 +102,14 @@ def run_cell(ctx: WorkflowMagics, args: CellArgs, source: str) -> Run | None:
             ctx.user_ns[args.as_var] = wf
         return None
     warnings: list[str] = []
+    created = False
     if wf is None or args.resume is not None:
         run_id = ctx.engine.resolve_run_id(args.resume or "")
     else:
         started = ctx.engine.start(
             wf, params=args.params, new=args.new, no_cache=args.no_cache, params_from_strings=True
         )
-        run_id, warnings = started.run_id, started.warnings
+        run_id, warnings, created = started.run_id, started.warnings, started.created
     handle = launch(
         ctx,
         run_id,
@@ -116,6 +117,7 @@ def run_cell(ctx: WorkflowMagics, args: CellArgs, source: str) -> Run | None:
         background=args.background,
         live_source=wf,
         warnings=warnings,
+        created=created,
     )
     if args.as_var:
         ctx.user_ns[args.as_var] = handle
@@ -142,8 +144,12 @@ def launch(
     background: bool = False,
     live_source: Workflow | None = None,
     warnings: list[str] | None = None,
+    created: bool = False,
 ) -> Run:
-    """Drive a run in the foreground or in the background, behind a live view when possible."""
+    """Drive a run in the foreground or in the background, behind a live view when possible.
+
+    ``created`` says whether the caller created the run (the handle's ``created``).
+    """
     warnings = list(warnings or [])
     view = ctx.open_view(run_id, warnings=warnings) if ctx.use_widgets else None
     if background:
@@ -156,6 +162,7 @@ def launch(
             if view is not None:
                 view.flush()
     handle.warnings[:0] = warnings
+    handle.created = created
     if view is None:
         return handle
     for message in handle.warnings:
@@ -199,7 +206,7 @@ def cmd_resume(ctx: WorkflowMagics, args: LineArgs) -> Run:
 def cmd_fork(ctx: WorkflowMagics, args: LineArgs) -> Run:
     run_id = ctx.engine.fork(_run(ctx, args), from_step=args.from_step or "").run_id
     print(f"run {run_id}: fork of {args.run} from step {args.from_step}")
-    return launch(ctx, run_id, max_steps=args.max_steps, background=args.background)
+    return launch(ctx, run_id, max_steps=args.max_steps, background=args.background, created=True)
 
 
 def cmd_abandon(ctx: WorkflowMagics, args: LineArgs) -> None:
@@ -238,6 +245,10 @@ def cmd_events(ctx: WorkflowMagics, args: LineArgs) -> Any:
     return ctx.engine.events(_run(ctx, args))
 
 
+def cmd_budget(ctx: WorkflowMagics, args: LineArgs) -> Any:
+    return ctx.engine.budget(_run(ctx, args))
+
+
 def cmd_stop(ctx: WorkflowMagics, args: LineArgs) -> None:
     run_id = _run(ctx, args)
     ctx.drives.stop(run_id)
@@ -246,7 +257,10 @@ def cmd_stop(ctx: WorkflowMagics, args: LineArgs) -> None:
 
 
 def cmd_gc(ctx: WorkflowMagics, args: LineArgs) -> None:
-    deleted = ctx.engine.gc(older_than_s=(args.older_than_days or 0) * 86400)
+    seconds = args.older_than_s
+    if seconds is None:
+        seconds = (args.older_than_days or 0) * 86400
+    deleted = ctx.engine.gc(older_than_s=seconds)
     print(
         f"deleted {len(deleted)} finished run(s)" + (f": {', '.join(deleted)}" if deleted else "")
     )
@@ -346,6 +360,7 @@ COMMANDS: dict[str, Callable[[WorkflowMagics, LineArgs], Any]] = {
     "journal": cmd_journal,
     "tokens": cmd_tokens,
     "events": cmd_events,
+    "budget": cmd_budget,
     "watch": cmd_watch,
     "stop": cmd_stop,
     "gc": cmd_gc,

@@ -101,8 +101,21 @@ class Drives:
         Raises:
             WorkflowError: whatever the drive raised (lock held, plan integrity, ...).
         """
-        drive = self._begin(run_id, max_steps=max_steps, live_source=live_source, on_done=None)
-        interrupted = False
+        with self._lock:
+            before = self._drives.get(run_id)
+        try:
+            drive = self._begin(run_id, max_steps=max_steps, live_source=live_source, on_done=None)
+            interrupted = False
+        except KeyboardInterrupt:
+            # The interrupt landed while the thread was starting (Thread.start waits for it):
+            # the drive it started, if any, must still stop gracefully.
+            with self._lock:
+                started = self._drives.get(run_id)
+            if started is None or started is before:
+                raise  # nothing was started
+            drive, interrupted = started, True
+            drive.signal.set()
+            _say_interrupted(run_id)
         while not drive.done.is_set():
             try:
                 drive.done.wait(0.1)
@@ -115,11 +128,7 @@ class Drives:
                     return Run(self._engine(), run_id)
                 interrupted = True
                 drive.signal.set()
-                print(
-                    f"Interrupted: run {run_id} stops after the units in flight and stays "
-                    "active; re-run the cell (or `%workflow resume`) to continue.",
-                    file=sys.stderr,
-                )
+                _say_interrupted(run_id)
         if drive.error is not None:
             raise drive.error
         return drive.handle if drive.handle is not None else Run(self._engine(), run_id)
@@ -167,3 +176,11 @@ class Drives:
             drive.signal.set()
         for drive in drives:
             drive.done.wait(timeout)
+
+
+def _say_interrupted(run_id: str) -> None:
+    print(
+        f"Interrupted: run {run_id} stops after the units in flight and stays active; "
+        "re-run the cell (or `%workflow resume`) to continue.",
+        file=sys.stderr,
+    )

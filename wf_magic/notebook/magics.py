@@ -6,6 +6,9 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,7 +20,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from traitlets import Bool, CaselessStrEnum, Float, Integer, Unicode
 
 from ..engine import Engine
-from ..errors import WorkflowError
+from ..errors import RunLockHeld, WorkflowError
 from ..run import Run
 from ..spec.freeze import Workflow
 from ..store.db import default_state_dir
@@ -28,16 +31,30 @@ from .drives import Drives
 if TYPE_CHECKING:
     from .widgets import RunView
 
+log = logging.getLogger("wf_magic")
 _TERMINAL = ("completed", "abandoned")
 
 
 @contextmanager
-def _as_usage_errors() -> Iterator[None]:
+def _as_usage_errors(drives: Drives) -> Iterator[None]:
     """wf_magic errors become one-line IPython UsageErrors (no traceback wall)."""
     try:
         yield
+    except RunLockHeld as exc:
+        raise IPythonUsageError(_lock_message(exc, drives)) from None
     except WorkflowError as exc:
         raise IPythonUsageError(str(exc)) from None
+
+
+def _lock_message(exc: RunLockHeld, drives: Drives) -> str:
+    """The lock error, with how to stop the driver from this notebook."""
+    run_id = exc.run_id or "RUN"
+    if exc.run_id is not None and (drives.is_driving(exc.run_id) or exc.pid == os.getpid()):
+        return (
+            f"{exc} This kernel drives it in the background: `%workflow stop {run_id}` stops "
+            "it between units."
+        )
+    return f"{exc} From this notebook: `%workflow stop {run_id}`."
 
 
 @magics_class
@@ -75,6 +92,9 @@ class WorkflowMagics(Magics):
         self._engine: Engine | None = None
         self.drives = Drives(lambda: self.engine)
         self.views: dict[str, RunView] = {}
+        self._finished: dict[str, RunView] = {}
+        """Views whose background drive ended since the last cell (see publish_finished)."""
+        self._finished_lock = threading.Lock()
 
     # -- state ------------------------------------------------------------------------------
     @property
@@ -149,9 +169,11 @@ class WorkflowMagics(Magics):
         self, run_id: str, *, max_steps: int | None = None, live_source: Workflow | None = None
     ) -> None:
         """Continue ``run_id`` in a thread; its view (if any) shows the outcome."""
+        shown = self.views.get(run_id)
 
         def done(handle: Run | None, error: BaseException | None) -> None:
-            view = self.views.get(run_id)
+            # The cell may already have settled (forgotten) the view of a drive this quick.
+            view = self.views.get(run_id) or shown
             if view is None:
                 return
             for message in handle.warnings if handle is not None else ():
@@ -159,9 +181,27 @@ class WorkflowMagics(Magics):
             if error is not None:
                 view.add_warning(f"the background drive stopped: {error}")
             view.flush()
+            view.refresh()  # a saved notebook's text/HTML fallback shows the final state
+            with self._finished_lock:
+                self._finished[run_id] = view
             self.settle_view(view)
 
         self.drives.background(run_id, max_steps=max_steps, live_source=live_source, on_done=done)
+
+    def publish_finished(self, result: Any = None) -> None:
+        """Re-publish the views whose background drive ended (a ``post_run_cell`` hook).
+
+        The drive thread already updated them, but a client that only follows the running
+        cell's messages (nbclient, ``nbconvert --execute``) drops an update sent between
+        cells; sent again from inside the next cell, the saved fallback ends in the final state.
+        """
+        with self._finished_lock:
+            views, self._finished = list(self._finished.values()), {}
+        for view in views:
+            try:
+                view.refresh()
+            except Exception:  # a display hook must not fail every later cell
+                log.exception("re-publishing the view of %s failed", view.run_id)
 
     def stop_drive(self, run_id: str) -> None:
         """Stop a drive of this kernel, or ask another process's driver to stop."""
@@ -172,6 +212,8 @@ class WorkflowMagics(Magics):
         for view in self.views.values():
             view.detach()
         self.views.clear()
+        with self._finished_lock:
+            self._finished.clear()
 
     def close(self) -> None:
         """Stop drives and views, close the database (``%unload_ext``)."""
@@ -213,7 +255,7 @@ class WorkflowMagics(Magics):
         A kernel interrupt stops the drive between units; the run stays active. The cell
         evaluates to the ``Run`` handle.
         """
-        with _as_usage_errors():
+        with _as_usage_errors(self.drives):
             args = cell_args(parse_argstring(self.workflow_cell, line), self.user_ns)
             return commands.run_cell(self, args, cell)
 
@@ -243,14 +285,15 @@ class WorkflowMagics(Magics):
             %workflow journal RUN          (one row per attempt, a DataFrame)
             %workflow tokens RUN [--by step|model|runner|loop|run]
             %workflow events RUN
+            %workflow budget RUN           (used vs limit per ceiling, a DataFrame)
             %workflow watch RUN [--idle S] (follow a run driven elsewhere, e.g. `wf run`)
             %workflow stop RUN
-            %workflow gc --older-than-days N
+            %workflow gc --older-than DURATION | --older-than-days N   (e.g. 30d, 12h)
             %workflow config
 
         RUN may be a unique prefix of a run id.
         """
-        with _as_usage_errors():
+        with _as_usage_errors(self.drives):
             ns = parse_argstring(self.workflow_line, line)
             args = line_args(ns.command, ns.args)
             return commands.COMMANDS[args.command](self, args)
@@ -260,6 +303,7 @@ def load_ipython_extension(ipython: Any) -> None:
     """Register the magics and make their settings reachable by ``%config``."""
     magics = WorkflowMagics(ipython)
     ipython.register_magics(magics)
+    ipython.events.register("post_run_cell", magics.publish_finished)
     if magics not in ipython.configurables:
         ipython.configurables.append(magics)
 
@@ -271,6 +315,7 @@ def unload_ipython_extension(ipython: Any) -> None:
     for kind in ("line", "cell"):
         ipython.magics_manager.magics[kind].pop("workflow", None)
     if isinstance(magics, WorkflowMagics):
+        ipython.events.unregister("post_run_cell", magics.publish_finished)
         magics.close()
         if magics in ipython.configurables:
             ipython.configurables.remove(magics)

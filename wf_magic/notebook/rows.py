@@ -79,5 +79,5 @@ class StepRowWidgets:
             f" (+{s.saved_tokens:,} reused)" if s.saved_tokens else ""
         )
         self.elapsed.value = elapsed_text(s.elapsed_s)
-        self.loop.value = f"{s.loop}/{s.max_loops}" if s.max_loops > 1 else ""
+        self.loop.value = f"{s.loop}/{s.max_loops}" if s.has_gate or s.max_loops > 1 else ""
         self.note.value = f"<small>{html.escape(s.note or '')}</small>"

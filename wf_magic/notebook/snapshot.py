@@ -7,15 +7,13 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..display import Rejection, gate_rejections, result_text, unit_counts, unit_total
 from ..run import BudgetUse, Run
 from ..spec.plan import Plan
-from ..units import StepInputError, expand_items
 
 if TYPE_CHECKING:
     from ..engine import Engine
     from ..store.records import AttemptRow, StepRow
-
-_DONE = ("succeeded", "reused")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,18 +43,8 @@ class StepState:
     elapsed_s: float | None
     loop: int
     max_loops: int
+    has_gate: bool
     note: str | None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Rejection:
-    """A gate verdict that sent a step back (or stopped it)."""
-
-    step_id: str
-    loop: int
-    judge: str
-    feedback: str
-    missing: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,6 +61,8 @@ class RunSnapshot:
     budget: BudgetUse
     reused: int
     saved_tokens: int
+    result: str | None
+    """A completed run's result, clipped for display."""
     taken_at: float
 
 
@@ -106,26 +96,22 @@ class SnapshotReader:
             status=row.status,
             reason=row.status_reason,
             steps=steps,
-            rejections=tuple(_rejections(attempts)),
+            rejections=tuple(gate_rejections(attempts)),
             waiting=_waiting(step_rows),
             budget=Run(self.engine, self.run_id).budget_use(),
             reused=len(reused),
             saved_tokens=sum(a.saved_tokens for a in reused),
+            result=result_text(row.result_json) if row.status == "completed" else None,
             taken_at=now,
         )
 
     def _step_state(
         self, step: StepRow, attempts: list[AttemptRow], rows: list[StepRow], now: float
     ) -> StepState:
-        latest: dict[str, AttemptRow] = {}
-        for a in attempts:
-            if a.phase == "work":
-                latest[a.unit_id] = a
-        current = [a for a in latest.values() if a.loop == step.loop]
-        done = sum(a.status in _DONE for a in current)
-        total = self._total(step, rows)
-        if total is None and current:
-            total = len(current)
+        done, seen = unit_counts(step, attempts)
+        total = seen if step.status == "skipped" else self._total(step, rows)
+        if total is None and seen:
+            total = seen
         started = [a.started_at for a in attempts]
         ends = [a.finished_at or now for a in attempts]
         return StepState(
@@ -139,48 +125,17 @@ class SnapshotReader:
             elapsed_s=(max(ends) - min(started)) if started else None,
             loop=step.loop,
             max_loops=step.max_loops,
+            has_gate=self.plan.step(step.step_id).gate is not None,
             note=step.note,
         )
 
     def _total(self, step: StepRow, rows: list[StepRow]) -> int | None:
         if step.step_id in self._totals:
             return self._totals[step.step_id]
-        plan_step = self.plan.step(step.step_id)
-        if plan_step.map is None:
-            self._totals[step.step_id] = 1
-            return 1
-        outputs = {
-            r.step_id: json.loads(r.output_json) if r.output_json else None
-            for r in rows
-            if r.status in ("completed", "skipped")
-        }
-        try:
-            items = expand_items(plan_step, self.params, outputs)
-        except StepInputError:
-            return None  # an earlier step has not produced the map's input yet
-        total = len(items or [])
-        self._totals[step.step_id] = total
+        total = unit_total(self.plan.step(step.step_id), self.params, rows)
+        if total is not None:  # a map's expansion never changes once known
+            self._totals[step.step_id] = total
         return total
-
-
-def _rejections(attempts: list[AttemptRow]) -> list[Rejection]:
-    out = []
-    for a in attempts:
-        if a.phase != "gate" or a.status != "succeeded" or not a.output_json:
-            continue
-        verdict = json.loads(a.output_json)
-        if not isinstance(verdict, dict) or verdict.get("complete", True):
-            continue
-        out.append(
-            Rejection(
-                step_id=a.step_id,
-                loop=a.loop,
-                judge=str(verdict.get("judge", "")),
-                feedback=str(verdict.get("feedback") or ""),
-                missing=tuple(str(m) for m in verdict.get("missing") or ()),
-            )
-        )
-    return out
 
 
 def _waiting(rows: list[StepRow]) -> Waiting | None:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
 
-from ..display import STATUS_COLOURS, run_html, run_text
+from ..display import STATUS_COLOURS, gates_html, result_html, run_html, run_text
 from ..errors import WorkflowError
 from ..events import Event
 from ..run import Run
@@ -25,7 +25,7 @@ log = logging.getLogger("wf_magic")
 
 _JUDGE_TITLES = {
     "human": "Waiting for your decision",
-    "exhausted": "Gate exhausted — approve the last artifact or reject it",
+    "exhausted": "Gate exhausted — approve the last artifact, or abandon or fork the run",
     "failed": "The judge could not answer — decide yourself",
 }
 
@@ -241,10 +241,11 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         self.snapshot = snap
         self.redraws += 1
         reason = f" <i>{html.escape(snap.reason)}</i>" if snap.reason else ""
+        result = result_html(snap.result) if snap.result is not None else ""
         self.header.value = (
             f"<b>{html.escape(snap.workflow)}</b> &nbsp;<code>"
             f"{html.escape(snap.run_id)}</code> &nbsp;{badge(snap.status)}"
-            f"{reason}"
+            f"{reason}{result}"
         )
         for state in snap.steps:
             if state.step_id in self.rows:
@@ -264,18 +265,7 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         if not snap.rejections:
             self.gate_panel.layout.display = "none"
             return
-        rows = "".join(
-            f"<tr><td><code>{html.escape(r.step_id)}</code></td><td>{r.loop}</td>"
-            f"<td>{html.escape(r.judge)}</td><td>{html.escape(r.feedback)}</td>"
-            f"<td>{html.escape(', '.join(r.missing))}</td></tr>"
-            for r in snap.rejections
-        )
-        self.gate_panel.value = (
-            "<details open><summary><b>Gate rejections</b> "
-            f"({len(snap.rejections)})</summary><table><thead><tr><th>step</th><th>loop</th>"
-            "<th>judge</th><th>feedback</th><th>missing</th></tr></thead>"
-            f"<tbody>{rows}</tbody></table></details>"
-        )
+        self.gate_panel.value = gates_html(snap.rejections)
         self.gate_panel.layout.display = ""
 
     def _draw_budget(self, snap: RunSnapshot) -> None:
@@ -307,9 +297,18 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
             self.decision_box.layout.display = "none"
             return
         key = (waiting.step_id, waiting.loop, waiting.judge)
+        # An exhausted gate has no loop left to re-execute: the engine refuses a rejection.
+        can_reject = waiting.judge != "exhausted"
         if self._decision_key != key:
             self._decision_key = key  # a new question: re-arm the buttons
-            self.approve_button.disabled = self.reject_button.disabled = False
+            self.approve_button.disabled = False
+            self.reject_button.disabled = not can_reject
+        self.reject_button.layout.display = "" if can_reject else "none"
+        self.feedback.placeholder = (
+            "Feedback for the step (required to reject)"
+            if can_reject
+            else "A note recorded with your approval (optional)"
+        )
         title = _JUDGE_TITLES.get(waiting.judge, "Waiting for a decision")
         self.summary.value = (
             f"<b>{html.escape(title)}</b>: step <code>"

@@ -28,8 +28,7 @@ from .spec.params import resolve_params
 from .spec.plan import Plan, PlanStep
 from .store import journal as jsql
 from .store import runs as run_sql
-from .store.db import DB_FILENAME, connect, default_state_dir, immediate
-from .store.migrations import apply_migrations
+from .store.db import DB_FILENAME, default_state_dir, immediate, open_state_db
 from .store.records import AttemptRow, RunRow, StepRow
 
 if TYPE_CHECKING:
@@ -82,24 +81,7 @@ class Engine(FrameMethods):
         """The engine's connection (opened and migrated on first use)."""
         with self._db_lock:
             if self._conn is None:
-                try:
-                    conn = connect(self.db_path, durability=self.durability)
-                except OSError as exc:
-                    raise UsageError(
-                        f"Cannot use state dir {self.state_dir}: {exc.strerror or exc}. Point "
-                        "--db or WF_MAGIC_HOME at a directory you can write."
-                    ) from None
-                except sqlite3.DatabaseError as exc:
-                    raise UsageError(_bad_db(self.db_path, exc)) from None
-                try:
-                    apply_migrations(conn)
-                except sqlite3.DatabaseError as exc:
-                    conn.close()
-                    raise UsageError(_bad_db(self.db_path, exc)) from None
-                except BaseException:
-                    conn.close()
-                    raise
-                self._conn = conn
+                self._conn = open_state_db(self.db_path, durability=self.durability)
             return self._conn
 
     def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -214,13 +196,13 @@ class Engine(FrameMethods):
                 )
             return self._handle(latest.run_id, created=False, warnings=warnings)
         if latest is None or latest.status not in ("active", "blocked", "failed"):
-            run_id = self._create_run(wf, resolved, scope=scope, use_cache=not no_cache)
+            run_id = self.create_run(wf, resolved, scope=scope, use_cache=not no_cache)
             return self._handle(run_id, created=True, warnings=warnings)
         # Supersede under the old run's lock, in the same transaction as the new run's insert:
         # a driven run is refused (RunLockHeld) and nothing is half-written.
         run_id = new_run_id()
         with RunLock(self.lock_dir, latest.run_id):
-            self._create_run(
+            self.create_run(
                 wf,
                 resolved,
                 scope=scope,
@@ -243,32 +225,21 @@ class Engine(FrameMethods):
         handle.warnings.extend(warnings)
         return handle
 
-    def _create_run(
+    def create_run(
         self,
         wf: Workflow,
         params: dict[str, Any],
         *,
-        scope: str,
-        use_cache: bool,
-        parent: RunRow | None = None,
-        invocation_key: str | None = None,
-        forked_from: RunRow | None = None,
-        fork_step: str | None = None,
         run_id: str | None = None,
         supersede: str | None = None,
+        **fields: Any,
     ) -> str:
+        """Insert a new run of ``wf`` (``fields`` as :func:`wf_magic.runrows.run_row` takes).
+
+        With ``supersede``, that run is abandoned in the same transaction.
+        """
         run_id = run_id or new_run_id()
-        row = run_row(
-            wf,
-            params,
-            run_id=run_id,
-            scope=scope,
-            use_cache=use_cache,
-            parent=parent,
-            invocation_key=invocation_key,
-            forked_from=forked_from,
-            fork_step=fork_step,
-        )
+        row = run_row(wf, params, run_id=run_id, **fields)
         steps = [(s.id, i, s.kind, s.max_loops) for i, s in enumerate(wf.plan.steps)]
 
         def txn(conn: sqlite3.Connection) -> None:
@@ -458,10 +429,6 @@ class Engine(FrameMethods):
         """Drive ``run`` whose lock the caller holds (a child shares its root's budget)."""
         return self._drive_locked(run, options, budget=budget, depth=depth)
 
-    def create_run(self, wf: Workflow, params: dict[str, Any], **kwargs: Any) -> str:
-        """Insert a run for ``wf`` (see :meth:`start` for the user-facing rules)."""
-        return self._create_run(wf, params, **kwargs)
-
     # -- verbs ------------------------------------------------------------------------------
     def status(self, run_id: RunRef) -> Run:
         """A handle on the run (status, steps, result, frames)."""
@@ -528,7 +495,7 @@ class Engine(FrameMethods):
             plan_json=source.plan_json,
             plan_hash=source.plan_hash,
         )
-        run_id = self._create_run(
+        run_id = self.create_run(
             wf,
             params,
             scope=source.scope_key,
@@ -631,10 +598,3 @@ class Engine(FrameMethods):
             self.write(functools.partial(run_sql.delete_run_tree_txn, run_id=run_id))
             deleted.append(run_id)
         return deleted
-
-
-def _bad_db(path: Path, exc: sqlite3.DatabaseError) -> str:
-    return (
-        f"{path} is not a usable wf_magic state database ({exc}). Move it aside, or point "
-        "--db or WF_MAGIC_HOME at another directory."
-    )

@@ -123,3 +123,40 @@ def immediate(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
+
+
+def open_state_db(db_path: Path, *, durability: str = "normal") -> sqlite3.Connection:
+    """Open and migrate the state database, translating OS/SQLite failures for the user.
+
+    Raises:
+        UsageError: the state dir cannot be created, or the file is not a usable database.
+        MigrationError: the migration ledger diverges.
+    """
+    from ..errors import UsageError
+    from .migrations import apply_migrations
+
+    try:
+        conn = connect(db_path, durability=durability)
+    except OSError as exc:
+        raise UsageError(
+            f"Cannot use state dir {db_path.parent}: {exc.strerror or exc}. Point --db or "
+            "WF_MAGIC_HOME at a directory you can write."
+        ) from None
+    except sqlite3.DatabaseError as exc:
+        raise UsageError(_unusable(db_path, exc)) from None
+    try:
+        apply_migrations(conn)
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        raise UsageError(_unusable(db_path, exc)) from None
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _unusable(path: Path, exc: sqlite3.DatabaseError) -> str:
+    return (
+        f"{path} is not a usable wf_magic state database ({exc}). Move it aside, or point "
+        "--db or WF_MAGIC_HOME at another directory."
+    )

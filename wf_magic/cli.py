@@ -47,17 +47,8 @@ def _params(pairs: Sequence[str]) -> dict[str, str]:
 
 
 def _print_run(run: Run, out: Callable[[str], None]) -> int:
-    out(repr(run))
-    if run.status == "completed":
-        out(f"result: {_short(run.result)}")
+    out(repr(run))  # ends with the result of a completed run
     return run.exit_code
-
-
-def _short(value: object, limit: int = 400) -> str:
-    import json
-
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def _drive(engine: Engine, run_id: str, args: argparse.Namespace) -> int:

@@ -24,33 +24,24 @@ class Budget:
         """Raise ``BudgetExceeded`` when dispatching one more unit would pass a ceiling."""
         spec = self.spec
         with self._lock:
-            if spec.max_units is not None and self.units + 1 > spec.max_units:
-                raise BudgetExceeded(
-                    run_id=run_id,
-                    step_id=step_id,
-                    unit_id=unit_id,
-                    ceiling="max_units",
-                    used=self.units,
-                    limit=spec.max_units,
-                )
-            if spec.max_tokens is not None and self.tokens >= spec.max_tokens:
-                raise BudgetExceeded(
-                    run_id=run_id,
-                    step_id=step_id,
-                    unit_id=unit_id,
-                    ceiling="max_tokens",
-                    used=self.tokens,
-                    limit=spec.max_tokens,
-                )
-            if spec.max_cost is not None and self.cost >= spec.max_cost:
-                raise BudgetExceeded(
-                    run_id=run_id,
-                    step_id=step_id,
-                    unit_id=unit_id,
-                    ceiling="max_cost",
-                    used=self.cost,
-                    limit=spec.max_cost,
-                )
+            # max_units: one more attempt must fit; tokens/cost: nothing left means no dispatch.
+            checks = (
+                ("max_units", self.units + 1, self.units, spec.max_units),
+                ("max_tokens", self.tokens, self.tokens, spec.max_tokens),
+                ("max_cost", self.cost, self.cost, spec.max_cost),
+            )
+            for ceiling, would_be, used, limit in checks:
+                if limit is not None and (
+                    would_be > limit if ceiling == "max_units" else would_be >= limit
+                ):
+                    raise BudgetExceeded(
+                        run_id=run_id,
+                        step_id=step_id,
+                        unit_id=unit_id,
+                        ceiling=ceiling,
+                        used=used,
+                        limit=limit,
+                    )
 
     def charge_unit(self) -> None:
         """Count one dispatch attempt (at reservation)."""

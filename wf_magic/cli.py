@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from .argtypes import count_at_least, duration_s
 from .engine import Engine
 from .errors import (
     BudgetExceeded,
@@ -208,34 +209,6 @@ def cmd_export_cassette(engine: Engine, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _count(low: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer (got {text!r})") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low} (got {value})")
-        return value
-
-    return parse
-
-
-def duration_s(text: str) -> float:
-    """Seconds in a duration such as ``30d``, ``12h``, ``45m``, ``90s`` or ``3600``."""
-    units = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
-    number, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "s")
-    try:
-        value = float(number) * units[unit]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a duration like 30d, 12h, 45m or 90s (got {text!r})"
-        ) from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a duration >= 0 (got {text!r})")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The ``wf`` argument parser."""
     p = argparse.ArgumentParser(prog="wf", description="Durable LLM-agent workflows.")
@@ -260,8 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--param", action="append", default=[], metavar="K=V")
     r.add_argument("--new", action="store_true", help="always start a fresh run")
     r.add_argument("--no-cache", action="store_true", help="no result reuse across runs")
-    r.add_argument("--max-steps", type=_count(1), help="stop after N finished steps")
-    r.add_argument("--max-concurrency", type=_count(1))
+    r.add_argument("--max-steps", type=count_at_least(1), help="stop after N finished steps")
+    r.add_argument("--max-concurrency", type=count_at_least(1))
     r.add_argument(
         "--max-retries",
         type=int,
@@ -272,9 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name, fn, help_ in (("resume", cmd_resume, "drive an existing run"),):
         sp = add(name, fn, help_)
         sp.add_argument("run")
-        sp.add_argument("--max-steps", type=_count(1))
-        sp.add_argument("--max-concurrency", type=_count(1))
-        sp.add_argument("--max-retries", type=_count(0), default=0)
+        sp.add_argument("--max-steps", type=count_at_least(1))
+        sp.add_argument("--max-concurrency", type=count_at_least(1))
+        sp.add_argument("--max-retries", type=count_at_least(0), default=0)
     add("status", cmd_status, "show a run (or list runs)").add_argument("run", nargs="?")
     add("list", cmd_list, "list runs").add_argument("--limit", type=int)
     for name, fn in (("journal", cmd_journal), ("events", cmd_events)):
@@ -291,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     f = add("fork", cmd_fork, "re-run from a step, reusing everything before it")
     f.add_argument("run")
     f.add_argument("--from", dest="from_step", required=True, metavar="STEP")
-    f.add_argument("--max-steps", type=_count(1))
+    f.add_argument("--max-steps", type=count_at_least(1))
     for name, fn in (("approve", cmd_approve), ("reject", cmd_reject)):
         sp = add(name, fn, f"{name} a blocked gate")
         sp.add_argument("run")

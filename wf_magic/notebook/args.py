@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from ..argtypes import duration_s
 from ..errors import UsageError
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -110,25 +111,6 @@ class LineArgs:
     idle_s: float = 10.0
     limit: int | None = None
     all: bool = False
-
-
-def duration_s(text: str) -> float:
-    """Seconds in a duration such as ``30d``, ``12h``, ``45m``, ``90s`` or ``3600`` (as ``wf gc``).
-
-    Raises:
-        argparse.ArgumentTypeError: not a duration, or a negative one.
-    """
-    units = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
-    number, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "s")
-    try:
-        value = float(number) * units[unit]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a duration like 30d, 12h, 45m or 90s (got {text!r})"
-        ) from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a duration >= 0 (got {text!r})")
-    return value
 
 
 class _Parser(argparse.ArgumentParser):

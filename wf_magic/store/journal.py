@@ -337,22 +337,28 @@ def find_in_run(
     conn: sqlite3.Connection, *, run_id: str, input_hash: str, unit_id: str
 ) -> AttemptRow | None:
     """The newest succeeded/reused attempt of ``unit_id`` in ``run_id`` with that input."""
-    row = conn.execute(
-        f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE run_id = ? AND unit_id = ? AND"
-        " input_hash = ? AND status IN ('succeeded','reused') ORDER BY attempt_pk DESC LIMIT 1",
-        (run_id, unit_id, input_hash),
-    ).fetchone()
-    return from_row(AttemptRow, row) if row else None
+    return _newest(conn, run_id, unit_id, input_hash, ("succeeded", "reused"))
 
 
 def latest_verdict(
     conn: sqlite3.Connection, *, run_id: str, unit_id: str, input_hash: str
 ) -> AttemptRow | None:
     """The newest succeeded verdict attempt of a gate unit for one judge input."""
+    return _newest(conn, run_id, unit_id, input_hash, ("succeeded",))
+
+
+def _newest(
+    conn: sqlite3.Connection,
+    run_id: str,
+    unit_id: str,
+    input_hash: str,
+    statuses: tuple[str, ...],
+) -> AttemptRow | None:
+    marks = ", ".join("?" for _ in statuses)
     row = conn.execute(
         f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE run_id = ? AND unit_id = ? AND"
-        " input_hash = ? AND status = 'succeeded' ORDER BY attempt_pk DESC LIMIT 1",
-        (run_id, unit_id, input_hash),
+        f" input_hash = ? AND status IN ({marks}) ORDER BY attempt_pk DESC LIMIT 1",
+        (run_id, unit_id, input_hash, *statuses),
     ).fetchone()
     return from_row(AttemptRow, row) if row else None
 

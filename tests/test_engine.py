@@ -397,3 +397,21 @@ def test_runners_are_closed_on_every_exit_path(engine: Engine, interrupt: bool) 
     else:
         assert engine.run(src).status == "completed"
     assert _Closing.closed == 1
+
+
+def test_scripted_runner_answers_from_a_mapping_and_refuses_unknown_options(engine: Engine) -> None:
+    src = (
+        "name: m\nrunners:\n  scripted:\n    replies:\n      'Say hello.': {greeting: hi}\n"
+        "steps:\n  - id: a\n    prompt: 'Say hello.'\n"
+    )
+    run = engine.run(src)
+    assert run.result == {"greeting": "hi"}
+    from wf_magic import DefinitionError
+
+    with pytest.raises(DefinitionError) as info:
+        engine.run(
+            "name: m2\nrunners:\n  scripted:\n    rule: []\nsteps:\n  - id: a\n    prompt: x\n"
+        )
+    assert str(info.value).startswith(
+        "runners.scripted: runner options rejected: runner 'scripted': unknown option(s) ['rule']"
+    )

@@ -1,10 +1,13 @@
 """The offline ``scripted`` runner: deterministic replies from a rule table or a function.
 
-Rules are tried in order; the first whose ``match`` (a regex searched in the rendered prompt,
+``replies`` maps an exact prompt (surrounding whitespace ignored) to its reply; then
+rules are tried in order; the first whose ``match`` (a regex searched in the rendered prompt,
 or the argv joined by spaces) hits answers::
 
     runners:
       scripted:
+        replies:
+          "Say hello.": "Hello!"            # exact prompt → reply
         rules:
           - match: "Outline"
             reply: {sections: [intro, method, results]}   # text or JSON
@@ -96,18 +99,34 @@ class ScriptedRunner(BaseRunner):
         self,
         rules: Sequence[Mapping[str, Any] | Rule] = (),
         *,
+        replies: Mapping[str, Any] | None = None,
         fn: ReplyFunction | None = None,
         model: str = "scripted-1",
     ):
-        self.rules = [r if isinstance(r, Rule) else Rule.parse(r, i) for i, r in enumerate(rules)]
+        exact = [
+            Rule(match=re.compile(r"^\s*" + re.escape(prompt.strip()) + r"\s*$"), reply=reply)
+            for prompt, reply in (replies or {}).items()
+        ]
+        parsed = [r if isinstance(r, Rule) else Rule.parse(r, i) for i, r in enumerate(rules)]
+        self.rules = [*exact, *parsed]
         self.fn = fn
         self.model = model
 
     @classmethod
     def from_context(cls, ctx: RunnerContext) -> ScriptedRunner:
-        """Factory: rules from the plan's ``runners: {<name>: {rules: [...]}}``."""
+        """Factory: ``rules`` and ``replies`` from the plan's ``runners: {<name>: {...}}``."""
+        unknown = set(ctx.options) - {"rules", "replies", "model"}
+        if unknown:
+            raise RunnerError(
+                f"runner {ctx.name!r}: unknown option(s) {sorted(unknown)}; the scripted runner "
+                "takes rules, replies and model"
+            )
         try:
-            return cls(ctx.options.get("rules", []), model=ctx.options.get("model", "scripted-1"))
+            return cls(
+                ctx.options.get("rules", []),
+                replies=ctx.options.get("replies"),
+                model=ctx.options.get("model", "scripted-1"),
+            )
         except ValueError as exc:
             raise RunnerError(f"runner {ctx.name!r}: {exc}") from exc
 

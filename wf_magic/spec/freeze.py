@@ -413,6 +413,7 @@ def _check_runners(spec: WorkflowSpec, src: _Source) -> None:
                     "and name the variable instead (e.g. api_key_env)",
                     ("runners", name, key),
                 )
+        _try_runner(spec.name, name, kind, options, src)
     usable = known | set(spec.runners)
     refs: list[tuple[str, Path]] = [(spec.runner, ("runner",))]
     for i, step in enumerate(spec.steps):
@@ -423,6 +424,29 @@ def _check_runners(spec: WorkflowSpec, src: _Source) -> None:
     for name, at in refs:
         if name not in usable:
             raise src.error(f"unknown runner {name!r}; known runners: {sorted(usable)}", at)
+
+
+def _try_runner(workflow: str, name: str, kind: str, options: dict[str, Any], src: _Source) -> None:
+    """Build the runner once so bad options (unknown keys, bad regexes) fail at freeze time.
+
+    Factories are lazy (no client, no connection until the first unit), so this is cheap.
+    """
+    from ..runners.base import RunnerContext
+    from ..runners.registry import runner_factory
+
+    factory = runner_factory(kind)
+    if factory is None:
+        return
+    context = RunnerContext(
+        name=name,
+        options={k: v for k, v in options.items() if k != "type"},
+        state_dir="",
+        workflow=workflow,
+    )
+    try:
+        factory(context).close()
+    except Exception as exc:  # a plugin may raise anything; it is the author's error here
+        raise src.error(f"runner options rejected: {exc}", ("runners", name)) from None
 
 
 def _templates_of(step: StepSpec) -> list[tuple[str, Path, bool]]:

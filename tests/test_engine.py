@@ -415,3 +415,38 @@ def test_scripted_runner_answers_from_a_mapping_and_refuses_unknown_options(engi
     assert str(info.value).startswith(
         "runners.scripted: runner options rejected: runner 'scripted': unknown option(s) ['rule']"
     )
+
+
+def test_concurrent_units_share_the_token_allowance_and_never_overshoot(engine: Engine) -> None:
+    import threading
+    import time as _time
+
+    from wf_magic import UnitResult, register_runner
+
+    offers: list[int | None] = []
+    lock = threading.Lock()
+
+    class Greedy:
+        """Spends exactly what it is offered, like a model writing up to max_tokens."""
+
+        def run(self, request):  # type: ignore[no-untyped-def]
+            with lock:
+                offers.append(request.max_tokens)
+            _time.sleep(0.02)
+            return UnitResult(output="x", tokens_in=0, tokens_out=request.max_tokens or 0)
+
+        def close(self) -> None:
+            return None
+
+    register_runner("greedy-test", lambda ctx: Greedy(), replace=True)
+    src = (
+        "name: g\nrunner: greedy-test\nbudget: {max_tokens: 100}\nexecution: "
+        "{max_concurrency: 4}\nsteps:\n  - id: a\n    map: '{{ range(12) | list }}'\n"
+        "    prompt: 'unit {{ item }}'\n"
+    )
+    run = engine.run(src)
+    assert run.status == "failed" and "max_tokens" in (run.reason or "")
+    spent = sum(a.tokens_out for a in engine.attempts(run))
+    assert spent <= 100
+    assert all(o is not None and o >= 1 for o in offers)
+    assert offers[:4] == [25, 25, 25, 25]  # four slots share the 100 tokens

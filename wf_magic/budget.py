@@ -18,6 +18,7 @@ class Budget:
     units: int = 0
     tokens: int = 0
     cost: float = 0.0
+    _offered: int = field(default=0, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def check(self, *, run_id: str, step_id: str, unit_id: str) -> None:
@@ -55,7 +56,28 @@ class Budget:
             self.cost += cost or 0.0
 
     def tokens_left(self) -> int | None:
-        """Tokens a runner may still spend (None: no token ceiling)."""
+        """Tokens not yet spent (None: no token ceiling)."""
         if self.spec.max_tokens is None:
             return None
         return max(0, self.spec.max_tokens - self.tokens)
+
+    def offer(self, *, slots: int) -> int | None:
+        """Reserve a share of the unspent tokens for one unit about to be dispatched.
+
+        The share is what is neither spent nor offered to units in flight, split over the
+        free dispatch ``slots``; the offers together never pass the ceiling, so concurrent
+        units that honour their offer cannot overshoot it. None: no token ceiling.
+        """
+        if self.spec.max_tokens is None:
+            return None
+        with self._lock:
+            free = max(0, self.spec.max_tokens - self.tokens - self._offered)
+            share = max(free // max(1, slots), min(free, 1))
+            self._offered += share
+            return share
+
+    def release(self, offer: int | None) -> None:
+        """Return a finished unit's offer (its real usage is charged separately)."""
+        if offer:
+            with self._lock:
+                self._offered -= offer

@@ -52,6 +52,8 @@ class _Job:
     reclaimed: AttemptRow | None = None
     tries: int = 0
     not_before: float = 0.0
+    offer: int | None = None
+    """Tokens reserved for this dispatch (``UnitRequest.max_tokens``); released on finish."""
 
 
 @dataclass(slots=True)
@@ -145,8 +147,15 @@ def _schedule(driver: Driver, step: PlanStep, jobs: deque[_Job], work: LoopWork)
                 job = _next_ready(jobs)
                 if job is None:
                     break
+                job.offer = driver.budget.offer(slots=limit - len(in_flight))
+                if job.offer == 0 and in_flight:
+                    # Every unspent token is promised to units in flight: wait for one.
+                    driver.budget.release(job.offer)
+                    jobs.appendleft(job)
+                    break
                 started = _start(driver, step, job, work, executor)
                 if started is None:
+                    driver.budget.release(job.offer)
                     halt = work.budget_error is not None or bool(work.blocked)
                     continue
                 in_flight[started[0]] = (started[1], started[2])
@@ -220,7 +229,7 @@ def _start(
         except Exception as exc:
             future.set_exception(exc)
         return future, job, attempt
-    request = _request(driver, step, unit, attempt)
+    request = _request(driver, step, unit, attempt, job.offer)
     try:
         runner = driver.runner(unit.runner)
     except (
@@ -236,7 +245,9 @@ def _start(
     return executor.submit(runner.run, request), job, attempt
 
 
-def _request(driver: Driver, step: PlanStep, unit: UnitPlan, attempt: AttemptRow) -> UnitRequest:
+def _request(
+    driver: Driver, step: PlanStep, unit: UnitPlan, attempt: AttemptRow, job_offer: int | None
+) -> UnitRequest:
     env: dict[str, str] = {}
     if unit.kind == "exec":
         item = (
@@ -272,7 +283,7 @@ def _request(driver: Driver, step: PlanStep, unit: UnitPlan, attempt: AttemptRow
         timeout_s=step.timeout_s,
         item=unit.item,
         index=unit.item_index,
-        max_tokens=driver.budget.tokens_left(),
+        max_tokens=job_offer,
         env=env,
     )
 
@@ -287,6 +298,8 @@ def _finish(
     jobs: deque[_Job],
 ) -> bool:
     """Journal a finished unit; returns False when it failed for good."""
+    driver.budget.release(job.offer)
+    job.offer = None
     exc = future.exception()
     if exc is None:
         result = future.result()

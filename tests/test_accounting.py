@@ -172,15 +172,16 @@ def test_reused_attempts_show_zero_tokens_their_source_and_what_they_saved(
     ]
     assert rows == [
         ("outline", 1, "reused", 0, False, 13, sources["outline@1"]),
-        ("outline.gate:l1", 1, "succeeded", 35, False, 0, None),  # judges always run, free
+        # an unchanged judge input reuses its llm verdict too (never a person's)
+        ("outline.gate:l1", 1, "reused", 0, False, 35, sources["outline.gate:l1@1"]),
         ("outline", 2, "reused", 0, False, 18, sources["outline@2"]),
-        ("outline.gate:l2", 2, "succeeded", 29, False, 0, None),
+        ("outline.gate:l2", 2, "reused", 0, False, 29, sources["outline.gate:l2@2"]),
         ("draft[0]", 1, "reused", 0, False, 12, sources["draft[0]@1"]),
         ("draft[1]", 1, "reused", 0, False, 12, sources["draft[1]@1"]),
         ("draft[2]", 1, "reused", 0, False, 12, sources["draft[2]@1"]),
         ("check", 1, "reused", 0, False, 0, sources["check@1"]),
     ]
-    assert again.stats is not None and (again.stats.reused, again.stats.saved_tokens) == (6, 67)
+    assert again.stats is not None and (again.stats.reused, again.stats.saved_tokens) == (8, 131)
     everything = engine.journal()
     assert len(everything) == 16
     assert everything["run"].tolist() == [ledger.run_id] * 8 + [again.run_id] * 8
@@ -236,7 +237,7 @@ def test_tokens_by_run_across_runs_report_saved_tokens(engine: Engine, ledger: R
     tokens = engine.tokens(by="run")
     assert [
         (r.run, r.attempts, r.tokens, r.saved_tokens) for r in tokens.itertuples(index=False)
-    ] == [(ledger.run_id, 8, 131, 0), (again.run_id, 8, 64, 67)]
+    ] == [(ledger.run_id, 8, 131, 0), (again.run_id, 8, 0, 131)]  # judges reused too
 
 
 # -- budget -----------------------------------------------------------------------------------
@@ -264,7 +265,7 @@ def test_budget_frame_reports_used_against_limit(engine: Engine, ledger: Run) ->
     again = engine.run(LEDGER, new=True)
     frame = engine.budget(again.run_id)
     assert frame["used"].tolist() == [0.0, 0.0, 0.0]
-    assert frame["saved"].tolist() == [6.0, 67.0, 0.0]
+    assert frame["saved"].tolist() == [6.0, 131.0, 0.0]  # 6 work units; tokens incl. judges
 
 
 # -- the CLI ----------------------------------------------------------------------------------

@@ -328,11 +328,11 @@ def test_gate_rows_and_reused_attempts_are_not_charged_and_saved_tokens_are_repo
         ("draft[0]", "reused", False, 0, 10),
         ("draft[1]", "reused", False, 0, 10),
         ("draft[2]", "reused", False, 0, 10),
-        ("draft.gate:l1", "succeeded", False, 440, 0),
+        ("draft.gate:l1", "reused", False, 0, 440),  # same judge input: the verdict is reused
         ("title", "succeeded", True, 7, 0),
     ]
     assert second.stats is not None
-    assert (second.stats.dispatched, second.stats.reused, second.stats.saved_tokens) == (1, 3, 30)
+    assert (second.stats.dispatched, second.stats.reused, second.stats.saved_tokens) == (1, 4, 470)
     expected = pd.DataFrame(
         {
             "ceiling": pd.array(["units", "tokens", "cost"], dtype="string"),
@@ -340,7 +340,7 @@ def test_gate_rows_and_reused_attempts_are_not_charged_and_saved_tokens_are_repo
             "limit": [1.0, 100.0, math.nan],
             "remaining": [0.0, 93.0, math.nan],
             "used_fraction": [1.0, 0.07, math.nan],
-            "saved": [3.0, 30.0, 0.0],
+            "saved": [3.0, 470.0, 0.0],
         }
     )
     pd.testing.assert_frame_equal(engine.budget(second.run_id), expected)
@@ -466,7 +466,7 @@ def test_the_budget_demo_example_behaves_as_its_header_says(engine: Engine) -> N
     assert reused.status == "completed"
     assert reused.stats is not None and (reused.stats.dispatched, reused.stats.saved_tokens) == (
         0,
-        240,
+        460,  # 240 of work + the judge's 220
     )
     assert budget_used(engine, reused.run_id) == {"units": 0.0, "tokens": 0.0, "cost": 0.0}
 

@@ -80,7 +80,8 @@ def _publish(engine: Engine, driver: Driver, step: PlanStep, unit: UnitPlan) -> 
             wf,
             params,
             scope=scope_key(plan.name, params),
-            use_cache=bool(driver.run.use_cache),
+            # A fork re-executes from its fork step: a child there runs afresh.
+            use_cache=bool(driver.run.use_cache) and not driver.reexecutes(step),
             parent=driver.run,
             invocation_key=unit.unit_id,
         )

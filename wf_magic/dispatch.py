@@ -117,7 +117,6 @@ def run_units(
         tries = 0 if driver.reopened else _retry_streak(attempts, unit.input_hash)
         jobs.append(_Job(index=i, unit=unit, reclaimed=reclaim, tries=tries))
     if jobs:
-        driver.before_dispatch(step, units[0].loop)
         _schedule(driver, step, jobs, work)
     return work
 
@@ -205,8 +204,9 @@ def _start(
                 work.budget_error = str(exc)
                 driver.emit("warning", step_id=step.id, message=str(exc))
                 return None
+        driver.before_dispatch(step, unit.loop)
         attempt = driver.reserve(unit)
-    else:
+    else:  # a reclaim writes nothing until its outcome: a re-stop stays a no-op
         driver.emit(
             "unit_reclaimed", step_id=step.id, unit_id=unit.unit_id, dispatch_id=attempt.dispatch_id
         )
@@ -217,7 +217,8 @@ def _start(
         try:
             future.set_result(driver.run_inline(step, unit, attempt))
         except ChildBudgetStop as exc:
-            driver.finish_error(attempt, RunnerError(str(exc), executed=False))
+            # The child stays as it is (failed on the shared budget) and so does this unit's
+            # attempt: a re-drive re-stops exactly the same way and writes nothing.
             work.budget_error = str(exc)
             return None
         except ChildBlocked as exc:

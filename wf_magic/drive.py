@@ -427,6 +427,12 @@ class Driver:
             ),
         )
 
+    def reexecutes(self, step: PlanStep) -> bool:
+        """Whether this run is a fork and ``step`` is at or after its fork step."""
+        if self._fork_index is None:
+            return False
+        return [s.id for s in self.plan.steps].index(step.id) >= self._fork_index
+
     def try_reuse(self, step: PlanStep, unit: UnitPlan) -> AttemptRow | None:
         source = self._reuse_source(step, unit)
         if source is None:
@@ -457,8 +463,7 @@ class Driver:
 
     def _reuse_source(self, step: PlanStep, unit: UnitPlan) -> AttemptRow | None:
         if self._fork_index is not None:
-            position = next(i for i, s in enumerate(self.plan.steps) if s.id == step.id)
-            if position >= self._fork_index or self.run.forked_from is None:
+            if self.reexecutes(step) or self.run.forked_from is None:
                 return None
             forked_from = self.run.forked_from
             return self.engine.read(

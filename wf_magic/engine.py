@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sqlite3
 import threading
@@ -384,10 +385,9 @@ class Engine(FrameMethods):
             return DriveStats()
         if run.stop_requested and run.parent_run_id is None:
             self.write(lambda c: run_sql.set_stop_requested(c, run.run_id, False))
+        # A failed run is re-opened in effect, not in a write: its status changes only if the
+        # drive gets further, so re-driving a run that fails the same way writes nothing.
         reopened = run.status == "failed"
-        if reopened:
-            self.set_run_status(run.run_id, "active", reason=None)
-            run = self.get_run(run.run_id)
         if budget is None:
             budget = self._seed_budget(run, plan)
         driver = Driver(
@@ -474,10 +474,12 @@ class Engine(FrameMethods):
     def fork(self, run_id: RunRef, *, from_step: str) -> Run:
         """A new run with the same frozen plan reusing every result before ``from_step``.
 
-        The fork is created, not driven: pass it to :meth:`drive`.
+        The fork is created, not driven: pass it to :meth:`drive`. An unfinished source is
+        superseded by the fork (one unfinished run per scope).
 
         Raises:
             UsageError: ``from_step`` is not a step of the run's plan.
+            RunLockHeld: the unfinished source is being driven.
         """
         source = self.get_run(self.resolve_run_id(run_id))
         plan, params = self.verified_plan(source)
@@ -495,15 +497,25 @@ class Engine(FrameMethods):
             plan_json=source.plan_json,
             plan_hash=source.plan_hash,
         )
-        run_id = self.create_run(
-            wf,
-            params,
-            scope=source.scope_key,
-            use_cache=True,
-            forked_from=source,
-            fork_step=from_step,
+        run_id = new_run_id()
+        unfinished = source.status in ("active", "blocked", "failed")
+        with RunLock(self.lock_dir, source.run_id) if unfinished else contextlib.nullcontext():
+            self.create_run(
+                wf,
+                params,
+                run_id=run_id,
+                supersede=source.run_id if unfinished else None,
+                scope=source.scope_key,
+                use_cache=True,
+                forked_from=source,
+                fork_step=from_step,
+            )
+        warnings = (
+            [f"run {source.run_id} was unfinished and is now abandoned (superseded by {run_id})"]
+            if unfinished
+            else []
         )
-        return self._handle(run_id, created=True, warnings=[])
+        return self._handle(run_id, created=True, warnings=warnings)
 
     def approve(
         self, run_id: RunRef, step_id: str, *, feedback: str | None = None, loop: int | None = None

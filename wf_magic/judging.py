@@ -83,6 +83,8 @@ def obtain_verdict(
             c, run_id=driver.run.run_id, input_hash=input_hash, unit_id=unit_id
         )
     )
+    if recorded is None:
+        recorded = _reuse_verdict(driver, step, loop, runner, model, input_hash)
     if recorded is not None and recorded.output_json:
         verdict = Verdict.from_json(json.loads(recorded.output_json))
         return spine.Judged(verdict=verdict, input_hash=input_hash, summary=summary)
@@ -119,6 +121,56 @@ def obtain_verdict(
         missing=list(verdict.missing),
     )
     return spine.Judged(verdict=verdict, input_hash=input_hash, summary=summary)
+
+
+def _reuse_verdict(
+    driver: Driver, step: PlanStep, loop: int, runner: str, model: str | None, input_hash: str
+) -> AttemptRow | None:
+    """A verdict this run may take instead of judging again, journaled as ``reused``.
+
+    A fork takes every verdict of its prefix from its source run (a person's too: it is the
+    same history). Otherwise llm/expr verdicts on the same judge input are reused across runs
+    like work units (cache permitting); a person's decision never is.
+    """
+    unit_id = gate_unit_id(step.id, loop)
+    run = driver.run
+    source: AttemptRow | None = None
+    if run.forked_from and run.fork_step and not driver.reexecutes(step):
+        forked_from = run.forked_from
+        source = driver.engine.read(
+            lambda c: jsql.find_in_run(
+                c, run_id=forked_from, input_hash=input_hash, unit_id=unit_id
+            )
+        )
+    elif run.use_cache and step.cache and runner != "human" and not run.fork_step:
+        source = driver.engine.read(
+            lambda c: jsql.find_reusable_verdict(
+                c,
+                workflow=driver.plan.name,
+                unit_id=unit_id,
+                input_hash=input_hash,
+                runner=runner,
+                exclude_run_id=run.run_id,
+            )
+        )
+    if source is None:
+        return None
+    driver.stats.reused += 1
+    driver.stats.saved_tokens += source.tokens_in + source.tokens_out + source.saved_tokens
+    key = gate_key(driver, step.id, loop, runner=source.runner, model=model, input_hash=input_hash)
+    finish = jsql.Finish(status="reused", output_json=source.output_json, model=source.model)
+    saved = source.tokens_in + source.tokens_out + source.saved_tokens
+    row: AttemptRow = driver.store_write(
+        lambda c: jsql.record_terminal_attempt_txn(
+            c,
+            key,
+            finish,
+            reused_from=source.reused_from or source.dispatch_id,
+            saved_tokens=saved,
+            event="unit_reused",
+        )
+    )
+    return row
 
 
 def _judge_runner(driver: Driver, step: PlanStep, gate: GateSpec) -> tuple[str, str | None]:

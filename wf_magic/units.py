@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -75,7 +76,10 @@ def template_context(
 
 @functools.lru_cache(maxsize=1024)
 def _places_feedback(prompt: str) -> bool:
-    return "gate" in references(prompt).names
+    """Whether the template itself places ``gate.feedback`` or ``gate.missing``."""
+    return "gate" in references(prompt).names and bool(
+        re.search(r"gate\s*(?:\.\s*|\[\s*['\"])(?:feedback|missing)\b", prompt)
+    )
 
 
 def feedback_block(feedback: Feedback) -> str:

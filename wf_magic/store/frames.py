@@ -297,7 +297,7 @@ def _budget_figures(conn: sqlite3.Connection, run_id: str) -> tuple[float, ...]:
         _TREE_CTE + "SELECT TOTAL(a.charged = 1),"
         " TOTAL(CASE WHEN a.charged = 1 THEN a.tokens_in + a.tokens_out END),"
         " TOTAL(CASE WHEN a.charged = 1 THEN a.cost END),"
-        " TOTAL(a.status = 'reused'), TOTAL(a.saved_tokens),"
+        " TOTAL(a.status = 'reused' AND a.phase = 'work'), TOTAL(a.saved_tokens),"
         " TOTAL(CASE WHEN a.status = 'reused' THEN source.cost END)"
         " FROM attempts AS a LEFT JOIN attempts AS source ON source.dispatch_id = a.reused_from"
         " WHERE a.run_id IN tree"

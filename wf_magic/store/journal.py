@@ -333,6 +333,25 @@ def find_reusable(
     return from_row(AttemptRow, row) if row else None
 
 
+def find_reusable_verdict(
+    conn: sqlite3.Connection,
+    *,
+    workflow: str,
+    unit_id: str,
+    input_hash: str,
+    runner: str,
+    exclude_run_id: str,
+) -> AttemptRow | None:
+    """The newest llm/expr verdict of another run of ``workflow`` on the same judge input."""
+    row = conn.execute(
+        f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE workflow = ? AND input_hash = ? AND"
+        " status = 'succeeded' AND runner = ? AND runner != 'human' AND run_id != ? AND"
+        " phase = 'gate' AND unit_id = ? ORDER BY attempt_pk DESC LIMIT 1",
+        (workflow, input_hash, runner, exclude_run_id, unit_id),
+    ).fetchone()
+    return from_row(AttemptRow, row) if row else None
+
+
 def find_in_run(
     conn: sqlite3.Connection, *, run_id: str, input_hash: str, unit_id: str
 ) -> AttemptRow | None:

@@ -204,3 +204,28 @@ def test_gc_deletes_finished_runs_older_than_a_duration(tmp_path: Path, state_di
     code, out, _ = _cli("--db", str(state_dir), "gc", "--older-than", "0s")
     assert code == 0 and run_id in out
     assert db_rows(state_dir, "SELECT COUNT(*) FROM attempts") == [(0,)]
+
+
+def test_list_all_shows_child_runs_with_their_parent(tmp_path: Path, state_dir: Path) -> None:
+    wf = tmp_path / "wf.yaml"
+    wf.write_text(
+        "name: p\nsteps:\n  - id: c\n    workflow: kid\n---\nname: kid\nsteps:\n"
+        "  - id: k\n    prompt: hi\n"
+    )
+    assert _cli("--db", str(state_dir), "run", str(wf))[0] == 0
+    _, plain, _ = _cli("--db", str(state_dir), "list")
+    _, everything, _ = _cli("list", "--all", "--db", str(state_dir))
+    parent = str(db_rows(state_dir, "SELECT run_id FROM runs WHERE parent_run_id IS NULL")[0][0])
+    assert len(plain.splitlines()) == 1
+    assert len(everything.splitlines()) == 2 and f"(child of {parent})" in everything
+
+
+def test_a_comment_only_edit_warns_once(tmp_path: Path, state_dir: Path) -> None:
+    wf = tmp_path / "wf.yaml"
+    wf.write_text("name: c\nsteps:\n  - id: a\n    prompt: x\n  - id: b\n    prompt: y\n")
+    assert _cli("--db", str(state_dir), "run", str(wf), "--max-steps", "1")[0] == 0
+    wf.write_text("# a comment\n" + wf.read_text())
+    code, _, err = _cli("--db", str(state_dir), "run", str(wf))
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert code == 0 and len(warnings) == 1
+    assert "do not change the plan" in warnings[0]

@@ -23,6 +23,7 @@ from .errors import (
     WorkflowError,
 )
 from .run import Run
+from .spec.freeze import Workflow
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BLOCKED, EXIT_LOCKED, EXIT_INTERRUPTED = 0, 1, 2, 3, 75, 130
 ERROR_EXIT_CODES: list[tuple[type[BaseException], int]] = [
@@ -52,7 +53,9 @@ def _print_run(run: Run, out: Callable[[str], None]) -> int:
     return run.exit_code
 
 
-def _drive(engine: Engine, run_id: str, args: argparse.Namespace) -> int:
+def _drive(
+    engine: Engine, run_id: str, args: argparse.Namespace, live_source: Workflow | None = None
+) -> int:
     stop = threading.Event()
     previous = {sig: signals.getsignal(sig) for sig in (signals.SIGTERM, signals.SIGINT)}
 
@@ -71,6 +74,7 @@ def _drive(engine: Engine, run_id: str, args: argparse.Namespace) -> int:
             signal=stop,
             max_concurrency=getattr(args, "max_concurrency", None),
             max_retries=getattr(args, "max_retries", 0) or 0,
+            live_source=live_source,
         )
     finally:
         for sig, handler in previous.items():
@@ -105,7 +109,7 @@ def cmd_run(engine: Engine, args: argparse.Namespace) -> int:
     for w in started.warnings:
         print(f"warning: {w}", file=sys.stderr)
     print(f"run {started.run_id} ({'new' if started.created else 'existing'})", flush=True)
-    return _drive(engine, started.run_id, args)
+    return _drive(engine, started.run_id, args, live_source=wf)
 
 
 def cmd_resume(engine: Engine, args: argparse.Namespace) -> int:
@@ -124,12 +128,15 @@ def cmd_status(engine: Engine, args: argparse.Namespace) -> int:
 
 
 def cmd_list(engine: Engine, args: argparse.Namespace) -> int:
-    runs = engine.list_runs(limit=getattr(args, "limit", None))
+    runs = engine.list_runs(
+        include_children=getattr(args, "all", False), limit=getattr(args, "limit", None)
+    )
     if not runs:
         print(f"no runs in {engine.db_path}")
     for row in runs:
         reason = f"  {row.status_reason}" if row.status_reason else ""
-        print(f"{row.run_id}  {row.workflow:<20} {row.status:<10}{reason}")
+        parent = f"  (child of {row.parent_run_id})" if row.parent_run_id else ""
+        print(f"{row.run_id}  {row.workflow:<20} {row.status:<10}{reason}{parent}")
     return EXIT_OK
 
 
@@ -249,7 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--max-concurrency", type=count_at_least(1))
         sp.add_argument("--max-retries", type=count_at_least(0), default=0)
     add("status", cmd_status, "show a run (or list runs)").add_argument("run", nargs="?")
-    add("list", cmd_list, "list runs").add_argument("--limit", type=int)
+    ls = add("list", cmd_list, "list runs")
+    ls.add_argument("--limit", type=count_at_least(1))
+    ls.add_argument("--all", action="store_true", help="child runs too (with their parent)")
     for name, fn in (("journal", cmd_journal), ("events", cmd_events)):
         sp = add(name, fn, f"print a run's {name}")
         sp.add_argument("run")

@@ -277,14 +277,17 @@ class Engine(FrameMethods):
         max_retries: int = 0,
     ) -> Run:
         """Start (or find) the run for ``source`` and drive it; see :meth:`start`, :meth:`drive`."""
+        wf = source if isinstance(source, Workflow) else self.load(source)
         started = self.start(
-            source,
+            wf,
             params=params,
             new=new,
             no_cache=no_cache,
             params_from_strings=params_from_strings,
         )
-        handle = self.drive(started, max_steps=max_steps, signal=signal, max_retries=max_retries)
+        handle = self.drive(
+            started, max_steps=max_steps, signal=signal, max_retries=max_retries, live_source=wf
+        )
         handle.warnings[:0] = started.warnings
         handle.created = started.created
         return handle

@@ -66,6 +66,8 @@ def verify(run: RunRow) -> tuple[Plan, dict[str, Any]]:
 def drift_warnings(run: RunRow, live: Workflow | None) -> list[str]:
     """A warning when the live source (cell or file) differs from the run's frozen source."""
     current: str | None = None
+    if live is not None and live.plan_hash == run.plan_hash:
+        return []  # same plan: the caller already said the edit changes nothing that runs
     if live is not None:
         current = live.source_hash
     elif run.source_path and Path(run.source_path).is_file():

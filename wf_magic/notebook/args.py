@@ -142,7 +142,7 @@ def _command_parser(command: str) -> _Parser:
             nargs="?",
             const="step",
             default="step",
-            choices=["step", "model", "runner", "loop", "run"],
+            choices=["step", "model", "runner", "loop", "run", "phase"],
         )
     if command == "abandon":
         p.add_argument("--reason")

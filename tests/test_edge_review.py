@@ -12,8 +12,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from tests.helpers_flow import journal_counts, run_cli, use_runner
 from wf_magic import Engine, UnitRequest
 from wf_magic.store.records import AttemptRow

@@ -55,12 +55,6 @@ class Budget:
             self.tokens += tokens
             self.cost += cost or 0.0
 
-    def tokens_left(self) -> int | None:
-        """Tokens not yet spent (None: no token ceiling)."""
-        if self.spec.max_tokens is None:
-            return None
-        return max(0, self.spec.max_tokens - self.tokens)
-
     def offer(self, *, slots: int) -> int | None:
         """Reserve a share of the unspent tokens for one unit about to be dispatched.
 

@@ -4,13 +4,49 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import GateDecisionRefused
 from .gates import Verdict
 from .store import journal as jsql
 from .store import runs as run_sql
 from .store.records import AttemptRow
+
+if TYPE_CHECKING:
+    from .engine import Engine
+    from .runrows import RunRef
+
+
+def decide(
+    engine: Engine,
+    run_id: RunRef,
+    step_id: str,
+    *,
+    complete: bool,
+    feedback: str,
+    missing: tuple[str, ...],
+    loop: int | None,
+) -> int:
+    """Record a person's verdict on a blocked gate and tell observers; returns the loop."""
+    rid = engine.resolve_run_id(run_id)
+    workflow = engine.get_run(rid).workflow
+    verdict = Verdict(complete=complete, feedback=feedback, missing=missing, judge="human")
+    decided_loop = engine.write(
+        lambda c: record_human_verdict_txn(
+            c, rid, step_id, workflow=workflow, verdict=verdict, loop=loop
+        )
+    )
+    engine.emit(
+        "gate_verdict",
+        run_id=rid,
+        step_id=step_id,
+        loop=decided_loop,
+        complete=complete,
+        feedback=feedback,
+        missing=list(missing),
+        judge="human",
+    )
+    return decided_loop
 
 
 def record_human_verdict_txn(

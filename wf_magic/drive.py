@@ -382,7 +382,7 @@ class Driver:
             model=result.model,
             session_id=result.session_id,
         )
-        self._finish(attempt, finish)
+        self.finish_with(attempt, finish)
         return output
 
     def finish_error(self, attempt: AttemptRow, exc: RunnerError) -> str:
@@ -394,14 +394,11 @@ class Driver:
             tokens_in=exc.tokens_in,
             tokens_out=exc.tokens_out,
         )
-        self._finish(attempt, finish)
+        self.finish_with(attempt, finish)
         return failure
 
     def finish_with(self, attempt: AttemptRow, finish: jsql.Finish) -> None:
         """Finish a running attempt with ``finish`` (charged usage, event)."""
-        self._finish(attempt, finish)
-
-    def _finish(self, attempt: AttemptRow, finish: jsql.Finish) -> None:
         wrote = self.store_write(lambda c: jsql.finish_attempt_txn(c, attempt, finish))
         if wrote and attempt.charged:
             self.budget.charge_usage(finish.tokens_in + finish.tokens_out, finish.cost)
@@ -418,7 +415,7 @@ class Driver:
         )
 
     def abandon_attempt(self, attempt: AttemptRow) -> None:
-        self._finish(
+        self.finish_with(
             attempt,
             jsql.Finish(
                 status="failed",
@@ -479,7 +476,6 @@ class Driver:
                 workflow=self.plan.name,
                 input_hash=unit.input_hash,
                 runner=unit.runner,
-                model=unit.model,
                 exclude_run_id=self.run.run_id,
             )
         )

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import integrity
 from .budget import Budget
+from .decisions import decide
 from .errors import (
     PlanVersionError,
     UsageError,
@@ -336,7 +337,7 @@ class Engine(FrameMethods):
         run_id = self.resolve_run_id(run_id)
         with RunLock(self.lock_dir, run_id):
             run = self.get_run(run_id)
-            warnings = self._drift_warnings(run, live_source)
+            warnings = integrity.drift_warnings(run, live_source)
             stats = self._drive_locked(run, options, budget=None, depth=0)
             retries = 0
             while (
@@ -356,9 +357,6 @@ class Engine(FrameMethods):
         return handle
 
     resume = drive
-
-    def _drift_warnings(self, run: RunRow, live: Workflow | None) -> list[str]:
-        return integrity.drift_warnings(run, live)
 
     def verified_plan(self, run: RunRow) -> tuple[Plan, dict[str, Any]]:
         """Decode a run's plan and params after checking their hashes and plan_version.
@@ -531,8 +529,8 @@ class Engine(FrameMethods):
         Raises:
             GateDecisionRefused: the step is not waiting (or not at ``loop``), or was decided.
         """
-        return self._human_verdict(
-            run_id, step_id, complete=True, feedback=feedback or "", missing=(), loop=loop
+        return decide(
+            self, run_id, step_id, complete=True, feedback=feedback or "", missing=(), loop=loop
         )
 
     def reject(
@@ -552,42 +550,15 @@ class Engine(FrameMethods):
         """
         if not feedback or not feedback.strip():
             raise UsageError("a rejection needs feedback: say what to change (--feedback TEXT)")
-        return self._human_verdict(
-            run_id, step_id, complete=False, feedback=feedback, missing=tuple(missing), loop=loop
-        )
-
-    def _human_verdict(
-        self,
-        run_id: RunRef,
-        step_id: str,
-        *,
-        complete: bool,
-        feedback: str,
-        missing: tuple[str, ...],
-        loop: int | None,
-    ) -> int:
-        from .decisions import record_human_verdict_txn
-        from .gates import Verdict
-
-        run_id = self.resolve_run_id(run_id)
-        workflow = self.get_run(run_id).workflow
-        verdict = Verdict(complete=complete, feedback=feedback, missing=missing, judge="human")
-        decided_loop = self.write(
-            lambda c: record_human_verdict_txn(
-                c, run_id, step_id, workflow=workflow, verdict=verdict, loop=loop
-            )
-        )
-        self.emit(
-            "gate_verdict",
-            run_id=run_id,
-            step_id=step_id,
-            loop=decided_loop,
-            complete=complete,
+        return decide(
+            self,
+            run_id,
+            step_id,
+            complete=False,
             feedback=feedback,
-            missing=list(missing),
-            judge="human",
+            missing=tuple(missing),
+            loop=loop,
         )
-        return decided_loop
 
     def stop(self, run_id: RunRef) -> None:
         """Ask the run's driver (anywhere) to stop gracefully between units."""

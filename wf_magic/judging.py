@@ -144,13 +144,14 @@ def _reuse_verdict(
         )
     elif run.use_cache and step.cache and runner != "human" and not run.fork_step:
         source = driver.engine.read(
-            lambda c: jsql.find_reusable_verdict(
+            lambda c: jsql.find_reusable(
                 c,
                 workflow=driver.plan.name,
                 unit_id=unit_id,
                 input_hash=input_hash,
                 runner=runner,
                 exclude_run_id=run.run_id,
+                phase="gate",
             )
         )
     if source is None:

@@ -315,39 +315,21 @@ def find_reusable(
     workflow: str,
     input_hash: str,
     runner: str,
-    model: str | None,
     exclude_run_id: str,
+    phase: str = "work",
+    unit_id: str | None = None,
 ) -> AttemptRow | None:
     """The newest succeeded attempt of another run of ``workflow`` with the same input.
 
-    The requested ``model`` is part of ``input_hash``; the stored ``model`` column holds the
-    model that answered, so it is not compared here.
+    The requested model is part of ``input_hash`` (the ``model`` column holds the model that
+    answered, so it is not compared). Verdicts (``phase="gate"``) also match ``unit_id``, the
+    loop they judged; callers never look up a person's verdict (runner ``human``).
     """
-    del model
     row = conn.execute(
         f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE workflow = ? AND input_hash = ? AND"
-        " status = 'succeeded' AND runner = ? AND run_id != ? AND phase = 'work'"
-        " ORDER BY attempt_pk DESC LIMIT 1",
-        (workflow, input_hash, runner, exclude_run_id),
-    ).fetchone()
-    return from_row(AttemptRow, row) if row else None
-
-
-def find_reusable_verdict(
-    conn: sqlite3.Connection,
-    *,
-    workflow: str,
-    unit_id: str,
-    input_hash: str,
-    runner: str,
-    exclude_run_id: str,
-) -> AttemptRow | None:
-    """The newest llm/expr verdict of another run of ``workflow`` on the same judge input."""
-    row = conn.execute(
-        f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE workflow = ? AND input_hash = ? AND"
-        " status = 'succeeded' AND runner = ? AND runner != 'human' AND run_id != ? AND"
-        " phase = 'gate' AND unit_id = ? ORDER BY attempt_pk DESC LIMIT 1",
-        (workflow, input_hash, runner, exclude_run_id, unit_id),
+        " status = 'succeeded' AND runner = ? AND run_id != ? AND phase = ?"
+        " AND (? IS NULL OR unit_id = ?) ORDER BY attempt_pk DESC LIMIT 1",
+        (workflow, input_hash, runner, exclude_run_id, phase, unit_id, unit_id),
     ).fetchone()
     return from_row(AttemptRow, row) if row else None
 

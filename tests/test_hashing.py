@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from wf_magic.hashing import canonical_json, hash_value
 from wf_magic.spec.freeze import load_workflow
-from wf_magic.units import Feedback, build_units
+from wf_magic.drive.units import Feedback, build_units
 
 json_values = st.recursive(
     st.none()

@@ -13,7 +13,7 @@ import pytest
 from tests.openai_server import FakeChatServer, RecordedRequest, ScriptedResponse, completion_body
 from wf_magic.errors import RunnerError
 from wf_magic.runners.base import RunnerContext, UnitRequest
-from wf_magic.runners.builtin_openai import register
+from wf_magic.runners import builtin as _builtin  # noqa: F401  (registers openai and replay)
 from wf_magic.runners.openai_chat import OpenAIChatRunner
 from wf_magic.runners.registry import runner_factory
 
@@ -405,9 +405,7 @@ def test_invalid_options_are_refused(
     assert fragment in str(caught.value)
 
 
-def test_register_makes_openai_and_replay_known() -> None:
-    register()
-    register()  # idempotent
+def test_openai_and_replay_are_registered_like_plugins() -> None:
     assert runner_factory("openai") is not None
     assert runner_factory("replay") is not None
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .bus import Event
 from .engine import Engine
 from .errors import (
     BudgetExceeded,
@@ -20,14 +21,13 @@ from .errors import (
     UsageError,
     WorkflowError,
 )
-from .events import Event
-from .frames_api import budget, events, journal, runs, tokens
+from .frames import budget, events, journal, runs, tokens
 from .run import Run
 from .runners.base import Runner, RunnerContext, UnitRequest, UnitResult
+from .runners.functions import register_function
 from .runners.registry import register_runner
 from .runners.scripted import ScriptedRunner
 from .spec.freeze import Workflow, load_workflow
-from .spec.functions import register_function
 
 __all__ = [
     "BudgetExceeded",

@@ -13,29 +13,12 @@ from pathlib import Path
 from .argtypes import count_at_least, duration_s
 from .engine import Engine
 from .errors import (
-    BudgetExceeded,
-    DefinitionError,
-    GateDecisionRefused,
-    MigrationError,
-    PlanIntegrityError,
-    RunLockHeld,
     UsageError,
     WorkflowError,
 )
+from .exits import EXIT_INTERRUPTED, EXIT_OK, error_exit_code
 from .run import Run
 from .spec.freeze import Workflow
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_BLOCKED, EXIT_LOCKED, EXIT_INTERRUPTED = 0, 1, 2, 3, 75, 130
-ERROR_EXIT_CODES: list[tuple[type[BaseException], int]] = [
-    (RunLockHeld, EXIT_LOCKED),
-    (DefinitionError, EXIT_USAGE),
-    (UsageError, EXIT_USAGE),
-    (GateDecisionRefused, EXIT_USAGE),
-    (PlanIntegrityError, EXIT_FAILED),
-    (BudgetExceeded, EXIT_FAILED),
-    (MigrationError, EXIT_FAILED),
-    (WorkflowError, EXIT_FAILED),
-]
 
 
 def _params(pairs: Sequence[str]) -> dict[str, str]:
@@ -313,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except WorkflowError as exc:
         if args.debug:
             raise
-        code = next(c for cls, c in ERROR_EXIT_CODES if isinstance(exc, cls))
+        code = error_exit_code(exc)
         print(f"error: {exc}", file=sys.stderr)
         return code
     finally:

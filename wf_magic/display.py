@@ -6,14 +6,32 @@ import html
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from .drive.context import DriveStats
+from .drive.units import StepInputError, expand_items
+from .spec.kinds import KINDS
 from .spec.plan import Plan, PlanStep
-from .units import StepInputError, expand_items
+from .store.records import AttemptRow, BudgetUse, RunRow, StepRow
 
-if TYPE_CHECKING:
-    from .run import BudgetUse, Run
-    from .store.records import AttemptRow, StepRow
+
+class Run(Protocol):
+    """What a run rendering reads (a :class:`wf_magic.Run` handle is one)."""
+
+    run_id: str
+    stats: DriveStats | None
+    warnings: list[str]
+
+    @property
+    def row(self) -> RunRow: ...
+
+    @property
+    def steps(self) -> list[StepRow]: ...
+
+    def attempts(self) -> list[AttemptRow]: ...
+
+    def budget_use(self) -> BudgetUse: ...
+
 
 STATUS_COLOURS = {
     "completed": "#1a7f37",
@@ -171,7 +189,7 @@ def _facts(run: Run) -> _Facts:
     plan = Plan.model_validate_json(row.plan_json)
     params: dict[str, Any] = json.loads(row.params_json)
     rows = run.steps
-    attempts = run.engine.attempts(run.run_id)
+    attempts = run.attempts()
     lines = []
     for step in rows:
         mine = [a for a in attempts if a.step_id == step.step_id]
@@ -287,17 +305,7 @@ def run_html(run: Run) -> str:
 
 
 def _target(step: PlanStep) -> str:
-    if step.kind == "prompt":
-        lines = (step.prompt or "").strip().splitlines()
-        return lines[0][:60] if lines else ""
-    if step.kind == "exec":
-        return " ".join(step.argv or [])[:60]
-    if step.kind == "python":
-        return str(step.target)
-    if step.kind == "workflow":
-        return f"workflow {step.workflow}"
-    route = step.route
-    return f"on {route.on} → {route.cases}" if route else ""
+    return KINDS[step.kind].describe(step)
 
 
 def plan_rows(plan: Plan) -> list[dict[str, str]]:

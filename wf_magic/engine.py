@@ -1,47 +1,40 @@
-"""The Engine facade: start, drive, resume, approve, reject, abandon, fork, stop, gc, frames."""
+"""The Engine facade: start, drive, resume, approve, reject, abandon, fork, stop, gc, frames.
+
+Each verb is a few lines over the layers below it: ``lifecycle`` (start, fork),
+``drive`` (driving under the run lock), ``gates.human`` (decisions) and the ``Store``
+(every row and frame). The CLI and the magics are thin shells over this class.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import sqlite3
 import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from . import integrity
-from .budget import Budget
-from .decisions import decide
-from .errors import (
-    PlanVersionError,
-    UsageError,
-)
-from .events import Event, EventBus, Observer
-from .frame_methods import FrameMethods
+from . import lifecycle
+from .bus import EventBus, Observer
+from .drive.context import DriveOptions
+from .drive.integrity import verified_plan
+from .drive.root import drive_locked_run
+from .errors import UsageError
+from .gates.human import record_human_verdict
+from .gates.verdict import Verdict
 from .locking import RunLock, is_locked
 from .redact import Redactor
-from .runners.base import UnitResult
-from .runrows import RunRef, new_run_id, run_ref, run_row, scope_key
+from .run import Run, RunRef, run_ref
 from .spec.freeze import Workflow, load_workflow
-from .spec.params import resolve_params
-from .spec.plan import Plan, PlanStep
-from .store import journal as jsql
-from .store import runs as run_sql
-from .store.db import DB_FILENAME, default_state_dir, immediate, open_state_db
+from .store import Store
+from .store.db import DB_FILENAME, default_state_dir
 from .store.records import AttemptRow, RunRow, StepRow
 
 if TYPE_CHECKING:
-    from .drive import Driver, DriveStats
-    from .run import Run
-    from .units import UnitPlan
-
-T = TypeVar("T")
+    import pandas as pd
 
 
-class Engine(FrameMethods):
+class Engine:
     """Everything wf_magic does, as plain Python; the CLI and the magics are thin shells.
 
     Args:
@@ -74,35 +67,12 @@ class Engine(FrameMethods):
         self.executor = executor
         self.bus = EventBus()
         self.redactor = Redactor.from_environ()
-        self._conn: sqlite3.Connection | None = None
-        self._db_lock = threading.RLock()
-
-    # -- storage ----------------------------------------------------------------------------
-    @property
-    def conn(self) -> sqlite3.Connection:
-        """The engine's connection (opened and migrated on first use)."""
-        with self._db_lock:
-            if self._conn is None:
-                self._conn = open_state_db(self.db_path, durability=self.durability)
-            return self._conn
-
-    def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn(conn)`` in one BEGIN IMMEDIATE transaction."""
-        with self._db_lock:
-            with immediate(self.conn) as conn:
-                return fn(conn)
-
-    def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn(conn)`` for reading."""
-        with self._db_lock:
-            return fn(self.conn)
+        self.store = Store(self.db_path, durability=durability)
+        """Named queries over the state database (the only way to its rows)."""
 
     def close(self) -> None:
-        """Close the database connection."""
-        with self._db_lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+        """Close the database connections."""
+        self.store.close()
 
     def __enter__(self) -> Engine:
         return self
@@ -110,25 +80,9 @@ class Engine(FrameMethods):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- events -----------------------------------------------------------------------------
     def subscribe(self, observer: Observer) -> Callable[[], None]:
         """Receive engine events in-process; returns an unsubscribe function."""
         return self.bus.subscribe(observer)
-
-    def emit(
-        self,
-        kind: str,
-        *,
-        run_id: str,
-        step_id: str | None = None,
-        unit_id: str | None = None,
-        **data: Any,
-    ) -> None:
-        """Deliver an event to observers (no-op when nobody listens)."""
-        if self.bus.has_observers:
-            self.bus.emit(
-                Event(kind=kind, run_id=run_id, step_id=step_id, unit_id=unit_id, data=data)
-            )
 
     # -- workflows and runs -----------------------------------------------------------------
     def load(self, source: str | Path, *, source_name: str | None = None) -> Workflow:
@@ -145,23 +99,21 @@ class Engine(FrameMethods):
         Raises:
             UsageError: no such run (close matches are suggested).
         """
-        run_id = run_ref(run_id)
-        row = self.read(lambda c: run_sql.get_run(c, run_id))
+        rid = run_ref(run_id)
+        row = self.store.get_run(rid)
         if row is None:
-            near = self.read(lambda c: run_sql.find_run_prefix(c, run_id))
+            near = self.store.find_run_prefix(rid)
             hint = f" Did you mean {', '.join(near)}?" if near else " `wf list` shows the runs."
-            raise UsageError(f"No run {run_id!r} in {self.db_path}.{hint}", run_id=run_id)
+            raise UsageError(f"No run {rid!r} in {self.db_path}.{hint}", run_id=rid)
         return row
 
     def resolve_run_id(self, run_id: RunRef) -> str:
         """The full id of ``run_id``: an id, a unique prefix of one, or a ``Run`` handle."""
-        run_id = run_ref(run_id)
-        if self.read(lambda c: run_sql.get_run(c, run_id)) is not None:
-            return run_id
-        near = self.read(lambda c: run_sql.find_run_prefix(c, run_id))
-        if len(near) == 1:
-            return near[0]
-        return self.get_run(run_id).run_id
+        rid = run_ref(run_id)
+        if self.store.get_run(rid) is not None:
+            return rid
+        near = self.store.find_run_prefix(rid)
+        return near[0] if len(near) == 1 else self.get_run(rid).run_id
 
     def start(
         self,
@@ -186,84 +138,16 @@ class Engine(FrameMethods):
             RunLockHeld: the run to supersede is being driven.
         """
         wf = workflow if isinstance(workflow, Workflow) else self.load(workflow)
-        resolved = resolve_params(wf.plan, params, from_strings=params_from_strings)
-        scope = scope_key(wf.name, resolved)
-        latest = self.read(lambda c: run_sql.latest_in_scope(c, scope))
-        warnings: list[str] = []
-        if latest is not None and not new and latest.plan_hash == wf.plan_hash:
-            if latest.source_hash != wf.source_hash:
-                warnings.append(
-                    "the source changed only in ways that do not change the plan; "
-                    f"continuing run {latest.run_id}"
-                )
-            return self._handle(latest.run_id, created=False, warnings=warnings)
-        if latest is None or latest.status not in ("active", "blocked", "failed"):
-            run_id = self.create_run(wf, resolved, scope=scope, use_cache=not no_cache)
-            return self._handle(run_id, created=True, warnings=warnings)
-        # Supersede under the old run's lock, in the same transaction as the new run's insert:
-        # a driven run is refused (RunLockHeld) and nothing is half-written.
-        run_id = new_run_id()
-        with RunLock(self.lock_dir, latest.run_id):
-            self.create_run(
-                wf,
-                resolved,
-                scope=scope,
-                use_cache=not no_cache,
-                run_id=run_id,
-                supersede=latest.run_id,
-            )
-        self.emit(
-            "run_status", run_id=latest.run_id, status="abandoned", reason=f"superseded by {run_id}"
+        started = lifecycle.start(
+            self.store,
+            self.bus,
+            wf,
+            params=params,
+            new=new,
+            no_cache=no_cache,
+            params_from_strings=params_from_strings,
         )
-        warnings.append(
-            f"run {latest.run_id} was unfinished and is now abandoned (superseded by {run_id})"
-        )
-        return self._handle(run_id, created=True, warnings=warnings)
-
-    def _handle(self, run_id: str, *, created: bool, warnings: list[str]) -> Run:
-        from .run import Run
-
-        handle = Run(self, run_id, created=created)
-        handle.warnings.extend(warnings)
-        return handle
-
-    def create_run(
-        self,
-        wf: Workflow,
-        params: dict[str, Any],
-        *,
-        run_id: str | None = None,
-        supersede: str | None = None,
-        **fields: Any,
-    ) -> str:
-        """Insert a new run of ``wf`` (``fields`` as :func:`wf_magic.runrows.run_row` takes).
-
-        With ``supersede``, that run is abandoned in the same transaction.
-        """
-        run_id = run_id or new_run_id()
-        row = run_row(wf, params, run_id=run_id, **fields)
-        steps = [(s.id, i, s.kind, s.max_loops) for i, s in enumerate(wf.plan.steps)]
-
-        def txn(conn: sqlite3.Connection) -> None:
-            run_sql.insert_run_txn(conn, row, steps)
-            if supersede is not None:
-                run_sql.set_run_status_txn(
-                    conn, supersede, "abandoned", reason=f"superseded by {run_id}"
-                )
-
-        self.write(txn)
-        return run_id
-
-    def set_run_status(
-        self, run_id: str, status: str, *, reason: str | None = None, result_json: str | None = None
-    ) -> None:
-        """Write a run's status (the driver's run-state derivation and explicit verbs)."""
-        self.write(
-            lambda c: run_sql.set_run_status_txn(
-                c, run_id, status, reason=reason, result_json=result_json
-            )
-        )
-        self.emit("run_status", run_id=run_id, status=status, reason=reason)
+        return self._handle(started)
 
     def run(
         self,
@@ -280,11 +164,7 @@ class Engine(FrameMethods):
         """Start (or find) the run for ``source`` and drive it; see :meth:`start`, :meth:`drive`."""
         wf = source if isinstance(source, Workflow) else self.load(source)
         started = self.start(
-            wf,
-            params=params,
-            new=new,
-            no_cache=no_cache,
-            params_from_strings=params_from_strings,
+            wf, params=params, new=new, no_cache=no_cache, params_from_strings=params_from_strings
         )
         handle = self.drive(
             started, max_steps=max_steps, signal=signal, max_retries=max_retries, live_source=wf
@@ -317,143 +197,49 @@ class Engine(FrameMethods):
             PlanIntegrityError: the stored plan or params were edited.
             PlanVersionError: the plan was written by a newer wf_magic.
         """
-        from .drive import DriveOptions
-        from .run import Run
-
-        for label, value, low in (
-            ("max_steps", max_steps, 1),
-            ("max_concurrency", max_concurrency, 1),
-            ("max_retries", max_retries, 0),
-        ):
-            if value is not None and value < low:
-                raise UsageError(f"{label} must be >= {low} (got {value})")
-
+        _at_least(max_steps=(max_steps, 1), max_concurrency=(max_concurrency, 1))
+        _at_least(max_retries=(max_retries, 0))
         options = DriveOptions(
             max_steps=max_steps,
             signal=signal,
             max_concurrency=max_concurrency or self.max_concurrency,
             executor=executor or self.executor,
         )
-        run_id = self.resolve_run_id(run_id)
-        with RunLock(self.lock_dir, run_id):
-            run = self.get_run(run_id)
-            warnings = integrity.drift_warnings(run, live_source)
-            stats = self._drive_locked(run, options, budget=None, depth=0)
-            retries = 0
-            while (
-                retries < max_retries
-                and stats.retryable_failure
-                and stats.stopped_by is None
-                and self.get_run(run_id).status == "failed"
-            ):
-                retries += 1
-                warnings.append(
-                    f"run-level retry {retries}/{max_retries} after: "
-                    f"{self.get_run(run_id).status_reason}"
-                )
-                stats = self._drive_locked(self.get_run(run_id), options, budget=None, depth=0)
-        handle = Run(self, run_id, stats=stats)
+        rid = self.resolve_run_id(run_id)
+        stats, warnings = drive_locked_run(
+            self.store,
+            self.bus,
+            rid,
+            options=options,
+            redactor=self.redactor,
+            namespace=self.namespace,
+            max_retries=max_retries,
+            live_source=live_source,
+        )
+        handle = Run(self.store, rid, stats=stats)
         handle.warnings.extend(warnings)
         return handle
 
     resume = drive
 
-    def verified_plan(self, run: RunRow) -> tuple[Plan, dict[str, Any]]:
-        """Decode a run's plan and params after checking their hashes and plan_version.
-
-        An older plan this version cannot decode abandons the run (with how to start afresh).
-
-        Raises:
-            PlanIntegrityError: a hash mismatch (nothing is dispatched).
-            PlanVersionError: a newer plan_version (left untouched) or an undecodable one.
-        """
-        try:
-            return integrity.verify(run)
-        except integrity.UndecodablePlan as exc:
-            if run.status not in ("completed", "abandoned"):
-                self.set_run_status(run.run_id, "abandoned", reason=exc.reason)
-            raise PlanVersionError(
-                f"Run {run.run_id}: {exc.reason}. The run was abandoned.", run_id=run.run_id
-            ) from None
-
-    def _drive_locked(
-        self, run: RunRow, options: Any, *, budget: Budget | None, depth: int
-    ) -> DriveStats:
-        from .drive import Driver, DriveStats
-
-        plan, params = self.verified_plan(run)
-        if run.status in ("completed", "abandoned"):
-            return DriveStats()
-        if run.stop_requested and run.parent_run_id is None:
-            self.write(lambda c: run_sql.set_stop_requested(c, run.run_id, False))
-        # A failed run is re-opened in effect, not in a write: its status changes only if the
-        # drive gets further, so re-driving a run that fails the same way writes nothing.
-        reopened = run.status == "failed"
-        if budget is None:
-            budget = self._seed_budget(run, plan)
-        driver = Driver(
-            self, run, plan, params, budget=budget, options=options, depth=depth, reopened=reopened
-        )
-        full = plan.execution.durability == "full" and self.durability != "full"
-        if full:  # this plan asked for power-loss safety: synchronous=FULL while it drives
-            self.read(lambda c: c.execute("PRAGMA synchronous = FULL"))
-        try:
-            return driver.drive()
-        finally:
-            if full:
-                self.read(lambda c: c.execute("PRAGMA synchronous = NORMAL"))
-
-    def _seed_budget(self, run: RunRow, plan: Plan) -> Budget:
-        root_plan = plan
-        if run.root_run_id != run.run_id:
-            root_plan = Plan.model_validate_json(self.get_run(run.root_run_id).plan_json)
-        units, tokens, cost = self.read(lambda c: jsql.budget_usage(c, run.root_run_id))
-        return Budget(
-            root_run_id=run.root_run_id,
-            spec=root_plan.budget,
-            units=units,
-            tokens=tokens,
-            cost=cost,
-        )
-
-    def drive_child(
-        self, driver: Driver, step: PlanStep, unit: UnitPlan, attempt: AttemptRow
-    ) -> UnitResult:
-        """Publish (once) and drive the child run of a ``workflow:`` unit (see children.py)."""
-        from .children import drive_child
-
-        return drive_child(self, driver, step, unit)
-
-    def drive_locked(
-        self, run: RunRow, options: Any, *, budget: Budget | None, depth: int
-    ) -> DriveStats:
-        """Drive ``run`` whose lock the caller holds (a child shares its root's budget)."""
-        return self._drive_locked(run, options, budget=budget, depth=depth)
-
     # -- verbs ------------------------------------------------------------------------------
     def status(self, run_id: RunRef) -> Run:
         """A handle on the run (status, steps, result, frames)."""
-        from .run import Run
-
-        return Run(self, self.resolve_run_id(run_id))
+        return Run(self.store, self.resolve_run_id(run_id))
 
     def list_runs(
         self, *, include_children: bool = False, limit: int | None = None
     ) -> list[RunRow]:
         """Runs, newest first."""
-        return self.read(
-            lambda c: run_sql.list_runs(c, include_children=include_children, limit=limit)
-        )
+        return self.store.list_runs(include_children=include_children, limit=limit)
 
     def steps(self, run_id: RunRef) -> list[StepRow]:
         """The step rows of a run, in plan order."""
-        rid = run_ref(run_id)
-        return self.read(lambda c: run_sql.steps_of(c, rid))
+        return self.store.steps_of(run_ref(run_id))
 
     def attempts(self, run_id: RunRef) -> list[AttemptRow]:
         """The journal of a run, in order."""
-        rid = run_ref(run_id)
-        return self.read(lambda c: jsql.attempts_of(c, rid))
+        return self.store.attempts_of(run_ref(run_id))
 
     def abandon(self, run_id: RunRef, *, reason: str = "abandoned by user") -> None:
         """Give up a run (refused while another driver holds it, or once it completed).
@@ -462,15 +248,14 @@ class Engine(FrameMethods):
             RunLockHeld: the run is being driven.
             UsageError: the run already completed.
         """
-        run_id = self.resolve_run_id(run_id)
-        with RunLock(self.lock_dir, run_id):
-            run = self.get_run(run_id)
-            if run.status == "completed":
-                raise UsageError(
-                    f"Run {run_id} completed; there is nothing to abandon.", run_id=run_id
-                )
-            if run.status != "abandoned":
-                self.set_run_status(run_id, "abandoned", reason=reason)
+        rid = self.resolve_run_id(run_id)
+        with RunLock(self.lock_dir, rid):
+            status = self.get_run(rid).status
+            if status == "completed":
+                raise UsageError(f"Run {rid} completed; there is nothing to abandon.", run_id=rid)
+            if status != "abandoned":
+                self.store.set_run_status(rid, "abandoned", reason=reason)
+                self.bus.notify("run_status", run_id=rid, status="abandoned", reason=reason)
 
     def fork(self, run_id: RunRef, *, from_step: str) -> Run:
         """A new run with the same frozen plan reusing every result before ``from_step``.
@@ -483,40 +268,9 @@ class Engine(FrameMethods):
             RunLockHeld: the unfinished source is being driven.
         """
         source = self.get_run(self.resolve_run_id(run_id))
-        plan, params = self.verified_plan(source)
-        ids = [s.id for s in plan.steps]
-        if from_step not in ids:
-            raise UsageError(
-                f"Run {source.run_id} has no step {from_step!r}; steps: {ids}", run_id=source.run_id
-            )
-        wf = Workflow(
-            name=plan.name,
-            source="",
-            source_hash=source.source_hash,
-            source_path=source.source_path,
-            plan=plan,
-            plan_json=source.plan_json,
-            plan_hash=source.plan_hash,
-        )
-        run_id = new_run_id()
-        unfinished = source.status in ("active", "blocked", "failed")
-        with RunLock(self.lock_dir, source.run_id) if unfinished else contextlib.nullcontext():
-            self.create_run(
-                wf,
-                params,
-                run_id=run_id,
-                supersede=source.run_id if unfinished else None,
-                scope=source.scope_key,
-                use_cache=True,
-                forked_from=source,
-                fork_step=from_step,
-            )
-        warnings = (
-            [f"run {source.run_id} was unfinished and is now abandoned (superseded by {run_id})"]
-            if unfinished
-            else []
-        )
-        return self._handle(run_id, created=True, warnings=warnings)
+        plan, params = verified_plan(self.store, self.bus, source)
+        started = lifecycle.fork(self.store, self.bus, source, plan, params, from_step=from_step)
+        return self._handle(started)
 
     def approve(
         self, run_id: RunRef, step_id: str, *, feedback: str | None = None, loop: int | None = None
@@ -529,9 +283,8 @@ class Engine(FrameMethods):
         Raises:
             GateDecisionRefused: the step is not waiting (or not at ``loop``), or was decided.
         """
-        return decide(
-            self, run_id, step_id, complete=True, feedback=feedback or "", missing=(), loop=loop
-        )
+        verdict = Verdict(complete=True, feedback=feedback or "", judge="human")
+        return self._decide(run_id, step_id, verdict, loop=loop)
 
     def reject(
         self,
@@ -550,20 +303,13 @@ class Engine(FrameMethods):
         """
         if not feedback or not feedback.strip():
             raise UsageError("a rejection needs feedback: say what to change (--feedback TEXT)")
-        return decide(
-            self,
-            run_id,
-            step_id,
-            complete=False,
-            feedback=feedback,
-            missing=tuple(missing),
-            loop=loop,
-        )
+        verdict = Verdict(complete=False, feedback=feedback, missing=tuple(missing), judge="human")
+        return self._decide(run_id, step_id, verdict, loop=loop)
 
     def stop(self, run_id: RunRef) -> None:
         """Ask the run's driver (anywhere) to stop gracefully between units."""
         run = self.get_run(self.resolve_run_id(run_id))
-        self.write(lambda c: run_sql.set_stop_requested(c, run.root_run_id, True))
+        self.store.set_stop_requested(run.root_run_id, True)
 
     def is_driving(self, run_id: RunRef) -> bool:
         """Whether a driver holds the run now."""
@@ -573,14 +319,66 @@ class Engine(FrameMethods):
         """Delete finished root runs (and their children) older than the retention.
 
         Live runs (active/blocked) and runs held by a driver are never deleted.
+
+        Raises:
+            UsageError: a negative retention.
         """
         if older_than_s < 0:
             raise UsageError("gc retention must be >= 0 seconds")
-        cutoff = time.time() - older_than_s
         deleted = []
-        for run_id in self.read(lambda c: run_sql.finished_runs_before(c, cutoff)):
-            if is_locked(self.lock_dir, run_id):
-                continue
-            self.write(functools.partial(run_sql.delete_run_tree_txn, run_id=run_id))
-            deleted.append(run_id)
+        for rid in self.store.finished_runs_before(time.time() - older_than_s):
+            if not is_locked(self.lock_dir, rid):
+                self.store.delete_run_tree(rid)
+                deleted.append(rid)
         return deleted
+
+    # -- frames (pandas is imported when one is asked for) ----------------------------------
+    def runs(self) -> pd.DataFrame:
+        """All runs (see :func:`wf_magic.store.frames.runs_frame`)."""
+        return self.store.runs_frame()
+
+    def journal(self, run_id: RunRef | None = None) -> pd.DataFrame:
+        """One row per attempt (see :func:`wf_magic.store.frames.journal_frame`)."""
+        return self.store.journal_frame(self.resolve_run_id(run_id) if run_id else None)
+
+    def tokens(self, run_id: RunRef | None = None, *, by: str = "step") -> pd.DataFrame:
+        """Token accounting grouped ``by`` step/model/runner/loop/run/phase."""
+        return self.store.tokens_frame(self.resolve_run_id(run_id) if run_id else None, by=by)
+
+    def events(self, run_id: RunRef) -> pd.DataFrame:
+        """The run's events (see :func:`wf_magic.store.frames.events_frame`)."""
+        return self.store.events_frame(self.resolve_run_id(run_id))
+
+    def budget(self, run_id: RunRef) -> pd.DataFrame:
+        """Used vs limit per ceiling, and what reuse saved (root run's ceilings)."""
+        return self.store.budget_frame(self.resolve_run_id(run_id))
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _handle(self, started: lifecycle.Started) -> Run:
+        handle = Run(self.store, started.run_id, created=started.created)
+        handle.warnings.extend(started.warnings)
+        return handle
+
+    def _decide(self, run_id: RunRef, step_id: str, verdict: Verdict, *, loop: int | None) -> int:
+        rid = self.resolve_run_id(run_id)
+        workflow = self.get_run(rid).workflow
+        decided = record_human_verdict(
+            self.store, rid, step_id, workflow=workflow, verdict=verdict, loop=loop
+        )
+        self.bus.notify(
+            "gate_verdict",
+            run_id=rid,
+            step_id=step_id,
+            loop=decided,
+            complete=verdict.complete,
+            feedback=verdict.feedback,
+            missing=list(verdict.missing),
+            judge="human",
+        )
+        return decided
+
+
+def _at_least(**checks: tuple[int | None, int]) -> None:
+    for label, (value, low) in checks.items():
+        if value is not None and value < low:
+            raise UsageError(f"{label} must be >= {low} (got {value})")

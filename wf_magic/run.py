@@ -3,31 +3,26 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Union
 
+from .display import plan_html, plan_text, run_html, run_text
+from .drive.context import DriveStats
+from .errors import UsageError
+from .exits import status_exit_code
 from .spec.plan import Plan
+from .store import Store
+from .store.records import AttemptRow, BudgetUse, RunRow, RunStatus, StepRow
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from .drive import DriveStats
-    from .engine import Engine
-    from .store.records import RunRow, StepRow
-
-EXIT_CODES = {"completed": 0, "active": 0, "failed": 1, "blocked": 3, "abandoned": 1}
+RunRef = Union[str, "Run"]
+"""A run id, or a ``Run`` handle: every Engine method taking a run accepts both."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class BudgetUse:
-    """A run's charged use against its ceilings."""
-
-    units: int
-    tokens: int
-    cost: float
-    max_units: int | None
-    max_tokens: int | None
-    max_cost: float | None
+def run_ref(run: RunRef) -> str:
+    """The run id of ``run`` (an id string or a ``Run`` handle)."""
+    return run if isinstance(run, str) else run.run_id
 
 
 class FrozenPlan:
@@ -41,13 +36,9 @@ class FrozenPlan:
         return getattr(self.model, name)
 
     def __repr__(self) -> str:
-        from .display import plan_text
-
         return plan_text(self.model, plan_hash=self.plan_hash)
 
     def _repr_html_(self) -> str:
-        from .display import plan_html
-
         return plan_html(self.model, plan_hash=self.plan_hash)
 
 
@@ -56,13 +47,13 @@ class Run:
 
     def __init__(
         self,
-        engine: Engine,
+        store: Store,
         run_id: str,
         *,
         stats: DriveStats | None = None,
         created: bool = False,
     ):
-        self.engine = engine
+        self.store = store
         self.run_id = run_id
         self.stats = stats
         self.created = created
@@ -72,11 +63,18 @@ class Run:
     # -- state ------------------------------------------------------------------------------
     @property
     def row(self) -> RunRow:
-        """The run's database row."""
-        return self.engine.get_run(self.run_id)
+        """The run's database row.
+
+        Raises:
+            UsageError: the run no longer exists (deleted by gc).
+        """
+        row = self.store.get_run(self.run_id)
+        if row is None:
+            raise UsageError(f"Run {self.run_id} is no longer in {self.store.db_path}.")
+        return row
 
     @property
-    def status(self) -> str:
+    def status(self) -> RunStatus:
         """``active``, ``blocked``, ``completed``, ``failed`` or ``abandoned``."""
         return self.row.status
 
@@ -110,7 +108,11 @@ class Run:
     @property
     def steps(self) -> list[StepRow]:
         """Step rows in plan order."""
-        return self.engine.steps(self.run_id)
+        return self.store.steps_of(self.run_id)
+
+    def attempts(self) -> list[AttemptRow]:
+        """The run's journal rows, in order."""
+        return self.store.attempts_of(self.run_id)
 
     def output(self, step_id: str) -> Any:
         """The output of a completed step (KeyError when it has none)."""
@@ -127,49 +129,32 @@ class Run:
     @property
     def exit_code(self) -> int:
         """The CLI exit code of this run's state (0 done/stopped, 1 failed, 3 blocked)."""
-        return EXIT_CODES.get(self.status, 1)
+        return status_exit_code(self.status)
 
     def budget_use(self) -> BudgetUse:
         """Charged units/tokens/cost of this run's root against its ceilings."""
-        from .store import journal as jsql
-
-        row = self.row
-        root = self.engine.get_run(row.root_run_id)
-        spec = Plan.model_validate_json(root.plan_json).budget
-        units, tokens, cost = self.engine.read(lambda c: jsql.budget_usage(c, row.root_run_id))
-        return BudgetUse(
-            units=units,
-            tokens=tokens,
-            cost=cost,
-            max_units=spec.max_units,
-            max_tokens=spec.max_tokens,
-            max_cost=spec.max_cost,
-        )
+        return self.store.budget_use(self.run_id)
 
     # -- frames -----------------------------------------------------------------------------
     def journal(self) -> pd.DataFrame:
         """One row per attempt of this run."""
-        return self.engine.journal(self.run_id)
+        return self.store.journal_frame(self.run_id)
 
     def tokens(self, by: str = "step") -> pd.DataFrame:
         """Token accounting of this run grouped ``by``."""
-        return self.engine.tokens(self.run_id, by=by)
+        return self.store.tokens_frame(self.run_id, by=by)
 
     def events(self) -> pd.DataFrame:
         """This run's events."""
-        return self.engine.events(self.run_id)
+        return self.store.events_frame(self.run_id)
 
     def budget(self) -> pd.DataFrame:
         """Used vs limit per ceiling."""
-        return self.engine.budget(self.run_id)
+        return self.store.budget_frame(self.run_id)
 
     # -- display ----------------------------------------------------------------------------
     def __repr__(self) -> str:
-        from .display import run_text
-
         return run_text(self)
 
     def _repr_html_(self) -> str:
-        from .display import run_html
-
         return run_html(self)

@@ -14,7 +14,6 @@ from ..errors import DefinitionError, UsageError
 from ..run import Run
 from ..runners.registry import known_runners
 from ..spec.freeze import Workflow
-from ..store import journal as jsql
 from .args import CellArgs, LineArgs
 
 if TYPE_CHECKING:
@@ -32,7 +31,7 @@ class LiveRun(Run):
     """
 
     def __init__(self, handle: Run, view: Any):
-        super().__init__(handle.engine, handle.run_id, stats=handle.stats, created=handle.created)
+        super().__init__(handle.store, handle.run_id, stats=handle.stats, created=handle.created)
         self.warnings.extend(handle.warnings)
         self.view = view
 
@@ -154,7 +153,7 @@ def launch(
     view = ctx.open_view(run_id, warnings=warnings) if ctx.use_widgets else None
     if background:
         ctx.drive_in_background(run_id, max_steps=max_steps, live_source=live_source)
-        handle = Run(ctx.engine, run_id)
+        handle = ctx.engine.status(run_id)
     else:
         try:
             handle = ctx.drives.foreground(run_id, max_steps=max_steps, live_source=live_source)
@@ -339,7 +338,7 @@ def _last_event_id(ctx: WorkflowMagics, run_id: str) -> int:
 
 
 def _events_after(ctx: WorkflowMagics, run_id: str, after: int) -> list[EventRow]:
-    return ctx.engine.read(lambda c: jsql.events_after(c, run_id, after))
+    return ctx.engine.store.events_after(run_id, after)
 
 
 def _event_line(row: EventRow) -> str:

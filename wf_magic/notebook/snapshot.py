@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..display import Rejection, gate_rejections, result_text, unit_counts, unit_total
-from ..run import BudgetUse, Run
 from ..spec.plan import Plan
+from ..store.records import BudgetUse
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -98,7 +98,7 @@ class SnapshotReader:
             steps=steps,
             rejections=tuple(gate_rejections(attempts)),
             waiting=_waiting(step_rows),
-            budget=Run(self.engine, self.run_id).budget_use(),
+            budget=self.engine.store.budget_use(self.run_id),
             reused=len(reused),
             saved_tokens=sum(a.saved_tokens for a in reused),
             result=result_text(row.result_json) if row.status == "completed" else None,

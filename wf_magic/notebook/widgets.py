@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
 
+from ..bus import Event
 from ..display import STATUS_COLOURS, gates_html, result_html, run_html, run_text
 from ..errors import WorkflowError
-from ..events import Event
 from ..run import Run
 from .rows import COLUMNS, StepRowWidgets, badge
 from .snapshot import RunSnapshot, SnapshotReader, Waiting

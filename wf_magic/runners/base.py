@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
+
+_FENCE = re.compile(r"^```[A-Za-z0-9_-]*[ \t]*\n(.*?)\n?```\s*$", re.DOTALL)
+
+
+def strip_code_fence(text: str) -> str:
+    """``text`` without one enclosing Markdown code fence (```json, ```JSON, ```), stripped."""
+    stripped = text.strip()
+    fenced = _FENCE.match(stripped)
+    return fenced.group(1).strip() if fenced else stripped
+
 
 UnitKind = Literal["prompt", "exec", "python", "judge"]
 """What a unit asks for:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import RunnerError
-from ..spec import functions
+from . import functions
 from .base import BaseRunner, RunnerContext, UnitRequest, UnitResult
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import RunnerError
 from ..redact import Redactor
-from .base import RunnerContext, UnitRequest, UnitResult
+from .base import RunnerContext, UnitRequest, UnitResult, strip_code_fence
 
 if TYPE_CHECKING:
     from openai import OpenAI
@@ -48,7 +47,6 @@ _MESSAGE_CAP = 500
 _OPTION_NAMES = frozenset(
     {"base_url", "api_key_env", "model", "timeout_s", "prices", "json_mode", "max_tokens_param"}
 )
-_FENCE = re.compile(r"^```[A-Za-z0-9_-]*\s*\n(.*?)\n?```\s*$", re.DOTALL)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -334,10 +332,7 @@ def _json_instruction(schema: Mapping[str, Any] | None) -> str:
 
 def _parse_json(content: str) -> Any:
     """The reply decoded as JSON, else the raw text (the engine validates the output)."""
-    text = content.strip()
-    fenced = _FENCE.match(text)
-    if fenced:
-        text = fenced.group(1).strip()
+    text = strip_code_fence(content)
     try:
         return json.loads(text)
     except ValueError:

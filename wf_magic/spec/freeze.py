@@ -13,7 +13,8 @@ from pydantic import ValidationError
 from ..errors import DefinitionError
 from ..hashing import sha256_text
 from ..redact import is_secret_key
-from . import functions
+from ..runners import functions
+from .kinds import KINDS
 from .models import ENV_NAME_PATTERN, StepSpec, WorkflowSpec
 from .plan import Plan, PlanStep, StepKind
 from .templates import TemplateError, references
@@ -57,7 +58,6 @@ _JINJA_GLOBALS = {
     "false",
     "none",
 }
-_FIXED_RUNNERS = {"exec": "exec", "python": "python", "workflow": "workflow", "route": "route"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +221,7 @@ class _Freezer:
     def _step(self, spec: WorkflowSpec, step: StepSpec, i: int, src: _Source) -> PlanStep:
         at: Path = ("steps", i)
         kind = cast(StepKind, step.kind)
-        runner = _FIXED_RUNNERS.get(kind) or step.runner or spec.runner
+        runner = KINDS[kind].fixed_runner or step.runner or spec.runner
         target_hash = None
         if step.python is not None:
             try:
@@ -242,7 +242,7 @@ class _Freezer:
             _check_schema(step.output, src, (*at, "output"))
         gate = step.gate
         max_loops = gate.max_loops if gate else 1
-        capped = kind in ("exec", "workflow") and max_loops > 1
+        capped = not KINDS[kind].reads_feedback and max_loops > 1
         return PlanStep(
             id=step.id,
             kind=kind,

@@ -1,1 +1,5 @@
-"""Storage: the only place that speaks SQL (connection, migrations, runs, journal, frames)."""
+"""The state database: the Store (connections + named queries), migrations, rows."""
+
+from .store import Store
+
+__all__ = ["Store"]

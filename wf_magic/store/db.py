@@ -113,6 +113,17 @@ def connect(
     return conn
 
 
+def connect_reader(db_path: Path) -> sqlite3.Connection:
+    """A connection that only reads (a WAL reader: it never waits for the writer)."""
+    conn = sqlite3.connect(
+        db_path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
+    )
+    conn.row_factory = sqlite3.Row
+    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    conn.execute("PRAGMA query_only = ON")
+    return conn
+
+
 @contextmanager
 def immediate(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     """One ``BEGIN IMMEDIATE`` transaction: commit on success, roll back on any exception."""

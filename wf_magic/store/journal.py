@@ -9,7 +9,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from .records import AttemptRow, EventRow, from_row
+from ..errors import UsageError
+from .records import AttemptRow, BudgetUse, EventRow, from_row
 
 _ATTEMPT_COLS = ", ".join(AttemptRow.__dataclass_fields__)
 
@@ -373,6 +374,31 @@ def budget_usage(conn: sqlite3.Connection, root_run_id: str) -> tuple[int, int, 
         (root_run_id,),
     ).fetchone()
     return int(row[0]), int(row[1]), float(row[2])
+
+
+def budget_use(conn: sqlite3.Connection, run_id: str) -> BudgetUse:
+    """Charged use of ``run_id``'s root tree against the root's ceilings (the one definition).
+
+    Raises:
+        UsageError: no run ``run_id`` is in the state database.
+    """
+    row = conn.execute(
+        "SELECT root.run_id, root.plan_json FROM runs AS run"
+        " JOIN runs AS root ON root.run_id = run.root_run_id WHERE run.run_id = ?",
+        (run_id,),
+    ).fetchone()
+    if row is None:
+        raise UsageError(f"No run {run_id} in this state database; `wf list` shows the runs.")
+    spec = json.loads(row[1]).get("budget") or {}
+    units, tokens, cost = budget_usage(conn, str(row[0]))
+    return BudgetUse(
+        units=units,
+        tokens=tokens,
+        cost=cost,
+        max_units=spec.get("max_units"),
+        max_tokens=spec.get("max_tokens"),
+        max_cost=spec.get("max_cost"),
+    )
 
 
 def events_after(

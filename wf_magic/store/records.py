@@ -123,3 +123,15 @@ class EventRow:
     unit_id: str | None
     dispatch_id: str | None
     data_json: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BudgetUse:
+    """A run's charged use against its ceilings."""
+
+    units: int
+    tokens: int
+    cost: float
+    max_units: int | None
+    max_tokens: int | None
+    max_cost: float | None

@@ -1,50 +1,17 @@
-"""Gate judges (llm / expr / human / schema) → Verdict, and the artifact summary they see."""
+"""Judges (llm / expr / schema) → Verdict: the artifact summary, prompt, reply parsing, checks."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from .hashing import canonical_json
-from .spec.templates import TemplateError, evaluate_expression, render_text
+from ..hashing import canonical_json
+from ..runners.base import strip_code_fence
+from ..spec.templates import TemplateError, evaluate_expression, render_text
+from .verdict import Verdict, VerdictError
 
 SUMMARY_CLIP = 4000
-
-
-class VerdictError(Exception):
-    """A judge answered something that is not a verdict (a judge failure, never a pass)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Verdict:
-    """A gate's decision on one loop's artifact."""
-
-    complete: bool
-    feedback: str = ""
-    missing: tuple[str, ...] = ()
-    judge: str = "llm"
-    """Who decided: ``llm``, ``expr``, ``human`` or ``schema``."""
-
-    def to_json(self) -> dict[str, Any]:
-        """The verdict as stored in the gate attempt's output."""
-        return {
-            "complete": self.complete,
-            "feedback": self.feedback,
-            "missing": list(self.missing),
-            "judge": self.judge,
-        }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Verdict:
-        """Rebuild a stored verdict."""
-        return cls(
-            complete=bool(data["complete"]),
-            feedback=str(data.get("feedback") or ""),
-            missing=tuple(str(m) for m in data.get("missing") or ()),
-            judge=str(data.get("judge", "llm")),
-        )
 
 
 def artifact_summary(artifact: Any, *, unit_count: int, clip: int = SUMMARY_CLIP) -> str:
@@ -72,17 +39,6 @@ def judge_prompt(step_id: str, criteria: Sequence[str], summary: str) -> str:
     )
 
 
-VERDICT_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "complete": {"type": "boolean"},
-        "feedback": {"type": "string"},
-        "missing": {"type": "array", "items": {"type": "string"}},
-    },
-    "required": ["complete"],
-}
-
-
 def parse_verdict(output: Any) -> Verdict:
     """Read a judge's reply (JSON text or object) as a verdict.
 
@@ -91,9 +47,7 @@ def parse_verdict(output: Any) -> Verdict:
     """
     data = output
     if isinstance(output, str):
-        text = output.strip()
-        if text.startswith("```"):
-            text = text.strip("`").removeprefix("json").strip()
+        text = strip_code_fence(output)
         try:
             data = json.loads(text)
         except ValueError:

@@ -8,13 +8,15 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from .errors import PlanIntegrityError, PlanVersionError
-from .hashing import sha256_text
-from .spec.plan import PLAN_VERSION, Plan
-from .store.records import RunRow
+from ..bus import EventBus
+from ..errors import PlanIntegrityError, PlanVersionError
+from ..hashing import sha256_text
+from ..spec.plan import PLAN_VERSION, Plan
+from ..store import Store
+from ..store.records import RunRow
 
 if TYPE_CHECKING:
-    from .spec.freeze import Workflow
+    from ..spec.freeze import Workflow
 
 
 class UndecodablePlan(Exception):
@@ -78,3 +80,23 @@ def drift_warnings(run: RunRow, live: Workflow | None) -> list[str]:
             "with its frozen plan (start a new run with --new to pick up the edit)"
         ]
     return []
+
+
+def verified_plan(store: Store, bus: EventBus, run: RunRow) -> tuple[Plan, dict[str, Any]]:
+    """Decode a run's plan and params after checking their hashes and plan_version.
+
+    An older plan this version cannot decode abandons the run (with how to start afresh).
+
+    Raises:
+        PlanIntegrityError: a hash mismatch (nothing is dispatched).
+        PlanVersionError: a newer plan_version (left untouched) or an undecodable one.
+    """
+    try:
+        return verify(run)
+    except UndecodablePlan as exc:
+        if run.status not in ("completed", "abandoned"):
+            store.set_run_status(run.run_id, "abandoned", reason=exc.reason)
+            bus.notify("run_status", run_id=run.run_id, status="abandoned", reason=exc.reason)
+        raise PlanVersionError(
+            f"Run {run.run_id}: {exc.reason}. The run was abandoned.", run_id=run.run_id
+        ) from None

@@ -8,9 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .hashing import hash_value
-from .spec.plan import Plan, PlanStep
-from .spec.templates import TemplateError, evaluate, references, render_text
+from ..hashing import hash_value
+from ..spec.kinds import KINDS, UnitSource
+from ..spec.plan import Plan, PlanStep
+from ..spec.templates import TemplateError, evaluate, references
 
 MAX_MAP_UNITS = 10_000
 
@@ -158,38 +159,19 @@ def _unit(
     ctx = template_context(params, outputs, item=item, index=idx, feedback=feedback)
     model = step.model
     fb = {"feedback": feedback.feedback, "missing": list(feedback.missing)} if feedback else None
-    fields: dict[str, Any] = {}
-    resolved: dict[str, Any] = {"kind": step.kind, "model": model, "item": item, "feedback": fb}
+    kind = KINDS[step.kind]
+    block = None
+    if feedback and step.kind == "prompt" and not _places_feedback(step.prompt or ""):
+        block = feedback_block(feedback)
+    source = UnitSource(
+        plan=plan, step=step, context=ctx, item=item, index=idx, feedback_block=block
+    )
     try:
-        if step.kind == "prompt":
-            prompt = render_text(step.prompt or "", ctx)
-            if feedback and not _places_feedback(step.prompt):
-                prompt += feedback_block(feedback)
-            fields["prompt"] = prompt
-            resolved["prompt"] = prompt
-            resolved["output"] = step.output
-        elif step.kind == "exec":
-            fields["argv"] = tuple(step.argv or ())
-            resolved.update(argv=list(step.argv or ()), pass_env=step.pass_env)
-        elif step.kind == "python":
-            kwargs = _bindings(step, ctx, item, idx)
-            fields.update(target=step.target, kwargs=kwargs)
-            resolved.update(target=step.target, target_hash=step.target_hash, kwargs=kwargs)
-        elif step.kind == "workflow":
-            kwargs = _bindings(step, ctx, None, None)
-            child = plan.children[step.workflow or ""]
-            fields.update(target=step.workflow, kwargs=kwargs)
-            resolved.update(
-                target=step.workflow,
-                child_plan_hash=hash_value(child.model_dump(mode="json")),
-                kwargs=kwargs,
-            )
-        elif step.kind == "route":
-            value = render_text(step.route.on if step.route else "", ctx).strip()
-            fields["kwargs"] = {"value": value}
-            resolved["value"] = value
+        fields, resolved_kind = kind.build(source)
     except TemplateError as exc:
         raise StepInputError(f"unit {unit_id}: template failed: {exc}") from exc
+    resolved: dict[str, Any] = {"kind": step.kind, "model": model, "item": item, "feedback": fb}
+    resolved.update(resolved_kind)
     input_hash = hash_value(resolved)
     return UnitPlan(
         step_id=step.id,
@@ -203,23 +185,7 @@ def _unit(
         model=model,
         input=resolved,
         input_hash=input_hash,
-        charged=step.kind not in ("workflow", "route"),
-        cacheable=step.cache and step.kind not in ("route",),
+        charged=kind.charged,
+        cacheable=step.cache and kind.cacheable,
         **fields,
     )
-
-
-def _bindings(step: PlanStep, ctx: Mapping[str, Any], item: Any, idx: int | None) -> dict[str, Any]:
-    if step.bindings is None:
-        return {} if idx is None else {"item": item}
-    return {k: _eval_deep(v, ctx) for k, v in step.bindings.items()}
-
-
-def _eval_deep(value: Any, ctx: Mapping[str, Any]) -> Any:
-    if isinstance(value, str):
-        return evaluate(value, ctx)
-    if isinstance(value, dict):
-        return {k: _eval_deep(v, ctx) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_eval_deep(v, ctx) for v in value]
-    return value

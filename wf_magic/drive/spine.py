@@ -10,24 +10,29 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
-from .gates import Verdict, schema_errors
-from .hashing import canonical_json
-from .spec.plan import Plan, PlanStep
-from .store import runs as run_sql
-from .store.records import StepRow
+from ..gates.judge import schema_errors
+from ..gates.verdict import GateWaiting, Judged, Verdict, Waiting
+from ..hashing import canonical_json
+from ..spec.plan import Plan, PlanStep
+from ..store.records import RunStatus, StepRow, StepStatus
+from . import judging
+from .context import DriveContext, RunState
 from .units import Feedback, UnitPlan
 
-if TYPE_CHECKING:
-    from .drive import Driver
+_MISSING = object()
+
+StepFate = Literal["completed", "failed", "skipped", "blocked", "loop"]
+"""A step's fate after one loop: a step status, or ``loop`` (re-execute with feedback)."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WorkOutcome:
-    """What executing one loop's units produced."""
+@dataclass(slots=True, kw_only=True)
+class LoopWork:
+    """What one loop's units produced (filled in by dispatch, judged by the spine)."""
 
     outputs: list[Any] = field(default_factory=list)
+    """One output per unit in unit order (``None`` for a failed one)."""
     failures: dict[str, str] = field(default_factory=dict)
     """unit_id → failure message of units that failed for good."""
     budget_error: str | None = None
@@ -35,16 +40,28 @@ class WorkOutcome:
     """Why a unit cannot finish now (a blocked child run)."""
     input_error: str | None = None
     """The step's inputs could not be built (template, map value)."""
+    stopped: bool = False
+    """A stop arrived before every unit had an outcome."""
+    dispatched: int = 0
     executed_failure: bool = False
     """A failed unit really ran (so a run-level retry could succeed)."""
+
+    @classmethod
+    def empty(cls, units: int) -> LoopWork:
+        """Work for ``units`` units of which none has an outcome yet."""
+        return cls(outputs=[_MISSING] * units)
+
+    @property
+    def is_complete(self) -> bool:
+        """Whether every unit has an output or a recorded failure."""
+        return all(o is not _MISSING for o in self.outputs)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepOutcome:
     """The step's fate after one loop."""
 
-    status: str
-    """``completed``, ``failed``, ``skipped``, ``blocked`` or ``loop`` (re-execute)."""
+    status: StepFate
     output: Any = None
     note: str | None = None
     feedback: Feedback | None = None
@@ -55,40 +72,27 @@ class StepOutcome:
     """A unit failure a run-level retry (``max_retries``) may re-open the run for."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Judged:
-    """A verdict with the judge input it answered (a human may later override it)."""
-
-    verdict: Verdict
-    input_hash: str
-    summary: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GateWaiting:
-    """A gate that has no verdict now (a person must act, or the judge failed)."""
-
-    reason: str
-    loop: int
-    input_hash: str
-    summary: str
-    judge: str
-
-
 def complete_step(
-    driver: Driver, step: PlanStep, *, loop: int, units: list[UnitPlan], work: WorkOutcome
+    ctx: DriveContext,
+    state: RunState,
+    step: PlanStep,
+    *,
+    loop: int,
+    units: list[UnitPlan],
+    work: LoopWork,
 ) -> StepOutcome:
     """Decide and record a step's status after one loop of work."""
-    outcome = _decide(driver, step, loop=loop, units=units, work=work)
+    outcome = _decide(ctx, state, step, loop=loop, units=units, work=work)
     if outcome.status == "loop":
         # A rejected loop is replayed from the journal; the row is written when the next
         # loop dispatches (start_loop), so re-driving a finished gate writes nothing.
         return outcome
     output_json = canonical_json(outcome.output) if outcome.output is not None else None
     _write_step(
-        driver,
+        ctx,
+        state,
         step,
-        status=outcome.status,
+        status=outcome.status,  # type: ignore[arg-type]  # "loop" returned above
         loop=loop,
         note=outcome.note,
         output_json=output_json,
@@ -97,19 +101,25 @@ def complete_step(
     return outcome
 
 
-def skip_step(driver: Driver, step: PlanStep, note: str) -> StepOutcome:
+def skip_step(ctx: DriveContext, state: RunState, step: PlanStep, note: str) -> StepOutcome:
     """Record a step skipped by a route (through the spine, like every status)."""
-    _write_step(driver, step, status="skipped", loop=1, note=note, output_json=None)
+    _write_step(ctx, state, step, status="skipped", loop=1, note=note, output_json=None)
     return StepOutcome(status="skipped", note=note)
 
 
-def start_loop(driver: Driver, step: PlanStep, loop: int) -> None:
+def start_loop(ctx: DriveContext, state: RunState, step: PlanStep, loop: int) -> None:
     """Record that ``step`` is pending at ``loop`` (a no-op when it already is)."""
-    _write_step(driver, step, status="pending", loop=loop, note=None, output_json=None)
+    _write_step(ctx, state, step, status="pending", loop=loop, note=None, output_json=None)
 
 
 def _decide(
-    driver: Driver, step: PlanStep, *, loop: int, units: list[UnitPlan], work: WorkOutcome
+    ctx: DriveContext,
+    state: RunState,
+    step: PlanStep,
+    *,
+    loop: int,
+    units: list[UnitPlan],
+    work: LoopWork,
 ) -> StepOutcome:
     if work.input_error:
         return _failed(step, work.input_error)
@@ -136,21 +146,16 @@ def _decide(
         )
         if errors:
             return _with_note(
-                _schema_rejected(driver, step, loop=loop, artifact=artifact, errors=errors), partial
+                _schema_rejected(ctx, state, step, loop=loop, artifact=artifact, errors=errors),
+                partial,
             )
     if step.gate is None:
         return StepOutcome(status="completed", output=artifact, note=partial)
-    verdict = driver.obtain_verdict(step, loop=loop, artifact=artifact, unit_count=len(units))
+    verdict = judging.obtain_verdict(
+        ctx, state, step, loop=loop, artifact=artifact, unit_count=len(units)
+    )
     if isinstance(verdict, GateWaiting):
-        waiting = {
-            "waiting": {
-                "loop": verdict.loop,
-                "input_hash": verdict.input_hash,
-                "summary": verdict.summary,
-                "judge": verdict.judge,
-            }
-        }
-        return StepOutcome(status="blocked", note=verdict.reason, output=waiting)
+        return StepOutcome(status="blocked", note=verdict.reason, output=verdict.waiting.to_json())
     return _with_note(_judged(step, loop=loop, artifact=artifact, judged=verdict), partial)
 
 
@@ -169,7 +174,7 @@ def _with_note(outcome: StepOutcome, extra: str | None) -> StepOutcome:
     )
 
 
-def _partial_note(units: list[UnitPlan], work: WorkOutcome) -> str:
+def _partial_note(units: list[UnitPlan], work: LoopWork) -> str:
     failed = [u.unit_id for u in units if u.unit_id in work.failures]
     first = failed[0]
     return f"{len(failed)} of {len(units)} units failed; first: {first}: {work.failures[first]}"
@@ -179,7 +184,7 @@ def _failed(step: PlanStep, note: str) -> StepOutcome:
     return StepOutcome(status="failed", note=note, run_failed=step.on_error == "fail")
 
 
-def _unit_failures(step: PlanStep, units: list[UnitPlan], work: WorkOutcome) -> StepOutcome:
+def _unit_failures(step: PlanStep, units: list[UnitPlan], work: LoopWork) -> StepOutcome:
     failed = [u.unit_id for u in units if u.unit_id in work.failures] or list(work.failures)
     first_id, count = failed[0], len(failed)
     note = f"unit {first_id} failed: {work.failures[first_id]}" + (
@@ -233,11 +238,17 @@ def _reduce(step: PlanStep, outputs: list[Any], *, ok: list[int]) -> Any:
 
 
 def _schema_rejected(
-    driver: Driver, step: PlanStep, *, loop: int, artifact: Any, errors: list[str]
+    ctx: DriveContext,
+    state: RunState,
+    step: PlanStep,
+    *,
+    loop: int,
+    artifact: Any,
+    errors: list[str],
 ) -> StepOutcome:
     feedback = "The output does not match the required schema: " + "; ".join(errors[:20])
     verdict = Verdict(complete=False, feedback=feedback, missing=tuple(errors[:20]), judge="schema")
-    driver.record_verdict(step, loop=loop, artifact=artifact, verdict=verdict)
+    judging.record_schema_verdict(ctx, state, step, loop=loop, artifact=artifact, verdict=verdict)
     if loop < step.max_loops:
         return StepOutcome(
             status="loop",
@@ -259,14 +270,9 @@ def _judged(step: PlanStep, *, loop: int, artifact: Any, judged: Judged) -> Step
         return StepOutcome(
             status="loop", note=f"loop {loop} rejected: {verdict.feedback}", feedback=fb
         )
-    waiting = {
-        "waiting": {
-            "loop": loop,
-            "input_hash": judged.input_hash,
-            "summary": judged.summary,
-            "judge": "exhausted",
-        }
-    }
+    waiting = Waiting(
+        loop=loop, input_hash=judged.input_hash, summary=judged.summary, judge="exhausted"
+    ).to_json()
     return StepOutcome(
         status="blocked",
         output=waiting,
@@ -276,16 +282,17 @@ def _judged(step: PlanStep, *, loop: int, artifact: Any, judged: Judged) -> Step
 
 
 def _write_step(
-    driver: Driver,
+    ctx: DriveContext,
+    state: RunState,
     step: PlanStep,
     *,
-    status: str,
+    status: StepStatus,
     loop: int,
     note: str | None,
     output_json: str | None,
     stops_run: bool = False,
 ) -> None:
-    current = driver.step_rows[step.id]
+    current = state.step_rows[step.id]
     if (
         current.status,
         current.loop,
@@ -294,19 +301,16 @@ def _write_step(
         bool(current.stops_run),
     ) == (status, loop, note, output_json, stops_run):
         return
-    driver.store_write(
-        lambda conn: run_sql.write_step_txn(
-            conn,
-            driver.run.run_id,
-            step.id,
-            status=status,
-            loop=loop,
-            note=note,
-            output_json=output_json,
-            stops_run=stops_run,
-        )
+    ctx.store.write_step(
+        state.run_id,
+        step.id,
+        status=status,
+        loop=loop,
+        note=note,
+        output_json=output_json,
+        stops_run=stops_run,
     )
-    driver.step_rows[step.id] = StepRow(
+    state.step_rows[step.id] = StepRow(
         run_id=current.run_id,
         step_id=current.step_id,
         position=current.position,
@@ -319,10 +323,12 @@ def _write_step(
         updated_at=current.updated_at,
         stops_run=int(stops_run),
     )
-    driver.emit("step_status", step_id=step.id, status=status, loop=loop, note=note)
+    ctx.emit(
+        "step_status", run_id=state.run_id, step_id=step.id, status=status, loop=loop, note=note
+    )
 
 
-def derive_run_status(plan: Plan, rows: dict[str, StepRow]) -> tuple[str, str | None]:
+def derive_run_status(plan: Plan, rows: dict[str, StepRow]) -> tuple[RunStatus, str | None]:
     """The run status implied by its step rows, with the reason shown to users."""
     for step in plan.steps:
         row = rows[step.id]

@@ -6,6 +6,7 @@ thread after the matching journal write committed, so they must be quick and mus
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -13,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 EventKind = str
-"""``drive_started``, ``step_started``, ``unit_started``, ``unit_finished``, ``unit_reused``,
-``gate_verdict``, ``step_status``, ``run_status``, ``warning``, ``drive_finished``."""
+"""``step_started``, ``unit_started``, ``unit_reclaimed``, ``unit_finished``, ``unit_reused``,
+``gate_verdict``, ``gate_rejected``, ``step_status``, ``run_status``, ``warning``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -30,6 +31,7 @@ class Event:
 
 
 Observer = Callable[[Event], None]
+_log = logging.getLogger("wf_magic")
 
 
 class EventBus:
@@ -51,6 +53,19 @@ class EventBus:
 
         return unsubscribe
 
+    def notify(
+        self,
+        kind: EventKind,
+        *,
+        run_id: str,
+        step_id: str | None = None,
+        unit_id: str | None = None,
+        **data: Any,
+    ) -> None:
+        """Build and deliver an event, only when somebody listens."""
+        if self._observers:
+            self.emit(Event(kind=kind, run_id=run_id, step_id=step_id, unit_id=unit_id, data=data))
+
     def emit(self, event: Event) -> None:
         """Deliver ``event`` to every observer."""
         with self._lock:
@@ -59,9 +74,7 @@ class EventBus:
             try:
                 observer(event)
             except Exception:  # an observer bug must not lose journaled work
-                import logging
-
-                logging.getLogger("wf_magic").exception("event observer failed; removed")
+                _log.exception("event observer failed; removed")
                 with self._lock:
                     if observer in self._observers:
                         self._observers.remove(observer)

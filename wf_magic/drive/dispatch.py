@@ -8,41 +8,24 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .errors import BudgetExceeded, RunnerError
-from .runners.base import UnitRequest, UnitResult
-from .runners.process import minimal_env
-from .spec.plan import PlanStep
-from .store.records import AttemptRow
+from ..errors import BudgetExceeded, RunnerError
+from ..runners.base import UnitRequest, UnitResult
+from ..runners.process import minimal_env
+from ..spec.kinds import KINDS
+from ..spec.plan import PlanStep
+from ..store.records import AttemptRow
+from . import attempts
+from .children import ChildBlocked, ChildBudgetStop
+from .context import DriveContext, RunState
+from .spine import LoopWork, start_loop
 from .units import UnitPlan
 
-if TYPE_CHECKING:
-    from .drive import Driver
-
 MAX_OUTPUT_BYTES = 10_000_000
-
-
-class ChildBlocked(Exception):
-    """A child workflow run is blocked; its parent unit stays in flight."""
-
-
-class ChildBudgetStop(Exception):
-    """A child workflow run was stopped by the (shared) budget: a hard stop for the parent."""
-
-
-class InlineExecutor(Executor):
-    """Runs each submitted call at once in the calling thread (concurrency 1, no threads)."""
-
-    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
-        future: Future[Any] = Future()
-        try:
-            future.set_result(fn(*args, **kwargs))
-        except Exception as exc:
-            future.set_exception(exc)
-        return future
 
 
 @dataclass(slots=True)
@@ -56,40 +39,33 @@ class _Job:
     """Tokens reserved for this dispatch (``UnitRequest.max_tokens``); released on finish."""
 
 
-@dataclass(slots=True)
-class LoopWork:
-    """Mutable result of one loop's dispatch."""
-
-    outputs: list[Any]
-    failures: dict[str, str]
-    budget_error: str | None = None
-    blocked: str | None = None
-    stopped: bool = False
-    dispatched: int = 0
-    executed_failure: bool = False
-    """Some unit failed after really running (a run-level retry may help)."""
-
-
-_MISSING = object()
+InlineRun = Callable[[PlanStep, UnitPlan, AttemptRow], UnitResult]
+"""Runs a unit in the driver thread (route decisions, child workflows): the loop's own."""
 
 
 def run_units(
-    driver: Driver, step: PlanStep, units: list[UnitPlan], *, judged: bool = False
+    ctx: DriveContext,
+    state: RunState,
+    step: PlanStep,
+    units: list[UnitPlan],
+    *,
+    inline: InlineRun,
+    judged: bool = False,
 ) -> LoopWork:
     """Produce every unit's output for one loop, dispatching only what the journal lacks.
 
     ``judged`` says the loop already has a journaled verdict: it is rebuilt from the journal
     exactly as it was judged, so its tolerated failures (``on_error: continue``) stay failures.
     """
-    work = LoopWork(outputs=[_MISSING] * len(units), failures={})
-    history = driver.attempts_by_unit(step.id)
+    work = LoopWork.empty(len(units))
+    history = attempts.attempts_by_unit(ctx, state, step.id)
     jobs: deque[_Job] = deque()
     for i, unit in enumerate(units):
-        attempts = history.get(unit.unit_id, [])
+        history_of = history.get(unit.unit_id, [])
         done = next(
             (
                 a
-                for a in reversed(attempts)
+                for a in reversed(history_of)
                 if a.input_hash == unit.input_hash and a.status in ("succeeded", "reused")
             ),
             None,
@@ -97,8 +73,8 @@ def run_units(
         if done is not None:
             work.outputs[i] = _load(done.output_json)
             continue
-        latest = attempts[-1] if attempts else None
-        same_input = [a for a in attempts if a.input_hash == unit.input_hash]
+        latest = history_of[-1] if history_of else None
+        same_input = [a for a in history_of if a.input_hash == unit.input_hash]
         if judged and same_input and same_input[-1].status == "failed":
             work.outputs[i] = None
             work.failures[unit.unit_id] = same_input[-1].failure or "failed"
@@ -108,16 +84,16 @@ def run_units(
             if latest.input_hash == unit.input_hash:
                 reclaim = latest  # the driver died mid-unit: same attempt, same dispatch_id
             else:
-                driver.abandon_attempt(latest)
+                attempts.abandon(ctx, state, latest)
         if reclaim is None:
-            reused = driver.try_reuse(step, unit)
+            reused = attempts.try_reuse(ctx, state, step, unit)
             if reused is not None:
                 work.outputs[i] = _load(reused.output_json)
                 continue
-        tries = 0 if driver.reopened else _retry_streak(attempts, unit.input_hash)
+        tries = 0 if state.reopened else _retry_streak(history_of, unit.input_hash)
         jobs.append(_Job(index=i, unit=unit, reclaimed=reclaim, tries=tries))
     if jobs:
-        _schedule(driver, step, jobs, work)
+        _schedule(ctx, state, step, jobs, work, inline)
     return work
 
 
@@ -133,28 +109,36 @@ def _retry_streak(attempts: list[AttemptRow], input_hash: str) -> int:
     return streak
 
 
-def _schedule(driver: Driver, step: PlanStep, jobs: deque[_Job], work: LoopWork) -> None:
-    executor, limit = driver.executor_for(step)
+def _schedule(
+    ctx: DriveContext,
+    state: RunState,
+    step: PlanStep,
+    jobs: deque[_Job],
+    work: LoopWork,
+    inline: InlineRun,
+) -> None:
+    executor, limit = state.executors.for_step(is_map=step.map is not None)
+    budget = ctx.budget
     in_flight: dict[Future[UnitResult], tuple[_Job, AttemptRow]] = {}
     halt = False
     try:
         while jobs or in_flight:
             while jobs and len(in_flight) < limit and not halt:
-                if driver.should_stop():
+                if state.should_stop(ctx):
                     work.stopped = halt = True
                     break
                 job = _next_ready(jobs)
                 if job is None:
                     break
-                job.offer = driver.budget.offer(slots=limit - len(in_flight))
+                job.offer = budget.offer(slots=limit - len(in_flight))
                 if job.offer == 0 and in_flight:
                     # Every unspent token is promised to units in flight: wait for one.
-                    driver.budget.release(job.offer)
+                    budget.release(job.offer)
                     jobs.appendleft(job)
                     break
-                started = _start(driver, step, job, work, executor)
+                started = _start(ctx, state, step, job, work, executor, inline)
                 if started is None:
-                    driver.budget.release(job.offer)
+                    budget.release(job.offer)
                     halt = work.budget_error is not None or bool(work.blocked)
                     continue
                 in_flight[started[0]] = (started[1], started[2])
@@ -162,7 +146,7 @@ def _schedule(driver: Driver, step: PlanStep, jobs: deque[_Job], work: LoopWork)
                 done, _ = wait(list(in_flight), timeout=0.5, return_when=FIRST_COMPLETED)
                 for future in done:
                     job, attempt = in_flight.pop(future)
-                    if not _finish(driver, step, job, attempt, future, work, jobs):
+                    if not _finish(ctx, state, step, job, attempt, future, work, jobs):
                         halt = halt or step.on_error == "fail"
             elif jobs and not halt:
                 time.sleep(min(0.05, max(0.0, jobs[0].not_before - time.monotonic())))
@@ -176,7 +160,7 @@ def _schedule(driver: Driver, step: PlanStep, jobs: deque[_Job], work: LoopWork)
             except BaseException:  # noqa: S110 - journaled below or owed to the next drive
                 pass
             if future.done() and not future.cancelled():
-                _finish(driver, step, job, attempt, future, work, deque())
+                _finish(ctx, state, step, job, attempt, future, work, deque())
         raise
 
 
@@ -191,7 +175,13 @@ def _next_ready(jobs: deque[_Job]) -> _Job | None:
 
 
 def _start(
-    driver: Driver, step: PlanStep, job: _Job, work: LoopWork, executor: Executor
+    ctx: DriveContext,
+    state: RunState,
+    step: PlanStep,
+    job: _Job,
+    work: LoopWork,
+    executor: Executor,
+    inline: InlineRun,
 ) -> tuple[Future[UnitResult], _Job, AttemptRow] | None:
     unit = job.unit
     attempt = job.reclaimed
@@ -199,30 +189,34 @@ def _start(
     if attempt is None:
         if unit.charged:
             try:
-                driver.budget.check(run_id=driver.run.run_id, step_id=step.id, unit_id=unit.unit_id)
+                ctx.budget.check(run_id=state.run_id, step_id=step.id, unit_id=unit.unit_id)
             except BudgetExceeded as exc:
                 work.budget_error = str(exc)
-                driver.emit("warning", step_id=step.id, message=str(exc))
+                ctx.emit("warning", run_id=state.run_id, step_id=step.id, message=str(exc))
                 return None
-        driver.before_dispatch(step, unit.loop)
-        attempt = driver.reserve(unit)
+        start_loop(ctx, state, step, unit.loop)
+        attempt = attempts.reserve(ctx, state, unit)
     else:  # a reclaim writes nothing until its outcome: a re-stop stays a no-op
-        driver.emit(
-            "unit_reclaimed", step_id=step.id, unit_id=unit.unit_id, dispatch_id=attempt.dispatch_id
+        ctx.emit(
+            "unit_reclaimed",
+            run_id=state.run_id,
+            step_id=step.id,
+            unit_id=unit.unit_id,
+            dispatch_id=attempt.dispatch_id,
         )
     job.tries += 1
     work.dispatched += 1
-    if unit.kind in ("workflow", "route"):
+    if KINDS[unit.kind].runs_inline:
         future: Future[UnitResult] = Future()
         try:
-            future.set_result(driver.run_inline(step, unit, attempt))
+            future.set_result(inline(step, unit, attempt))
         except ChildBudgetStop as exc:
             # The child stays as it is (failed on the shared budget) and so does this unit's
             # attempt: a re-drive re-stops exactly the same way and writes nothing.
             work.budget_error = str(exc)
             return None
         except ChildBlocked as exc:
-            if driver.should_stop():
+            if state.should_stop(ctx):
                 work.stopped = True  # the child stopped for the same stop request
             else:
                 work.blocked = str(exc)
@@ -230,9 +224,9 @@ def _start(
         except Exception as exc:
             future.set_exception(exc)
         return future, job, attempt
-    request = _request(driver, step, unit, attempt, job.offer)
+    request = _request(state, step, unit, attempt, job.offer)
     try:
-        runner = driver.runner(unit.runner)
+        runner = state.runner(ctx, unit.runner)
     except (
         Exception
     ) as exc:  # a runner that cannot be built fails the attempt, never leaves it running
@@ -247,7 +241,7 @@ def _start(
 
 
 def _request(
-    driver: Driver, step: PlanStep, unit: UnitPlan, attempt: AttemptRow, job_offer: int | None
+    state: RunState, step: PlanStep, unit: UnitPlan, attempt: AttemptRow, job_offer: int | None
 ) -> UnitRequest:
     env: dict[str, str] = {}
     if unit.kind == "exec":
@@ -259,7 +253,7 @@ def _request(
         env = minimal_env(
             step.pass_env,
             {
-                "WF_RUN_ID": driver.run.run_id,
+                "WF_RUN_ID": state.run_id,
                 "WF_STEP_ID": step.id,
                 "WF_UNIT_ID": unit.unit_id,
                 "WF_DISPATCH_ID": attempt.dispatch_id,
@@ -267,7 +261,7 @@ def _request(
             },
         )
     return UnitRequest(
-        run_id=driver.run.run_id,
+        run_id=state.run_id,
         step_id=step.id,
         unit_id=unit.unit_id,
         dispatch_id=attempt.dispatch_id,
@@ -290,7 +284,8 @@ def _request(
 
 
 def _finish(
-    driver: Driver,
+    ctx: DriveContext,
+    state: RunState,
     step: PlanStep,
     job: _Job,
     attempt: AttemptRow,
@@ -299,21 +294,21 @@ def _finish(
     jobs: deque[_Job],
 ) -> bool:
     """Journal a finished unit; returns False when it failed for good."""
-    driver.budget.release(job.offer)
+    ctx.budget.release(job.offer)
     job.offer = None
     exc = future.exception()
     if exc is None:
         result = future.result()
         problem = _oversize(result.output)
         if problem is None:
-            work.outputs[job.index] = driver.finish_ok(attempt, result)
+            work.outputs[job.index] = attempts.finish_ok(ctx, state, attempt, result)
             return True
         exc = RunnerError(problem)
     if not isinstance(exc, RunnerError):
         if not isinstance(exc, Exception):
             raise exc
         exc = RunnerError(f"runner raised {type(exc).__name__}: {exc}")
-    failure = driver.finish_error(attempt, exc)
+    failure = attempts.finish_error(ctx, state, attempt, exc)
     retry = step.retry
     if exc.transient and job.tries < retry.max_attempts:
         job.not_before = time.monotonic() + retry.backoff_s * (2 ** (job.tries - 1))
@@ -339,8 +334,3 @@ def _oversize(output: Any) -> str | None:
 
 def _load(output_json: str | None) -> Any:
     return None if output_json is None else json.loads(output_json)
-
-
-def is_complete(work: LoopWork) -> bool:
-    """Whether every unit has an output or a recorded failure."""
-    return all(o is not _MISSING for o in work.outputs)

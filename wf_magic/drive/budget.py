@@ -5,8 +5,11 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from .errors import BudgetExceeded
-from .spec.models import BudgetSpec
+from ..errors import BudgetExceeded
+from ..spec.models import BudgetSpec
+from ..spec.plan import Plan
+from ..store import Store
+from ..store.records import RunRow
 
 
 @dataclass(slots=True)
@@ -75,3 +78,13 @@ class Budget:
         if offer:
             with self._lock:
                 self._offered -= offer
+
+
+def seed_budget(store: Store, run: RunRow, plan: Plan) -> Budget:
+    """The budget of ``run``'s root: its ceilings, and what the journal already charged."""
+    spec = plan.budget
+    if run.root_run_id != run.run_id:
+        root = store.get_run(run.root_run_id)
+        spec = Plan.model_validate_json(root.plan_json).budget if root else spec
+    units, tokens, cost = store.budget_usage(run.root_run_id)
+    return Budget(root_run_id=run.root_run_id, spec=spec, units=units, tokens=tokens, cost=cost)

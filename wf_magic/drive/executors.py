@@ -18,12 +18,12 @@ import importlib
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from .errors import RunnerError, UsageError
+from ..errors import RunnerError, UsageError
 
 if TYPE_CHECKING:
     from distributed import Client
 
-__all__ = ["dask_executor", "thread_executor"]
+__all__ = ["InlineExecutor", "UnitExecutors", "dask_executor", "thread_executor"]
 
 _DASK_MISSING = (
     "Dispatching units on Dask needs the `distributed` package, which is not installed; "
@@ -121,3 +121,49 @@ class _DaskExecutor(Executor):
         finally:
             if self._owns_client:
                 self._client.close()
+
+
+class InlineExecutor(Executor):
+    """Runs each submitted call at once in the calling thread (concurrency 1, no threads)."""
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
+
+
+class UnitExecutors:
+    """Where one run's units execute and how many at once: the one place that decides.
+
+    A step that is not a map runs one unit at a time; a map runs up to the plan's
+    ``max_concurrency`` (and the caller's cap) on the caller's executor, else on a thread
+    pool this object owns (built on first use, shut down by :meth:`shutdown`), else inline.
+    """
+
+    def __init__(self, *, plan_limit: int, cap: int | None, external: Executor | None):
+        self.plan_limit = plan_limit
+        self.cap = cap
+        self.external = external
+        self._pool: ThreadPoolExecutor | None = None
+
+    def for_step(self, *, is_map: bool) -> tuple[Executor, int]:
+        """The executor for a step's units and the most units it may have in flight."""
+        limit = self.plan_limit if self.cap is None else min(self.plan_limit, self.cap)
+        if not is_map:
+            limit = 1
+        if self.external is not None:
+            return self.external, max(1, limit)
+        if limit <= 1:
+            return InlineExecutor(), 1
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=limit, thread_name_prefix="wf-unit")
+        return self._pool, limit
+
+    def shutdown(self) -> None:
+        """Stop the owned thread pool (a caller's executor is never shut down)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None

@@ -5,22 +5,11 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any
 
-from .hashing import canonical_json, sha256_text
-from .spec.freeze import Workflow
-from .store.records import RunRow
-
-if TYPE_CHECKING:
-    from .run import Run
-
-RunRef = Union[str, "Run"]
-"""A run id, or a ``Run`` handle: every Engine method taking a run accepts both."""
-
-
-def run_ref(run: RunRef) -> str:
-    """The run id of ``run`` (an id string or a ``Run`` handle)."""
-    return run if isinstance(run, str) else run.run_id
+from ..hashing import canonical_json, sha256_text
+from ..spec.freeze import Workflow
+from ..store.records import RunRow
 
 
 def new_run_id() -> str:
@@ -33,7 +22,7 @@ def scope_key(workflow: str, params: Mapping[str, Any]) -> str:
     return canonical_json({"workflow": workflow, "params": dict(params)})
 
 
-def run_row(
+def new_run_row(
     wf: Workflow,
     params: Mapping[str, Any],
     *,
@@ -73,3 +62,8 @@ def run_row(
         updated_at=now,
         finished_at=None,
     )
+
+
+def plan_steps(wf: Workflow) -> list[tuple[str, int, str, int]]:
+    """The step rows a new run of ``wf`` starts with: (step_id, position, kind, max_loops)."""
+    return [(s.id, i, s.kind, s.max_loops) for i, s in enumerate(wf.plan.steps)]

@@ -1,0 +1,188 @@
+"""Journal one unit's attempts for a drive: reserve, finish, reuse, abandon — with their events."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..errors import RunnerError
+from ..runners.base import UnitResult
+from ..spec.plan import PlanStep
+from ..store.journal import Finish, UnitKey
+from ..store.records import AttemptRow
+from .context import DriveContext, RunState
+from .units import UnitPlan
+
+ABANDONED = "abandoned: the driver stopped mid-unit and the unit's input has changed since"
+
+
+def unit_key(
+    state: RunState,
+    unit: UnitPlan,
+    *,
+    unit_id: str | None = None,
+    phase: str = "work",
+    runner: str | None = None,
+    model: str | None = None,
+    input_hash: str | None = None,
+) -> UnitKey:
+    """The journal key of ``unit`` (a gate unit overrides id, phase, runner and model)."""
+    return UnitKey(
+        run_id=state.run_id,
+        workflow=state.plan.name,
+        step_id=unit.step_id,
+        unit_id=unit_id or unit.unit_id,
+        phase=phase,
+        loop=unit.loop,
+        item_index=unit.item_index,
+        runner=runner or unit.runner,
+        model=model if runner else unit.model,
+        input_hash=input_hash or unit.input_hash,
+    )
+
+
+def attempts_by_unit(
+    ctx: DriveContext, state: RunState, step_id: str
+) -> dict[str, list[AttemptRow]]:
+    """A step's attempts grouped by unit, in journal order."""
+    out: dict[str, list[AttemptRow]] = {}
+    for a in ctx.store.attempts_of(state.run_id, step_id):
+        out.setdefault(a.unit_id, []).append(a)
+    return out
+
+
+def reserve(ctx: DriveContext, state: RunState, unit: UnitPlan) -> AttemptRow:
+    """A new ``running`` attempt of ``unit`` (charged to the budget when the kind is)."""
+    attempt = ctx.store.reserve_attempt(unit_key(state, unit), charged=unit.charged)
+    if unit.charged:
+        ctx.budget.charge_unit()
+    ctx.emit(
+        "unit_started",
+        run_id=state.run_id,
+        step_id=unit.step_id,
+        unit_id=unit.unit_id,
+        dispatch_id=attempt.dispatch_id,
+        attempt=attempt.attempt,
+        loop=unit.loop,
+    )
+    return attempt
+
+
+def finish_ok(ctx: DriveContext, state: RunState, attempt: AttemptRow, result: UnitResult) -> Any:
+    """Journal a succeeded attempt; returns the (redacted) output the step sees."""
+    output = state.redactor.redact_value(result.output)
+    finish_with(
+        ctx,
+        state,
+        attempt,
+        Finish(
+            status="succeeded",
+            output_json=json.dumps(output),
+            tokens_in=int(result.tokens_in),
+            tokens_out=int(result.tokens_out),
+            cost=result.cost,
+            model=result.model,
+            session_id=result.session_id,
+        ),
+    )
+    return output
+
+
+def finish_error(ctx: DriveContext, state: RunState, attempt: AttemptRow, exc: RunnerError) -> str:
+    """Journal a failed attempt; returns the (redacted) failure message."""
+    failure = state.redactor.redact(str(exc))
+    finish_with(
+        ctx,
+        state,
+        attempt,
+        Finish(
+            status="failed",
+            failure=failure,
+            transient=exc.transient,
+            tokens_in=exc.tokens_in,
+            tokens_out=exc.tokens_out,
+        ),
+    )
+    return failure
+
+
+def finish_with(ctx: DriveContext, state: RunState, attempt: AttemptRow, finish: Finish) -> None:
+    """Finish a running attempt with ``finish`` (charged usage, event)."""
+    wrote = ctx.store.finish_attempt(attempt, finish)
+    if wrote and attempt.charged:
+        ctx.budget.charge_usage(finish.tokens_in + finish.tokens_out, finish.cost)
+    ctx.emit(
+        "unit_finished",
+        run_id=state.run_id,
+        step_id=attempt.step_id,
+        unit_id=attempt.unit_id,
+        dispatch_id=attempt.dispatch_id,
+        status=finish.status,
+        tokens=finish.tokens_in + finish.tokens_out,
+        failure=finish.failure,
+        phase=attempt.phase,
+        loop=attempt.loop,
+    )
+
+
+def abandon(ctx: DriveContext, state: RunState, attempt: AttemptRow) -> None:
+    """Fail an attempt a dead driver left running whose unit's input has changed since."""
+    finish_with(ctx, state, attempt, Finish(status="failed", failure=ABANDONED))
+
+
+def record_reuse(
+    ctx: DriveContext, state: RunState, key: UnitKey, source: AttemptRow, *, notify: bool = True
+) -> AttemptRow:
+    """Journal ``key`` as ``reused`` from ``source`` (zero tokens charged; savings counted)."""
+    saved = source.tokens_in + source.tokens_out + source.saved_tokens
+    origin = source.reused_from or source.dispatch_id
+    row = ctx.store.record_terminal_attempt(
+        key,
+        Finish(status="reused", output_json=source.output_json, model=source.model),
+        reused_from=origin,
+        saved_tokens=saved,
+        event="unit_reused",
+    )
+    state.stats.reused += 1
+    state.stats.saved_tokens += saved
+    if not notify:
+        return row
+    ctx.emit(
+        "unit_reused",
+        run_id=state.run_id,
+        step_id=key.step_id,
+        unit_id=key.unit_id,
+        saved_tokens=saved,
+        reused_from=origin,
+    )
+    return row
+
+
+def try_reuse(
+    ctx: DriveContext, state: RunState, step: PlanStep, unit: UnitPlan
+) -> AttemptRow | None:
+    """Answer ``unit`` from its fork source or an earlier run, journaled ``reused`` (or None)."""
+    source = _reuse_source(ctx, state, step, unit)
+    if source is None:
+        return None
+    return record_reuse(ctx, state, unit_key(state, unit), source)
+
+
+def _reuse_source(
+    ctx: DriveContext, state: RunState, step: PlanStep, unit: UnitPlan
+) -> AttemptRow | None:
+    run = state.run
+    if state.fork_index is not None:
+        if state.reexecutes(step) or run.forked_from is None:
+            return None
+        return ctx.store.find_in_run(
+            run_id=run.forked_from, input_hash=unit.input_hash, unit_id=unit.unit_id
+        )
+    if not (unit.cacheable and run.use_cache):
+        return None
+    return ctx.store.find_reusable(
+        workflow=state.plan.name,
+        input_hash=unit.input_hash,
+        runner=unit.runner,
+        exclude_run_id=run.run_id,
+    )

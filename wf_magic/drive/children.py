@@ -1,0 +1,96 @@
+"""Child workflows: publish a child run once per (parent, invocation) and read its outcome.
+
+The loop drives the child in place (``drive_run(ctx.child(), child)``) between the two.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+from ..errors import RunnerError, UsageError
+from ..hashing import sha256_text
+from ..runners.base import UnitResult
+from ..spec.freeze import Workflow
+from ..spec.params import resolve_params
+from ..spec.plan import PlanStep
+from ..store import Store
+from ..store.records import RunRow
+from .context import DriveContext, RunState
+from .runrows import new_run_id, new_run_row, plan_steps, scope_key
+from .units import UnitPlan
+
+
+class ChildBlocked(Exception):
+    """A child workflow run is blocked; its parent unit stays in flight."""
+
+
+class ChildBudgetStop(Exception):
+    """A child workflow run was stopped by the (shared) budget: a hard stop for the parent."""
+
+
+def publish(ctx: DriveContext, state: RunState, step: PlanStep, unit: UnitPlan) -> RunRow:
+    """The child run of ``unit``: the one published earlier, else a new one.
+
+    Idempotent on ``(parent_run_id, invocation_key)``: a parent re-drive finds its child.
+
+    Raises:
+        RunnerError: the child's params are invalid.
+    """
+    existing = ctx.store.child_run(state.run_id, unit.unit_id)
+    if existing is not None:
+        return existing
+    plan = state.plan.children[step.workflow or ""]
+    try:
+        params = resolve_params(plan, unit.kwargs or {})
+    except UsageError as exc:
+        raise RunnerError(f"child workflow {plan.name!r}: {exc}") from None
+    plan_json = plan.to_json()
+    wf = Workflow(
+        name=plan.name,
+        source=plan_json,
+        source_hash=sha256_text(plan_json),
+        source_path=None,
+        plan=plan,
+        plan_json=plan_json,
+        plan_hash=sha256_text(plan_json),
+    )
+    row = new_run_row(
+        wf,
+        params,
+        run_id=new_run_id(),
+        scope=scope_key(plan.name, params),
+        # A fork re-executes from its fork step: a child there runs afresh.
+        use_cache=bool(state.run.use_cache) and not state.reexecutes(step),
+        parent=state.run,
+        invocation_key=unit.unit_id,
+    )
+    try:
+        ctx.store.create_run(row, plan_steps(wf))
+    except sqlite3.IntegrityError:  # published meanwhile: (parent, invocation_key) is unique
+        again = ctx.store.child_run(state.run_id, unit.unit_id)
+        if again is None:
+            raise
+        return again
+    return row
+
+
+def child_result(store: Store, child: RunRow) -> UnitResult:
+    """The parent unit's result from a driven child run.
+
+    Raises:
+        ChildBlocked: the child is blocked or was stopped (the parent unit stays in flight).
+        ChildBudgetStop: the shared budget stopped the child (a hard stop for the parent).
+        RunnerError: the child failed or was abandoned.
+    """
+    label = f"child run {child.run_id} ({child.workflow})"
+    if child.status == "completed":
+        return UnitResult(output=json.loads(child.result_json or "null"))
+    if child.status == "blocked":
+        raise ChildBlocked(f"{label} is blocked: {child.status_reason}")
+    if child.status == "active":
+        raise ChildBlocked(f"{label} was stopped before it finished; resume the parent")
+    message = f"{label} {child.status}: {child.status_reason}"
+    if any(row.stops_run and row.status == "failed" for row in store.steps_of(child.run_id)):
+        raise ChildBudgetStop(message)
+    raise RunnerError(message)

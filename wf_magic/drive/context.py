@@ -1,0 +1,202 @@
+"""What a drive is given (DriveContext) and what it keeps per run (RunState), never the Engine."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..bus import EventBus
+from ..errors import RunnerError
+from ..redact import Redactor, is_secret_key
+from ..runners.base import Runner, RunnerContext
+from ..runners.registry import runner_factory
+from ..spec.plan import Plan, PlanStep
+from ..store import Store
+from ..store.records import RunRow, StepRow
+from .budget import Budget
+from .executors import UnitExecutors
+
+STOP_POLL_S = 0.2
+_log = logging.getLogger("wf_magic")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DriveOptions:
+    """How one drive behaves."""
+
+    max_steps: int | None = None
+    signal: threading.Event | None = None
+    max_concurrency: int | None = None
+    executor: Executor | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class DriveStats:
+    """What one drive did (shown by the CLI and the widgets)."""
+
+    dispatched: int = 0
+    reused: int = 0
+    saved_tokens: int = 0
+    steps_finished: int = 0
+    stopped_by: str | None = None
+    """None, ``max_steps``, ``signal``, ``stop_request`` or ``interrupt``."""
+    retryable_failure: bool = False
+    """The run failed on a unit that really ran (run-level retries may re-open it)."""
+
+
+class RunnerPool:
+    """Runners of a drive (its children's too), built on first use and closed together."""
+
+    def __init__(self, *, state_dir: Path, namespace: Mapping[str, Any] | None):
+        self.state_dir = state_dir
+        self.namespace = namespace
+        self._runners: dict[tuple[str, str | None, str], Runner] = {}
+        self._lock = threading.Lock()
+
+    def get(self, plan: Plan, name: str, *, source_dir: str | None) -> Runner:
+        """The runner ``name`` of ``plan`` (its options from ``plan.runners``).
+
+        Raises:
+            RunnerError: no runner of that type is registered.
+        """
+        key = (plan.name, source_dir, name)
+        with self._lock:
+            if key not in self._runners:
+                options = dict(plan.runners.get(name, {}))
+                kind = str(options.pop("type", name))
+                factory = runner_factory(kind)
+                if factory is None:
+                    raise RunnerError(f"unknown runner {kind!r}")
+                self._runners[key] = factory(
+                    RunnerContext(
+                        name=name,
+                        options=options,
+                        state_dir=str(self.state_dir),
+                        workflow=plan.name,
+                        namespace=self.namespace,
+                        source_dir=source_dir,
+                    )
+                )
+            return self._runners[key]
+
+    def close(self) -> None:
+        """Close every runner built so far (a failing close never stops the others)."""
+        with self._lock:
+            runners, self._runners = list(self._runners.values()), {}
+        for runner in runners:
+            try:
+                runner.close()
+            except Exception:  # closing must go on for the others
+                _log.exception("closing a runner failed")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DriveContext:
+    """The narrow set of things a drive uses: a child drive gets the same with ``depth + 1``."""
+
+    store: Store
+    bus: EventBus
+    runners: RunnerPool
+    budget: Budget
+    redactor: Redactor
+    options: DriveOptions
+    depth: int = 0
+
+    def child(self) -> DriveContext:
+        """The context of a child workflow's drive (same budget, runners and options)."""
+        return dataclasses.replace(self, depth=self.depth + 1)
+
+    def emit(
+        self,
+        kind: str,
+        *,
+        run_id: str,
+        step_id: str | None = None,
+        unit_id: str | None = None,
+        **data: Any,
+    ) -> None:
+        """Deliver an event to observers (nothing is built when nobody listens)."""
+        self.bus.notify(kind, run_id=run_id, step_id=step_id, unit_id=unit_id, **data)
+
+
+@dataclass(slots=True, kw_only=True)
+class RunState:
+    """One run's drive in progress: its row, plan, step rows, outputs so far and stats."""
+
+    run: RunRow
+    plan: Plan
+    params: dict[str, Any]
+    redactor: Redactor
+    executors: UnitExecutors
+    reopened: bool = False
+    """The run had failed and this drive re-opened it: unit retries start afresh."""
+    stats: DriveStats = field(default_factory=DriveStats)
+    step_rows: dict[str, StepRow] = field(default_factory=dict)
+    outputs: dict[str, Any] = field(default_factory=dict)
+    fork_index: int | None = None
+    last_stop_poll: float = 0.0
+
+    @classmethod
+    def begin(cls, ctx: DriveContext, run: RunRow, plan: Plan, params: dict[str, Any]) -> RunState:
+        """The state a drive of ``run`` starts from."""
+        fork_index = (
+            next(i for i, s in enumerate(plan.steps) if s.id == run.fork_step)
+            if run.fork_step
+            else None
+        )
+        return cls(
+            run=run,
+            plan=plan,
+            params=params,
+            redactor=ctx.redactor.with_secrets(
+                v for k, v in params.items() if isinstance(v, str) and is_secret_key(k)
+            ),
+            executors=UnitExecutors(
+                plan_limit=plan.execution.max_concurrency,
+                cap=ctx.options.max_concurrency,
+                external=ctx.options.executor,
+            ),
+            reopened=run.status == "failed",
+            fork_index=fork_index,
+        )
+
+    @property
+    def run_id(self) -> str:
+        """The run being driven."""
+        return self.run.run_id
+
+    @property
+    def source_dir(self) -> str | None:
+        """The folder of the run's source file (where bare ``python:`` modules live)."""
+        return str(Path(self.run.source_path).parent) if self.run.source_path else None
+
+    def runner(self, ctx: DriveContext, name: str) -> Runner:
+        """This run's runner ``name``."""
+        return ctx.runners.get(self.plan, name, source_dir=self.source_dir)
+
+    def reexecutes(self, step: PlanStep) -> bool:
+        """Whether this run is a fork and ``step`` is at or after its fork step."""
+        if self.fork_index is None:
+            return False
+        return [s.id for s in self.plan.steps].index(step.id) >= self.fork_index
+
+    def should_stop(self, ctx: DriveContext) -> bool:
+        """A signal or a stop request (polled at most every ``STOP_POLL_S``) ends the drive."""
+        signal = ctx.options.signal
+        if signal is not None and signal.is_set():
+            self.stats.stopped_by = "signal"
+            return True
+        now = time.monotonic()
+        if now - self.last_stop_poll >= STOP_POLL_S:
+            self.last_stop_poll = now
+            if ctx.store.is_stop_requested(self.run.root_run_id):
+                self.stats.stopped_by = "stop_request"
+                return True
+        return False

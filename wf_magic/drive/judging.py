@@ -1,0 +1,283 @@
+"""Gate judging for a drive: find a journaled verdict or ask the judge, and journal it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..errors import RunnerError
+from ..gates.judge import (
+    artifact_summary,
+    expr_verdict,
+    judge_prompt,
+    parse_verdict,
+    render_criteria,
+)
+from ..gates.verdict import (
+    VERDICT_SCHEMA,
+    GateWaiting,
+    Judged,
+    Verdict,
+    VerdictError,
+    Waiting,
+    gate_unit_id,
+)
+from ..hashing import hash_value
+from ..runners.base import UnitRequest
+from ..spec.models import GateSpec
+from ..spec.plan import PlanStep
+from ..spec.templates import TemplateError
+from ..store.journal import Finish, UnitKey
+from ..store.records import AttemptRow
+from . import attempts
+from .context import DriveContext, RunState
+from .units import template_context
+
+
+def gate_key(
+    state: RunState, step_id: str, loop: int, *, runner: str, model: str | None, input_hash: str
+) -> UnitKey:
+    """The journal key of a verdict unit ``<step>.gate:l<loop>``."""
+    return UnitKey(
+        run_id=state.run_id,
+        workflow=state.plan.name,
+        step_id=step_id,
+        unit_id=gate_unit_id(step_id, loop),
+        phase="gate",
+        loop=loop,
+        item_index=None,
+        runner=runner,
+        model=model,
+        input_hash=input_hash,
+    )
+
+
+def obtain_verdict(
+    ctx: DriveContext,
+    state: RunState,
+    step: PlanStep,
+    *,
+    loop: int,
+    artifact: Any,
+    unit_count: int,
+) -> Judged | GateWaiting:
+    """The verdict on this loop: the journaled one for this judge input, or a new judgement.
+
+    A human gate with no recorded decision, and a judge that cannot answer, give
+    ``GateWaiting`` (the step blocks; no loop is consumed).
+    """
+    gate = step.gate or GateSpec()
+    summary = artifact_summary(artifact, unit_count=unit_count)
+    try:
+        criteria = render_criteria(gate.criteria, template_context(state.params, state.outputs))
+    except TemplateError as exc:
+        criteria = [f"(criteria failed to render: {exc})"]
+    runner, model = _judge_runner(state, step, gate)
+    input_hash = hash_value(
+        {
+            "judge": gate.judge,
+            "criteria": criteria,
+            "summary": summary,
+            "check": gate.check,
+            "model": model,
+        }
+    )
+    unit_id = gate_unit_id(step.id, loop)
+    recorded = ctx.store.find_in_run(run_id=state.run_id, input_hash=input_hash, unit_id=unit_id)
+    if recorded is None:
+        recorded = _reuse_verdict(ctx, state, step, loop, runner, model, input_hash)
+    if recorded is not None and recorded.output_json:
+        verdict = Verdict.from_json(json.loads(recorded.output_json))
+        return Judged(verdict=verdict, input_hash=input_hash, summary=summary)
+    if gate.judge == "human":
+        return GateWaiting(
+            reason=f"waiting for a human verdict on loop {loop}",
+            waiting=Waiting(loop=loop, input_hash=input_hash, summary=summary, judge="human"),
+        )
+    key = gate_key(state, step.id, loop, runner=runner, model=model, input_hash=input_hash)
+    try:
+        if gate.judge == "expr":
+            verdict = _judge_expr(ctx, state, gate, key, criteria, artifact)
+        else:
+            verdict = _judge_llm(ctx, state, step, key, criteria, summary)
+    except (VerdictError, RunnerError) as exc:
+        return GateWaiting(
+            reason=f"judge failed on loop {loop}: {state.redactor.redact(str(exc))}; no loop "
+            "was consumed. Fix the judge and resume to re-judge this work.",
+            waiting=Waiting(loop=loop, input_hash=input_hash, summary=summary, judge="failed"),
+        )
+    ctx.emit(
+        "gate_verdict",
+        run_id=state.run_id,
+        step_id=step.id,
+        unit_id=unit_id,
+        loop=loop,
+        complete=verdict.complete,
+        feedback=verdict.feedback,
+        missing=list(verdict.missing),
+    )
+    return Judged(verdict=verdict, input_hash=input_hash, summary=summary)
+
+
+def _reuse_verdict(
+    ctx: DriveContext,
+    state: RunState,
+    step: PlanStep,
+    loop: int,
+    runner: str,
+    model: str | None,
+    input_hash: str,
+) -> AttemptRow | None:
+    """A verdict this run may take instead of judging again, journaled as ``reused``.
+
+    A fork takes every verdict of its prefix from its source run (a person's too: it is the
+    same history). Otherwise llm/expr verdicts on the same judge input are reused across runs
+    like work units (cache permitting); a person's decision never is.
+    """
+    unit_id = gate_unit_id(step.id, loop)
+    run = state.run
+    source: AttemptRow | None = None
+    if run.forked_from and run.fork_step and not state.reexecutes(step):
+        source = ctx.store.find_in_run(
+            run_id=run.forked_from, input_hash=input_hash, unit_id=unit_id
+        )
+    elif run.use_cache and step.cache and runner != "human" and not run.fork_step:
+        source = ctx.store.find_reusable(
+            workflow=state.plan.name,
+            unit_id=unit_id,
+            input_hash=input_hash,
+            runner=runner,
+            exclude_run_id=run.run_id,
+            phase="gate",
+        )
+    if source is None:
+        return None
+    key = gate_key(state, step.id, loop, runner=source.runner, model=model, input_hash=input_hash)
+    return attempts.record_reuse(ctx, state, key, source, notify=False)
+
+
+def _judge_runner(state: RunState, step: PlanStep, gate: GateSpec) -> tuple[str, str | None]:
+    if gate.judge in ("expr", "human"):
+        return gate.judge, None
+    default = step.runner if step.kind == "prompt" else state.plan.runner
+    return gate.runner or default, gate.model or step.model
+
+
+def _judge_expr(
+    ctx: DriveContext,
+    state: RunState,
+    gate: GateSpec,
+    key: UnitKey,
+    criteria: list[str],
+    artifact: Any,
+) -> Verdict:
+    try:
+        verdict = expr_verdict(
+            gate.check or "", output=artifact, params=state.params, criteria=criteria
+        )
+    except VerdictError as exc:
+        attempt = ctx.store.reserve_attempt(key, charged=False)
+        attempts.finish_error(ctx, state, attempt, RunnerError(str(exc)))
+        raise
+    _record(ctx, state, key, verdict)
+    return verdict
+
+
+def _judge_llm(
+    ctx: DriveContext,
+    state: RunState,
+    step: PlanStep,
+    key: UnitKey,
+    criteria: list[str],
+    summary: str,
+) -> Verdict:
+    attempt = _reclaim_or_reserve(ctx, state, key)
+    request = UnitRequest(
+        run_id=state.run_id,
+        step_id=step.id,
+        unit_id=key.unit_id,
+        dispatch_id=attempt.dispatch_id,
+        input_hash=key.input_hash,
+        attempt=attempt.attempt,
+        kind="judge",
+        prompt=judge_prompt(step.id, criteria, summary),
+        model=key.model,
+        output_schema=VERDICT_SCHEMA,
+        timeout_s=step.timeout_s,
+    )
+    try:
+        result = state.runner(ctx, key.runner).run(request)
+        verdict = parse_verdict(result.output)
+    except RunnerError as exc:
+        attempts.finish_error(ctx, state, attempt, exc)
+        raise
+    except VerdictError as exc:
+        attempts.finish_error(ctx, state, attempt, RunnerError(str(exc)))
+        raise
+    attempts.finish_with(
+        ctx,
+        state,
+        attempt,
+        Finish(
+            status="succeeded",
+            output_json=json.dumps(verdict.to_json()),
+            tokens_in=result.tokens_in,
+            tokens_out=result.tokens_out,
+            cost=result.cost,
+            model=result.model,
+        ),
+    )
+    return verdict
+
+
+def _reclaim_or_reserve(ctx: DriveContext, state: RunState, key: UnitKey) -> AttemptRow:
+    """The judge attempt a dead driver left running for this input, else a new one."""
+    latest = attempts.attempts_by_unit(ctx, state, key.step_id).get(key.unit_id, [])
+    if latest and latest[-1].status == "running" and latest[-1].input_hash == key.input_hash:
+        return latest[-1]
+    return ctx.store.reserve_attempt(key, charged=False)
+
+
+def _record(ctx: DriveContext, state: RunState, key: UnitKey, verdict: Verdict) -> None:
+    finish = Finish(status="succeeded", output_json=json.dumps(verdict.to_json()))
+    ctx.store.record_terminal_attempt(key, finish)
+    ctx.emit(
+        "unit_finished",
+        run_id=state.run_id,
+        step_id=key.step_id,
+        unit_id=key.unit_id,
+        status="succeeded",
+        phase="gate",
+        loop=key.loop,
+        tokens=0,
+    )
+
+
+def record_schema_verdict(
+    ctx: DriveContext,
+    state: RunState,
+    step: PlanStep,
+    *,
+    loop: int,
+    artifact: Any,
+    verdict: Verdict,
+) -> None:
+    """Journal a schema rejection as the loop's verdict (once per loop and artifact)."""
+    count = len(artifact) if isinstance(artifact, list) and step.map else 1
+    summary = artifact_summary(artifact, unit_count=count)
+    input_hash = hash_value({"judge": "schema", "summary": summary, "schema": step.output})
+    unit_id = gate_unit_id(step.id, loop)
+    existing = ctx.store.find_in_run(run_id=state.run_id, input_hash=input_hash, unit_id=unit_id)
+    if existing is None:
+        key = gate_key(state, step.id, loop, runner="schema", model=None, input_hash=input_hash)
+        _record(ctx, state, key, verdict)
+    ctx.emit(
+        "gate_verdict",
+        run_id=state.run_id,
+        step_id=step.id,
+        unit_id=unit_id,
+        loop=loop,
+        complete=False,
+        feedback=verdict.feedback,
+        missing=list(verdict.missing),
+    )

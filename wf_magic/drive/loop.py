@@ -1,0 +1,204 @@
+"""The drive loop: next step → units → dispatch → spine, over a run's frozen plan.
+
+``drive_run(ctx, run)`` drives one run whose lock the caller holds; a ``workflow:`` unit
+drives its child run through the same function with ``ctx.child()``.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..errors import RunnerError
+from ..gates.verdict import gate_unit_id
+from ..hashing import canonical_json
+from ..locking import RunLock
+from ..runners.base import UnitResult
+from ..spec.plan import Plan, PlanStep
+from ..store.records import AttemptRow, RunRow, StepRow
+from . import children, dispatch, spine
+from .attempts import attempts_by_unit
+from .context import DriveContext, DriveStats, RunState
+from .integrity import verified_plan
+from .units import StepInputError, UnitPlan, build_units
+
+
+def drive_run(ctx: DriveContext, run: RunRow, *, plan: Plan | None = None) -> DriveStats:
+    """Drive ``run`` (its lock held by the caller) until done, blocked, failed or stopped.
+
+    Raises:
+        PlanIntegrityError: the stored plan or params were edited.
+        PlanVersionError: the plan was frozen by a newer wf_magic, or cannot be decoded.
+    """
+    verified, params = verified_plan(ctx.store, ctx.bus, run)
+    plan = plan or verified
+    if run.status in ("completed", "abandoned"):
+        return DriveStats()
+    if run.stop_requested and run.parent_run_id is None:
+        ctx.store.set_stop_requested(run.run_id, False)
+    # A failed run is re-opened in effect, not in a write: its status changes only if the
+    # drive gets further, so re-driving a run that fails the same way writes nothing.
+    state = RunState.begin(ctx, run, plan, params)
+    with ctx.store.synchronous_full(plan.execution.durability == "full"):
+        try:
+            _walk(ctx, state)
+        except KeyboardInterrupt:
+            state.stats.stopped_by = "interrupt"
+            raise
+        finally:
+            state.executors.shutdown()
+    return state.stats
+
+
+def _walk(ctx: DriveContext, state: RunState) -> None:
+    state.step_rows = {r.step_id: r for r in ctx.store.steps_of(state.run_id)}
+    for step in state.plan.steps:
+        if _settled(state, step, state.step_rows[step.id]):
+            continue
+        if state.should_stop(ctx):
+            return
+        skip_note = _route_skip(state, step)
+        if skip_note is not None:
+            spine.skip_step(ctx, state, step, skip_note)
+            state.outputs[step.id] = None
+            _sync_run_status(ctx, state)
+            continue
+        ctx.emit("step_started", run_id=state.run_id, step_id=step.id)
+        outcome = _run_step(ctx, state, step)
+        _sync_run_status(ctx, state)
+        if outcome is None:
+            return  # stopped mid-step: the step is owed to the next drive
+        if not _finished(step, outcome):
+            return
+        state.outputs[step.id] = outcome.output if outcome.status == "completed" else None
+        state.stats.steps_finished += 1
+        max_steps = ctx.options.max_steps
+        if max_steps and state.stats.steps_finished >= max_steps:
+            if any(state.step_rows[s.id].status == "pending" for s in state.plan.steps):
+                state.stats.stopped_by = "max_steps"
+            return
+
+
+def _finished(step: PlanStep, outcome: spine.StepOutcome) -> bool:
+    """Whether the walk goes on past ``step`` after ``outcome``."""
+    if outcome.status in ("completed", "skipped"):
+        return True
+    return outcome.status == "failed" and step.on_error == "continue" and not outcome.run_failed
+
+
+def _settled(state: RunState, step: PlanStep, row: StepRow) -> bool:
+    if row.status == "completed":
+        state.outputs[step.id] = json.loads(row.output_json) if row.output_json else None
+        return True
+    if row.status == "skipped" or (
+        row.status == "failed" and step.on_error == "continue" and not row.stops_run
+    ):
+        state.outputs[step.id] = None
+        return True
+    return False
+
+
+def _route_skip(state: RunState, step: PlanStep) -> str | None:
+    notes: list[str] = []
+    for router in state.plan.steps:
+        if router.route is None or step.id not in router.route.cases.values():
+            continue
+        row = state.step_rows[router.id]
+        if row.status == "completed" and row.output_json:
+            decision = json.loads(row.output_json)
+            if decision.get("selected") == step.id:
+                return None  # a completed router chose this step: protected
+            notes.append(f'Skipped by route: step "{router.id}" selected "{decision.get("case")}"')
+        elif row.status == "skipped":
+            notes.append(f'Skipped by route: router step "{router.id}" was skipped')
+        elif row.status == "failed":
+            notes.append(f'Skipped by route: router step "{router.id}" failed')
+    return notes[0] if notes else None
+
+
+def _run_step(ctx: DriveContext, state: RunState, step: PlanStep) -> spine.StepOutcome | None:
+    loop, feedback = 1, None
+    while True:
+        try:
+            units = build_units(
+                state.plan,
+                step,
+                params=state.params,
+                outputs=state.outputs,
+                loop=loop,
+                feedback=feedback,
+            )
+        except StepInputError as exc:
+            work = spine.LoopWork(input_error=str(exc))
+            return spine.complete_step(ctx, state, step, loop=loop, units=[], work=work)
+
+        def inline(step: PlanStep, unit: UnitPlan, attempt: AttemptRow) -> UnitResult:
+            return _run_inline(ctx, state, step, unit)
+
+        judged = _has_verdict(ctx, state, step, loop)
+        work = dispatch.run_units(ctx, state, step, units, inline=inline, judged=judged)
+        state.stats.dispatched += work.dispatched
+        if work.stopped and not work.is_complete:
+            return None
+        outcome = spine.complete_step(ctx, state, step, loop=loop, units=units, work=work)
+        state.stats.retryable_failure = outcome.retryable and outcome.run_failed
+        if outcome.status != "loop":
+            return outcome
+        ctx.emit(
+            "gate_rejected",
+            run_id=state.run_id,
+            step_id=step.id,
+            loop=loop,
+            feedback=outcome.feedback.feedback if outcome.feedback else "",
+            missing=list(outcome.feedback.missing) if outcome.feedback else [],
+        )
+        loop, feedback = loop + 1, outcome.feedback
+
+
+def _sync_run_status(ctx: DriveContext, state: RunState) -> None:
+    status, reason = spine.derive_run_status(state.plan, state.step_rows)
+    run = state.run
+    if status == "active" and run.status == "active":
+        return
+    if (status, reason) == (run.status, run.status_reason):
+        return
+    result_json = None
+    if status == "completed":
+        result_json = canonical_json(spine.run_result(state.plan, state.step_rows))
+    ctx.store.set_run_status(run.run_id, status, reason=reason, result_json=result_json)
+    ctx.emit("run_status", run_id=run.run_id, status=status, reason=reason)
+    state.run = ctx.store.get_run(run.run_id) or run
+
+
+def _has_verdict(ctx: DriveContext, state: RunState, step: PlanStep, loop: int) -> bool:
+    if step.gate is None and step.output is None:
+        return False
+    unit_id = gate_unit_id(step.id, loop)
+    verdicts = attempts_by_unit(ctx, state, step.id).get(unit_id, [])
+    return any(a.status == "succeeded" for a in verdicts)
+
+
+def _run_inline(ctx: DriveContext, state: RunState, step: PlanStep, unit: UnitPlan) -> UnitResult:
+    """Route decisions and child workflows run in the driver thread."""
+    if unit.kind == "route":
+        return _route_decision(step, unit)
+    child = children.publish(ctx, state, step, unit)
+    with RunLock(ctx.store.lock_dir, child.run_id):
+        drive_run(ctx.child(), ctx.store.get_run(child.run_id) or child)
+    return children.child_result(ctx.store, ctx.store.get_run(child.run_id) or child)
+
+
+def _route_decision(step: PlanStep, unit: UnitPlan) -> UnitResult:
+    route = step.route
+    if route is None:
+        raise RunnerError(f"step {step.id} is not a route step")
+    value = str((unit.kwargs or {}).get("value", ""))
+    if value in route.cases:
+        case = value
+    elif "default" in route.cases:
+        case = "default"
+    else:
+        raise RunnerError(
+            f"route value {value!r} matches no case {sorted(route.cases)} and "
+            "there is no default; add a case or a default"
+        )
+    return UnitResult(output={"value": value, "case": case, "selected": route.cases[case]})

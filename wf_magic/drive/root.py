@@ -1,0 +1,92 @@
+"""A drive as the facade asks for it: under the run's lock, with a fresh context and runners,
+and run-level retries of a run that failed on a unit that really ran."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..bus import EventBus
+from ..errors import UsageError
+from ..locking import RunLock
+from ..redact import Redactor
+from ..spec.freeze import Workflow
+from ..store import Store
+from ..store.records import RunRow
+from .budget import seed_budget
+from .context import DriveContext, DriveOptions, DriveStats, RunnerPool
+from .integrity import drift_warnings, verified_plan
+from .loop import drive_run
+
+
+def drive_locked_run(
+    store: Store,
+    bus: EventBus,
+    run_id: str,
+    *,
+    options: DriveOptions,
+    redactor: Redactor,
+    namespace: Mapping[str, Any] | None,
+    max_retries: int = 0,
+    live_source: Workflow | None = None,
+) -> tuple[DriveStats, list[str]]:
+    """Take the run's lock and drive it; returns the last drive's stats and the warnings.
+
+    Raises:
+        RunLockHeld: another driver holds the run.
+        PlanIntegrityError: the stored plan or params were edited.
+        PlanVersionError: the plan was written by a newer wf_magic.
+    """
+    with RunLock(store.lock_dir, run_id):
+        run = _row(store, run_id)
+        warnings = drift_warnings(run, live_source)
+        drive = _Drive(store, bus, options=options, redactor=redactor, namespace=namespace)
+        stats = drive.once(run)
+        retries = 0
+        while retries < max_retries and stats.retryable_failure and stats.stopped_by is None:
+            run = _row(store, run_id)
+            if run.status != "failed":
+                break
+            retries += 1
+            warnings.append(f"run-level retry {retries}/{max_retries} after: {run.status_reason}")
+            stats = drive.once(run)
+    return stats, warnings
+
+
+class _Drive:
+    """Builds a fresh context (budget seeded from the journal, new runner pool) per drive."""
+
+    def __init__(
+        self,
+        store: Store,
+        bus: EventBus,
+        *,
+        options: DriveOptions,
+        redactor: Redactor,
+        namespace: Mapping[str, Any] | None,
+    ):
+        self.store, self.bus, self.options = store, bus, options
+        self.redactor, self.namespace = redactor, namespace
+
+    def once(self, run: RunRow) -> DriveStats:
+        plan, _ = verified_plan(self.store, self.bus, run)
+        ctx = DriveContext(
+            store=self.store,
+            bus=self.bus,
+            runners=RunnerPool(state_dir=Path(self.store.db_path).parent, namespace=self.namespace),
+            budget=seed_budget(self.store, run, plan),
+            redactor=self.redactor,
+            options=self.options,
+        )
+        try:
+            return drive_run(ctx, run, plan=plan)
+        finally:
+            ctx.runners.close()
+
+
+def _row(store: Store, run_id: str) -> RunRow:
+    row = store.get_run(run_id)
+    if row is None:  # deleted between resolving the id and taking the lock
+        raise UsageError(f"No run {run_id!r} in {store.db_path}.", run_id=run_id)
+    return row

@@ -1,0 +1,1 @@
+"""Gates: verdict types, the judges (llm / expr / schema) and human decisions."""

@@ -1,0 +1,108 @@
+"""Human gate decisions: compare-and-set against what the gate waits on, then journal."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from ..errors import GateDecisionRefused
+from ..store import Store
+from ..store.journal import Finish, UnitKey
+from ..store.records import AttemptRow, StepRow
+from .verdict import Verdict, Waiting, gate_unit_id
+
+
+def record_human_verdict(
+    store: Store,
+    run_id: str,
+    step_id: str,
+    *,
+    workflow: str,
+    verdict: Verdict,
+    loop: int | None,
+) -> int:
+    """Journal a person's verdict on the loop ``step_id`` waits on, in one transaction.
+
+    Returns:
+        The loop decided.
+
+    Raises:
+        GateDecisionRefused: nothing waits, another loop waits (``loop`` is stale), or the
+            loop was already decided; nothing is recorded.
+    """
+
+    def decide(row: StepRow | None, latest: Callable[[str, str], AttemptRow | None]) -> UnitKey:
+        waiting = _waiting_on(run_id, step_id, row, loop)
+        unit_id = gate_unit_id(step_id, waiting.loop)
+        refusal = _refusal(
+            run_id, step_id, waiting, verdict.complete, latest(unit_id, waiting.input_hash)
+        )
+        if refusal:
+            raise GateDecisionRefused(refusal, run_id=run_id, step_id=step_id)
+        return UnitKey(
+            run_id=run_id,
+            workflow=workflow,
+            step_id=step_id,
+            unit_id=unit_id,
+            phase="gate",
+            loop=waiting.loop,
+            item_index=None,
+            runner="human",
+            model=None,
+            input_hash=waiting.input_hash,
+        )
+
+    finish = Finish(status="succeeded", output_json=json.dumps(verdict.to_json()))
+    return store.record_decision(run_id, step_id, decide, finish).loop
+
+
+def _waiting_on(run_id: str, step_id: str, row: StepRow | None, loop: int | None) -> Waiting:
+    """What the step waits on, or why no decision can be taken for it."""
+    if row is None:
+        raise GateDecisionRefused(f"Run {run_id} has no step {step_id!r}.", run_id=run_id)
+    waiting = (
+        Waiting.from_json(json.loads(row.output_json or "{}")) if row.status == "blocked" else None
+    )
+    if waiting is None:
+        why = f": {row.note}" if row.status == "blocked" and row.note else ""
+        raise GateDecisionRefused(
+            f"Run {run_id} step {step_id} is not waiting for a decision (status "
+            f"{row.status}{why}); nothing was recorded.",
+            run_id=run_id,
+            step_id=step_id,
+        )
+    if loop is not None and loop != waiting.loop:
+        raise GateDecisionRefused(
+            f"Run {run_id} step {step_id} waits on loop {waiting.loop}, not loop "
+            f"{loop} (a button from an older output?); nothing was recorded.",
+            run_id=run_id,
+            step_id=step_id,
+        )
+    return waiting
+
+
+def _refusal(
+    run_id: str,
+    step_id: str,
+    waiting: Waiting,
+    complete: bool,
+    latest: AttemptRow | None,
+) -> str | None:
+    """Why a human decision must not be recorded now (None: record it)."""
+    where = f"Run {run_id} step {step_id} loop {waiting.loop}"
+    by_human = latest is not None and latest.runner == "human"
+    if waiting.judge == "exhausted":
+        if not complete:
+            return (
+                f"{where}: the gate is already exhausted; approve the last artifact, "
+                "abandon the run, or fork it. Nothing was recorded."
+            )
+        approved = (
+            by_human
+            and latest is not None
+            and json.loads(latest.output_json or "{}").get("complete")
+        )
+        return f"{where} was already approved; resume the run to continue." if approved else None
+    if by_human:
+        return f"{where} was already decided; resume the run to act on that decision."
+    return None

@@ -1,0 +1,119 @@
+"""Run lifecycles: find or create a scope's run (superseding an unfinished one), fork a run."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .bus import EventBus
+from .drive.runrows import new_run_id, new_run_row, plan_steps, scope_key
+from .errors import UsageError
+from .locking import RunLock
+from .spec.freeze import Workflow
+from .spec.params import resolve_params
+from .spec.plan import Plan
+from .store import Store
+from .store.records import RunRow
+
+UNFINISHED = ("active", "blocked", "failed")
+"""Run statuses a scope has at most one of (a later start supersedes it)."""
+
+
+@dataclass(slots=True, kw_only=True)
+class Started:
+    """The run a start or fork settled on."""
+
+    run_id: str
+    created: bool
+    warnings: list[str] = field(default_factory=list)
+
+
+def start(
+    store: Store,
+    bus: EventBus,
+    wf: Workflow,
+    *,
+    params: Mapping[str, Any] | None,
+    new: bool = False,
+    no_cache: bool = False,
+    params_from_strings: bool = False,
+) -> Started:
+    """Find or create the run a (re-)run of ``wf`` should drive (DESIGN.md §4).
+
+    Raises:
+        UsageError: params are undeclared or invalid.
+        RunLockHeld: the run to supersede is being driven.
+    """
+    resolved = resolve_params(wf.plan, params, from_strings=params_from_strings)
+    scope = scope_key(wf.name, resolved)
+    latest = store.latest_in_scope(scope)
+    if latest is not None and not new and latest.plan_hash == wf.plan_hash:
+        warnings = []
+        if latest.source_hash != wf.source_hash:
+            warnings.append(
+                "the source changed only in ways that do not change the plan; "
+                f"continuing run {latest.run_id}"
+            )
+        return Started(run_id=latest.run_id, created=False, warnings=warnings)
+    row = new_run_row(wf, resolved, run_id=new_run_id(), scope=scope, use_cache=not no_cache)
+    return _create(store, bus, wf, row, supersede=latest)
+
+
+def fork(
+    store: Store,
+    bus: EventBus,
+    source: RunRow,
+    plan: Plan,
+    params: dict[str, Any],
+    *,
+    from_step: str,
+) -> Started:
+    """A new run of ``source``'s frozen plan reusing every result before ``from_step``.
+
+    Raises:
+        UsageError: ``from_step`` is not a step of the plan.
+        RunLockHeld: the unfinished source is being driven.
+    """
+    ids = [s.id for s in plan.steps]
+    if from_step not in ids:
+        raise UsageError(
+            f"Run {source.run_id} has no step {from_step!r}; steps: {ids}", run_id=source.run_id
+        )
+    wf = Workflow(
+        name=plan.name,
+        source="",
+        source_hash=source.source_hash,
+        source_path=source.source_path,
+        plan=plan,
+        plan_json=source.plan_json,
+        plan_hash=source.plan_hash,
+    )
+    row = new_run_row(
+        wf,
+        params,
+        run_id=new_run_id(),
+        scope=source.scope_key,
+        use_cache=True,
+        forked_from=source,
+        fork_step=from_step,
+    )
+    return _create(store, bus, wf, row, supersede=source)
+
+
+def _create(
+    store: Store, bus: EventBus, wf: Workflow, row: RunRow, *, supersede: RunRow | None
+) -> Started:
+    """Insert ``row``; an unfinished ``supersede`` is abandoned in the same transaction,
+    under its lock (a driven run is refused with RunLockHeld and nothing is half-written)."""
+    old = supersede if supersede is not None and supersede.status in UNFINISHED else None
+    lock = RunLock(store.lock_dir, old.run_id) if old else contextlib.nullcontext()
+    with lock:
+        store.create_run(row, plan_steps(wf), supersede=old.run_id if old else None)
+    if old is None:
+        return Started(run_id=row.run_id, created=True)
+    reason = f"superseded by {row.run_id}"
+    bus.notify("run_status", run_id=old.run_id, status="abandoned", reason=reason)
+    warning = f"run {old.run_id} was unfinished and is now abandoned ({reason})"
+    return Started(run_id=row.run_id, created=True, warnings=[warning])

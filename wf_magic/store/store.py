@@ -1,0 +1,350 @@
+"""The Store: owns the state database's connections and is the only way to its rows.
+
+One writer connection (``BEGIN IMMEDIATE`` per named write, serialised by a lock) serves the
+driver and the decision verbs; each reading thread gets its own WAL reader connection, so a
+widget redraw, a frame or ``status`` never queues behind a journal write. Every method is a
+named query or a named write; rows cross the boundary as frozen dataclasses, never cursors.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+from . import journal, runs
+from .db import connect_reader, immediate, open_state_db
+from .journal import Finish, UnitKey
+from .records import AttemptRow, BudgetUse, EventRow, RunRow, RunStatus, StepRow, StepStatus
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+T = TypeVar("T")
+
+
+class Store:
+    """Named queries and writes over ``state.db`` (opened and migrated on first use).
+
+    Args:
+        db_path: the SQLite file.
+        durability: ``normal`` (WAL, synchronous=NORMAL) or ``full`` (synchronous=FULL).
+    """
+
+    def __init__(self, db_path: Path, *, durability: str = "normal"):
+        self.db_path = db_path
+        self.durability = durability
+        self._writer: sqlite3.Connection | None = None
+        self._write_lock = threading.RLock()
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+        self._readers_lock = threading.Lock()
+
+    @property
+    def lock_dir(self) -> Path:
+        """Where the run locks of this state dir live."""
+        return self.db_path.parent / "locks"
+
+    # -- connections -----------------------------------------------------------------------
+    def open(self) -> None:
+        """Open (creating and migrating) the database now rather than on first use.
+
+        Raises:
+            UsageError: the state dir or file is unusable.
+            MigrationError: the migration ledger diverges.
+        """
+        self._write_conn()
+
+    def _write_conn(self) -> sqlite3.Connection:
+        with self._write_lock:
+            if self._writer is None:
+                self._writer = open_state_db(self.db_path, durability=self.durability)
+            return self._writer
+
+    def _read_conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            self._write_conn()  # the schema exists before any reader looks at it
+            conn = connect_reader(self.db_path)
+            self._local.conn = conn
+            with self._readers_lock:
+                self._readers.append(conn)
+        return conn
+
+    def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        return fn(self._read_conn())
+
+    def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        with self._write_lock:
+            with immediate(self._write_conn()) as conn:
+                return fn(conn)
+
+    @contextmanager
+    def synchronous_full(self, enabled: bool = True) -> Iterator[None]:
+        """``synchronous=FULL`` on the writer while the block runs (a plan's ``durability``)."""
+        if not enabled or self.durability == "full":
+            yield
+            return
+        conn = self._write_conn()
+        with self._write_lock:
+            conn.execute("PRAGMA synchronous = FULL")
+        try:
+            yield
+        finally:
+            with self._write_lock:
+                conn.execute("PRAGMA synchronous = NORMAL")
+
+    def close(self) -> None:
+        """Close every connection (readers of other threads too)."""
+        with self._readers_lock:
+            readers, self._readers = self._readers, []
+        for conn in readers:
+            conn.close()
+        self._local = threading.local()
+        with self._write_lock:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+
+    # -- runs ------------------------------------------------------------------------------
+    def get_run(self, run_id: str) -> RunRow | None:
+        """The run row of ``run_id`` (None when there is none)."""
+        return self._read(lambda c: runs.get_run(c, run_id))
+
+    def find_run_prefix(self, prefix: str) -> list[str]:
+        """Run ids starting with ``prefix`` (close matches for a mistyped id)."""
+        return self._read(lambda c: runs.find_run_prefix(c, prefix))
+
+    def latest_in_scope(self, scope_key: str) -> RunRow | None:
+        """The newest root run of a scope."""
+        return self._read(lambda c: runs.latest_in_scope(c, scope_key))
+
+    def list_runs(
+        self, *, include_children: bool = False, limit: int | None = None
+    ) -> list[RunRow]:
+        """Runs, newest first."""
+        return self._read(
+            lambda c: runs.list_runs(c, include_children=include_children, limit=limit)
+        )
+
+    def child_run(self, parent_run_id: str, invocation_key: str) -> RunRow | None:
+        """The child run a parent published for one invocation."""
+        return self._read(lambda c: runs.child_run(c, parent_run_id, invocation_key))
+
+    def steps_of(self, run_id: str) -> list[StepRow]:
+        """A run's step rows in plan order."""
+        return self._read(lambda c: runs.steps_of(c, run_id))
+
+    def is_stop_requested(self, run_id: str) -> bool:
+        """Whether someone asked the run's driver to stop."""
+        return self._read(lambda c: runs.is_stop_requested(c, run_id))
+
+    def finished_runs_before(self, cutoff: float) -> list[str]:
+        """Finished root runs older than ``cutoff`` (gc candidates)."""
+        return self._read(lambda c: runs.finished_runs_before(c, cutoff))
+
+    def create_run(
+        self,
+        row: RunRow,
+        steps: Sequence[tuple[str, int, str, int]],
+        *,
+        supersede: str | None = None,
+    ) -> None:
+        """Insert a run and its steps; with ``supersede`` abandon that run in the same write.
+
+        Raises:
+            sqlite3.IntegrityError: a child with the same (parent, invocation key) exists.
+        """
+
+        def txn(conn: sqlite3.Connection) -> None:
+            runs.insert_run_txn(conn, row, steps)
+            if supersede is not None:
+                runs.set_run_status_txn(
+                    conn, supersede, "abandoned", reason=f"superseded by {row.run_id}"
+                )
+
+        self._write(txn)
+
+    def set_run_status(
+        self,
+        run_id: str,
+        status: RunStatus,
+        *,
+        reason: str | None = None,
+        result_json: str | None = None,
+    ) -> None:
+        """Write a run's status (with its ``run_status`` event)."""
+        self._write(
+            lambda c: runs.set_run_status_txn(
+                c, run_id, status, reason=reason, result_json=result_json
+            )
+        )
+
+    def write_step(
+        self,
+        run_id: str,
+        step_id: str,
+        *,
+        status: StepStatus,
+        loop: int,
+        note: str | None,
+        output_json: str | None,
+        stops_run: bool = False,
+    ) -> None:
+        """Write a step's state (the spine is the only caller)."""
+        self._write(
+            lambda c: runs.write_step_txn(
+                c,
+                run_id,
+                step_id,
+                status=status,
+                loop=loop,
+                note=note,
+                output_json=output_json,
+                stops_run=stops_run,
+            )
+        )
+
+    def set_stop_requested(self, run_id: str, value: bool) -> None:
+        """Ask a run's driver to stop between units (or clear the request)."""
+        self._write(lambda c: runs.set_stop_requested(c, run_id, value))
+
+    def delete_run_tree(self, run_id: str) -> None:
+        """Delete a finished root run and its descendants."""
+        self._write(lambda c: runs.delete_run_tree_txn(c, run_id))
+
+    # -- journal ---------------------------------------------------------------------------
+    def attempts_of(self, run_id: str, step_id: str | None = None) -> list[AttemptRow]:
+        """A run's attempts (optionally of one step), in journal order."""
+        return self._read(lambda c: journal.attempts_of(c, run_id, step_id))
+
+    def find_reusable(
+        self,
+        *,
+        workflow: str,
+        input_hash: str,
+        runner: str,
+        exclude_run_id: str,
+        phase: str = "work",
+        unit_id: str | None = None,
+    ) -> AttemptRow | None:
+        """The newest succeeded attempt of another run of ``workflow`` with the same input."""
+        return self._read(
+            lambda c: journal.find_reusable(
+                c,
+                workflow=workflow,
+                input_hash=input_hash,
+                runner=runner,
+                exclude_run_id=exclude_run_id,
+                phase=phase,
+                unit_id=unit_id,
+            )
+        )
+
+    def find_in_run(self, *, run_id: str, input_hash: str, unit_id: str) -> AttemptRow | None:
+        """The newest succeeded/reused attempt of ``unit_id`` in ``run_id`` with that input."""
+        return self._read(
+            lambda c: journal.find_in_run(c, run_id=run_id, input_hash=input_hash, unit_id=unit_id)
+        )
+
+    def budget_usage(self, root_run_id: str) -> tuple[int, int, float]:
+        """(charged attempts, their tokens, their cost) over a root run and its descendants."""
+        return self._read(lambda c: journal.budget_usage(c, root_run_id))
+
+    def budget_use(self, run_id: str) -> BudgetUse:
+        """Charged use of ``run_id``'s root (and its descendants) against the root's ceilings.
+
+        Raises:
+            UsageError: no such run.
+        """
+        return self._read(lambda c: journal.budget_use(c, run_id))
+
+    def events_after(self, run_id: str, after_id: int = 0, limit: int = 10_000) -> list[EventRow]:
+        """Events of ``run_id`` newer than ``after_id`` (watch/tail)."""
+        return self._read(lambda c: journal.events_after(c, run_id, after_id, limit))
+
+    def reserve_attempt(self, key: UnitKey, *, charged: bool) -> AttemptRow:
+        """Insert a ``running`` attempt with a fresh dispatch_id."""
+        return self._write(lambda c: journal.reserve_attempt_txn(c, key, charged=charged))
+
+    def finish_attempt(self, attempt: AttemptRow, finish: Finish) -> bool:
+        """Finish a running attempt; False (nothing written) when it was already finished."""
+        return self._write(lambda c: journal.finish_attempt_txn(c, attempt, finish))
+
+    def record_terminal_attempt(
+        self,
+        key: UnitKey,
+        finish: Finish,
+        *,
+        reused_from: str | None = None,
+        saved_tokens: int = 0,
+        event: str = "unit_finished",
+    ) -> AttemptRow:
+        """Insert an attempt that is terminal at once (a reused result or a verdict)."""
+        return self._write(
+            lambda c: journal.record_terminal_attempt_txn(
+                c, key, finish, reused_from=reused_from, saved_tokens=saved_tokens, event=event
+            )
+        )
+
+    def record_decision(
+        self,
+        run_id: str,
+        step_id: str,
+        decide: Callable[[StepRow | None, Callable[[str, str], AttemptRow | None]], UnitKey],
+        finish: Finish,
+    ) -> UnitKey:
+        """Compare-and-set a person's verdict in one transaction.
+
+        ``decide(step_row, latest_verdict)`` sees the step row and a lookup of the newest
+        verdict of ``(unit_id, input_hash)``; it returns the key to journal, or raises to
+        refuse (nothing is written).
+        """
+
+        def txn(conn: sqlite3.Connection) -> UnitKey:
+            row = next((s for s in runs.steps_of(conn, run_id) if s.step_id == step_id), None)
+
+            def latest(unit_id: str, input_hash: str) -> AttemptRow | None:
+                return journal.latest_verdict(
+                    conn, run_id=run_id, unit_id=unit_id, input_hash=input_hash
+                )
+
+            key = decide(row, latest)
+            journal.record_terminal_attempt_txn(conn, key, finish, event="human_verdict")
+            return key
+
+        return self._write(txn)
+
+    # -- frames ----------------------------------------------------------------------------
+    def runs_frame(self) -> pd.DataFrame:
+        """All runs (see :func:`wf_magic.store.frames.runs_frame`)."""
+        from . import frames  # pandas is imported only when a frame is asked for
+
+        return self._read(frames.runs_frame)
+
+    def journal_frame(self, run_id: str | None = None) -> pd.DataFrame:
+        """One row per attempt (see :func:`wf_magic.store.frames.journal_frame`)."""
+        from . import frames
+
+        return self._read(lambda c: frames.journal_frame(c, run_id))
+
+    def tokens_frame(self, run_id: str | None = None, *, by: str = "step") -> pd.DataFrame:
+        """Token accounting grouped ``by`` (see :func:`wf_magic.store.frames.tokens_frame`)."""
+        from . import frames
+
+        return self._read(lambda c: frames.tokens_frame(c, run_id, by=by))
+
+    def events_frame(self, run_id: str | None = None) -> pd.DataFrame:
+        """Events (see :func:`wf_magic.store.frames.events_frame`)."""
+        from . import frames
+
+        return self._read(lambda c: frames.events_frame(c, run_id))
+
+    def budget_frame(self, run_id: str) -> pd.DataFrame:
+        """Used vs limit per ceiling (see :func:`wf_magic.store.frames.budget_frame`)."""
+        from . import frames
+
+        return self._read(lambda c: frames.budget_frame(c, run_id))

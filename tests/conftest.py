@@ -45,6 +45,21 @@ def db_rows(state_dir: Path, sql: str, params: tuple[object, ...] = ()) -> list[
         conn.close()
 
 
+def tamper(engine: Engine, sql: str, params: tuple[object, ...] = ()) -> None:
+    """Edit the state DB behind wf_magic's back (as a person with the sqlite3 shell would)."""
+    conn = sqlite3.connect(engine.db_path, timeout=30, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute(sql, params)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
 def table_counts(state_dir: Path) -> dict[str, int]:
     """Row counts of every journal table."""
     return {

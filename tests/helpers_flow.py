@@ -71,7 +71,11 @@ def journal_counts(engine: Engine, run_id: str) -> tuple[int, int, int]:
         ).fetchone()[0]
         return int(attempts), int(events), stamp
 
-    return engine.read(q)
+    conn = sqlite3.connect(engine.db_path, timeout=30)
+    try:
+        return q(conn)
+    finally:
+        conn.close()
 
 
 def run_cli(state_dir: Path, *args: str) -> int:

@@ -331,7 +331,7 @@ def test_timeline_of_a_real_run_has_one_bar_per_attempt(engine: Engine, ledger: 
     from wf_magic.plots import GATE_HATCH, timeline, token_chart
 
     journal = engine.journal(ledger.run_id)
-    fig = engine.read(lambda conn: timeline(conn, ledger.run_id))
+    fig = timeline(ledger)
     (bars,) = fig.axes[0].containers
     assert len(bars.patches) == len(journal) == 8
     assert [bar.get_gid() for bar in bars.patches] == journal["dispatch_id"].tolist()
@@ -339,7 +339,7 @@ def test_timeline_of_a_real_run_has_one_bar_per_attempt(engine: Engine, ledger: 
         journal["phase"] == "gate"
     ).tolist()
 
-    chart = engine.read(lambda conn: token_chart(conn, ledger.run_id, by="step"))
+    chart = token_chart(ledger, by="step")
     tokens_in, tokens_out = chart.axes[0].containers
     assert [bar.get_height() for bar in tokens_in.patches] == [77, 24, 0]
     assert [bar.get_height() for bar in tokens_out.patches] == [18, 12, 0]

@@ -9,7 +9,7 @@ import pytest
 
 from wf_magic import Engine, PlanIntegrityError, UsageError, register_function
 
-from .conftest import db_rows, table_counts
+from .conftest import db_rows, table_counts, tamper
 
 THREE_KINDS = """\
 name: three
@@ -151,11 +151,10 @@ def test_edited_plan_json_is_refused_and_nothing_dispatches(
 ) -> None:
     src = "name: s\nsteps:\n  - id: a\n    prompt: one\n  - id: b\n    prompt: two\n"
     run = engine.run(src, max_steps=1)
-    engine.write(
-        lambda c: c.execute(
-            "UPDATE runs SET plan_json = replace(plan_json, 'two', 'evil') WHERE run_id = ?",
-            (run.run_id,),
-        )
+    tamper(
+        engine,
+        "UPDATE runs SET plan_json = replace(plan_json, 'two', 'evil') WHERE run_id = ?",
+        (run.run_id,),
     )
     before = table_counts(state_dir)
     with pytest.raises(PlanIntegrityError, match=f"Run {run.run_id}: the stored plan"):
@@ -166,11 +165,7 @@ def test_edited_plan_json_is_refused_and_nothing_dispatches(
 def test_edited_params_are_refused(engine: Engine) -> None:
     src = "name: s\nparams: {n: {type: integer, default: 1}}\nsteps:\n  - id: a\n    prompt: x\n  - id: b\n    prompt: y\n"
     run = engine.run(src, max_steps=1)
-    engine.write(
-        lambda c: c.execute(
-            "UPDATE runs SET params_json = '{\"n\":2}' WHERE run_id = ?", (run.run_id,)
-        )
-    )
+    tamper(engine, "UPDATE runs SET params_json = '{\"n\":2}' WHERE run_id = ?", (run.run_id,))
     with pytest.raises(PlanIntegrityError, match="stored params"):
         engine.drive(run.run_id)
 
@@ -178,9 +173,7 @@ def test_edited_params_are_refused(engine: Engine) -> None:
 def test_newer_plan_version_is_left_untouched(engine: Engine, state_dir: Path) -> None:
     src = "name: s\nsteps:\n  - id: a\n    prompt: x\n  - id: b\n    prompt: y\n"
     run = engine.run(src, max_steps=1)
-    engine.write(
-        lambda c: c.execute("UPDATE runs SET plan_version = 99 WHERE run_id = ?", (run.run_id,))
-    )
+    tamper(engine, "UPDATE runs SET plan_version = 99 WHERE run_id = ?", (run.run_id,))
     before = table_counts(state_dir)
     with pytest.raises(PlanIntegrityError, match="newer wf_magic"):
         engine.drive(run.run_id)
@@ -321,11 +314,10 @@ def test_undecodable_older_plan_abandons_the_run_with_guidance(engine: Engine) -
     src = "name: s\nsteps:\n  - id: a\n    prompt: x\n  - id: b\n    prompt: y\n"
     run = engine.run(src, max_steps=1)
     old = '{"name":"s","plan_version":0,"tasks":[]}'
-    engine.write(
-        lambda c: c.execute(
-            "UPDATE runs SET plan_json = ?, plan_hash = ?, plan_version = 0 WHERE run_id = ?",
-            (old, sha256_text(old), run.run_id),
-        )
+    tamper(
+        engine,
+        "UPDATE runs SET plan_json = ?, plan_hash = ?, plan_version = 0 WHERE run_id = ?",
+        (old, sha256_text(old), run.run_id),
     )
     with pytest.raises(PlanVersionError, match="wf run FILE --new"):
         engine.drive(run.run_id)

@@ -484,7 +484,7 @@ def test_magic_semantics_hold_in_a_real_kernel(tmp_path: Path) -> None:
         "assert d.run_id != c.run_id and d.status == 'completed'\n"
         "assert c.status == 'abandoned' and c.reason == f'superseded by {d.run_id}'",
         f"%%workflow --dry-run\n{edited.replace('Sum up', 'Close')}",
-        "assert len(a.engine.list_runs()) == 3",
+        "assert len(a.store.list_runs()) == 3",
     ]
     nb = nbformat.v4.new_notebook(
         metadata={

@@ -305,7 +305,7 @@ def test_kernel_restart_mid_drive_then_the_cell_resumes_reclaiming_in_place(
     kernel.home("restart")
     kernel.run(f"%%workflow --as again\n{SLOW}")
     status, runs, attempts = kernel.value(
-        "[again.status, len(again.engine.list_runs()), "
+        "[again.status, len(again.store.list_runs()), "
         "again.journal()[['unit', 'attempt', 'status']].astype(str).values.tolist()]"
     )
     assert status == "completed" and runs == 1
@@ -670,6 +670,6 @@ def test_an_interrupt_while_the_drive_starts_still_stops_it_gracefully(
         cell(shell, "--as s", SLOW)
     except KeyboardInterrupt:
         pass
-    run = shell.user_ns.get("s") or Run(magics.engine, magics.engine.list_runs()[0].run_id)
+    run = shell.user_ns.get("s") or magics.engine.status(magics.engine.list_runs()[0].run_id)
     assert magics.drives.wait(run.run_id, timeout=30)
     assert run.status == "active"  # stopped between units, work still owed

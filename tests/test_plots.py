@@ -6,6 +6,7 @@ import io
 import json
 import sqlite3
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,11 @@ from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from wf_magic.display import STATUS_COLOURS
 from wf_magic.errors import UsageError
 from wf_magic.plots import GATE_HATCH, STATUS_COLORS, timeline, token_chart
+from wf_magic.run import Run
+from wf_magic.store import Store
 from wf_magic.store.db import DB_FILENAME, connect
 from wf_magic.store.migrations import apply_migrations
 
@@ -34,6 +38,13 @@ def conn(tmp_path: Path) -> sqlite3.Connection:
             (run_id, json.dumps({"budget": {}}), run_id, T0, T0),
         )
     return connection
+
+
+@pytest.fixture
+def store(conn: sqlite3.Connection, tmp_path: Path) -> Iterator[Store]:
+    opened = Store(tmp_path / DB_FILENAME)  # reads the rows the tests write through `conn`
+    yield opened
+    opened.close()
 
 
 def add_attempt(
@@ -78,10 +89,12 @@ def only_bars(figure: Figure) -> list[Rectangle]:
     return list(container.patches)
 
 
-def test_timeline_draws_exactly_one_bar_per_attempt_of_the_run(conn: sqlite3.Connection) -> None:
+def test_timeline_draws_exactly_one_bar_per_attempt_of_the_run(
+    conn: sqlite3.Connection, store: Store
+) -> None:
     dispatch_ids = seed(conn)
 
-    bars = only_bars(timeline(conn, "r-1"))
+    bars = only_bars(timeline(Run(store, "r-1")))
 
     assert len(bars) == 5
     assert all(isinstance(bar, Rectangle) for bar in bars)
@@ -89,11 +102,11 @@ def test_timeline_draws_exactly_one_bar_per_attempt_of_the_run(conn: sqlite3.Con
 
 
 def test_timeline_colours_bars_by_status_and_hatches_gate_attempts(
-    conn: sqlite3.Connection,
+    conn: sqlite3.Connection, store: Store
 ) -> None:
     seed(conn)
 
-    bars = only_bars(timeline(conn, "r-1"))
+    bars = only_bars(timeline(Run(store, "r-1")))
 
     colours = [to_hex(bar.get_facecolor()) for bar in bars]
     assert colours == [
@@ -104,11 +117,11 @@ def test_timeline_colours_bars_by_status_and_hatches_gate_attempts(
 
 
 def test_timeline_places_attempts_in_time_and_retries_on_their_units_row(
-    conn: sqlite3.Connection,
+    conn: sqlite3.Connection, store: Store
 ) -> None:
     seed(conn)
 
-    bars = only_bars(timeline(conn, "r-1"))
+    bars = only_bars(timeline(Run(store, "r-1")))
 
     assert [bar.get_x() for bar in bars] == [0, 1, 0, 3, 4]
     assert [bar.get_width() for bar in bars[:2]] == [1, 2]
@@ -118,23 +131,25 @@ def test_timeline_places_attempts_in_time_and_retries_on_their_units_row(
     assert rows == [0, 0, 1, 2, 3]
 
 
-def test_timeline_of_a_run_without_attempts_has_no_bars(conn: sqlite3.Connection) -> None:
-    assert only_bars(timeline(conn, "r-empty")) == []
+def test_timeline_of_a_run_without_attempts_has_no_bars(store: Store) -> None:
+    assert only_bars(timeline(Run(store, "r-empty"))) == []
 
 
-def test_timeline_renders_to_png_without_pyplot(conn: sqlite3.Connection) -> None:
+def test_timeline_renders_to_png_without_pyplot(conn: sqlite3.Connection, store: Store) -> None:
     seed(conn)
     buffer = io.BytesIO()
 
-    timeline(conn, "r-1").savefig(buffer, format="png")
+    timeline(Run(store, "r-1")).savefig(buffer, format="png")
 
     assert buffer.getvalue().startswith(b"\x89PNG")
 
 
-def test_token_chart_stacks_tokens_in_and_out_per_step(conn: sqlite3.Connection) -> None:
+def test_token_chart_stacks_tokens_in_and_out_per_step(
+    conn: sqlite3.Connection, store: Store
+) -> None:
     seed(conn)
 
-    figure = token_chart(conn, "r-1", by="step")
+    figure = token_chart(Run(store, "r-1"), by="step")
 
     (ax,) = figure.axes
     tokens_in, tokens_out = ax.containers
@@ -144,30 +159,54 @@ def test_token_chart_stacks_tokens_in_and_out_per_step(conn: sqlite3.Connection)
     assert [bar.get_y() for bar in tokens_out] == [30, 10]
 
 
-def test_token_chart_rejects_an_unknown_key(conn: sqlite3.Connection) -> None:
+def test_token_chart_rejects_an_unknown_key(store: Store) -> None:
     with pytest.raises(UsageError):
-        token_chart(conn, "r-1", by="colour")
+        token_chart(Run(store, "r-1"), by="colour")
 
 
 def test_plots_without_matplotlib_say_how_to_install_it(
-    conn: sqlite3.Connection, monkeypatch: pytest.MonkeyPatch
+    store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # makes the import fail
 
     with pytest.raises(UsageError, match=r"pip install 'wf_magic\[plots\]'"):
-        timeline(conn, "r-1")
+        timeline(Run(store, "r-1"))
 
 
 def test_timeline_of_a_large_fan_out_labels_steps_instead_of_units(
-    conn: sqlite3.Connection,
+    conn: sqlite3.Connection, store: Store
 ) -> None:
     for item in range(45):
         add_attempt(conn, f"draft[{item}]", started=T0 + item)
     add_attempt(conn, "review", started=T0 + 50)
 
-    figure = timeline(conn, "r-1")
+    figure = timeline(Run(store, "r-1"))
 
     (ax,) = figure.axes
     assert len(only_bars(figure)) == 46
     assert [tick.get_text() for tick in ax.get_yticklabels()] == ["draft", "review"]
     assert list(ax.get_yticks()) == [0, 45]
+
+
+def test_plots_take_the_runs_frames_as_well_as_the_run(
+    conn: sqlite3.Connection, store: Store
+) -> None:
+    dispatch_ids = seed(conn)
+    run = Run(store, "r-1")
+
+    bars = only_bars(timeline(run.journal()))
+    (ax,) = token_chart(run.tokens(by="model"), by="model").axes
+
+    assert [bar.get_gid() for bar in bars] == dispatch_ids
+    assert [tick.get_text() for tick in ax.get_xticklabels()] == ["m"]
+    assert [bar.get_height() for bar in ax.containers[0]] == [40]
+
+
+def test_token_chart_of_a_frame_without_the_key_is_a_usage_error(store: Store) -> None:
+    with pytest.raises(UsageError, match=r"grouped by 'model'"):
+        token_chart(Run(store, "r-1").tokens(by="step"), by="model")
+
+
+def test_plot_colours_are_the_display_colour_table() -> None:
+    assert STATUS_COLORS == {status: STATUS_COLOURS[status] for status in STATUS_COLORS}
+    assert set(STATUS_COLORS) == {"running", "succeeded", "failed", "reused"}

@@ -14,6 +14,7 @@ import pytest
 from wf_magic.errors import RunnerError, UsageError
 from wf_magic.runners.base import RunnerContext, UnitRequest
 from wf_magic.runners.replay import ReplayRunner, export_cassette, load_cassette
+from wf_magic.store import Store
 from wf_magic.store.db import connect
 from wf_magic.store.migrations import apply_migrations
 
@@ -28,6 +29,13 @@ def conn(state_dir: Path) -> Iterator[sqlite3.Connection]:
     apply_migrations(db)
     yield db
     db.close()
+
+
+@pytest.fixture
+def store(conn: sqlite3.Connection, state_dir: Path) -> Iterator[Store]:
+    opened = Store(state_dir / "state.db")  # the rows `conn` writes, read as the CLI reads them
+    yield opened
+    opened.close()
 
 
 def add_run(conn: sqlite3.Connection, run_id: str, *, root: str | None = None) -> None:
@@ -162,14 +170,14 @@ def test_a_unit_without_an_input_hash_is_refused(tmp_path: Path) -> None:
         replay_runner(tmp_path).run(unit(input_hash=""))
 
 
-def test_cassette_round_trip(conn: sqlite3.Connection, state_dir: Path, tmp_path: Path) -> None:
+def test_cassette_round_trip(conn: sqlite3.Connection, store: Store, tmp_path: Path) -> None:
     add_run(conn, "r-1")
     add_attempt(conn, "r-1", input_hash=HASH_A, output={"sections": ["a", "b"]})
     add_attempt(conn, "r-1", input_hash=HASH_B, output="draft text", unit_id="draft[0]")
     add_attempt(conn, "r-1", input_hash=HASH_B, output=None, status="failed", unit_id="draft[1]")
     cassette = tmp_path / "digest.jsonl"
     with cassette.open("w", encoding="utf-8") as f:
-        for line in export_cassette(conn, "r-1"):
+        for line in export_cassette(store, "r-1"):
             print(line, file=f)
 
     runner = replay_runner(tmp_path / "elsewhere", cassette=str(cassette), journal=False)
@@ -194,7 +202,7 @@ def test_cassette_round_trip(conn: sqlite3.Connection, state_dir: Path, tmp_path
 
 
 def test_export_keeps_the_newest_recording_per_input_and_includes_child_runs(
-    conn: sqlite3.Connection,
+    conn: sqlite3.Connection, store: Store
 ) -> None:
     add_run(conn, "r-1")
     add_run(conn, "r-1.child", root="r-1")
@@ -204,25 +212,27 @@ def test_export_keeps_the_newest_recording_per_input_and_includes_child_runs(
     add_attempt(conn, "r-1", input_hash=HASH_A, output="second")
     add_attempt(conn, "r-other", input_hash="c" * 64, output="not in this run")
 
-    lines = [json.loads(line) for line in export_cassette(conn, "r-1")]
+    lines = [json.loads(line) for line in export_cassette(store, "r-1")]
 
     assert [(d["input_hash"][0], d["output"]) for d in lines] == [("b", "child"), ("a", "second")]
 
 
-def test_export_takes_a_reused_attempts_output_from_its_source(conn: sqlite3.Connection) -> None:
+def test_export_takes_a_reused_attempts_output_from_its_source(
+    conn: sqlite3.Connection, store: Store
+) -> None:
     add_run(conn, "r-1")
     add_run(conn, "r-2")
     add_attempt(conn, "r-1", input_hash=HASH_A, output="paid once")
     add_attempt(conn, "r-2", input_hash=HASH_A, output=None, status="reused", tokens=(0, 0))
 
-    lines = [json.loads(line) for line in export_cassette(conn, "r-2")]
+    lines = [json.loads(line) for line in export_cassette(store, "r-2")]
 
     assert [(d["output"], d["tokens_in"]) for d in lines] == [("paid once", 0)]
 
 
-def test_export_of_an_unknown_run_is_a_usage_error(conn: sqlite3.Connection) -> None:
+def test_export_of_an_unknown_run_is_a_usage_error(store: Store) -> None:
     with pytest.raises(UsageError, match="No run r-404"):
-        list(export_cassette(conn, "r-404"))
+        list(export_cassette(store, "r-404"))
 
 
 def test_the_cassette_is_searched_before_the_journal(

@@ -135,7 +135,7 @@ MALFORMED = [
 def test_malformed_workflow_names_line_and_field_and_writes_nothing(
     engine: Engine, state_dir: Path, source: str, field: str, line: int, words: str
 ) -> None:
-    _ = engine.conn  # create the database first: a failed start must leave it unchanged
+    engine.store.open()  # create the database first: a failed start must leave it unchanged
     before = table_counts(state_dir)
     with pytest.raises(DefinitionError) as info:
         engine.start(source)

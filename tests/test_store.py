@@ -13,6 +13,8 @@ from wf_magic.store import db as dbmod
 from wf_magic.store.db import connect
 from wf_magic.store.migrations import apply_migrations, migration_ids
 
+from .conftest import db_rows, tamper
+
 
 def _ledger(path: Path) -> list[str]:
     conn = sqlite3.connect(path)
@@ -73,9 +75,9 @@ def test_terminal_attempts_are_never_updated_or_deleted(engine: Engine) -> None:
         "name: n\nsteps:\n  - id: a\n    prompt: x\n  - id: b\n    prompt: y\n", max_steps=1
     )
     with pytest.raises(sqlite3.IntegrityError, match="append-only"):
-        engine.write(lambda c: c.execute("UPDATE attempts SET tokens_in = 0"))
+        tamper(engine, "UPDATE attempts SET tokens_in = 0")
     with pytest.raises(sqlite3.IntegrityError, match="never deleted"):
-        engine.write(lambda c: c.execute("DELETE FROM attempts"))
+        tamper(engine, "DELETE FROM attempts")
     assert len(engine.attempts(run.run_id)) == 1
 
 
@@ -96,13 +98,13 @@ def test_duplicate_finish_adds_no_tokens_and_no_event(engine: Engine) -> None:
         model=None,
         input_hash="h",
     )
-    attempt = engine.write(lambda c: jsql.reserve_attempt_txn(c, key, charged=True))
+    attempt = engine.store.reserve_attempt(key, charged=True)
     finish = jsql.Finish(status="succeeded", output_json='"x"', tokens_in=3, tokens_out=4)
-    assert engine.write(lambda c: jsql.finish_attempt_txn(c, attempt, finish)) is True
-    events = engine.read(lambda c: c.execute("SELECT COUNT(*) FROM events").fetchone()[0])
-    assert engine.write(lambda c: jsql.finish_attempt_txn(c, attempt, finish)) is False
-    assert engine.read(lambda c: c.execute("SELECT COUNT(*) FROM events").fetchone()[0]) == events
-    assert engine.read(lambda c: jsql.budget_usage(c, run_id)) == (1, 7, 0.0)
+    assert engine.store.finish_attempt(attempt, finish) is True
+    events = db_rows(engine.state_dir, "SELECT COUNT(*) FROM events")
+    assert engine.store.finish_attempt(attempt, finish) is False
+    assert db_rows(engine.state_dir, "SELECT COUNT(*) FROM events") == events
+    assert engine.store.budget_usage(run_id) == (1, 7, 0.0)
 
 
 def test_pragmas_wal_busy_timeout_foreign_keys(tmp_path: Path) -> None:

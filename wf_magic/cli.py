@@ -18,6 +18,7 @@ from .errors import (
 )
 from .exits import EXIT_INTERRUPTED, EXIT_OK, error_exit_code
 from .run import Run
+from .runners.replay import export_cassette
 from .spec.freeze import Workflow
 
 
@@ -191,10 +192,8 @@ def cmd_gc(engine: Engine, args: argparse.Namespace) -> int:
 
 
 def cmd_export_cassette(engine: Engine, args: argparse.Namespace) -> int:
-    from .runners.replay import export_cassette
-
     run_id = engine.resolve_run_id(args.run)
-    for line in engine.read(lambda c: list(export_cassette(c, run_id))):
+    for line in export_cassette(engine.store, run_id):
         print(line)
     return EXIT_OK
 

@@ -41,6 +41,11 @@ STATUS_COLOURS = {
     "failed": "#cf222e",
     "skipped": "#8c959f",
     "abandoned": "#8c959f",
+    # Attempt statuses (the plots' timeline bars): in flight reads like an active run, a
+    # reused answer like skipped work, since nothing ran and nothing was charged for it.
+    "running": "#0969da",
+    "succeeded": "#1a7f37",
+    "reused": "#8c959f",
 }
 RESULT_CHARS = 400
 """How much of a completed run's result the renderings show."""

@@ -20,8 +20,6 @@ from .drive.context import DriveOptions
 from .drive.integrity import verified_plan
 from .drive.root import drive_locked_run
 from .errors import UsageError
-from .gates.human import record_human_verdict
-from .gates.verdict import Verdict
 from .locking import RunLock, is_locked
 from .redact import Redactor
 from .run import Run, RunRef, run_ref
@@ -216,7 +214,7 @@ class Engine:
             max_retries=max_retries,
             live_source=live_source,
         )
-        handle = Run(self.store, rid, stats=stats)
+        handle = Run(self.store, rid, stats=stats, bus=self.bus)
         handle.warnings.extend(warnings)
         return handle
 
@@ -225,7 +223,7 @@ class Engine:
     # -- verbs ------------------------------------------------------------------------------
     def status(self, run_id: RunRef) -> Run:
         """A handle on the run (status, steps, result, frames)."""
-        return Run(self.store, self.resolve_run_id(run_id))
+        return Run(self.store, self.resolve_run_id(run_id), bus=self.bus)
 
     def list_runs(
         self, *, include_children: bool = False, limit: int | None = None
@@ -283,8 +281,7 @@ class Engine:
         Raises:
             GateDecisionRefused: the step is not waiting (or not at ``loop``), or was decided.
         """
-        verdict = Verdict(complete=True, feedback=feedback or "", judge="human")
-        return self._decide(run_id, step_id, verdict, loop=loop)
+        return self.status(run_id).approve(step_id, feedback=feedback, loop=loop)
 
     def reject(
         self,
@@ -301,10 +298,8 @@ class Engine:
             GateDecisionRefused: the step is not waiting (or not at ``loop``), or was decided.
             UsageError: no feedback was given.
         """
-        if not feedback or not feedback.strip():
-            raise UsageError("a rejection needs feedback: say what to change (--feedback TEXT)")
-        verdict = Verdict(complete=False, feedback=feedback, missing=tuple(missing), judge="human")
-        return self._decide(run_id, step_id, verdict, loop=loop)
+        handle = self.status(run_id)
+        return handle.reject(step_id, feedback=feedback, missing=missing, loop=loop)
 
     def stop(self, run_id: RunRef) -> None:
         """Ask the run's driver (anywhere) to stop gracefully between units."""
@@ -355,27 +350,10 @@ class Engine:
 
     # -- helpers ----------------------------------------------------------------------------
     def _handle(self, started: lifecycle.Started) -> Run:
-        handle = Run(self.store, started.run_id, created=started.created)
+        handle = Run(self.store, started.run_id, created=started.created, bus=self.bus)
         handle.warnings.extend(started.warnings)
         return handle
 
-    def _decide(self, run_id: RunRef, step_id: str, verdict: Verdict, *, loop: int | None) -> int:
-        rid = self.resolve_run_id(run_id)
-        workflow = self.get_run(rid).workflow
-        decided = record_human_verdict(
-            self.store, rid, step_id, workflow=workflow, verdict=verdict, loop=loop
-        )
-        self.bus.notify(
-            "gate_verdict",
-            run_id=rid,
-            step_id=step_id,
-            loop=decided,
-            complete=verdict.complete,
-            feedback=verdict.feedback,
-            missing=list(verdict.missing),
-            judge="human",
-        )
-        return decided
 
 
 def _at_least(**checks: tuple[int | None, int]) -> None:

@@ -1,34 +1,45 @@
-"""Matplotlib figures of a run's journal: a timeline of attempts and tokens by a key."""
+"""Matplotlib figures of a run's journal: a timeline of attempts and tokens by a key.
+
+Each plot takes a :class:`wf_magic.Run` handle (anything with ``journal()`` and
+``tokens(by=...)``) or the DataFrame such a handle returns, so a filtered frame plots too.
+"""
 
 from __future__ import annotations
 
-import sqlite3
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import pandas as pd
 
+from .display import STATUS_COLOURS
 from .errors import UsageError
-from .store.frames import journal_frame, tokens_frame
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
+
+class RunFrames(Protocol):
+    """What the plots read from a run (a :class:`wf_magic.Run` handle is one)."""
+
+    run_id: str
+
+    def journal(self) -> pd.DataFrame: ...
+
+    def tokens(self, by: str = "step") -> pd.DataFrame: ...
+
+
 STATUS_COLORS: dict[str, str] = {
-    "succeeded": "#4c9a2a",
-    "failed": "#c0392b",
-    "reused": "#8e9aaf",
-    "running": "#e6a23c",
+    status: STATUS_COLOURS[status] for status in ("succeeded", "failed", "reused", "running")
 }
-"""The bar colour of each attempt status in :func:`timeline`."""
+"""The bar colour of each attempt status in :func:`timeline` (display's colour table)."""
 GATE_HATCH = "///"
 """The hatch that marks gate (judge) attempts in :func:`timeline`."""
 _MAX_UNIT_TICKS = 40
 _MIN_WIDTH_FRACTION = 0.004  # of the time span, so instant (reused) attempts stay visible
 
 
-def timeline(conn: sqlite3.Connection, run_id: str) -> Figure:
+def timeline(run: RunFrames | pd.DataFrame) -> Figure:
     """A Gantt chart of a run's attempts: one horizontal bar per attempt, one row per unit.
 
     Bars are coloured by status (:data:`STATUS_COLORS`); gate attempts are hatched with
@@ -38,8 +49,7 @@ def timeline(conn: sqlite3.Connection, run_id: str) -> Figure:
     ``dispatch_id``. All bars are one ``BarContainer`` (``fig.axes[0].containers[0]``).
 
     Args:
-        conn: An open connection to the state database.
-        run_id: The run to draw.
+        run: The run to draw (its ``journal()``), or a journal frame to draw as it is.
 
     Returns:
         A :class:`matplotlib.figure.Figure` (no pyplot, no GUI backend involved).
@@ -48,7 +58,7 @@ def timeline(conn: sqlite3.Connection, run_id: str) -> Figure:
         UsageError: matplotlib is not installed.
     """
     figure_cls = _figure_class()
-    journal = journal_frame(conn, run_id)
+    journal = run if isinstance(run, pd.DataFrame) else run.journal()
     rows, units = pd.factorize(journal["unit"])  # one row per unit, in order of first attempt
     left, width = _bar_extents(journal)
     fig = figure_cls(figsize=(10, max(2.5, min(0.25 * len(units) + 1.5, 14))), layout="constrained")
@@ -68,19 +78,18 @@ def timeline(conn: sqlite3.Connection, run_id: str) -> Figure:
             bar.set_hatch(GATE_HATCH)
             bar.set_edgecolor("#222222")
     _label_timeline(ax, journal, rows, [str(unit) for unit in units])
-    ax.set_title(f"Run {run_id}: {len(journal)} attempts")
+    ax.set_title(f"{_subject(run, journal)}{len(journal)} attempts")
     return fig
 
 
-def token_chart(conn: sqlite3.Connection, run_id: str, by: str = "step") -> Figure:
+def token_chart(run: RunFrames | pd.DataFrame, by: str = "step") -> Figure:
     """A stacked bar chart of a run's tokens in and out per key, in order of first appearance.
 
     The figures are :func:`~wf_magic.store.frames.tokens_frame`'s, so gate attempts count
     under their step; the title gives the total and the tokens saved by reuse.
 
     Args:
-        conn: An open connection to the state database.
-        run_id: The run to chart.
+        run: The run to chart (its ``tokens(by=by)``), or a tokens frame grouped ``by``.
         by: The key: ``step``, ``model``, ``runner``, ``loop``, ``run`` or ``phase``.
 
     Returns:
@@ -88,10 +97,11 @@ def token_chart(conn: sqlite3.Connection, run_id: str, by: str = "step") -> Figu
         and second the ``tokens_out`` bars stacked on them, one pair per key.
 
     Raises:
-        UsageError: matplotlib is not installed, or ``by`` is not a known key.
+        UsageError: matplotlib is not installed, ``by`` is not a known key, or a given frame
+            has no ``by`` column.
     """
     figure_cls = _figure_class()
-    tokens = tokens_frame(conn, run_id, by)
+    tokens = _tokens(run, by)
     labels = [str(key) for key in tokens[by].astype("string").fillna("(none)")]
     tokens_in = tokens["tokens_in"].to_numpy(dtype=np.int64)
     tokens_out = tokens["tokens_out"].to_numpy(dtype=np.int64)
@@ -105,11 +115,34 @@ def token_chart(conn: sqlite3.Connection, run_id: str, by: str = "step") -> Figu
     ax.set_ylabel("tokens")
     saved = int(tokens["saved_tokens"].sum())
     ax.set_title(
-        f"Run {run_id}: {int(tokens_in.sum() + tokens_out.sum()):,} tokens by {by}"
+        f"{_subject(run, tokens)}{int(tokens_in.sum() + tokens_out.sum()):,} tokens by {by}"
         f" ({saved:,} saved by reuse)"
     )
     ax.legend(loc="upper right")
     return fig
+
+
+def _tokens(run: RunFrames | pd.DataFrame, by: str) -> pd.DataFrame:
+    """The tokens frame grouped ``by``: the run's, or the given frame once it has that key."""
+    if not isinstance(run, pd.DataFrame):
+        return run.tokens(by=by)
+    if by not in run.columns:
+        raise UsageError(
+            f"token_chart(by={by!r}) expected a tokens frame grouped by {by!r} "
+            f"(got columns {', '.join(map(str, run.columns))}); pass `by` as it was grouped."
+        )
+    return run
+
+
+def _subject(run: RunFrames | pd.DataFrame, frame: pd.DataFrame) -> str:
+    """``Run r-12: `` for a title, when the plot is of one known run (else nothing)."""
+    if not isinstance(run, pd.DataFrame):
+        return f"Run {run.run_id}: "
+    # A frame names its run only in a ``run`` column, and only if it holds just one.
+    if "run" not in frame.columns:
+        return ""
+    runs = frame["run"].dropna().unique()
+    return f"Run {runs[0]}: " if len(runs) == 1 else ""
 
 
 def _figure_class() -> type[Figure]:

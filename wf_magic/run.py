@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, Union
 
+from .bus import EventBus
 from .display import plan_html, plan_text, run_html, run_text
 from .drive.context import DriveStats
 from .errors import UsageError
 from .exits import status_exit_code
+from .gates.human import record_human_verdict
+from .gates.verdict import Verdict
 from .spec.plan import Plan
 from .store import Store
 from .store.records import AttemptRow, BudgetUse, RunRow, RunStatus, StepRow
@@ -52,8 +55,11 @@ class Run:
         *,
         stats: DriveStats | None = None,
         created: bool = False,
+        bus: EventBus | None = None,
     ):
         self.store = store
+        self.bus = bus
+        """Where decisions made through this handle are announced (live views listen)."""
         self.run_id = run_id
         self.stats = stats
         self.created = created
@@ -134,6 +140,55 @@ class Run:
     def budget_use(self) -> BudgetUse:
         """Charged units/tokens/cost of this run's root against its ceilings."""
         return self.store.budget_use(self.run_id)
+
+    # -- decisions ------------------------------------------------------------------------
+    def approve(self, step_id: str, *, feedback: str | None = None, loop: int | None = None) -> int:
+        """Record a person's approval of a blocked gate; the next drive continues the run.
+
+        Returns:
+            The loop the decision was recorded for.
+
+        Raises:
+            GateDecisionRefused: the step is not waiting (or not at ``loop``), or was decided.
+        """
+        verdict = Verdict(complete=True, feedback=feedback or "", judge="human")
+        return self._decide(step_id, verdict, loop=loop)
+
+    def reject(
+        self,
+        step_id: str,
+        *,
+        feedback: str,
+        missing: tuple[str, ...] | list[str] = (),
+        loop: int | None = None,
+    ) -> int:
+        """Record a person's rejection; the next drive re-executes the step with the feedback.
+
+        Raises:
+            GateDecisionRefused: the step is not waiting (or not at ``loop``), or was decided.
+            UsageError: no feedback was given.
+        """
+        if not feedback or not feedback.strip():
+            raise UsageError("a rejection needs feedback: say what to change (--feedback TEXT)")
+        verdict = Verdict(complete=False, feedback=feedback, missing=tuple(missing), judge="human")
+        return self._decide(step_id, verdict, loop=loop)
+
+    def _decide(self, step_id: str, verdict: Verdict, *, loop: int | None) -> int:
+        decided = record_human_verdict(
+            self.store, self.run_id, step_id, workflow=self.workflow, verdict=verdict, loop=loop
+        )
+        if self.bus is not None:
+            self.bus.notify(
+                "gate_verdict",
+                run_id=self.run_id,
+                step_id=step_id,
+                loop=decided,
+                complete=verdict.complete,
+                feedback=verdict.feedback,
+                missing=list(verdict.missing),
+                judge="human",
+            )
+        return decided
 
     # -- frames -----------------------------------------------------------------------------
     def journal(self) -> pd.DataFrame:

@@ -31,7 +31,9 @@ class LiveRun(Run):
     """
 
     def __init__(self, handle: Run, view: Any):
-        super().__init__(handle.store, handle.run_id, stats=handle.stats, created=handle.created)
+        super().__init__(
+            handle.store, handle.run_id, bus=handle.bus, stats=handle.stats, created=handle.created
+        )
         self.warnings.extend(handle.warnings)
         self.view = view
 

@@ -125,13 +125,13 @@ class Drives:
                         f"Stopped waiting; run {run_id} stops after its units in flight.",
                         file=sys.stderr,
                     )
-                    return Run(self._engine(), run_id)
+                    return self._engine().status(run_id)
                 interrupted = True
                 drive.signal.set()
                 _say_interrupted(run_id)
         if drive.error is not None:
             raise drive.error
-        return drive.handle if drive.handle is not None else Run(self._engine(), run_id)
+        return drive.handle if drive.handle is not None else self._engine().status(run_id)
 
     def background(
         self,

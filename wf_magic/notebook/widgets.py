@@ -319,7 +319,7 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         self.decision_box.layout.display = ""
 
     def _handle(self) -> Run:
-        handle = Run(self.engine, self.run_id)
+        handle = self.engine.status(self.run_id)
         with self._warn_lock:
             handle.warnings.extend(self.warnings)
         return handle

@@ -5,8 +5,8 @@ teaching. Two sources, looked up in this order:
 
 - a cassette (plan option ``runners: {replay: {cassette: path}}``): a JSONL file with one
   recorded attempt per line, written by :func:`export_cassette` (``wf export-cassette RUN``);
-- the journal of the state dir (``<state dir>/state.db``, opened read-only), unless the
-  option ``journal: false`` turns it off.
+- the journal of the state dir (``<state dir>/state.db``, only ever read, and only when the
+  file exists), unless the option ``journal: false`` turns it off.
 
 The key is the unit's phase (``work``, or ``gate`` for judge calls) and its ``input_hash``;
 the newest recording wins. A replayed answer charges zero tokens: the recording's tokens
@@ -21,22 +21,20 @@ the reader's benefit ``step``, ``unit``, ``runner``, ``model``, ``tokens_in``, `
 from __future__ import annotations
 
 import json
-import sqlite3
 import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import RunnerError, UsageError
+from ..errors import MigrationError, RunnerError, UsageError
 from ..hashing import canonical_json
-from ..store.db import DB_FILENAME, connect
+from ..store import Store
+from ..store.db import DB_FILENAME
+from ..store.recordings import RecordingRow
 from .base import RunnerContext, UnitRequest, UnitResult
 
 _OPTION_NAMES = frozenset({"cassette", "journal"})
-_RECORDING_COLUMNS = (
-    "a.input_hash, a.step_id, a.unit_id, a.phase, a.runner, a.model, a.tokens_in, a.tokens_out"
-)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,6 +55,21 @@ class Recording:
     def to_json_line(self) -> str:
         """The cassette line for this recording (canonical JSON, no newline)."""
         return canonical_json(asdict(self))
+
+    @classmethod
+    def from_row(cls, row: RecordingRow) -> Recording:
+        """The recording of a journal row (its output decoded)."""
+        return cls(
+            input_hash=row.input_hash,
+            step=row.step_id,
+            unit=row.unit_id,
+            phase=row.phase,
+            runner=row.runner,
+            model=row.model,
+            output=_decode(row.output_json),
+            tokens_in=row.tokens_in,
+            tokens_out=row.tokens_out,
+        )
 
     @classmethod
     def from_json_line(cls, line: str, *, where: str) -> Recording:
@@ -116,12 +129,12 @@ class ReplayRunner:
         self.name = name
         self._lock = threading.Lock()
         self._tape: dict[tuple[str, str], Recording] | None = None
-        self._conn: sqlite3.Connection | None = None
+        self._store: Store | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled for executors such as Dask: the worker reopens the cassette/journal itself.
         state = dict(self.__dict__)
-        state.update(_lock=None, _conn=None)
+        state.update(_lock=None, _store=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -176,11 +189,11 @@ class ReplayRunner:
         )
 
     def close(self) -> None:
-        """Close the read-only journal connection, if one was opened."""
+        """Close the journal's store, if one was opened."""
         with self._lock:
-            conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.close()
+            store, self._store = self._store, None
+        if store is not None:
+            store.close()
 
     def _miss_message(self, unit_id: str, input_hash: str) -> str:
         searched = [f"cassette {self.cassette}"] if self.cassette else []
@@ -201,19 +214,26 @@ class ReplayRunner:
             return self._tape.get((phase, input_hash))
 
     def _from_journal(self, phase: str, input_hash: str) -> Recording | None:
-        with self._lock:
-            conn = self._journal()
-            if conn is None:
-                return None
-            return _latest_recording(conn, phase, input_hash, self.workflow)
+        store = self._journal()
+        if store is None:
+            return None
+        row = store.latest_recording(phase=phase, input_hash=input_hash, workflow=self.workflow)
+        return None if row is None else Recording.from_row(row)
 
-    def _journal(self) -> sqlite3.Connection | None:
-        if self._conn is None and self.db_path is not None and self.db_path.exists():
-            try:
-                self._conn = connect(self.db_path, read_only=True)
-            except sqlite3.Error as exc:
-                raise RunnerError(f"{self.name} runner cannot read {self.db_path}: {exc}.") from exc
-        return self._conn
+    def _journal(self) -> Store | None:
+        """The journal's store, opened on first use; None when there is no journal to read."""
+        with self._lock:
+            # Checked first: opening a Store would create (and migrate) a missing database.
+            if self._store is None and self.db_path is not None and self.db_path.exists():
+                store = Store(self.db_path)
+                try:
+                    store.open()
+                except (UsageError, MigrationError) as exc:
+                    raise RunnerError(
+                        f"{self.name} runner cannot read {self.db_path}: {exc}"
+                    ) from exc
+                self._store = store
+            return self._store
 
 
 def load_cassette(path: Path) -> dict[tuple[str, str], Recording]:
@@ -239,77 +259,28 @@ def load_cassette(path: Path) -> dict[tuple[str, str], Recording]:
     return tape
 
 
-def export_cassette(conn: sqlite3.Connection, run_id: str) -> Iterator[str]:
+def export_cassette(store: Store, run_id: str) -> Iterator[str]:
     """Cassette lines (canonical JSON, no newline) for a run's succeeded and reused attempts.
 
     Child runs are included, so a replay covers ``workflow:`` steps too. When several
     attempts share a phase and input hash only the newest is kept (replay would pick it).
     ``print`` each line (``wf export-cassette RUN > tape.jsonl``) to write a cassette.
 
+    Args:
+        store: The state database holding the run.
+        run_id: The run to export.
+
     Raises:
         UsageError: no run ``run_id`` exists in this database.
     """
-    if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
+    if store.get_run(run_id) is None:
         raise UsageError(f"No run {run_id} in this state dir; `wf list` shows the runs.")
     newest: dict[tuple[str, str], Recording] = {}
-    for rec in _run_recordings(conn, run_id):
-        newest.pop((rec.phase, rec.input_hash), None)  # re-insert: keep journal order
-        newest[(rec.phase, rec.input_hash)] = rec
+    for row in store.run_recordings(run_id):
+        newest.pop((row.phase, row.input_hash), None)  # re-insert: keep journal order
+        newest[(row.phase, row.input_hash)] = Recording.from_row(row)
     for rec in newest.values():
         yield rec.to_json_line()
-
-
-# The two queries below are the runner's only SQL (read-only).
-
-
-def _latest_recording(
-    conn: sqlite3.Connection, phase: str, input_hash: str, workflow: str
-) -> Recording | None:
-    # The workflow's own recordings first: that query rides the attempts_reuse index; a
-    # full scan for any workflow's is paid only on a miss.
-    for where, args in (("a.workflow = ? AND ", (workflow,)), ("", ())):
-        row = conn.execute(
-            f"SELECT {_RECORDING_COLUMNS}, a.output_json FROM attempts a"
-            f" WHERE {where}a.input_hash = ? AND a.status = 'succeeded' AND a.phase = ?"
-            " ORDER BY a.attempt_pk DESC LIMIT 1",
-            (*args, input_hash, phase),
-        ).fetchone()
-        if row is not None:
-            return _recording(row)
-    return None
-
-
-def _run_recordings(conn: sqlite3.Connection, run_id: str) -> Iterator[Recording]:
-    # A reused attempt may carry no output of its own: take its source's (the newest
-    # succeeded attempt of the workflow with that input).
-    rows = conn.execute(
-        f"SELECT {_RECORDING_COLUMNS}, COALESCE(a.output_json, ("
-        "   SELECT s.output_json FROM attempts s WHERE s.workflow = a.workflow"
-        "   AND s.input_hash = a.input_hash AND s.phase = a.phase AND s.status = 'succeeded'"
-        "   ORDER BY s.attempt_pk DESC LIMIT 1)) AS output_json"
-        " FROM attempts a"
-        " WHERE a.run_id IN (SELECT run_id FROM runs WHERE run_id = ? OR root_run_id = ?)"
-        " AND a.status IN ('succeeded', 'reused')"
-        " ORDER BY a.attempt_pk",
-        (run_id, run_id),
-    )
-    for row in rows:
-        yield _recording(row)
-
-
-def _recording(row: sqlite3.Row | tuple[Any, ...]) -> Recording:
-    input_hash, step, unit, phase, runner, model, tokens_in, tokens_out, output_json = row
-    return Recording(
-        input_hash=input_hash,
-        step=step,
-        unit=unit,
-        phase=phase,
-        runner=runner,
-        model=model,
-        output=_decode(output_json),
-        tokens_in=tokens_in or 0,
-        tokens_out=tokens_out or 0,
-    )
 
 
 def _decode(output_json: str | None) -> Any:

@@ -6,12 +6,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..store.records import StepKind
 from .models import BudgetSpec, ExecutionSpec, GateSpec, RetrySpec, RouteSpec
 
 PLAN_VERSION = 1
 """Bumped whenever the plan's JSON shape changes; runs record the version that froze them."""
 
-StepKind = Literal["prompt", "exec", "python", "workflow", "route"]
 
 
 class _Frozen(BaseModel):

@@ -7,10 +7,10 @@ import sqlite3
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ..errors import UsageError
-from .records import AttemptRow, BudgetUse, EventRow, from_row
+from .records import AttemptRow, BudgetUse, EventRow, Phase, from_row
 
 _ATTEMPT_COLS = ", ".join(AttemptRow.__dataclass_fields__)
 
@@ -23,7 +23,7 @@ class UnitKey:
     workflow: str
     step_id: str
     unit_id: str
-    phase: str
+    phase: Phase
     loop: int
     item_index: int | None
     runner: str
@@ -156,7 +156,7 @@ def reserve_attempt_txn(conn: sqlite3.Connection, key: UnitKey, *, charged: bool
 class Finish:
     """The outcome written onto a running attempt."""
 
-    status: str
+    status: Literal["succeeded", "failed", "reused"]
     output_json: str | None = None
     failure: str | None = None
     transient: bool | None = None

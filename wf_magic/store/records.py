@@ -22,6 +22,11 @@ AttemptStatus = Literal["running", "succeeded", "failed", "reused"]
 """Attempt status: ``running`` (reserved, not finished), ``succeeded``, ``failed``,
 ``reused`` (answered from an earlier run's succeeded attempt, zero tokens charged)."""
 
+Phase = Literal["work", "gate"]
+"""Attempt phase: ``work`` (a step's unit) or ``gate`` (a verdict unit ``<step>.gate:l<n>``)."""
+StepKind = Literal["prompt", "exec", "python", "workflow", "route"]
+"""Step kind (``wf_magic.spec.kinds.KINDS`` says how each behaves)."""
+
 TERMINAL_RUN = ("completed", "abandoned")
 
 T = TypeVar("T")
@@ -45,7 +50,7 @@ class RunRow:
     source_path: str | None
     params_json: str
     params_hash: str
-    status: str
+    status: RunStatus
     status_reason: str | None
     scope_key: str
     parent_run_id: str | None
@@ -68,8 +73,8 @@ class StepRow:
     run_id: str
     step_id: str
     position: int
-    kind: str
-    status: str
+    kind: StepKind
+    status: StepStatus
     loop: int
     max_loops: int
     note: str | None
@@ -90,12 +95,12 @@ class AttemptRow:
     unit_id: str
     attempt: int
     dispatch_id: str
-    phase: str
+    phase: Phase
     loop: int
     item_index: int | None
     runner: str
     model: str | None
-    status: str
+    status: AttemptStatus
     input_hash: str
     charged: int
     tokens_in: int

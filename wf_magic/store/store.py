@@ -15,9 +15,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from . import journal, runs
+from . import journal, recordings, runs
 from .db import connect_reader, immediate, open_state_db
 from .journal import Finish, UnitKey
+from .recordings import RecordingRow
 from .records import AttemptRow, BudgetUse, EventRow, RunRow, RunStatus, StepRow, StepStatus
 
 if TYPE_CHECKING:
@@ -348,3 +349,18 @@ class Store:
         from . import frames
 
         return self._read(lambda c: frames.budget_frame(c, run_id))
+
+    # -- recordings (replay runner, cassette export) ---------------------------------------
+    def latest_recording(
+        self, *, phase: str, input_hash: str, workflow: str
+    ) -> RecordingRow | None:
+        """The newest succeeded attempt of ``phase`` with ``input_hash``, ``workflow``'s first."""
+        return self._read(
+            lambda c: recordings.latest_recording(
+                c, phase=phase, input_hash=input_hash, workflow=workflow
+            )
+        )
+
+    def run_recordings(self, run_id: str) -> list[RecordingRow]:
+        """The succeeded and reused attempts of a run and its children, in journal order."""
+        return self._read(lambda c: recordings.run_recordings(c, run_id))

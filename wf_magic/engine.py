@@ -221,9 +221,12 @@ class Engine:
     resume = drive
 
     # -- verbs ------------------------------------------------------------------------------
-    def status(self, run_id: RunRef) -> Run:
-        """A handle on the run (status, steps, result, frames)."""
+    def handle(self, run_id: RunRef) -> Run:
+        """A handle on the run (status, steps, result, decisions, frames)."""
         return Run(self.store, self.resolve_run_id(run_id), bus=self.bus)
+
+    status = handle
+    """``wf status RUN`` in Python: the run's handle (``engine.status(r).status`` is its word)."""
 
     def list_runs(
         self, *, include_children: bool = False, limit: int | None = None
@@ -281,7 +284,7 @@ class Engine:
         Raises:
             GateDecisionRefused: the step is not waiting (or not at ``loop``), or was decided.
         """
-        return self.status(run_id).approve(step_id, feedback=feedback, loop=loop)
+        return self.handle(run_id).approve(step_id, feedback=feedback, loop=loop)
 
     def reject(
         self,
@@ -298,7 +301,7 @@ class Engine:
             GateDecisionRefused: the step is not waiting (or not at ``loop``), or was decided.
             UsageError: no feedback was given.
         """
-        handle = self.status(run_id)
+        handle = self.handle(run_id)
         return handle.reject(step_id, feedback=feedback, missing=missing, loop=loop)
 
     def stop(self, run_id: RunRef) -> None:
@@ -353,7 +356,6 @@ class Engine:
         handle = Run(self.store, started.run_id, created=started.created, bus=self.bus)
         handle.warnings.extend(started.warnings)
         return handle
-
 
 
 def _at_least(**checks: tuple[int | None, int]) -> None:

@@ -9,7 +9,7 @@ from ..errors import RunnerError
 from ..runners.base import UnitResult
 from ..spec.plan import PlanStep
 from ..store.journal import Finish, UnitKey
-from ..store.records import AttemptRow
+from ..store.records import AttemptRow, Phase
 from .context import DriveContext, RunState
 from .units import UnitPlan
 
@@ -21,7 +21,7 @@ def unit_key(
     unit: UnitPlan,
     *,
     unit_id: str | None = None,
-    phase: str = "work",
+    phase: Phase = "work",
     runner: str | None = None,
     model: str | None = None,
     input_hash: str | None = None,

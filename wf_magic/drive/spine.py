@@ -92,7 +92,7 @@ def complete_step(
         ctx,
         state,
         step,
-        status=outcome.status,  # type: ignore[arg-type]  # "loop" returned above
+        status=outcome.status,
         loop=loop,
         note=outcome.note,
         output_json=output_json,

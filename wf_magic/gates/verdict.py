@@ -1,4 +1,4 @@
-"""Verdict types: a gate's decision, what a judged loop carries, and what a waiting gate waits on."""
+"""Verdict types: a gate's decision, what a judged loop carries, what a waiting gate waits on."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..display import Rejection, gate_rejections, result_text, unit_counts, unit_total
+from ..gates.verdict import Waiting as GateWaiting
 from ..spec.plan import Plan
 from ..store.records import BudgetUse
 
@@ -142,13 +143,12 @@ def _waiting(rows: list[StepRow]) -> Waiting | None:
     for row in rows:
         if row.status != "blocked" or not row.output_json:
             continue
-        data = json.loads(row.output_json)
-        waiting = data.get("waiting") if isinstance(data, dict) else None
-        if isinstance(waiting, dict) and "loop" in waiting:
+        waiting = GateWaiting.from_json(json.loads(row.output_json))
+        if waiting is not None:
             return Waiting(
                 step_id=row.step_id,
-                loop=int(waiting["loop"]),
-                judge=str(waiting.get("judge", "human")),
-                summary=str(waiting.get("summary", "")),
+                loop=waiting.loop,
+                judge=waiting.judge,
+                summary=waiting.summary,
             )
     return None

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..hashing import hash_value
-from .plan import Plan, PlanStep, StepKind
+from ..store.records import StepKind
+from .plan import Plan, PlanStep
 from .templates import evaluate, render_text
 
 UnitInput = tuple[dict[str, Any], dict[str, Any]]

@@ -13,7 +13,6 @@ PLAN_VERSION = 1
 """Bumped whenever the plan's JSON shape changes; runs record the version that froze them."""
 
 
-
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 

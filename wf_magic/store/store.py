@@ -39,6 +39,8 @@ class Store:
         self.db_path = db_path
         self.durability = durability
         self._writer: sqlite3.Connection | None = None
+        self._migrated = False
+        """Set once the writer opened and migrated the database (readers never take its lock)."""
         self._write_lock = threading.RLock()
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
@@ -63,12 +65,14 @@ class Store:
         with self._write_lock:
             if self._writer is None:
                 self._writer = open_state_db(self.db_path, durability=self.durability)
+                self._migrated = True
             return self._writer
 
     def _read_conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
-            self._write_conn()  # the schema exists before any reader looks at it
+            if not self._migrated:  # the schema exists before any reader looks at it
+                self._write_conn()
             conn = connect_reader(self.db_path)
             self._local.conn = conn
             with self._readers_lock:

@@ -76,7 +76,10 @@ class RunLockHeld(WorkflowError):
     def __init__(self, run_id: str, *, pid: int | None, since: str | None, host: str | None = None):
         self.pid = pid
         self.since = since
+        self.host = host
         who = f"pid {pid}" if pid is not None else "another driver"
+        if host:
+            who += f" on {host}"
         when = f" since {since}" if since else ""
         super().__init__(
             f"Run {run_id} is being driven by {who}{when}; wait for it or stop that process "

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from typing import Literal
 
@@ -10,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import UsageError
+from .journal import budget_use
 
 _Kind = Literal["str", "int", "float", "time", "bool"]
 _Spec = tuple[tuple[str, str, _Kind], ...]  # (frame column, SQL expression, kind)
@@ -260,9 +260,9 @@ def budget_frame(conn: sqlite3.Connection, run_id: str) -> pd.DataFrame:
     Raises:
         UsageError: no run ``run_id`` is in the state database.
     """
-    root_run_id, limits = _budget_limits(conn, run_id)
-    figures = _budget_figures(conn, root_run_id)
-    used = np.array(figures[:3], dtype=np.float64)
+    use = budget_use(conn, run_id)  # the one definition of charged use (the engine's too)
+    used = np.array([use.units, use.tokens, use.cost], dtype=np.float64)
+    limits = (use.max_units, use.max_tokens, use.max_cost)
     limit = np.array([np.nan if v is None else float(v) for v in limits], dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         fraction = used / limit
@@ -273,36 +273,21 @@ def budget_frame(conn: sqlite3.Connection, run_id: str) -> pd.DataFrame:
             "limit": limit,
             "remaining": limit - used,
             "used_fraction": fraction,
-            "saved": np.array(figures[3:], dtype=np.float64),
+            "saved": np.array(_saved_figures(conn, run_id), dtype=np.float64),
         }
     )
 
 
-def _budget_limits(conn: sqlite3.Connection, run_id: str) -> tuple[str, tuple[float | None, ...]]:
-    """The run's root and the root's ceilings, in :data:`CEILINGS` order (None when unset)."""
-    row = conn.execute(
-        "SELECT root.run_id, root.plan_json FROM runs AS run"
-        " JOIN runs AS root ON root.run_id = run.root_run_id WHERE run.run_id = ?",
-        (run_id,),
-    ).fetchone()
-    if row is None:
-        raise UsageError(f"No run {run_id} in this state database; `wf list` shows the runs.")
-    budget = json.loads(row[1]).get("budget") or {}
-    return str(row[0]), tuple(budget.get(f"max_{name}") for name in CEILINGS)
-
-
-def _budget_figures(conn: sqlite3.Connection, run_id: str) -> tuple[float, ...]:
-    """Used units, tokens, cost, then saved units, tokens, cost over the run and its children."""
+def _saved_figures(conn: sqlite3.Connection, run_id: str) -> tuple[float, ...]:
+    """What reuse saved over the run's root tree: reused units, saved tokens, source cost."""
     sql = (
-        _TREE_CTE + "SELECT TOTAL(a.charged = 1),"
-        " TOTAL(CASE WHEN a.charged = 1 THEN a.tokens_in + a.tokens_out END),"
-        " TOTAL(CASE WHEN a.charged = 1 THEN a.cost END),"
-        " TOTAL(a.status = 'reused' AND a.phase = 'work'), TOTAL(a.saved_tokens),"
+        "SELECT TOTAL(a.status = 'reused' AND a.phase = 'work'), TOTAL(a.saved_tokens),"
         " TOTAL(CASE WHEN a.status = 'reused' THEN source.cost END)"
         " FROM attempts AS a LEFT JOIN attempts AS source ON source.dispatch_id = a.reused_from"
-        " WHERE a.run_id IN tree"
+        " WHERE a.run_id IN (SELECT tree.run_id FROM runs AS tree JOIN runs AS run"
+        " ON tree.root_run_id = run.root_run_id WHERE run.run_id = ?)"
     )
-    return tuple(conn.execute(sql, {"run": run_id}).fetchone())
+    return tuple(conn.execute(sql, (run_id,)).fetchone())
 
 
 def _run_filter(run_id: str | None, *, with_children: bool) -> tuple[str, str, dict[str, str]]:

@@ -106,16 +106,7 @@ def obtain_verdict(
             "was consumed. Fix the judge and resume to re-judge this work.",
             waiting=Waiting(loop=loop, input_hash=input_hash, summary=summary, judge="failed"),
         )
-    ctx.emit(
-        "gate_verdict",
-        run_id=state.run_id,
-        step_id=step.id,
-        unit_id=unit_id,
-        loop=loop,
-        complete=verdict.complete,
-        feedback=verdict.feedback,
-        missing=list(verdict.missing),
-    )
+    _announce(ctx, state, step.id, loop, verdict)
     return Judged(verdict=verdict, input_hash=input_hash, summary=summary)
 
 
@@ -271,13 +262,20 @@ def record_schema_verdict(
     if existing is None:
         key = gate_key(state, step.id, loop, runner="schema", model=None, input_hash=input_hash)
         _record(ctx, state, key, verdict)
+    _announce(ctx, state, step.id, loop, verdict)
+
+
+def _announce(
+    ctx: DriveContext, state: RunState, step_id: str, loop: int, verdict: Verdict
+) -> None:
+    """Tell observers the verdict on ``step_id`` at ``loop``."""
     ctx.emit(
         "gate_verdict",
         run_id=state.run_id,
-        step_id=step.id,
-        unit_id=unit_id,
+        step_id=step_id,
+        unit_id=gate_unit_id(step_id, loop),
         loop=loop,
-        complete=False,
+        complete=verdict.complete,
         feedback=verdict.feedback,
         missing=list(verdict.missing),
     )

@@ -9,27 +9,15 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
-from .argtypes import count_at_least, duration_s
 from .engine import Engine
-from .errors import (
-    UsageError,
-    WorkflowError,
-)
-from .exits import EXIT_INTERRUPTED, EXIT_OK, error_exit_code
+from .errors import WorkflowError
+from .exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, error_exit_code
 from .run import Run
 from .runners.replay import export_cassette
 from .spec.freeze import Workflow
-
-
-def _params(pairs: Sequence[str]) -> dict[str, str]:
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--param expects k=v (got {pair!r})")
-        out[key] = value
-    return out
+from .verbs import add_global_options, add_verb_parsers, parse_params
 
 
 def _print_run(run: Run, out: Callable[[str], None]) -> int:
@@ -85,7 +73,7 @@ def cmd_run(engine: Engine, args: argparse.Namespace) -> int:
         return EXIT_OK
     started = engine.start(
         wf,
-        params=_params(args.param),
+        params=parse_params(args.param or ()),
         new=args.new,
         no_cache=args.no_cache,
         params_from_strings=True,
@@ -183,7 +171,7 @@ def cmd_stop(engine: Engine, args: argparse.Namespace) -> int:
 
 
 def cmd_gc(engine: Engine, args: argparse.Namespace) -> int:
-    seconds = args.older_than if args.older_than is not None else args.older_than_days * 86400
+    seconds = args.older_than_s if args.older_than_s is not None else args.older_than_days * 86400
     deleted = engine.gc(older_than_s=seconds)
     for run_id in deleted:
         print(run_id)
@@ -198,82 +186,41 @@ def cmd_export_cassette(engine: Engine, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argparse parser whose usage errors exit with the exit-code table's ``EXIT_USAGE``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+HANDLERS: dict[str, Callable[[Engine, argparse.Namespace], int]] = {
+    "run": cmd_run,
+    "list": cmd_list,
+    "status": cmd_status,
+    "resume": cmd_resume,
+    "fork": cmd_fork,
+    "abandon": cmd_abandon,
+    "approve": cmd_approve,
+    "reject": cmd_reject,
+    "stop": cmd_stop,
+    "journal": cmd_journal,
+    "tokens": cmd_tokens,
+    "events": cmd_events,
+    "gc": cmd_gc,
+    "export-cassette": cmd_export_cassette,
+}
+"""The function behind each ``wf`` verb of the table in verbs.py."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The ``wf`` argument parser."""
-    p = argparse.ArgumentParser(prog="wf", description="Durable LLM-agent workflows.")
-    p.add_argument("--db", help="state dir (default $WF_MAGIC_HOME or ./.wf_magic)")
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
-    # The same two options after the verb (`wf list --db DIR`); SUPPRESS keeps a value given
-    # before the verb from being reset by the subparser's default.
+    """The ``wf`` argument parser, built from the verb table (verbs.py)."""
+    p = _Parser(prog="wf", description="Durable LLM-agent workflows.")
+    add_global_options(p, "cli")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--db", default=argparse.SUPPRESS, help="state dir")
-    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS)
-    sub = p.add_subparsers(dest="command", required=True)
-
-    def add(
-        name: str, fn: Callable[[Engine, argparse.Namespace], int], help_: str
-    ) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, help=help_, parents=[common])
-        sp.set_defaults(fn=fn)
-        return sp
-
-    r = add("run", cmd_run, "run a workflow file (resumes its unfinished run if unchanged)")
-    r.add_argument("file")
-    r.add_argument("--param", action="append", default=[], metavar="K=V")
-    r.add_argument("--new", action="store_true", help="always start a fresh run")
-    r.add_argument("--no-cache", action="store_true", help="no result reuse across runs")
-    r.add_argument("--max-steps", type=count_at_least(1), help="stop after N finished steps")
-    r.add_argument("--max-concurrency", type=count_at_least(1))
-    r.add_argument(
-        "--max-retries",
-        type=int,
-        default=0,
-        help="re-open the run up to N times after a unit failure",
-    )
-    r.add_argument("--dry-run", action="store_true", help="freeze and show the plan only")
-    for name, fn, help_ in (("resume", cmd_resume, "drive an existing run"),):
-        sp = add(name, fn, help_)
-        sp.add_argument("run")
-        sp.add_argument("--max-steps", type=count_at_least(1))
-        sp.add_argument("--max-concurrency", type=count_at_least(1))
-        sp.add_argument("--max-retries", type=count_at_least(0), default=0)
-    add("status", cmd_status, "show a run (or list runs)").add_argument("run", nargs="?")
-    ls = add("list", cmd_list, "list runs")
-    ls.add_argument("--limit", type=count_at_least(1))
-    ls.add_argument("--all", action="store_true", help="child runs too (with their parent)")
-    for name, fn in (("journal", cmd_journal), ("events", cmd_events)):
-        sp = add(name, fn, f"print a run's {name}")
-        sp.add_argument("run")
-        sp.add_argument("--format", choices=["table", "csv", "json"], default="table")
-    t = add("tokens", cmd_tokens, "token accounting of a run")
-    t.add_argument("run")
-    t.add_argument(
-        "--by", choices=["step", "model", "runner", "loop", "run", "phase"], default="step"
-    )
-    t.add_argument("--format", choices=["table", "csv", "json"], default="table")
-    add("abandon", cmd_abandon, "give up a run").add_argument("run")
-    f = add("fork", cmd_fork, "re-run from a step, reusing everything before it")
-    f.add_argument("run")
-    f.add_argument("--from", dest="from_step", required=True, metavar="STEP")
-    f.add_argument("--max-steps", type=count_at_least(1))
-    for name, fn in (("approve", cmd_approve), ("reject", cmd_reject)):
-        sp = add(name, fn, f"{name} a blocked gate")
-        sp.add_argument("run")
-        sp.add_argument("step")
-        sp.add_argument("--feedback", required=name == "reject")
-        sp.add_argument("--loop", type=int, help="the loop you are deciding (refused if stale)")
-    add("stop", cmd_stop, "ask a run's driver to stop between units").add_argument("run")
-    g = add("gc", cmd_gc, "delete finished runs older than a retention")
-    retention = g.add_mutually_exclusive_group(required=True)
-    retention.add_argument("--older-than-days", type=float, metavar="N")
-    retention.add_argument(
-        "--older-than", type=duration_s, metavar="DURATION", help="e.g. 30d, 12h, 45m, 90s"
-    )
-    add(
-        "export-cassette",
-        cmd_export_cassette,
-        "print a run's answers as JSONL for the replay runner",
-    ).add_argument("run")
+    add_global_options(common, "cli", after_verb=True)
+    for name, sp in add_verb_parsers(p, "cli", parents=[common]).items():
+        sp.set_defaults(fn=HANDLERS[name])
     return p
 
 

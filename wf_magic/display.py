@@ -47,6 +47,9 @@ STATUS_COLOURS = {
     "succeeded": "#1a7f37",
     "reused": "#8c959f",
 }
+"""The one colour of each run, step and attempt status: badges, the live view and the plots."""
+UNKNOWN_STATUS_COLOUR = "#6e7781"
+"""The colour of a status the table does not know."""
 RESULT_CHARS = 400
 """How much of a completed run's result the renderings show."""
 _DONE = ("succeeded", "reused")
@@ -260,10 +263,11 @@ def _stats_text(run: Run) -> str:
     )
 
 
-def _badge(status: str) -> str:
-    colour = STATUS_COLOURS.get(status, "#6e7781")
+def badge(status: str) -> str:
+    """A status as a coloured pill (HTML): run summaries and the live view's rows and header."""
+    colour = STATUS_COLOURS.get(status, UNKNOWN_STATUS_COLOUR)
     return (
-        f'<span style="background:{colour};color:white;border-radius:8px;padding:1px 7px;'
+        f'<span style="background:{colour};color:white;border-radius:8px;padding:1px 8px;'
         f'font-size:85%">{html.escape(status)}</span>'
     )
 
@@ -283,7 +287,7 @@ def run_html(run: Run) -> str:
     facts = _facts(run)
     head = (
         f"<div><b>{html.escape(row.workflow)}</b> <code>{html.escape(row.run_id)}</code> "
-        f"{_badge(row.status)}</div>"
+        f"{badge(row.status)}</div>"
     )
     if row.status_reason:
         head += f"<div><i>{html.escape(row.status_reason)}</i></div>"
@@ -292,7 +296,7 @@ def run_html(run: Run) -> str:
         saved = f" (+{s.saved_tokens:,} reused)" if s.saved_tokens else ""
         body += (
             f"<tr><td><code>{html.escape(s.row.step_id)}</code></td>"
-            f"<td>{_badge(s.row.status)}</td><td>{s.units}</td><td>{s.tokens:,}{saved}</td>"
+            f"<td>{badge(s.row.status)}</td><td>{s.units}</td><td>{s.tokens:,}{saved}</td>"
             f"<td>{s.loop}</td><td>{html.escape(s.row.note or '')}</td></tr>"
         )
     table = (

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from ..argtypes import duration_s
 from ..errors import UsageError
+from ..verbs import add_verb_parsers, parse_params, verb_names
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -32,21 +33,6 @@ class CellArgs:
     as_var: str | None = None
 
 
-def parse_param_pairs(pairs: Sequence[str]) -> dict[str, str]:
-    """``["k=v", ...]`` → ``{"k": "v"}``.
-
-    Raises:
-        UsageError: a pair has no ``=`` or an empty key.
-    """
-    out: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"--param expects k=v (got {pair!r})")
-        out[key.strip()] = value
-    return out
-
-
 def cell_args(ns: argparse.Namespace, user_ns: Mapping[str, Any]) -> CellArgs:
     """Build :class:`CellArgs` from the magic_arguments namespace of a ``%%workflow`` line.
 
@@ -63,7 +49,7 @@ def cell_args(ns: argparse.Namespace, user_ns: Mapping[str, Any]) -> CellArgs:
                 f"--params expects the name of a dict in the notebook (got {ns.params!r}: {got})"
             )
         params.update(value)
-    params.update(parse_param_pairs(ns.param or []))
+    params.update(parse_params(ns.param or ()))
     if ns.as_var is not None and not _IDENTIFIER.match(ns.as_var):
         raise UsageError(f"--as expects a Python variable name (got {ns.as_var!r})")
     if ns.new and ns.resume:
@@ -123,58 +109,15 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message or self.format_usage())
 
 
-def _command_parser(command: str) -> _Parser:
-    p = _Parser(prog=f"%workflow {command}", add_help=False)
-    if command in RUN_COMMANDS:
-        p.add_argument("run")
-    if command in ("approve", "reject"):
-        p.add_argument("step")
-        p.add_argument("--feedback", required=command == "reject")
-        p.add_argument("--loop", type=int)
-    if command == "fork":
-        p.add_argument("--from", dest="from_step", required=True, metavar="STEP")
-    if command in ("resume", "fork"):
-        p.add_argument("--max-steps", type=int)
-        p.add_argument("--background", action="store_true")
-    if command == "tokens":
-        p.add_argument(
-            "--by",
-            nargs="?",
-            const="step",
-            default="step",
-            choices=["step", "model", "runner", "loop", "run", "phase"],
-        )
-    if command == "abandon":
-        p.add_argument("--reason")
-    if command == "gc":
-        retention = p.add_mutually_exclusive_group(required=True)
-        retention.add_argument("--older-than-days", type=float, metavar="N")
-        retention.add_argument(
-            "--older-than", dest="older_than_s", type=duration_s, metavar="DURATION"
-        )
-    if command == "watch":
-        p.add_argument("--idle", dest="idle_s", type=float, default=10.0)
-    if command == "list":
-        p.add_argument("--limit", type=int)
-        p.add_argument("--all", action="store_true")
-    return p
+@functools.cache
+def _line_parser() -> _Parser:
+    parser = _Parser(prog="%workflow", add_help=False)
+    add_verb_parsers(parser, "notebook")
+    return parser
 
 
-RUN_COMMANDS = (
-    "status",
-    "resume",
-    "abandon",
-    "fork",
-    "approve",
-    "reject",
-    "journal",
-    "tokens",
-    "events",
-    "budget",
-    "watch",
-    "stop",
-)
-COMMANDS = ("list", *RUN_COMMANDS, "gc", "config")
+COMMANDS = verb_names("notebook")
+"""The ``%workflow`` verbs, in the order of the table in verbs.py."""
 
 
 def line_args(command: str, rest: str | Sequence[str]) -> LineArgs:
@@ -189,5 +132,7 @@ def line_args(command: str, rest: str | Sequence[str]) -> LineArgs:
             f"{', '.join(COMMANDS)} (`%workflow?` shows the help)"
         )
     argv = shlex.split(rest) if isinstance(rest, str) else list(rest)
-    ns = _command_parser(command).parse_args(argv)
-    return LineArgs(command=command, **vars(ns))
+    ns, extra = _line_parser().parse_known_args([command, *argv])
+    if extra:  # said here, as the verb's parser would, so the message names the verb
+        raise UsageError(f"%workflow {command}: unrecognized arguments: {' '.join(extra)}")
+    return LineArgs(**vars(ns))

@@ -6,7 +6,7 @@ import html
 
 import ipywidgets as w
 
-from ..display import STATUS_COLOURS
+from ..display import badge as badge  # re-exported: widgets.py imports it from here
 from .snapshot import StepState
 
 BAR_STYLES = {
@@ -17,15 +17,6 @@ BAR_STYLES = {
     "pending": "info",
 }
 COLUMNS = ("step", "status", "progress", "units", "tokens", "elapsed", "loop", "note")
-
-
-def badge(status: str) -> str:
-    """A coloured status pill (HTML)."""
-    colour = STATUS_COLOURS.get(status, "#6e7781")
-    return (
-        f'<span style="background:{colour};color:white;border-radius:8px;'
-        f'padding:1px 8px;font-size:85%">{html.escape(status)}</span>'
-    )
 
 
 def elapsed_text(seconds: float | None) -> str:

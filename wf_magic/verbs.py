@@ -1,0 +1,381 @@
+"""The one table of verbs and their options: the ``wf`` parser and the ``%workflow`` parser.
+
+Each verb and option is written once, marked with the faces that have it: ``cli`` (the
+``wf`` command) and ``notebook`` (the ``%workflow`` line magic). The faces build their
+argparse parsers from :data:`VERBS` with :func:`add_verb_parsers` and route the parsed
+``command`` to their own functions. The shared value parsers live here too: ``k=v`` params
+(:func:`parse_params`), counts (:func:`count_at_least`) and durations (:func:`duration_s`).
+
+This module sits between the faces and the engine: it imports only the stdlib and
+``wf_magic.errors``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from .errors import UsageError
+
+Face = Literal["cli", "notebook"]
+"""Where a verb or option exists:
+
+- ``cli``: the ``wf`` command.
+- ``notebook``: the ``%workflow`` line magic.
+"""
+CLI: frozenset[Face] = frozenset({"cli"})
+NOTEBOOK: frozenset[Face] = frozenset({"notebook"})
+BOTH: frozenset[Face] = CLI | NOTEBOOK
+
+TOKENS_BY: tuple[str, ...] = ("step", "model", "runner", "loop", "run", "phase")
+"""The keys ``tokens --by`` groups by; the same keys ``store.frames.tokens_frame`` accepts."""
+FORMATS: tuple[str, ...] = ("table", "csv", "json")
+"""How the ``wf`` command prints a frame (``--format``)."""
+
+
+# -- value parsers ------------------------------------------------------------------------------
+def parse_params(pairs: Sequence[str]) -> dict[str, str]:
+    """``["k=v", ...]`` → ``{"k": "v"}``: whitespace around the key is dropped, the value is kept
+    verbatim (a string param may start or end with spaces); a later pair wins.
+
+    Raises:
+        UsageError: a pair has no ``=`` or an empty key.
+    """
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--param expects k=v (got {pair!r})")
+        out[key.strip()] = value
+    return out
+
+
+def count_at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``low`` (``--max-steps``, ``--limit``, ...)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer (got {text!r})") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low} (got {value})")
+        return value
+
+    return parse
+
+
+def duration_s(text: str) -> float:
+    """Seconds in a duration such as ``30d``, ``12h``, ``45m``, ``90s`` or ``3600``.
+
+    Raises:
+        argparse.ArgumentTypeError: not a duration, or a negative one.
+    """
+    units = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+    number, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "s")
+    try:
+        value = float(number) * units[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration like 30d, 12h, 45m or 90s (got {text!r})"
+        ) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a duration >= 0 (got {text!r})")
+    return value
+
+
+# -- the table's shape --------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Option:
+    """One positional argument (``flag`` without dashes) or ``--option`` of a verb."""
+
+    flag: str
+    """``run`` (a positional) or ``--max-steps`` (an option)."""
+    help: str | None = None
+    type: Callable[[str], object] | None = None
+    """Turns the text into the value (argparse ``type``); argparse reports its errors."""
+    choices: tuple[str, ...] | None = None
+    default: object = None
+    action: Literal["store_true", "append"] | None = None
+    nargs: Literal["?"] | None = None
+    const: object = None
+    """The value of a bare ``--option`` when ``nargs`` is ``?``."""
+    dest: str | None = None
+    """The attribute the value lands on (default: argparse's, from ``flag``)."""
+    metavar: str | None = None
+    required: bool = False
+    faces: frozenset[Face] = BOTH
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OneOf:
+    """Options that exclude each other (one of them is required when ``required``)."""
+
+    options: tuple[Option, ...]
+    required: bool = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Verb:
+    """One sub-command: ``wf NAME ...`` and/or ``%workflow NAME ...``."""
+
+    name: str
+    help: str
+    options: tuple[Option | OneOf, ...] = ()
+    faces: frozenset[Face] = BOTH
+
+
+# -- the table ----------------------------------------------------------------------------------
+RUN = Option(flag="run", help="a run id, or a unique prefix of one")
+STEP = Option(flag="step", help="a step id of the run")
+MAX_STEPS = Option(
+    flag="--max-steps", type=count_at_least(1), metavar="N", help="stop after N finished steps"
+)
+MAX_CONCURRENCY = Option(
+    flag="--max-concurrency",
+    type=count_at_least(1),
+    metavar="N",
+    help="cap on units in flight",
+    faces=CLI,
+)
+MAX_RETRIES = Option(
+    flag="--max-retries",
+    type=count_at_least(0),
+    default=0,
+    metavar="N",
+    help="re-open the run up to N times after a unit failure",
+    faces=CLI,
+)
+BACKGROUND = Option(
+    flag="--background",
+    action="store_true",
+    help="drive in a thread; the notebook stays usable",
+    faces=NOTEBOOK,
+)
+FEEDBACK = Option(flag="--feedback", metavar="TEXT", help="what the step should change")
+LOOP = Option(
+    flag="--loop", type=int, metavar="N", help="the loop you are deciding (refused if stale)"
+)
+FORMAT = Option(
+    flag="--format", choices=FORMATS, default="table", help="how to print the frame", faces=CLI
+)
+
+GLOBAL_OPTIONS: tuple[Option, ...] = (
+    Option(flag="--db", help="state dir (default $WF_MAGIC_HOME or ./.wf_magic)", faces=CLI),
+    Option(flag="--debug", action="store_true", help="show tracebacks", faces=CLI),
+)
+"""Options of the whole command rather than one verb (accepted before or after the verb)."""
+
+VERBS: tuple[Verb, ...] = (
+    Verb(
+        name="run",
+        help="run a workflow file (resumes its unfinished run if unchanged)",
+        faces=CLI,  # the notebook runs a workflow with the %%workflow cell magic
+        options=(
+            Option(flag="file", help="the workflow's YAML file"),
+            Option(
+                flag="--param",
+                action="append",
+                metavar="K=V",
+                help="a workflow param (repeatable); values are coerced to the declared type",
+            ),
+            Option(flag="--new", action="store_true", help="always start a fresh run"),
+            Option(flag="--no-cache", action="store_true", help="no result reuse across runs"),
+            MAX_STEPS,
+            MAX_CONCURRENCY,
+            MAX_RETRIES,
+            Option(flag="--dry-run", action="store_true", help="freeze and show the plan only"),
+        ),
+    ),
+    Verb(
+        name="list",
+        help="list runs",
+        options=(
+            Option(flag="--limit", type=count_at_least(1), metavar="N", help="the newest N"),
+            Option(flag="--all", action="store_true", help="child runs too (with their parent)"),
+        ),
+    ),
+    Verb(
+        name="status",
+        help="show a run (or list runs)",
+        options=(
+            replace(RUN, nargs="?", faces=CLI),  # `wf status` alone lists the runs
+            replace(RUN, faces=NOTEBOOK),
+        ),
+    ),
+    Verb(
+        name="resume",
+        help="drive an existing run",
+        options=(RUN, MAX_STEPS, MAX_CONCURRENCY, MAX_RETRIES, BACKGROUND),
+    ),
+    Verb(
+        name="fork",
+        help="re-run from a step, reusing everything before it",
+        options=(
+            RUN,
+            Option(flag="--from", dest="from_step", required=True, metavar="STEP"),
+            MAX_STEPS,
+            BACKGROUND,
+        ),
+    ),
+    Verb(
+        name="abandon",
+        help="give up a run",
+        options=(
+            RUN,
+            Option(
+                flag="--reason",
+                metavar="TEXT",
+                help="why (the run's status reason)",
+                faces=NOTEBOOK,
+            ),
+        ),
+    ),
+    Verb(name="approve", help="approve a blocked gate", options=(RUN, STEP, FEEDBACK, LOOP)),
+    Verb(
+        name="reject",
+        help="reject a blocked gate",
+        options=(RUN, STEP, replace(FEEDBACK, required=True), LOOP),
+    ),
+    Verb(name="stop", help="ask a run's driver to stop between units", options=(RUN,)),
+    Verb(name="journal", help="print a run's journal", options=(RUN, FORMAT)),
+    Verb(
+        name="tokens",
+        help="token accounting of a run",
+        options=(
+            RUN,
+            Option(
+                flag="--by",
+                choices=TOKENS_BY,
+                default="step",
+                nargs="?",
+                const="step",
+                help="the grouping key",
+            ),
+            FORMAT,
+        ),
+    ),
+    Verb(name="events", help="print a run's events", options=(RUN, FORMAT)),
+    Verb(
+        name="budget",
+        help="a run's budget: used vs limit per ceiling",
+        faces=NOTEBOOK,
+        options=(RUN,),
+    ),
+    Verb(
+        name="watch",
+        help="follow a run driven elsewhere (e.g. by `wf run`)",
+        faces=NOTEBOOK,
+        options=(
+            RUN,
+            Option(
+                flag="--idle",
+                dest="idle_s",
+                type=float,
+                default=10.0,
+                metavar="S",
+                help="stop watching after S seconds without a driver",
+            ),
+        ),
+    ),
+    Verb(
+        name="gc",
+        help="delete finished runs older than a retention",
+        options=(
+            OneOf(
+                options=(
+                    Option(flag="--older-than-days", type=float, metavar="N"),
+                    Option(
+                        flag="--older-than",
+                        dest="older_than_s",
+                        type=duration_s,
+                        metavar="DURATION",
+                        help="e.g. 30d, 12h, 45m, 90s",
+                    ),
+                )
+            ),
+        ),
+    ),
+    Verb(name="config", help="show the magics' settings", faces=NOTEBOOK),
+    Verb(
+        name="export-cassette",
+        help="print a run's answers as JSONL for the replay runner",
+        faces=CLI,
+        options=(RUN,),
+    ),
+)
+"""Every verb of either face, in the order the help lists them."""
+
+
+# -- building parsers ---------------------------------------------------------------------------
+def verb_names(face: Face) -> tuple[str, ...]:
+    """The verbs ``face`` has, in table order."""
+    return tuple(v.name for v in VERBS if face in v.faces)
+
+
+def add_global_options(
+    parser: argparse.ArgumentParser, face: Face, *, after_verb: bool = False
+) -> None:
+    """Add :data:`GLOBAL_OPTIONS` of ``face`` to ``parser``.
+
+    ``after_verb`` builds the copy each verb's parser inherits (``wf list --db DIR``): its
+    defaults are SUPPRESSed so that a value given before the verb is not reset by the verb's.
+    """
+    for option in GLOBAL_OPTIONS:
+        if face in option.faces:
+            extra = {"default": argparse.SUPPRESS} if after_verb else {}
+            parser.add_argument(option.flag, **{**_argparse_kwargs(option), **extra})
+
+
+def add_verb_parsers(
+    parser: argparse.ArgumentParser,
+    face: Face,
+    *,
+    parents: Sequence[argparse.ArgumentParser] = (),
+) -> dict[str, argparse.ArgumentParser]:
+    """Add one required sub-parser per verb of ``face`` (``dest="command"``) to ``parser``.
+
+    The sub-parsers are of ``parser``'s class and share its ``add_help``.
+
+    Returns:
+        The sub-parser of each verb, by name (a face sets its handler on them).
+    """
+    sub = parser.add_subparsers(dest="command", required=True)
+    out: dict[str, argparse.ArgumentParser] = {}
+    for verb in VERBS:
+        if face not in verb.faces:
+            continue
+        sp = sub.add_parser(
+            verb.name, help=verb.help, parents=list(parents), add_help=parser.add_help
+        )
+        for item in verb.options:
+            if isinstance(item, OneOf):
+                group = sp.add_mutually_exclusive_group(required=item.required)
+                for option in item.options:
+                    if face in option.faces:
+                        group.add_argument(option.flag, **_argparse_kwargs(option))
+            elif face in item.faces:
+                sp.add_argument(item.flag, **_argparse_kwargs(item))
+        out[verb.name] = sp
+    return out
+
+
+def _argparse_kwargs(option: Option) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {
+        "help": option.help,
+        "type": option.type,
+        "choices": option.choices,
+        "action": option.action,
+        "nargs": option.nargs,
+        "const": option.const,
+        "dest": option.dest,
+        "metavar": option.metavar,
+    }
+    out = {k: v for k, v in kwargs.items() if v is not None}
+    if option.default is not None:
+        out["default"] = option.default
+    if option.required:
+        out["required"] = True
+    return out

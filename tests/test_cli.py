@@ -229,3 +229,10 @@ def test_a_comment_only_edit_warns_once(tmp_path: Path, state_dir: Path) -> None
     warnings = [line for line in err.splitlines() if line.startswith("warning:")]
     assert code == 0 and len(warnings) == 1
     assert "do not change the plan" in warnings[0]
+
+
+def test_the_verb_table_offers_exactly_the_token_groupings_the_frames_accept() -> None:
+    from wf_magic.store.frames import TOKENS_KEYS
+    from wf_magic.verbs import TOKENS_BY
+
+    assert tuple(TOKENS_BY) == tuple(TOKENS_KEYS)

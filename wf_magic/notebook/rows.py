@@ -6,7 +6,7 @@ import html
 
 import ipywidgets as w
 
-from ..display import badge as badge  # re-exported: widgets.py imports it from here
+from ..display import badge
 from .snapshot import StepState
 
 BAR_STYLES = {

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as w
 
 from ..bus import Event
-from ..display import STATUS_COLOURS, gates_html, result_html, run_html, run_text
+from ..display import STATUS_COLOURS, badge, gates_html, result_html, run_html, run_text
 from ..errors import WorkflowError
 from ..run import Run
-from .rows import COLUMNS, StepRowWidgets, badge
+from .rows import COLUMNS, StepRowWidgets
 from .snapshot import RunSnapshot, SnapshotReader, Waiting
 from .throttle import Throttle
 

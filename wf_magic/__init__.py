@@ -5,9 +5,11 @@ The engine is plain Python (no IPython import); ``%load_ext wf_magic`` adds the 
 
 from __future__ import annotations
 
+import importlib.metadata
 from typing import Any
 
 from .bus import Event
+from .drive.executors import dask_executor, thread_executor
 from .engine import Engine
 from .errors import (
     BudgetExceeded,
@@ -50,6 +52,7 @@ __all__ = [
     "Workflow",
     "WorkflowError",
     "budget",
+    "dask_executor",
     "events",
     "journal",
     "load_ipython_extension",
@@ -57,9 +60,15 @@ __all__ = [
     "register_function",
     "register_runner",
     "runs",
+    "thread_executor",
     "tokens",
 ]
-__version__ = "0.1.0"
+
+try:
+    # The one version literal is [project] version in pyproject.toml.
+    __version__ = importlib.metadata.version("wf_magic")
+except importlib.metadata.PackageNotFoundError:  # a source tree on sys.path, not installed
+    __version__ = "0+unknown"
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -6,7 +6,6 @@ The loop drives the child in place (``drive_run(ctx.child(), child)``) between t
 from __future__ import annotations
 
 import json
-import sqlite3
 
 from ..errors import RunnerError, UsageError
 from ..hashing import sha256_text
@@ -65,14 +64,7 @@ def publish(ctx: DriveContext, state: RunState, step: PlanStep, unit: UnitPlan) 
         parent=state.run,
         invocation_key=unit.unit_id,
     )
-    try:
-        ctx.store.create_run(row, plan_steps(wf))
-    except sqlite3.IntegrityError:  # published meanwhile: (parent, invocation_key) is unique
-        again = ctx.store.child_run(state.run_id, unit.unit_id)
-        if again is None:
-            raise
-        return again
-    return row
+    return ctx.store.publish_child(row, plan_steps(wf))
 
 
 def child_result(store: Store, child: RunRow) -> UnitResult:

@@ -26,9 +26,9 @@ from ..hashing import hash_value
 from ..runners.base import UnitRequest
 from ..spec.models import GateSpec
 from ..spec.plan import PlanStep
-from ..spec.templates import TemplateError
 from ..store.journal import Finish, UnitKey
 from ..store.records import AttemptRow
+from ..templates import TemplateError
 from . import attempts
 from .context import DriveContext, RunState
 from .units import template_context

@@ -11,7 +11,7 @@ from typing import Any
 from ..hashing import hash_value
 from ..spec.kinds import KINDS, UnitSource
 from ..spec.plan import Plan, PlanStep
-from ..spec.templates import TemplateError, evaluate, references
+from ..templates import TemplateError, evaluate, references
 
 MAX_MAP_UNITS = 10_000
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..hashing import canonical_json
 from ..runners.base import strip_code_fence
-from ..spec.templates import TemplateError, evaluate_expression, render_text
+from ..templates import TemplateError, evaluate_expression, render_text
 from .verdict import Verdict, VerdictError
 
 SUMMARY_CLIP = 4000

@@ -175,7 +175,7 @@ class ScriptedRunner(BaseRunner):
 
 def _render_reply(reply: Any, text: str, request: UnitRequest, found: re.Match[str] | None) -> Any:
     if isinstance(reply, str) and "{{" in reply:
-        from ..spec.templates import render_text
+        from ..templates import render_text  # Jinja is imported only for templated replies
 
         groups = [found.group(0), *found.groups()] if found else []
         return render_text(

@@ -15,10 +15,10 @@ from ..hashing import sha256_text
 from ..redact import is_secret_key
 from ..runners import functions
 from ..store.records import StepKind
+from ..templates import TemplateError, references
 from .kinds import KINDS
 from .models import ENV_NAME_PATTERN, StepSpec, WorkflowSpec
 from .plan import Plan, PlanStep
-from .templates import TemplateError, references
 from .yamlload import Path, dotted, line_of, load_with_lines
 
 MAX_SOURCE_BYTES = 1_000_000

@@ -12,8 +12,8 @@ from typing import Any
 
 from ..hashing import hash_value
 from ..store.records import StepKind
+from ..templates import evaluate, render_text
 from .plan import Plan, PlanStep
-from .templates import evaluate, render_text
 
 UnitInput = tuple[dict[str, Any], dict[str, Any]]
 """(fields of the unit request, the resolved input that is hashed) of one unit."""

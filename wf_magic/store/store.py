@@ -173,6 +173,20 @@ class Store:
 
         self._write(txn)
 
+    def publish_child(self, row: RunRow, steps: Sequence[tuple[str, int, str, int]]) -> RunRow:
+        """Insert a child run once per ``(parent_run_id, invocation_key)``; returns the row kept.
+
+        A child published meanwhile (the pair is unique) is returned instead of ``row``.
+        """
+        try:
+            self.create_run(row, steps)
+        except sqlite3.IntegrityError:
+            existing = self.child_run(row.parent_run_id or "", row.invocation_key or "")
+            if existing is None:
+                raise
+            return existing
+        return row
+
     def set_run_status(
         self,
         run_id: str,

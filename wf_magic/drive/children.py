@@ -1,6 +1,6 @@
 """Child workflows: publish a child run once per (parent, invocation) and read its outcome.
 
-The loop drives the child in place (``drive_run(ctx.child(), child)``) between the two.
+The loop drives the child in place (``drive_run(ctx.child(redactor), child)``) between the two.
 """
 
 from __future__ import annotations

@@ -109,9 +109,13 @@ class DriveContext:
     options: DriveOptions
     depth: int = 0
 
-    def child(self) -> DriveContext:
-        """The context of a child workflow's drive (same budget, runners and options)."""
-        return dataclasses.replace(self, depth=self.depth + 1)
+    def child(self, redactor: Redactor) -> DriveContext:
+        """The context of a child workflow's drive (same budget, runners and options).
+
+        ``redactor`` is the parent run's: a secret the parent hands to its child (``with:``)
+        stays masked in everything the child journals, whatever the child calls it.
+        """
+        return dataclasses.replace(self, depth=self.depth + 1, redactor=redactor)
 
     def emit(
         self,

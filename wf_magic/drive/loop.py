@@ -1,7 +1,7 @@
 """The drive loop: next step → units → dispatch → spine, over a run's frozen plan.
 
 ``drive_run(ctx, run)`` drives one run whose lock the caller holds; a ``workflow:`` unit
-drives its child run through the same function with ``ctx.child()``.
+drives its child run through the same function with ``ctx.child(redactor)``.
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ def _run_inline(ctx: DriveContext, state: RunState, step: PlanStep, unit: UnitPl
         return _route_decision(step, unit)
     child = children.publish(ctx, state, step, unit)
     with RunLock(ctx.store.lock_dir, child.run_id):
-        drive_run(ctx.child(), ctx.store.get_run(child.run_id) or child)
+        drive_run(ctx.child(state.redactor), ctx.store.get_run(child.run_id) or child)
     return children.child_result(ctx.store, ctx.store.get_run(child.run_id) or child)
 
 

@@ -5,31 +5,90 @@ The engine is plain Python (no IPython import); ``%load_ext wf_magic`` adds the 
 
 from __future__ import annotations
 
-import importlib.metadata
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from .bus import Event
-from .drive.executors import dask_executor, thread_executor
-from .engine import Engine
-from .errors import (
-    BudgetExceeded,
-    DefinitionError,
-    GateDecisionRefused,
-    MigrationError,
-    PlanIntegrityError,
-    PlanVersionError,
-    RunLockHeld,
-    RunnerError,
-    UsageError,
-    WorkflowError,
-)
-from .frames import budget, events, journal, runs, tokens
-from .run import Run
-from .runners.base import Runner, RunnerContext, UnitRequest, UnitResult
-from .runners.functions import register_function
-from .runners.registry import register_runner
-from .runners.scripted import ScriptedRunner
-from .spec.freeze import Workflow, load_workflow
+if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and IDEs
+    from .bus import Event
+    from .drive.executors import dask_executor, thread_executor
+    from .engine import Engine
+    from .errors import (
+        BudgetExceeded,
+        DefinitionError,
+        GateDecisionRefused,
+        MigrationError,
+        PlanIntegrityError,
+        PlanVersionError,
+        RunLockHeld,
+        RunnerError,
+        UsageError,
+        WorkflowError,
+    )
+    from .frames import budget, events, journal, runs, tokens
+    from .run import Run
+    from .runners.base import Runner, RunnerContext, UnitRequest, UnitResult
+    from .runners.functions import register_function
+    from .runners.registry import register_runner
+    from .runners.scripted import ScriptedRunner
+    from .spec.freeze import Workflow, load_workflow
+
+# Public names are imported on first use (PEP 562): `wf --help` and `import wf_magic` stay
+# fast, and pydantic, Jinja and the engine load only when something needs them.
+_LAZY = {
+    "Event": ".bus",
+    "dask_executor": ".drive.executors",
+    "thread_executor": ".drive.executors",
+    "Engine": ".engine",
+    **dict.fromkeys(
+        (
+            "BudgetExceeded",
+            "DefinitionError",
+            "GateDecisionRefused",
+            "MigrationError",
+            "PlanIntegrityError",
+            "PlanVersionError",
+            "RunLockHeld",
+            "RunnerError",
+            "UsageError",
+            "WorkflowError",
+        ),
+        ".errors",
+    ),
+    **dict.fromkeys(("budget", "events", "journal", "runs", "tokens"), ".frames"),
+    "Run": ".run",
+    **dict.fromkeys(("Runner", "RunnerContext", "UnitRequest", "UnitResult"), ".runners.base"),
+    "register_function": ".runners.functions",
+    "register_runner": ".runners.registry",
+    "ScriptedRunner": ".runners.scripted",
+    "Workflow": ".spec.freeze",
+    "load_workflow": ".spec.freeze",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        return _version()
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'wf_magic' has no attribute {name!r}")
+    value = getattr(importlib.import_module(target, __name__), name)
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY, "__version__"])
+
+
+def _version() -> str:
+    import importlib.metadata  # ~30 ms: paid only by those who ask for the version
+
+    try:
+        # The one version literal is [project] version in pyproject.toml.
+        return importlib.metadata.version("wf_magic")
+    except importlib.metadata.PackageNotFoundError:  # a source tree on sys.path, not installed
+        return "0+unknown"
+
 
 __all__ = [
     "BudgetExceeded",
@@ -63,12 +122,6 @@ __all__ = [
     "thread_executor",
     "tokens",
 ]
-
-try:
-    # The one version literal is [project] version in pyproject.toml.
-    __version__ = importlib.metadata.version("wf_magic")
-except importlib.metadata.PackageNotFoundError:  # a source tree on sys.path, not installed
-    __version__ = "0+unknown"
 
 
 def load_ipython_extension(ipython: Any) -> None:

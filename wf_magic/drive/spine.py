@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..gates.judge import schema_errors
+from ..gates.judge import schema_errors, schema_requirement
 from ..gates.verdict import GateWaiting, Judged, Verdict, Waiting
 from ..hashing import canonical_json
 from ..spec.plan import Plan, PlanStep
@@ -246,7 +246,11 @@ def _schema_rejected(
     artifact: Any,
     errors: list[str],
 ) -> StepOutcome:
-    feedback = "The output does not match the required schema: " + "; ".join(errors[:20])
+    feedback = (
+        "The output does not match the required schema: "
+        + "; ".join(errors[:20])
+        + f". Required: {schema_requirement(step.output or {})}."
+    )
     verdict = Verdict(complete=False, feedback=feedback, missing=tuple(errors[:20]), judge="schema")
     judging.record_schema_verdict(ctx, state, step, loop=loop, artifact=artifact, verdict=verdict)
     if loop < step.max_loops:

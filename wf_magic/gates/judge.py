@@ -92,3 +92,42 @@ def schema_errors(
             where = "/".join(str(p) for p in err.path) or "(root)"
             errors.append(f"{unit_id}: {where}: {err.message}")
     return errors
+
+
+def schema_requirement(schema: Mapping[str, Any], *, clip: int = 600) -> str:
+    """What a JSON Schema asks for, in words a model can act on (clipped to ``clip`` chars).
+
+    ``{"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}``
+    reads "an object with n (integer, required)".
+    """
+    text = _requirement(schema, depth=0)
+    return text if len(text) <= clip else text[: clip - 1] + "…"
+
+
+def _requirement(schema: Any, *, depth: int) -> str:
+    if not isinstance(schema, Mapping):
+        return "any JSON value"
+    if "enum" in schema:
+        return "one of " + json.dumps(schema["enum"])
+    if "const" in schema:
+        return "exactly " + json.dumps(schema["const"])
+    kind = schema.get("type")
+    if kind == "object" or (kind is None and "properties" in schema):
+        props = schema.get("properties") or {}
+        required = set(schema.get("required") or ())
+        if not props:
+            keys = ", ".join(sorted(required))
+            return f"an object with keys {keys}" if keys else "an object"
+        if depth >= 2:
+            return "an object"
+        parts = []
+        for name, sub in props.items():
+            flag = ", required" if name in required else ""
+            parts.append(f"{name} ({_requirement(sub, depth=depth + 1)}{flag})")
+        return "an object with " + ", ".join(parts)
+    if kind == "array":
+        items = schema.get("items")
+        return "an array" + (f" of {_requirement(items, depth=depth + 1)}" if items else "")
+    if isinstance(kind, list):
+        return " or ".join(str(k) for k in kind)
+    return str(kind) if kind else "any JSON value"

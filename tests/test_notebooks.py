@@ -2,56 +2,16 @@
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from pathlib import Path
 
 import nbformat
 import pytest
-from jupyter_client.kernelspec import KernelSpecManager
-from jupyter_client.manager import AsyncKernelManager
-from nbclient import NotebookClient
+
+from tests.helpers_notebook import execute_notebook
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
-
-
-def execute_notebook(
-    nb: nbformat.NotebookNode, workdir: Path, *, timeout: float = 120
-) -> nbformat.NotebookNode:
-    """Execute ``nb`` in a kernel running this very Python (raises on the first error).
-
-    The kernel spec is written into ``workdir`` and is the only one the manager sees, so a
-    ``python3`` spec elsewhere on the machine (a user's, another venv's) cannot be picked up.
-    """
-    scratch = workdir / "tmp"  # the notebooks' tempfile.mkdtemp() state dirs land here
-    scratch.mkdir(exist_ok=True)
-    kernels = workdir / "kernels"
-    spec = kernels / "python3"
-    spec.mkdir(parents=True, exist_ok=True)
-    (spec / "kernel.json").write_text(
-        json.dumps(
-            {
-                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-                "display_name": "wf_magic tests",
-                "language": "python",
-                "env": {"PYTHONPATH": str(REPO), "TMPDIR": str(scratch)},
-            }
-        )
-    )
-    manager = AsyncKernelManager(
-        kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernels)])
-    )
-    client = NotebookClient(
-        nb,
-        km=manager,
-        timeout=timeout,
-        allow_errors=False,
-        resources={"metadata": {"path": str(workdir)}},
-    )
-    client.execute(cleanup_kc=True)  # we own the manager: shut the kernel down after
-    return nb
 
 
 def outputs_text(nb: nbformat.NotebookNode) -> str:
@@ -87,6 +47,8 @@ def test_a_demo_notebook_runs_without_errors(path: Path, tmp_path: Path) -> None
 
 
 def test_the_live_view_is_a_widget_in_a_kernel(tmp_path: Path) -> None:
+    """Live, the run is a widget; once its drive ended, the saved output is the static HTML
+    run view (a notebook reopened without a kernel shows it), and no ``Out[n]`` follows it."""
     nb = nbformat.v4.new_notebook(
         metadata={
             "kernelspec": {"name": "python3", "language": "python", "display_name": "Python 3"}
@@ -97,19 +59,15 @@ def test_the_live_view_is_a_widget_in_a_kernel(tmp_path: Path) -> None:
         for src in (
             f"%env WF_MAGIC_HOME={tmp_path / 'state'}\n%load_ext wf_magic",
             "%%workflow --as run\nname: tiny\nsteps:\n  - id: a\n    prompt: hi\n",
-            "assert run.view.redraws >= 1 and run.status == 'completed'",
+            "import ipywidgets\nassert isinstance(run.view, ipywidgets.Widget)\n"
+            "assert run.view.redraws >= 1 and run.status == 'completed'\nprint(run.run_id)",
         )
     ]
     execute_notebook(nb, tmp_path)
     outputs = nb.cells[1].outputs
-    widget_views = [
-        o for o in outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})
-    ]
-    assert len(widget_views) == 1
-    result = next(o for o in outputs if o.get("output_type") == "execute_result")
-    assert result["data"] == {"text/plain": f"<Run {_run_id(nb)} (tiny)>"}
-
-
-def _run_id(nb: nbformat.NotebookNode) -> str:
-    text = nb.cells[1].outputs[-1]["data"]["text/plain"]
-    return str(text.split()[1])
+    run_id = nb.cells[2].outputs[0]["text"].strip()
+    assert [o["output_type"] for o in outputs] == ["display_data"]
+    (shown,) = outputs
+    assert "application/vnd.jupyter.widget-view+json" not in shown["data"]
+    assert f"Run {run_id}  tiny  [completed]" in shown["data"]["text/plain"]
+    assert "Run completed." in shown["data"]["text/html"] and run_id in shown["data"]["text/html"]

@@ -46,6 +46,9 @@ STATUS_COLOURS = {
     "running": "#0969da",
     "succeeded": "#1a7f37",
     "reused": "#8c959f",
+    # A step that completed with failed units (a map under ``on_error: continue``): done,
+    # but not all of it, so neither green nor red.
+    "partial": "#bf8700",
 }
 """The one colour of each run, step and attempt status: badges, the live view and the plots."""
 UNKNOWN_STATUS_COLOUR = "#6e7781"
@@ -146,6 +149,24 @@ def reuse_text(attempts: Iterable[AttemptRow]) -> str | None:
     saved = sum(a.saved_tokens for a in reused)
     plural = "s" if len(reused) != 1 else ""
     return f"reused {len(reused)} result{plural} from earlier runs ({saved:,} tokens saved)"
+
+
+def origin_text(
+    *, created: bool, done_before: int, total: int, stats: DriveStats | None
+) -> str | None:
+    """How a drive began, for the header of a re-run: ``existing run, nothing dispatched``,
+    ``resumed: 6/8 already done, 2 dispatched`` (None for a fresh run or an unknown drive)."""
+    if created or stats is None:
+        return None
+    if not stats.dispatched and not stats.reused:
+        return "existing run, nothing dispatched"
+    return f"resumed: {done_before}/{total} already done, {stats.dispatched} dispatched"
+
+
+def good_news_html(text: str) -> str:
+    """A line of good news (reuse, nothing to re-pay): green, with a check mark."""
+    colour = STATUS_COLOURS["completed"]
+    return f'<div style="color:{colour}">✓ {html.escape(text)}</div>'
 
 
 def gates_html(rejections: Sequence[Rejection]) -> str:
@@ -263,12 +284,51 @@ def _stats_text(run: Run) -> str:
     )
 
 
-def badge(status: str) -> str:
-    """A status as a coloured pill (HTML): run summaries and the live view's rows and header."""
+def badge(status: str, *, label: str | None = None) -> str:
+    """A status as a coloured pill (HTML): run summaries and the live view's rows and header.
+
+    ``label`` replaces the text (``completed · 2 failed``); the colour stays the status's.
+    """
     colour = STATUS_COLOURS.get(status, UNKNOWN_STATUS_COLOUR)
     return (
         f'<span style="background:{colour};color:white;border-radius:8px;padding:1px 8px;'
-        f'font-size:85%">{html.escape(status)}</span>'
+        f'font-size:85%">{html.escape(label or status)}</span>'
+    )
+
+
+def step_state(status: str, *, running: int = 0, failed: int = 0, is_live: bool = True) -> str:
+    """What a step row shows: its status, ``running`` while attempts of a live drive are in
+    flight, ``partial`` when it completed with failed units (``on_error: continue``)."""
+    if status == "pending" and running and is_live:
+        return "running"
+    if status == "completed" and failed:
+        return "partial"
+    return status
+
+
+def step_badge(status: str, *, running: int = 0, failed: int = 0, is_live: bool = True) -> str:
+    """The badge of a step row (see :func:`step_state`): a partial step says what failed."""
+    state = step_state(status, running=running, failed=failed, is_live=is_live)
+    label = f"completed · {failed} failed" if state == "partial" else None
+    return badge(state, label=label)
+
+
+def stacked_bar_html(done: int, running: int, failed: int, total: int | None) -> str:
+    """A progress bar stacked left to right: done (green), in flight (blue), failed (red)."""
+    whole = max(total or 0, done + running + failed, 1)
+    parts = "".join(
+        f'<div title="{count} {name}" style="width:{100 * count / whole:.3f}%;'
+        f'background:{STATUS_COLOURS[key]}"></div>'
+        for name, key, count in (
+            ("done", "completed", done),
+            ("in flight", "running", running),
+            ("failed", "failed", failed),
+        )
+        if count
+    )
+    return (
+        '<div class="wf-bar" style="display:flex;width:120px;height:10px;border-radius:3px;'
+        f'overflow:hidden;background:#eaeef2">{parts}</div>'
     )
 
 

@@ -163,11 +163,14 @@ def stop_server(server, base, token):
     log(f"jupyter lab stopped in {time.monotonic() - t0:.1f}s (exit code {server.returncode})")
 
 
-def check_notebook(url, button, expected, screenshot, timeout_s, *, before=None, feedback=None):
+def check_notebook(
+    url, button, expected, screenshot, timeout_s, *, before=None, feedback=None, reopen=False
+):
     """Open `url` in headless Chromium, run all cells, click `button`, wait for `expected`.
 
     `before`: a text that must show in an output before the click; `feedback`: typed into the
-    (single) textarea of the outputs before the click.
+    (single) textarea of the outputs before the click; `reopen`: then save the notebook, shut
+    its kernel down and reopen the page: `expected` must still show, with no widget error.
     """
     with (
         sync_playwright() as pw,
@@ -227,6 +230,22 @@ def check_notebook(url, button, expected, screenshot, timeout_s, *, before=None,
             target.click()
             outputs.get_by_text(expected).first.wait_for()
             log(f"clicked {button!r}; saw {expected!r}")
+            if reopen:
+                step = "save, shut the kernel down and reopen the notebook"
+                page.keyboard.press("Control+s")
+                page.locator(".jp-NotebookPanel .jp-mod-dirty").wait_for(state="detached")
+                page.get_by_role("menuitem", name="Kernel", exact=True).click()
+                page.get_by_role("menuitem", name="Shut Down Kernel", exact=True).click()
+                page.locator(
+                    "#jp-main-statusbar .jp-StatusBar-TextItem", has_text=re.compile(r"No Kernel")
+                ).or_(page.locator("#jp-main-statusbar", has_text="Unknown")).first.wait_for()
+                page.goto(url + "&reset")  # a fresh page: nothing kept from the session
+                step = f"see {expected!r} in the reopened notebook"
+                outputs.get_by_text(expected).first.wait_for()
+                page.wait_for_timeout(1000)  # let any widget output try (and fail) to render
+                if outputs.get_by_text("Error displaying widget").count():
+                    raise CheckFailed("the reopened notebook shows 'Error displaying widget'")
+                log(f"reopened without the kernel; saw {expected!r}")
         except (PlaywrightError, CheckFailed) as exc:
             reason = (
                 f"could not {step}: {str(exc).splitlines()[0]}"

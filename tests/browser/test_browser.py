@@ -47,6 +47,7 @@ def test_approve_in_the_browser_completes_a_blocked_human_gate_run(tmp_path: Pat
             timeout_s=60,
             before="Waiting for your decision",
             feedback="Ship it from the browser.",
+            reopen=True,  # the saved output is the static run view, not a dead widget
         )
     elapsed = time.monotonic() - started
     assert screenshot.exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import time
@@ -9,12 +10,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..display import plan_html, plan_mermaid, plan_text
-from ..errors import DefinitionError, UsageError
+from ..display import origin_text, plan_html, plan_mermaid, plan_text
+from ..errors import DefinitionError, GateDecisionRefused, UsageError
 from ..run import Run
 from ..runners.registry import known_runners
 from ..spec.freeze import Workflow
 from .args import CellArgs, LineArgs
+from .drives import driver_text
 
 if TYPE_CHECKING:
     from ..store.records import EventRow
@@ -25,9 +27,11 @@ _NAME_LINE = re.compile(r"^name\s*:\s*['\"]?([^'\"\s#]+)", re.MULTILINE)
 
 
 class LiveRun(Run):
-    """The ``Run`` a cell evaluates to when a live view already shows it: a one-line repr.
+    """The ``Run`` a cell evaluates to when a live view already shows it: no ``Out[n]``.
 
     ``repr()``/``print()`` still give the full text summary; ``.view`` is the widget.
+    A decision the view's buttons already recorded is not an error when the notebook's code
+    makes it again (a tutorial cell run after clicking Approve): see :meth:`approve`.
     """
 
     def __init__(self, handle: Run, view: Any):
@@ -43,6 +47,79 @@ class LiveRun(Run):
 
     def _repr_html_(self) -> None:  # type: ignore[override]
         return None  # the live view above is the rich display
+
+    def _ipython_display_(self) -> None:
+        """Show nothing as the cell's value: the view above is this run's display."""
+
+    def approve(self, step_id: str, *, feedback: str | None = None, loop: int | None = None) -> int:
+        """Approve like :meth:`Run.approve`; an approval already journaled for the step's
+        latest gate loop (the view's button, another cell) is reported, not raised.
+
+        Raises:
+            GateDecisionRefused: the step is not waiting and no person approved it.
+        """
+        try:
+            return super().approve(step_id, feedback=feedback, loop=loop)
+        except GateDecisionRefused:
+            decided = _decided_loop(self, step_id, complete=True, loop=loop)
+            if decided is None:
+                raise
+        print(
+            f"step {step_id} (loop {decided}) was already approved (from the run view or "
+            "another cell); nothing new was recorded",
+            file=sys.stderr,
+        )
+        return decided
+
+    def reject(
+        self,
+        step_id: str,
+        *,
+        feedback: str,
+        missing: tuple[str, ...] | list[str] = (),
+        loop: int | None = None,
+    ) -> int:
+        """Reject like :meth:`Run.reject`; the same rejection already journaled is reported.
+
+        Raises:
+            GateDecisionRefused: the step is not waiting and no person rejected it so.
+            UsageError: no feedback was given.
+        """
+        try:
+            return super().reject(step_id, feedback=feedback, missing=missing, loop=loop)
+        except GateDecisionRefused:
+            decided = _decided_loop(self, step_id, complete=False, loop=loop, feedback=feedback)
+            if decided is None:
+                raise
+        print(
+            f"step {step_id} (loop {decided}) was already rejected with this feedback; "
+            "nothing new was recorded",
+            file=sys.stderr,
+        )
+        return decided
+
+
+def _decided_loop(
+    run: Run, step_id: str, *, complete: bool, loop: int | None, feedback: str | None = None
+) -> int | None:
+    """The loop of the step's latest person's verdict when it says the same (else None)."""
+    verdicts = [
+        a
+        for a in run.attempts()
+        if a.step_id == step_id and a.phase == "gate" and a.status == "succeeded"
+    ]
+    if not verdicts:
+        return None
+    latest = max(verdicts, key=lambda a: (a.loop, a.attempt_pk))
+    verdict = json.loads(latest.output_json or "{}")
+    same = (
+        latest.runner == "human"
+        and isinstance(verdict, dict)
+        and bool(verdict.get("complete")) == complete
+        and (feedback is None or verdict.get("feedback") == feedback)
+        and (loop is None or loop == latest.loop)
+    )
+    return latest.loop if same else None
 
 
 # -- the cell ---------------------------------------------------------------------------------
@@ -153,11 +230,16 @@ def launch(
     """
     warnings = list(warnings or [])
     view = ctx.open_view(run_id, warnings=warnings) if ctx.use_widgets else None
+    before = view.snapshot if view is not None else None
     if background:
         ctx.drive_in_background(run_id, max_steps=max_steps, live_source=live_source)
         handle = ctx.engine.status(run_id)
     else:
         try:
+            if ctx.drives.is_followable(run_id):
+                # A view's button already continues it in this kernel: follow that drive to
+                # its end instead of refusing to start a second one.
+                ctx.drives.wait(run_id)
             handle = ctx.drives.foreground(run_id, max_steps=max_steps, live_source=live_source)
         finally:
             if view is not None:
@@ -168,6 +250,11 @@ def launch(
         return handle
     for message in handle.warnings:
         view.add_warning(message)
+    if before is not None and not background:
+        done, _running, _failed, total = before.units
+        view.origin = origin_text(
+            created=created, done_before=done, total=total, stats=handle.stats
+        )
     view.flush()
     if not background:
         view.refresh()
@@ -291,7 +378,8 @@ def cmd_watch(ctx: WorkflowMagics, args: LineArgs) -> Run:
     view = ctx.open_view(run_id, subscribe=False) if ctx.use_widgets else None
     after = _last_event_id(ctx, run_id)
     if view is None:
-        print(f"watching {run_id} ({engine.get_run(run_id).status}); interrupt to stop")
+        driver = driver_text(engine, run_id) or "no driver holds it now"
+        print(f"watching {run_id} ({engine.get_run(run_id).status}, {driver}); interrupt to stop")
     idle_since: float | None = None
     try:
         while True:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..engine import Engine
 from ..errors import UsageError, WorkflowError
+from ..locking import RunLock
 from ..run import Run
 from ..spec.freeze import Workflow
 
@@ -29,6 +32,9 @@ class _Drive:
     """The engine call returned (set before the after-drive callback runs)."""
     done: threading.Event = field(default_factory=threading.Event)
     """Set once the callback ran too: waiting on it sees the view's final state."""
+    is_followable: bool = False
+    """Started by a view's decision button: a cell driving the run follows it to its end
+    instead of being refused (the notebook did not ask for a background drive)."""
 
 
 class Drives:
@@ -50,6 +56,12 @@ class Drives:
             drive = self._drives.get(run_id)
         return drive is not None and not drive.is_over
 
+    def is_followable(self, run_id: str) -> bool:
+        """Whether this kernel drives ``run_id`` after a view's decision (see ``_Drive``)."""
+        with self._lock:
+            drive = self._drives.get(run_id)
+        return drive is not None and not drive.is_over and drive.is_followable
+
     def _begin(
         self,
         run_id: str,
@@ -57,6 +69,7 @@ class Drives:
         max_steps: int | None,
         live_source: Workflow | None,
         on_done: Callable[[_Drive], None] | None,
+        is_followable: bool = False,
     ) -> _Drive:
         engine = self._engine()
 
@@ -80,6 +93,7 @@ class Drives:
             run_id=run_id,
             signal=threading.Event(),
             thread=threading.Thread(target=target, name=f"wf-drive-{run_id}", daemon=True),
+            is_followable=is_followable,
         )
         with self._lock:
             current = self._drives.get(run_id)
@@ -140,8 +154,12 @@ class Drives:
         max_steps: int | None = None,
         live_source: Workflow | None = None,
         on_done: Callable[[Run | None, BaseException | None], None] | None = None,
+        is_followable: bool = False,
     ) -> threading.Thread:
-        """Drive ``run_id`` in a daemon thread; ``on_done(handle, error)`` runs in that thread."""
+        """Drive ``run_id`` in a daemon thread; ``on_done(handle, error)`` runs in that thread.
+
+        ``is_followable``: a cell that drives the run meanwhile waits for this drive.
+        """
 
         def finished(drive: _Drive) -> None:
             if drive.error is not None and not isinstance(drive.error, WorkflowError):
@@ -150,7 +168,11 @@ class Drives:
                 on_done(drive.handle, drive.error)
 
         return self._begin(
-            run_id, max_steps=max_steps, live_source=live_source, on_done=finished
+            run_id,
+            max_steps=max_steps,
+            live_source=live_source,
+            on_done=finished,
+            is_followable=is_followable,
         ).thread
 
     def stop(self, run_id: str) -> bool:
@@ -184,3 +206,18 @@ def _say_interrupted(run_id: str) -> None:
         "re-run the cell (or `%workflow resume`) to continue.",
         file=sys.stderr,
     )
+
+
+def driver_text(engine: Engine, run_id: str) -> str | None:
+    """Who drives ``run_id`` from elsewhere (``driven by pid 4242 on host since 10:31:02``),
+    or None when no driver holds its lock."""
+    if not engine.is_driving(run_id):
+        return None
+    try:
+        info = json.loads(RunLock(engine.lock_dir, run_id).info_path.read_text())
+    except (OSError, ValueError):
+        return "driven by another process"
+    since = info.get("since")
+    stamp = f" since {time.strftime('%H:%M:%S', time.localtime(since))}" if since else ""
+    host = f" on {info['host']}" if info.get("host") else ""
+    return f"driven by pid {info.get('pid', '?')}{host}{stamp}"

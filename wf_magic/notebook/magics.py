@@ -138,12 +138,13 @@ class WorkflowMagics(Magics):
 
         old = self.views.pop(run_id, None)
         if old is not None:
-            old.detach()  # the older output keeps its last state; only one view observes
+            # Only one view observes; the older output keeps its last state without buttons.
+            old.retire("a newer view of this run is below; this one no longer updates")
         view = RunView(
             self.engine,
             run_id,
             subscribe=subscribe,
-            continue_drive=self.drive_in_background,
+            continue_drive=self.continue_after_decision,
             stop_drive=self.stop_drive,
             is_driving=self.drives.is_driving,
             warnings=warnings,
@@ -165,8 +166,17 @@ class WorkflowMagics(Magics):
             if self.views.get(view.run_id) is view:
                 del self.views[view.run_id]
 
+    def continue_after_decision(self, run_id: str) -> None:
+        """A view's Approve/Reject: continue the run in a thread that a cell may follow."""
+        self.drive_in_background(run_id, is_followable=True)
+
     def drive_in_background(
-        self, run_id: str, *, max_steps: int | None = None, live_source: Workflow | None = None
+        self,
+        run_id: str,
+        *,
+        max_steps: int | None = None,
+        live_source: Workflow | None = None,
+        is_followable: bool = False,
     ) -> None:
         """Continue ``run_id`` in a thread; its view (if any) shows the outcome."""
         shown = self.views.get(run_id)
@@ -186,7 +196,13 @@ class WorkflowMagics(Magics):
                 self._finished[run_id] = view
             self.settle_view(view)
 
-        self.drives.background(run_id, max_steps=max_steps, live_source=live_source, on_done=done)
+        self.drives.background(
+            run_id,
+            max_steps=max_steps,
+            live_source=live_source,
+            on_done=done,
+            is_followable=is_followable,
+        )
 
     def publish_finished(self, result: Any = None) -> None:
         """Re-publish the views whose background drive ended (a ``post_run_cell`` hook).

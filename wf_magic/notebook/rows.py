@@ -6,16 +6,9 @@ import html
 
 import ipywidgets as w
 
-from ..display import badge
+from ..display import stacked_bar_html, step_badge, step_state
 from .snapshot import StepState
 
-BAR_STYLES = {
-    "completed": "success",
-    "failed": "danger",
-    "blocked": "warning",
-    "skipped": "",
-    "pending": "info",
-}
 COLUMNS = ("step", "status", "progress", "units", "tokens", "elapsed", "loop", "note")
 
 
@@ -33,24 +26,45 @@ def elapsed_text(seconds: float | None) -> str:
     return f"{minutes // 60} h {minutes % 60:02d} m"
 
 
+class StackedBar:
+    """A step's progress: done, in flight and failed units side by side, out of ``max``.
+
+    ``value``/``max`` read like an ``IntProgress``; the widget is an HTML bar, because a
+    progress widget cannot stack the three counts.
+    """
+
+    def __init__(self) -> None:
+        self.widget = w.HTML(stacked_bar_html(0, 0, 0, 1))
+        self.value = self.running = self.failed = 0
+        self.max = 1
+
+    def show(self, *, done: int, running: int, failed: int, total: int) -> None:
+        counts = (done, running, failed, total)
+        if counts != (self.value, self.running, self.failed, self.max):
+            self.value, self.running, self.failed, self.max = counts
+            self.widget.value = stacked_bar_html(done, running, failed, total)
+
+
 class StepRowWidgets:
     """The widgets of one step row (created once, then only their values change)."""
 
     def __init__(self, step_id: str):
         self.name = w.HTML(f"<code>{html.escape(step_id)}</code>")
         self.status = w.HTML()
-        self.bar = w.IntProgress(value=0, min=0, max=1, layout=w.Layout(width="120px"))
+        self.bar = StackedBar()
         self.units = w.Label()
         self.tokens = w.Label()
         self.elapsed = w.Label()
         self.loop = w.Label()
         self.note = w.HTML(layout=w.Layout(overflow="hidden"))
+        self.state: StepState | None = None
+        self.is_running = False
 
     def cells(self) -> list[w.Widget]:
         return [
             self.name,
             self.status,
-            self.bar,
+            self.bar.widget,
             self.units,
             self.tokens,
             self.elapsed,
@@ -58,17 +72,38 @@ class StepRowWidgets:
             self.note,
         ]
 
-    def show(self, s: StepState) -> None:
+    def show(self, s: StepState, *, is_live: bool = True) -> None:
+        """Draw the step; ``is_live`` says a drive is running, so attempts in flight are real
+        (a dead driver's orphans are not "running")."""
+        self.state = s
+        self.is_running = step_state(s.status, running=s.running, is_live=is_live) == "running"
         total = s.total if s.total is not None else max(s.done, 1)
         done = s.done
-        self.status.value = badge(s.status)
-        self.bar.max = max(total, 1)
-        self.bar.value = min(done, self.bar.max)
-        self.bar.bar_style = BAR_STYLES.get(s.status, "")
-        self.units.value = f"{done}/{s.total if s.total is not None else '?'}"
-        self.tokens.value = f"{s.tokens:,}" + (
-            f" (+{s.saved_tokens:,} reused)" if s.saved_tokens else ""
+        self.status.value = step_badge(
+            s.status, running=s.running, failed=s.failed, is_live=is_live
+        )
+        self.bar.show(
+            done=min(done, max(total, 1)),
+            running=s.running if self.is_running else 0,
+            failed=s.failed,
+            total=max(total, 1),
+        )
+        running = f" · {s.running} in flight" if self.is_running else ""
+        failed = f" · {s.failed} failed" if s.failed else ""
+        self.units.value = f"{done}/{s.total if s.total is not None else '?'}{running}{failed}"
+        self.tokens.value = (
+            f"{s.tokens:,}"
+            + (f" (+{s.saved_tokens:,} reused)" if s.saved_tokens else "")
+            + (f" + {s.judge_tokens:,} judge (not charged)" if s.judge_tokens else "")
         )
         self.elapsed.value = elapsed_text(s.elapsed_s)
         self.loop.value = f"{s.loop}/{s.max_loops}" if s.has_gate or s.max_loops > 1 else ""
         self.note.value = f"<small>{html.escape(s.note or '')}</small>"
+
+    def tick(self, now: float) -> None:
+        """Advance the elapsed clock of a running step without reading the journal."""
+        if not self.is_running or self.state is None or self.state.started_at is None:
+            return
+        text = elapsed_text(max(0.0, now - self.state.started_at))
+        if self.elapsed.value != text:
+            self.elapsed.value = text

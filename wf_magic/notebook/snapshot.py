@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..display import Rejection, gate_rejections, result_text, unit_counts, unit_total
 from ..gates.verdict import Waiting as GateWaiting
+from ..gates.verdict import gate_unit_id
 from ..spec.plan import Plan
 from ..store.records import BudgetUse
 
@@ -26,6 +27,9 @@ class Waiting:
     judge: str
     """``human``, ``exhausted`` or ``failed``."""
     summary: str
+    decided: str | None = None
+    """``approved``/``rejected`` when a person's verdict on this loop is already journaled
+    (from code, another view, the CLI) and the run has not been driven on since."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -37,11 +41,20 @@ class StepState:
     status: str
     done: int
     """Work units of the current loop with a succeeded or reused attempt."""
+    running: int
+    """Attempts of the current loop in flight (work units or the gate's judge)."""
+    failed: int
+    """Work units of the current loop whose latest attempt failed."""
     total: int | None
     """Work units of the step (None while its map input is not known yet)."""
     tokens: int
+    """Tokens of the step's work attempts (what the budget charges)."""
+    judge_tokens: int
+    """Tokens the gate's judge spent on the step (journaled, not charged to the budget)."""
     saved_tokens: int
     elapsed_s: float | None
+    started_at: float | None
+    """When the step's first attempt started (the live clock counts from it)."""
     loop: int
     max_loops: int
     has_gate: bool
@@ -64,7 +77,18 @@ class RunSnapshot:
     saved_tokens: int
     result: str | None
     """A completed run's result, clipped for display."""
+    created_at: float
     taken_at: float
+
+    @property
+    def units(self) -> tuple[int, int, int, int]:
+        """(done, running, failed, total) work units over every step (a total owed counts 0)."""
+        return (
+            sum(s.done for s in self.steps),
+            sum(s.running for s in self.steps),
+            sum(s.failed for s in self.steps),
+            sum(s.total or 0 for s in self.steps),
+        )
 
 
 class SnapshotReader:
@@ -98,11 +122,12 @@ class SnapshotReader:
             reason=row.status_reason,
             steps=steps,
             rejections=tuple(gate_rejections(attempts)),
-            waiting=_waiting(step_rows),
+            waiting=_waiting(step_rows, attempts),
             budget=self.engine.store.budget_use(self.run_id),
             reused=len(reused),
             saved_tokens=sum(a.saved_tokens for a in reused),
             result=result_text(row.result_json) if row.status == "completed" else None,
+            created_at=row.created_at,
             taken_at=now,
         )
 
@@ -115,15 +140,23 @@ class SnapshotReader:
             total = seen
         started = [a.started_at for a in attempts]
         ends = [a.finished_at or now for a in attempts]
+        latest = _latest_work(step, attempts)
         return StepState(
             step_id=step.step_id,
             kind=step.kind,
             status=step.status,
             done=done,
+            running=sum(
+                a.status == "running" for a in attempts if a.loop == step.loop and a.phase == "gate"
+            )
+            + sum(a.status == "running" for a in latest),
+            failed=sum(a.status == "failed" for a in latest),
             total=total,
-            tokens=sum(a.tokens_in + a.tokens_out for a in attempts),
+            tokens=sum(a.tokens_in + a.tokens_out for a in attempts if a.phase == "work"),
+            judge_tokens=sum(a.tokens_in + a.tokens_out for a in attempts if a.phase == "gate"),
             saved_tokens=sum(a.saved_tokens for a in attempts if a.status == "reused"),
             elapsed_s=(max(ends) - min(started)) if started else None,
+            started_at=min(started) if started else None,
             loop=step.loop,
             max_loops=step.max_loops,
             has_gate=self.plan.step(step.step_id).gate is not None,
@@ -139,7 +172,16 @@ class SnapshotReader:
         return total
 
 
-def _waiting(rows: list[StepRow]) -> Waiting | None:
+def _latest_work(step: StepRow, attempts: list[AttemptRow]) -> list[AttemptRow]:
+    """The latest attempt of each work unit of the step's current loop."""
+    latest: dict[str, AttemptRow] = {}
+    for a in attempts:
+        if a.phase == "work":
+            latest[a.unit_id] = a
+    return [a for a in latest.values() if a.loop == step.loop]
+
+
+def _waiting(rows: list[StepRow], attempts: list[AttemptRow]) -> Waiting | None:
     for row in rows:
         if row.status != "blocked" or not row.output_json:
             continue
@@ -150,5 +192,23 @@ def _waiting(rows: list[StepRow]) -> Waiting | None:
                 loop=waiting.loop,
                 judge=waiting.judge,
                 summary=waiting.summary,
+                decided=_decided(row.step_id, waiting, attempts),
             )
     return None
+
+
+def _decided(step_id: str, waiting: GateWaiting, attempts: list[AttemptRow]) -> str | None:
+    """How a person already decided the loop a gate waits on (None: still open)."""
+    unit_id = gate_unit_id(step_id, waiting.loop)
+    verdict = None
+    for a in attempts:
+        if (
+            a.unit_id == unit_id
+            and a.runner == "human"
+            and a.status == "succeeded"
+            and a.input_hash == waiting.input_hash
+        ):
+            verdict = json.loads(a.output_json or "{}")
+    if not isinstance(verdict, dict):
+        return None
+    return "approved" if verdict.get("complete") else "rejected"

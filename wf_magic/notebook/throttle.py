@@ -31,6 +31,11 @@ class Throttle:
         self._last_start = float("-inf")
         self._closed = False
 
+    @property
+    def is_closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
     def poke(self) -> None:
         """Ask for a call; returns at once (safe from any thread)."""
         with self._lock:
@@ -77,3 +82,42 @@ class Throttle:
             timer, self._timer = self._timer, None
         if timer is not None:
             timer.cancel()
+
+
+class Ticker:
+    """Call ``fn`` about every ``interval_s`` on a daemon thread between :meth:`start` and
+    :meth:`stop` (the live clock of a run view: a tick assigns a few labels, no journal read).
+    """
+
+    def __init__(self, fn: Callable[[], None], *, interval_s: float = 1.0):
+        self.fn = fn
+        self.interval_s = interval_s
+        self.ticks = 0
+        self._lock = threading.Lock()
+        self._stop: threading.Event | None = None
+
+    @property
+    def is_running(self) -> bool:
+        with self._lock:
+            return self._stop is not None
+
+    def start(self) -> None:
+        """Start ticking (no-op while ticking)."""
+        with self._lock:
+            if self._stop is not None:
+                return
+            stop = self._stop = threading.Event()
+        thread = threading.Thread(target=self._loop, args=(stop,), daemon=True, name="wf-clock")
+        thread.start()
+
+    def stop(self) -> None:
+        """Stop ticking (idempotent); a tick in progress finishes."""
+        with self._lock:
+            stop, self._stop = self._stop, None
+        if stop is not None:
+            stop.set()
+
+    def _loop(self, stop: threading.Event) -> None:
+        while not stop.wait(self.interval_s):
+            self.fn()
+            self.ticks += 1

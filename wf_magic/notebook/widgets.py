@@ -5,18 +5,28 @@ from __future__ import annotations
 import html
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
 
 from ..bus import Event
-from ..display import STATUS_COLOURS, badge, gates_html, result_html, run_html, run_text
+from ..display import (
+    STATUS_COLOURS,
+    badge,
+    gates_html,
+    good_news_html,
+    result_html,
+    run_html,
+    run_text,
+)
 from ..errors import WorkflowError
 from ..run import Run
-from .rows import COLUMNS, StepRowWidgets
+from .drives import driver_text
+from .rows import COLUMNS, StepRowWidgets, elapsed_text
 from .snapshot import RunSnapshot, SnapshotReader, Waiting
-from .throttle import Throttle
+from .throttle import Throttle, Ticker
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -28,6 +38,11 @@ _JUDGE_TITLES = {
     "exhausted": "Gate exhausted — approve the last artifact, or abandon or fork the run",
     "failed": "The judge could not answer — decide yourself",
 }
+FINAL = ("completed", "failed", "abandoned")
+"""Run statuses a view shows as static HTML once its drive ended (no button is left to use)."""
+POLL_EVERY_TICKS = 2
+"""While a gate waits, the clock polls the run's events every this many ticks (~2 s), so a
+decision taken elsewhere (another process, the CLI) reaches the view."""
 
 
 class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
@@ -35,8 +50,11 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
 
     It observes: engine events (or :meth:`poke`) schedule a throttled redraw that reads the
     journal and assigns widget traits — safe from any thread, at most ~10 redraws a second,
-    always with a trailing redraw. Its buttons record a person's decision and hand the run to
-    ``continue_drive`` (a background drive); they never write the journal themselves.
+    always with a trailing redraw. While a drive is live, a clock ticks about once a second
+    (elapsed times, no journal read); while a gate waits, it polls the run's events so a
+    decision taken elsewhere reaches the view. Its buttons record a person's decision and
+    hand the run to ``continue_drive`` (a background drive); they never write the journal
+    themselves.
 
     Args:
         engine: the engine holding the run.
@@ -75,7 +93,16 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         self._decision_key: tuple[str, int, str] | None = None
         self._acted: str | None = None
         self.display_handle: Any = None
+        self.origin: str | None = None
+        """How the last drive began (``resumed: 6/8 already done, 2 dispatched``)."""
+        self.retired: str | None = None
+        self.is_static = False
+        """The output shows the static HTML now (see :meth:`refresh`)."""
+        self._is_live = False
+        self._live_since: float | None = None
+        self._last_event_id: int | None = None
         self.throttle = Throttle(self._redraw_safely, interval_s=interval_s)
+        self.clock = Ticker(self._tick_safely, interval_s=1.0)
         self._build()
         super().__init__(
             children=[
@@ -184,6 +211,15 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
             self._unsubscribe()
             self._unsubscribe = None
         self.throttle.close()
+        self.clock.stop()
+
+    def retire(self, reason: str) -> None:
+        """Stop observing for good and take the buttons away (a newer view shows the run)."""
+        self.retired = reason
+        self.detach()
+        self.decision_box.layout.display = "none"
+        self.stop_button.layout.display = "none"
+        self._say(reason)
 
     # -- acting -----------------------------------------------------------------------------
     def decide(self, *, approve: bool) -> None:
@@ -193,6 +229,12 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
             self._say("nothing is waiting for a decision", error=True)
             return
         text = self.feedback.value.strip()
+        if not approve and not text:
+            self._say(
+                "a rejection needs feedback: write what to change in the box above, then Reject",
+                error=True,
+            )
+            return
         try:
             if approve:
                 self.engine.approve(
@@ -202,6 +244,7 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
                 self.engine.reject(self.run_id, waiting.step_id, feedback=text, loop=waiting.loop)
         except WorkflowError as exc:
             self._say(str(exc), error=True)
+            self.poke()  # the run moved on elsewhere: show where it is now
             return
         verb = "approved" if approve else "rejected"
         self.approve_button.disabled = self.reject_button.disabled = True
@@ -240,26 +283,92 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         snap = self.reader.take()
         self.snapshot = snap
         self.redraws += 1
-        reason = f" <i>{html.escape(snap.reason)}</i>" if snap.reason else ""
-        result = result_html(snap.result) if snap.result is not None else ""
-        self.header.value = (
-            f"<b>{html.escape(snap.workflow)}</b> &nbsp;<code>"
-            f"{html.escape(snap.run_id)}</code> &nbsp;{badge(snap.status)}"
-            f"{reason}{result}"
+        driving = bool(self.is_driving and self.is_driving(self.run_id))
+        elsewhere = (
+            driver_text(self.engine, self.run_id)
+            if snap.status == "active" and not driving
+            else None
         )
+        self._set_live(driving or elsewhere is not None, snap)
+        self.header.value = self._header_html(snap)
         for state in snap.steps:
             if state.step_id in self.rows:
-                self.rows[state.step_id].show(state)
+                self.rows[state.step_id].show(state, is_live=self._is_live)
         self._draw_gates(snap)
         self._draw_budget(snap)
         self._draw_warnings(snap)
         self._draw_decision(snap.waiting)
-        driving = bool(self.is_driving and self.is_driving(self.run_id))
-        self.stop_button.layout.display = "" if driving and snap.status == "active" else "none"
-        self.status_line.value = _status_line(snap, driving=driving)
+        self.stop_button.layout.display = (
+            "" if self._is_live and snap.status == "active" and not self.retired else "none"
+        )
+        self.status_line.value = self._status_line(snap, elsewhere=elsewhere)
         if self._acted is not None and not driving:
             self._say(f"{self._acted}.")
             self._acted = None
+
+    def _header_html(self, snap: RunSnapshot) -> str:
+        reason = f" <i>{html.escape(snap.reason)}</i>" if snap.reason else ""
+        result = result_html(snap.result) if snap.result is not None else ""
+        origin = good_news_html(self.origin) if self.origin else ""
+        return (
+            f"<b>{html.escape(snap.workflow)}</b> &nbsp;<code>"
+            f"{html.escape(snap.run_id)}</code> &nbsp;{badge(snap.status)}"
+            f"{reason}{origin}{result}"
+        )
+
+    def _set_live(self, is_live: bool, snap: RunSnapshot) -> None:
+        """Note whether a drive is live; run the clock while one is or while a gate waits."""
+        if is_live and not self._is_live:
+            self._live_since = time.monotonic()
+        self._is_live = is_live
+        open_gate = snap.waiting is not None and snap.waiting.decided is None
+        if (is_live or open_gate) and not self.retired and not self.throttle.is_closed:
+            self.clock.start()
+        else:
+            self.clock.stop()
+
+    def _status_line(self, snap: RunSnapshot, *, elsewhere: str | None) -> str:
+        if snap.status == "active" and self._is_live:
+            done, running, failed, _total = snap.units
+            since = self._live_since
+            clock = elapsed_text(time.monotonic() - since) if since is not None else ""
+            counts = f"{done:,} done, {running:,} in flight" + (
+                f", {failed:,} failed" if failed else ""
+            )
+            who = f" — {html.escape(elsewhere)}" if elsewhere else ""
+            return f"driving… <b>{clock}</b> · {counts}{who}"
+        return _status_line(snap)
+
+    def _tick_safely(self) -> None:
+        try:
+            self.tick()
+        except Exception:  # a clock must never break the drive it observes
+            log.exception("run view clock failed")
+
+    def tick(self) -> None:
+        """Advance the clocks of running steps; while a gate waits, poll the run's events."""
+        snap = self.snapshot
+        if snap is None:
+            return
+        if self._is_live:
+            now = time.time()
+            for row in self.rows.values():
+                row.tick(now)
+            self.status_line.value = self._status_line(snap, elsewhere=None)
+            if self._unsubscribe is None:  # driven elsewhere: no engine events reach us
+                self._poll_events()
+        elif self.clock.ticks % POLL_EVERY_TICKS == 0:
+            self._poll_events()
+
+    def _poll_events(self) -> None:
+        """Poke a redraw when the run has events this view has not seen (the first poll
+        always pokes: it cannot tell what happened before it)."""
+        newest = self._last_event_id or 0
+        while rows := self.engine.store.events_after(self.run_id, newest):
+            newest = rows[-1].event_id
+        if self._last_event_id is None or newest != self._last_event_id:
+            self._last_event_id = newest
+            self.poke()
 
     def _draw_gates(self, snap: RunSnapshot) -> None:
         if not snap.rejections:
@@ -283,18 +392,28 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
 
     def _draw_warnings(self, snap: RunSnapshot) -> None:
         with self._warn_lock:
-            items = list(self.warnings)
-        if snap.reused:
+            items = [f"<div>⚠ {html.escape(m)}</div>" for m in self.warnings]
+        if snap.reused:  # good news, not a warning
             items.append(
-                f"reused {snap.reused} result{'s' if snap.reused != 1 else ''} from "
-                f"earlier runs ({snap.saved_tokens:,} tokens saved)"
+                good_news_html(
+                    f"reused {snap.reused} result{'s' if snap.reused != 1 else ''} from "
+                    f"earlier runs ({snap.saved_tokens:,} tokens saved)"
+                )
             )
-        self.warning_box.value = "".join(f"<div>⚠ {html.escape(m)}</div>" for m in items)
+        self.warning_box.value = "".join(items)
         self.warning_box.layout.display = "" if items else "none"
 
     def _draw_decision(self, waiting: Waiting | None) -> None:
-        if waiting is None:
+        if waiting is None or self.retired:
             self.decision_box.layout.display = "none"
+            return
+        if waiting.decided is not None and self._acted is None:
+            # Decided from code, another cell or the CLI: no button left to press here.
+            self.decision_box.layout.display = "none"
+            self._say(
+                f"step {waiting.step_id} (loop {waiting.loop}) was {waiting.decided} "
+                "elsewhere; re-run the cell or `%workflow resume` to continue"
+            )
             return
         key = (waiting.step_id, waiting.loop, waiting.judge)
         # An exhausted gate has no loop left to re-execute: the engine refuses a rejection.
@@ -344,22 +463,46 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         self.display_handle = display(self, display_id=True)  # type: ignore[no-untyped-call]
 
     def refresh(self) -> None:
-        """Re-publish the display (main thread only) so its text/HTML fallbacks are final."""
-        if self.display_handle is not None:
+        """Re-publish the display so what a saved notebook keeps is final.
+
+        Once the drive ended and the run is completed, failed or abandoned, the output
+        becomes the static HTML run view (no widget): a notebook reopened without a kernel
+        shows it, where a widget would say "model not found". Otherwise the live widget is
+        re-published with its text/HTML fallbacks.
+        """
+        if self.display_handle is None:
+            return
+        snap = self.snapshot
+        final = (
+            snap is not None
+            and snap.status in FINAL
+            and not (self.is_driving and self.is_driving(self.run_id))
+        )
+        if final:
+            self.display_handle.update(self.static_bundle(), raw=True)
+            self.is_static = True
+        else:
             self.display_handle.update(self)
 
+    def static_bundle(self) -> dict[str, str]:
+        """The run view as text and HTML, with the header's origin and the status line."""
+        handle = self._handle()
+        snap = self.snapshot or self.reader.take()
+        origin = good_news_html(self.origin) if self.origin else ""
+        body = run_html(handle)
+        return {
+            "text/plain": run_text(handle),
+            "text/html": f"<div class='wf-run-view-static'>{origin}{body}"
+            f"<div>{_status_line(snap)}</div></div>",
+        }
 
-def _status_line(snap: RunSnapshot, *, driving: bool) -> str:
+
+def _status_line(snap: RunSnapshot) -> str:
     if snap.status == "completed":
         return "<b>Run completed.</b>"
     if snap.status == "active":
         return (
-            "driving…"
-            if driving
-            else (
-                "<i>not being driven: re-run the cell or "
-                "<code>%workflow resume</code> to continue</i>"
-            )
+            "<i>not being driven: re-run the cell or <code>%workflow resume</code> to continue</i>"
         )
     if snap.status == "blocked" and snap.waiting is not None:
         return f"Blocked: waiting on step <code>{html.escape(snap.waiting.step_id)}</code>."

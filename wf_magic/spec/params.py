@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..errors import UsageError
@@ -42,8 +42,6 @@ def resolve_params(
     Raises:
         UsageError: an undeclared param, a missing required one, or a value of the wrong type.
     """
-    import jsonschema  # lazy: its import costs ~1 s with some extras installed
-
     given = dict(given or {})
     unknown = sorted(set(given) - set(plan.params))
     if unknown:
@@ -72,9 +70,45 @@ def resolve_params(
             raise UsageError(
                 f"param {name}: expected a JSON value with finite numbers (got {value!r})"
             ) from None
-        try:
-            jsonschema.validate(value, dict(schema))
-        except jsonschema.ValidationError as exc:
-            raise UsageError(f"param {name}: {exc.message}") from None
+        problem = _schema_problem(value, schema)
+        if problem is not None:
+            raise UsageError(f"param {name}: {problem}")
         out[name] = value
     return out
+
+
+_JSON_TYPES: dict[str, Callable[[Any], bool]] = {
+    "string": lambda v: isinstance(v, str),
+    "boolean": lambda v: isinstance(v, bool),
+    "integer": lambda v: (
+        not isinstance(v, bool)
+        and (isinstance(v, int) or (isinstance(v, float) and v.is_integer()))
+    ),
+    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "array": lambda v: isinstance(v, list),
+    "object": lambda v: isinstance(v, dict),
+    "null": lambda v: v is None,
+}
+_PLAIN_KEYWORDS = frozenset({"type", "default", "description", "title"})
+"""Keywords that constrain nothing beyond a JSON type (or nothing at all)."""
+
+
+def _schema_problem(value: Any, schema: Mapping[str, Any]) -> str | None:
+    """Why ``value`` breaks ``schema``, or None.
+
+    A schema of a plain JSON type is checked here; only a schema with real constraints
+    (``minimum``, ``enum``, ``properties``, ...) imports jsonschema, whose import costs
+    seconds in a venv with JupyterLab's extras (``rfc3987_syntax`` builds grammars).
+    """
+    kind = schema.get("type")
+    if set(schema) <= _PLAIN_KEYWORDS and (kind is None or _JSON_TYPES.get(str(kind))):
+        if kind is None or _JSON_TYPES[str(kind)](value):
+            return None
+        return f"{value!r} is not of type {kind!r}"  # jsonschema's own wording
+    import jsonschema
+
+    try:
+        jsonschema.validate(value, dict(schema))
+    except jsonschema.ValidationError as exc:
+        return str(exc.message)
+    return None

@@ -1,0 +1,404 @@
+"""Notebook views that tell the truth (issue 13): live progress, honest headers and counts,
+views that follow decisions taken elsewhere, and saved outputs that survive the kernel."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+from tests.helpers_notebook import Kernel, execute_notebook, ipython_shell, magics_in, new_notebook
+from wf_magic import Engine
+from wf_magic.display import STATUS_COLOURS
+from wf_magic.errors import UsageError
+from wf_magic.locking import RunLock
+from wf_magic.notebook.drives import Drives, driver_text
+from wf_magic.notebook.magics import WorkflowMagics
+from wf_magic.notebook.widgets import RunView
+from wf_magic.spec.params import resolve_params
+
+SLOW_ONE = """\
+name: slow-one
+runner: scripted
+runners:
+  scripted:
+    rules:
+      - {match: "think", reply: "done", sleep_s: 2.5}
+steps:
+  - id: think
+    prompt: "think hard"
+"""
+
+DIGEST = """\
+name: digest
+runner: scripted
+steps:
+  - id: outline
+    prompt: "Outline owls in 3 sections"
+  - id: draft
+    map: "{{ range(3) | list }}"
+    prompt: "Write section {{ item }} on owls"
+  - id: wrap
+    prompt: "Wrap up owls"
+"""
+
+HUMAN = """\
+name: release-notes
+runner: scripted
+steps:
+  - id: draft
+    prompt: "Draft the release notes of version 2.0."
+  - id: signoff
+    prompt: "Polish: {{ steps.draft.output }}"
+    gate: {judge: human, criteria: [ready to publish]}
+  - id: publish
+    prompt: "Publish: {{ steps.signoff.output }}"
+"""
+
+JUDGED = """\
+name: judged
+runner: scripted
+runners:
+  scripted:
+    rules:
+      - match: "Gate feedback"
+        reply: "a long and detailed draft"
+      - match: "(?s)^Judge.*long and detailed"
+        reply: {complete: true, feedback: "", missing: []}
+      - match: "(?s)^Judge"
+        reply: {complete: false, feedback: "far too short", missing: [an example]}
+steps:
+  - id: draft
+    prompt: "Write a draft"
+    gate: {judge: llm, criteria: [detailed], max_loops: 3}
+"""
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[Engine]:
+    eng = Engine(tmp_path / "state")
+    yield eng
+    eng.close()
+
+
+@pytest.fixture
+def drives(engine: Engine) -> Iterator[Drives]:
+    d = Drives(lambda: engine)
+    yield d
+    d.stop_all()
+
+
+@pytest.fixture(scope="module")
+def shell() -> Iterator[InteractiveShell]:
+    yield from ipython_shell()
+
+
+@pytest.fixture
+def magics(shell: InteractiveShell, tmp_path: Path) -> Iterator[WorkflowMagics]:
+    with magics_in(shell, tmp_path / "magics-state") as found:
+        shell.run_line_magic("config", "WorkflowMagics.widgets = 'on'")
+        yield found
+
+
+def _until(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.05)
+
+
+def _view(engine: Engine, run_id: str, drives: Drives | None = None, **kw: Any) -> RunView:
+    return RunView(
+        engine,
+        run_id,
+        continue_drive=(lambda r: drives.background(r)) if drives else None,
+        is_driving=drives.is_driving if drives else None,
+        **kw,
+    )
+
+
+# -- 1. the first cell: the validator is imported only for a real constraint -------------------
+def test_params_of_a_plain_type_are_checked_without_importing_jsonschema(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plan = engine.load(
+        "name: p\nparams:\n  topic: {type: string, default: owls}\n"
+        "  n: {type: integer, default: 3}\n  bound: {type: integer, default: 2, minimum: 1}\n"
+        "steps:\n  - id: a\n    prompt: '{{ params.topic }}'\n"
+    ).plan
+    monkeypatch.setitem(sys.modules, "jsonschema", None)  # any `import jsonschema` now fails
+    bare = plan.model_copy(update={"params": {k: plan.params[k] for k in ("topic", "n")}})
+    assert resolve_params(bare, {"n": "4"}, from_strings=True) == {"topic": "owls", "n": 4}
+    assert resolve_params(bare, {"n": 4.0}) == {"topic": "owls", "n": 4.0}  # JSON's integer
+    with pytest.raises(UsageError, match=r"^param n: True is not of type 'integer'$"):
+        resolve_params(bare, {"n": True})
+    with pytest.raises(ImportError):  # a real constraint is what needs the validator
+        resolve_params(plan, {})
+    monkeypatch.delitem(sys.modules, "jsonschema")
+    with pytest.raises(UsageError, match=r"^param bound: 0 is less than the minimum of 1$"):
+        resolve_params(plan, {"bound": 0})
+
+
+def test_a_run_without_params_or_schemas_does_not_import_jsonschema_when_it_starts(
+    tmp_path: Path,
+) -> None:
+    # freeze.py's _check_params imports it for every workflow today (reported, not ours):
+    # this pins the run-start half — resolve_params — in a fresh interpreter.
+    code = (
+        "import sys\nfrom wf_magic.spec.params import resolve_params\n"
+        "from wf_magic.spec.plan import Plan\n"
+        "plan = Plan.model_validate({'name': 'one', 'steps': []})\n"
+        "assert resolve_params(plan, {}) == {}\n"
+        "print('jsonschema' in sys.modules)\n"
+    )
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=tmp_path
+    )
+    if out.returncode != 0 and "validation error" in out.stderr:
+        pytest.skip("a Plan needs more fields than this minimal one")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+# -- 2. running work looks like running work --------------------------------------------------
+def test_a_step_with_a_unit_in_flight_shows_running_and_its_clock_ticks(
+    engine: Engine, drives: Drives
+) -> None:
+    run_id = engine.start(SLOW_ONE).run_id
+    view = _view(engine, run_id, drives)
+    drives.background(run_id)
+    row = view.rows["think"]
+
+    def running() -> bool:
+        view.flush()
+        return ">running<" in row.status.value
+
+    _until(running)
+    assert row.units.value == "0/1 · 1 in flight"
+    assert (row.bar.value, row.bar.running, row.bar.failed, row.bar.max) == (0, 1, 0, 1)
+    assert STATUS_COLOURS["running"] in row.bar.widget.value
+    assert "driving…" in view.status_line.value and "1 in flight" in view.status_line.value
+    redraws, shown = view.redraws, row.elapsed.value
+    time.sleep(1.3)  # no event arrives while the unit thinks; the clock still moves
+    assert view.clock.ticks >= 1 and row.elapsed.value != shown
+    assert view.redraws == redraws  # ticks assign labels; they do not re-read the journal
+    drives.wait(run_id, 10)
+    view.flush()
+    assert ">completed<" in row.status.value and row.units.value == "1/1"
+    assert not view.clock.is_running
+    view.close()
+
+
+def test_a_2000_unit_fan_out_stays_within_the_redraw_bound_with_the_clock(
+    engine: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_id = engine.start(
+        "name: fan\nrunner: scripted\nexecution: {max_concurrency: 1}\nsteps:\n"
+        "  - id: fan\n    map: '{{ range(2000) | list }}'\n    prompt: 'unit {{ item }}'\n"
+    ).run_id
+    view = _view(engine, run_id)
+    started = time.monotonic()
+    engine.drive(run_id)
+    elapsed = time.monotonic() - started
+    view.flush()
+    updates = view.redraws + view.clock.ticks
+    with capsys.disabled():
+        print(
+            f"\n2000-unit fan-out: {elapsed:.1f} s, {view.redraws} redraws + "
+            f"{view.clock.ticks} clock ticks = {updates / elapsed:.1f} updates/s"
+        )
+    assert updates <= 11 * elapsed + 3
+    assert view.rows["fan"].units.value == "2000/2000"
+    view.close()
+
+
+# -- 3. a re-run says so, and reuse reads as good news ----------------------------------------
+def test_re_runs_say_what_they_did_in_the_header(
+    shell: InteractiveShell, magics: WorkflowMagics, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = shell.run_cell_magic("workflow", "--max-steps 1", DIGEST)
+    assert first.view.origin is None  # a fresh run needs no explanation
+    resumed = shell.run_cell_magic("workflow", "", DIGEST)
+    assert resumed.run_id == first.run_id
+    assert resumed.view.origin == "resumed: 1/5 already done, 4 dispatched"
+    again = shell.run_cell_magic("workflow", "", DIGEST)
+    assert again.view.origin == "existing run, nothing dispatched"
+    assert "✓ existing run, nothing dispatched" in again.view.header.value
+    changed = shell.run_cell_magic("workflow", "", DIGEST.replace("Wrap up", "Sum up"))
+    box = changed.view.warning_box.value
+    assert f'<div style="color:{STATUS_COLOURS["completed"]}">✓ reused 4 results' in box
+    assert "⚠ reused" not in box
+    capsys.readouterr()
+
+
+# -- 4. views follow decisions taken elsewhere -------------------------------------------------
+def test_a_decision_from_code_takes_the_buttons_away_from_a_waiting_view(engine: Engine) -> None:
+    run_id = engine.start(HUMAN).run_id
+    engine.drive(run_id)
+    view = _view(engine, run_id)
+    view.flush()
+    assert view.decision_box.layout.display == ""
+    engine.approve(run_id, "signoff", feedback="from code")  # the bus tells the view
+    _until(lambda: view.decision_box.layout.display == "none", 5)
+    assert "was approved elsewhere" in view.message.value
+    view.close()
+
+
+def test_a_decision_from_another_process_reaches_a_waiting_view_by_polling(
+    engine: Engine, tmp_path: Path
+) -> None:
+    run_id = engine.start(HUMAN).run_id
+    engine.drive(run_id)
+    view = _view(engine, run_id, subscribe=False)
+    view.flush()
+    assert view.decision_box.layout.display == "" and view.clock.is_running
+    with Engine(tmp_path / "state") as other:  # its own bus: only the journal is shared
+        other.approve(run_id, "signoff")
+    _until(lambda: view.decision_box.layout.display == "none", 6)
+    assert "was approved elsewhere" in view.message.value
+    assert not view.clock.is_running  # nothing left to wait for
+    view.close()
+
+
+def test_an_older_view_of_a_run_loses_its_buttons_when_a_newer_one_opens(
+    shell: InteractiveShell, magics: WorkflowMagics, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old = shell.run_cell_magic("workflow", "", HUMAN)
+    assert old.view.decision_box.layout.display == ""
+    new = shell.run_line_magic("workflow", f"status {old.run_id}")
+    assert new.view.decision_box.layout.display == ""
+    assert old.view.decision_box.layout.display == "none"
+    assert "a newer view of this run is below" in old.view.message.value
+    capsys.readouterr()
+
+
+def test_the_gates_tutorial_works_after_clicking_approve_and_in_the_other_order(
+    tmp_path: Path,
+) -> None:
+    kernel = Kernel(tmp_path)
+    with kernel.client.setup_kernel(cleanup_kc=True):
+        kernel.run(f"%env WF_MAGIC_HOME={tmp_path / 'home'}\n%load_ext wf_magic")
+        # click first, then the tutorial's code cells as written
+        kernel.run(f"%%workflow --as review\n{HUMAN}")
+        kernel.run("review.view.approve_button.click()")
+        out = kernel.run('loop = review.approve("signoff", feedback="Ship it.")\nprint(loop)')
+        assert "was already approved" in "".join(o.get("text", "") for o in out.outputs)
+        kernel.run("done = %workflow resume {review.run_id}\nassert done.status == 'completed'")
+        # code first, then a click on the (now refreshed) view
+        kernel.run(f"%%workflow --new --as second\n{HUMAN}")
+        kernel.run('second.approve("signoff", feedback="Ship it.")\nimport time; time.sleep(0.5)')
+        assert kernel.value("second.view.decision_box.layout.display") == "none"
+        kernel.run("second.view.approve_button.click()")  # hidden, and harmless if clicked
+        kernel.run("done = %workflow resume {second.run_id}\nassert done.status == 'completed'")
+
+
+def test_an_empty_rejection_speaks_notebook(engine: Engine) -> None:
+    run_id = engine.start(HUMAN).run_id
+    engine.drive(run_id)
+    view = _view(engine, run_id)
+    view.flush()
+    view.reject_button.click()
+    assert "write what to change in the box above, then Reject" in view.message.value
+    assert "--feedback" not in view.message.value
+    view.close()
+
+
+# -- 5. a saved notebook keeps the run view ---------------------------------------------------
+def test_a_saved_notebook_holds_the_static_html_run_view(tmp_path: Path) -> None:
+    nb = new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(src)
+        for src in (
+            f"%env WF_MAGIC_HOME={tmp_path / 'home'}\n%load_ext wf_magic",
+            "%%workflow\nname: tiny\nsteps:\n  - id: a\n    prompt: hi\n",
+            "%%workflow --background --as bg\nname: quick\nsteps:\n  - id: b\n    prompt: yo\n",
+            "get_ipython().magics_manager.registry['WorkflowMagics'].drives.wait(bg.run_id, 30)",
+        )
+    ]
+    execute_notebook(nb, tmp_path)
+    path = tmp_path / "saved.ipynb"
+    nbformat.write(nb, path)
+    saved = nbformat.read(path, as_version=4)
+    for index, name in ((1, "tiny"), (2, "quick")):
+        (shown,) = [o for o in saved.cells[index].outputs if o["output_type"] == "display_data"]
+        assert set(shown["data"]) == {"text/plain", "text/html"}, index
+        assert f"<b>{name}</b>" in shown["data"]["text/html"]
+        assert "Run completed." in shown["data"]["text/html"]
+
+
+# -- 6. watch says who drives ------------------------------------------------------------------
+def test_a_view_of_a_run_driven_elsewhere_names_its_driver(engine: Engine) -> None:
+    run_id = engine.start(DIGEST).run_id
+    assert driver_text(engine, run_id) is None
+    lock = RunLock(engine.lock_dir, run_id)
+    holder = threading.Thread(target=lock.acquire)  # another driver, as far as the view knows
+    holder.start()
+    holder.join()
+    try:
+        said = driver_text(engine, run_id)
+        assert said is not None
+        assert said.startswith(f"driven by pid {os.getpid()} on {socket.gethostname()} since ")
+        view = _view(engine, run_id, subscribe=False)
+        view.flush()
+        assert "driving…" in view.status_line.value and said in view.status_line.value
+        assert "not being driven" not in view.status_line.value
+        view.close()
+    finally:
+        lock.release()
+
+
+# -- 7. honest counts --------------------------------------------------------------------------
+def test_judge_tokens_show_apart_from_the_charged_work_tokens(engine: Engine) -> None:
+    run_id = engine.start(JUDGED).run_id
+    view = _view(engine, run_id)
+    engine.drive(run_id)
+    view.flush()
+    state = next(s for s in view.snapshot.steps if s.step_id == "draft")  # type: ignore[union-attr]
+    assert state.judge_tokens > 0
+    assert state.tokens == engine.status(run_id).budget_use().tokens
+    assert view.rows["draft"].tokens.value == (
+        f"{state.tokens:,} + {state.judge_tokens:,} judge (not charged)"
+    )
+    view.close()
+
+
+def test_a_map_that_finished_with_failed_units_is_amber_with_its_failed_count(
+    engine: Engine,
+) -> None:
+    run_id = engine.start(
+        "name: partial\nrunner: scripted\nrunners:\n  scripted:\n    rules:\n"
+        "      - {match: 'unit 1', error: permanent}\n"
+        "steps:\n  - id: fan\n    map: '{{ range(3) | list }}'\n    prompt: 'unit {{ item }}'\n"
+        "    on_error: continue\n"
+    ).run_id
+    view = _view(engine, run_id)
+    engine.drive(run_id)
+    view.flush()
+    row = view.rows["fan"]
+    assert f"background:{STATUS_COLOURS['partial']}" in row.status.value
+    assert ">completed · 1 failed<" in row.status.value
+    assert row.units.value == "2/3 · 1 failed"
+    assert (row.bar.value, row.bar.failed) == (2, 1)
+    view.close()
+
+
+# -- 8. no Out[n] under a view -----------------------------------------------------------------
+def test_a_cell_with_a_view_adds_no_out_line(
+    shell: InteractiveShell, magics: WorkflowMagics, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = shell.run_cell_magic("workflow", "", DIGEST)
+    assert shell.display_formatter.format(run) == ({}, {})
+    assert repr(run).startswith(f"Run {run.run_id}  digest  [completed]")
+    capsys.readouterr()

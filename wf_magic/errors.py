@@ -11,12 +11,15 @@
     ├── BudgetExceeded                   a ceiling would be passed
     ├── GateDecisionRefused              a human decision matched nothing waiting
     ├── RunnerError                      a unit's runner failed (transient or permanent)
-    └── MigrationError                   the state database ledger is not ours
+    ├── MigrationError                   the state database ledger is not ours
+    └── StateDBError                     the state database failed: full, locked, damaged
 
 Messages say what happened, to which run/step/unit, and what the user can do next.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 
 class WorkflowError(Exception):
@@ -143,5 +146,80 @@ class MigrationError(WorkflowError):
     """The state database's migration ledger diverges from this version's registry."""
 
 
+StateDBFault = Literal["full", "busy", "readonly", "io", "damaged", "unreadable"]
+"""What went wrong with the state database:
+
+- ``full``: the disk (or the database's page limit) is full.
+- ``busy``: another process held the write lock past the busy timeout.
+- ``readonly``: the file or its filesystem cannot be written.
+- ``io``: the operating system reported an I/O error.
+- ``damaged``: SQLite found corrupted pages (``integrity`` says what ``integrity_check`` saw).
+- ``unreadable``: a row was edited by hand into something wf_magic cannot read.
+"""
+
+_STATE_DB_ADVICE: dict[str, str] = {
+    "full": "Free disk space, then {retry}.",
+    "busy": "Wait for the other process that writes it, then {retry}.",
+    "readonly": "Make it writable (or point --db / WF_MAGIC_HOME elsewhere), then {retry}.",
+    "io": "Check the disk, then {retry}.",
+    "damaged": (
+        "Restore it from a backup or rebuild it with `sqlite3 {db} .recover`; "
+        "or point --db / WF_MAGIC_HOME at a fresh directory."
+    ),
+    "unreadable": "Restore the row from a backup, or start afresh with `wf run FILE --new`.",
+}
+
+
+class StateDBError(WorkflowError):
+    """The state database failed under a read or a write; nothing was half-written.
+
+    A failed write rolls back whole, so the run stays as it was before it (resumable).
+    """
+
+    def __init__(
+        self,
+        fault: StateDBFault,
+        *,
+        detail: str,
+        db_path: str,
+        run_id: str | None = None,
+        integrity: str | None = None,
+    ):
+        self.fault = fault
+        self.detail = detail
+        self.db_path = db_path
+        self.integrity = integrity
+        head = f"Run {run_id}: " if run_id else ""
+        what = f"{detail}; integrity_check: {integrity}" if integrity else detail
+        retry = f"`wf resume {run_id}`" if run_id else "retry"
+        done = " Nothing was half-written." if fault in ("full", "busy", "io") else ""
+        advice = _STATE_DB_ADVICE[fault].format(retry=retry, db=db_path)
+        super().__init__(
+            " ".join(f"{head}state database {db_path}: {what}.{done} {advice}".split()),
+            run_id=run_id,
+        )
+
+    def for_run(self, run_id: str) -> StateDBError:
+        """The same failure, naming the run it happened to (the drive's boundary adds it)."""
+        if self.run_id is not None:
+            return self
+        return StateDBError(
+            self.fault,
+            detail=self.detail,
+            db_path=self.db_path,
+            run_id=run_id,
+            integrity=self.integrity,
+        )
+
+
 def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:.4f}"
+
+
+def clip(text: str, limit: int = 120) -> str:
+    """``text`` on one line, cut to ``limit`` characters with "…" when longer.
+
+    For echoing values in messages: a message stays one readable line whatever the input.
+    """
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: max(limit - 1, 0)] + "…"

@@ -10,20 +10,25 @@ from typing import Any, cast
 
 from pydantic import ValidationError
 
-from ..errors import DefinitionError
+from ..errors import DefinitionError, clip
 from ..hashing import sha256_text
 from ..redact import is_secret_key
 from ..runners import functions
 from ..store.records import StepKind
 from ..templates import TemplateError, references
 from .kinds import KINDS
-from .models import ENV_NAME_PATTERN, StepSpec, WorkflowSpec
+from .models import ENV_NAME_PATTERN, ID_PATTERN, StepSpec, WorkflowSpec
 from .plan import Plan, PlanStep
 from .yamlload import Path, dotted, line_of, load_with_lines
 
 MAX_SOURCE_BYTES = 1_000_000
 MAX_PLAN_BYTES = 5_000_000
 MAX_CHILD_DEPTH = 8
+MAX_PROBLEM_CHARS = 600
+"""A message's problem text is clipped here, whatever the values it echoes."""
+_TARGET_PATTERN = re.compile(
+    r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*(?::[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)?$"
+)
 SCHEMA_KEYWORDS = {
     "type",
     "properties",
@@ -78,7 +83,8 @@ class _Source:
     """One parsed source document and its line map, for error messages."""
 
     def __init__(self, text: str, name: str | None, *, child: str | None = None):
-        if len(text.encode("utf-8")) > MAX_SOURCE_BYTES:
+        # surrogatepass: a lone surrogate is reported by the YAML reader, with its line
+        if len(text.encode("utf-8", "surrogatepass")) > MAX_SOURCE_BYTES:
             raise DefinitionError(
                 f"source is larger than {MAX_SOURCE_BYTES} bytes",
                 field="(source)",
@@ -93,8 +99,8 @@ class _Source:
         if self.child is not None:
             problem = f"in child workflow {self.child!r}: {problem}"
         return DefinitionError(
-            problem,
-            field=dotted(path) or "(top level)",
+            clip(problem, MAX_PROBLEM_CHARS),
+            field=clip(dotted(path), 120) or "(top level)",
             line=line_of(self.lines, path),
             source_name=self.name,
         )
@@ -123,12 +129,7 @@ def load_workflow(
         isinstance(source, str) and "\n" not in source and source.endswith((".yaml", ".yml"))
     ):
         path = FsPath(source)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise DefinitionError(
-                f"cannot read workflow file: {exc.strerror}", field="(file)", source_name=str(path)
-            ) from exc
+        text = read_source(path)
         source_name = source_name or str(path)
     else:
         text = str(source)
@@ -152,6 +153,33 @@ def load_workflow(
         plan_json=plan_json,
         plan_hash=sha256_text(plan_json),
     )
+
+
+def read_source(path: FsPath) -> str:
+    """The text of a workflow file.
+
+    Raises:
+        DefinitionError: the file cannot be read, or is not UTF-8 (naming the line).
+    """
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise DefinitionError(
+            f"cannot read workflow file: {exc.strerror}", field="(file)", source_name=str(path)
+        ) from exc
+    if len(data) > MAX_SOURCE_BYTES:
+        raise DefinitionError(
+            f"source is larger than {MAX_SOURCE_BYTES} bytes", field="(file)", source_name=str(path)
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DefinitionError(
+            f"not UTF-8 (byte 0x{data[exc.start]:02x}); save the file as UTF-8",
+            field="(file)",
+            line=data.count(b"\n", 0, exc.start) + 1,
+            source_name=str(path),
+        ) from None
 
 
 class _Freezer:
@@ -225,6 +253,7 @@ class _Freezer:
         runner = KINDS[kind].fixed_runner or step.runner or spec.runner
         target_hash = None
         if step.python is not None:
+            _check_target(step.python, src, (*at, "python"))
             try:
                 target_hash = functions.target_hash(
                     step.python,
@@ -233,6 +262,12 @@ class _Freezer:
                 )
             except functions.TargetError as exc:
                 raise src.error(str(exc), (*at, "python")) from exc
+            except Exception as exc:  # importing the author's module may raise anything
+                raise src.error(
+                    f"importing python target {step.python!r} failed: "
+                    f"{type(exc).__name__}: {clip(str(exc), 200)}",
+                    (*at, "python"),
+                ) from None
         for name in step.pass_env:
             if not re.match(ENV_NAME_PATTERN, name) or name.startswith("WF_"):
                 raise src.error(
@@ -270,6 +305,13 @@ class _Freezer:
         )
 
     def _child(self, name: str, src: _Source, at: Path, depth: int) -> Plan:
+        if not re.match(ID_PATTERN, name) or len(name) > 64:
+            raise src.error(
+                f"expected a child workflow name matching {ID_PATTERN} (got {clip(repr(name))}); "
+                "children are named, not paths: put NAME.yaml beside this file or define "
+                "it as a further YAML document",
+                at,
+            )
         if depth + 1 > MAX_CHILD_DEPTH:
             raise src.error(f"child workflows nest deeper than {MAX_CHILD_DEPTH}", at)
         if name in self.stack:
@@ -281,14 +323,7 @@ class _Freezer:
             )
         text = self.library.get(name)
         if text is None and self.search_dir is not None:
-            for candidate in (
-                self.search_dir / f"{name}.yaml",
-                self.search_dir / f"{name}.yml",
-                self.search_dir / "workflows" / f"{name}.yaml",
-            ):
-                if candidate.is_file():
-                    text = candidate.read_text(encoding="utf-8")
-                    break
+            text = _child_file(self.search_dir, name, src, at)
         if text is None:
             raise src.error(
                 f"unknown child workflow {name!r}: define it in the same file (a further YAML "
@@ -297,6 +332,38 @@ class _Freezer:
             )
         return self.freeze(
             text, self.origins.get(name, f"workflow {name}"), depth=depth + 1, child=name
+        )
+
+
+def _child_file(folder: FsPath, name: str, src: _Source, at: Path) -> str | None:
+    """The text of child ``name`` from the workflow's folder, never from outside it."""
+    root = folder.resolve()
+    for candidate in (
+        folder / f"{name}.yaml",
+        folder / f"{name}.yml",
+        folder / "workflows" / f"{name}.yaml",
+    ):
+        if not candidate.is_file():
+            continue
+        if not candidate.resolve().is_relative_to(root):
+            raise src.error(
+                f"child workflow file {candidate} links outside the workflow's folder; "
+                "copy the child into the folder",
+                at,
+            )
+        try:
+            return read_source(candidate)
+        except DefinitionError as exc:
+            raise src.error(f"child workflow {name!r}: {exc}", at) from None
+    return None
+
+
+def _check_target(target: str, src: _Source, at: Path) -> None:
+    if not _TARGET_PATTERN.match(target):
+        raise src.error(
+            "expected module:function (e.g. `helpers:summarize`) or a registered function "
+            f"name (got {clip(repr(target))})",
+            at,
         )
 
 
@@ -318,16 +385,20 @@ def _split_documents(text: str, name: str) -> tuple[str, dict[str, str]]:
     return text[: seps[0]], out
 
 
+def _got(err: dict[str, Any]) -> str:
+    return clip(repr(err["input"]))
+
+
 _MESSAGES: dict[str, Callable[[dict[str, Any]], str]] = {
-    "greater_than_equal": lambda e: f"must be >= {e['ctx']['ge']} (got {e['input']!r})",
-    "greater_than": lambda e: f"must be > {e['ctx']['gt']} (got {e['input']!r})",
-    "less_than_equal": lambda e: f"must be <= {e['ctx']['le']} (got {e['input']!r})",
+    "greater_than_equal": lambda e: f"must be >= {e['ctx']['ge']} (got {_got(e)})",
+    "greater_than": lambda e: f"must be > {e['ctx']['gt']} (got {_got(e)})",
+    "less_than_equal": lambda e: f"must be <= {e['ctx']['le']} (got {_got(e)})",
     "missing": lambda e: "is required",
     "extra_forbidden": lambda e: "unknown key; check its spelling against the format reference",
     "string_pattern_mismatch": lambda e: (
-        f"expected a name matching {e['ctx']['pattern']} (got {e['input']!r})"
+        f"expected a name matching {e['ctx']['pattern']} (got {_got(e)})"
     ),
-    "literal_error": lambda e: f"expected {e['ctx']['expected']} (got {e['input']!r})",
+    "literal_error": lambda e: f"expected {e['ctx']['expected']} (got {_got(e)})",
     "too_short": lambda e: f"must have at least {e['ctx']['min_length']} item(s)",
     "too_long": lambda e: f"must have at most {e['ctx']['max_length']} item(s)",
 }
@@ -351,14 +422,14 @@ def _validate(src: _Source) -> WorkflowSpec:
 
 
 def _check_params(spec: WorkflowSpec, src: _Source) -> None:
-    import jsonschema  # lazy: its import costs ~1 s with some extras installed
-
     for name, schema in spec.params.items():
         at: Path = ("params", name)
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
             raise src.error(f"expected a param name like `topic` (got {name!r})", at)
         _check_schema(schema, src, at)
         if "default" in schema:
+            import jsonschema  # only a schema that must be checked pays its ~1 s import
+
             try:
                 jsonschema.validate(schema["default"], schema)
             except jsonschema.ValidationError as exc:
@@ -404,7 +475,8 @@ def _check_runners(spec: WorkflowSpec, src: _Source) -> None:
         kind = options.get("type", name)
         if kind not in known:
             raise src.error(
-                f"unknown runner type {kind!r}; known runners: {sorted(known)}", ("runners", name)
+                f"unknown runner type {clip(repr(kind))}; known runners: {sorted(known)}",
+                ("runners", name),
             )
         for key, value in options.items():
             secret_name = is_secret_key(key) and not key.endswith("_env")
@@ -424,7 +496,9 @@ def _check_runners(spec: WorkflowSpec, src: _Source) -> None:
             refs.append((step.gate.runner, ("steps", i, "gate", "runner")))
     for name, at in refs:
         if name not in usable:
-            raise src.error(f"unknown runner {name!r}; known runners: {sorted(usable)}", at)
+            raise src.error(
+                f"unknown runner {clip(repr(name))}; known runners: {sorted(usable)}", at
+            )
 
 
 def _try_runner(workflow: str, name: str, kind: str, options: dict[str, Any], src: _Source) -> None:

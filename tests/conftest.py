@@ -113,3 +113,41 @@ def wait_for(
             pass  # the DB may not exist yet
         time.sleep(0.02)
     pytest.fail(f"timed out waiting for {what}")
+
+
+class CliResult:
+    """What one in-process ``wf`` invocation returned and printed."""
+
+    def __init__(self, returncode: int, stdout: str, stderr: str):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+def wf_inproc(capsys: pytest.CaptureFixture[str], state_dir: Path, *args: str) -> CliResult:
+    """The real ``wf`` entry point, in-process (fast); ``run_wf`` is used where a process matters."""
+    from wf_magic.cli import main
+
+    capsys.readouterr()
+    try:
+        code = main(["--db", str(state_dir), *args])
+    except SystemExit as exc:  # argparse usage errors
+        code = int(exc.code or 0)
+    out = capsys.readouterr()
+    return CliResult(code, out.out, out.err)
+
+
+def write_file(directory: Path, name: str, text: str) -> Path:
+    """Write ``text`` to ``directory / name`` and return the path (a workflow file, ...)."""
+    path = directory / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def attempts_in(state_dir: Path) -> list[tuple[str, int, str, str]]:
+    """(unit, attempt, status, dispatch_id) of every attempt in journal order, read afresh."""
+    return [
+        (str(u), int(n), str(s), str(d))
+        for u, n, s, d in db_rows(
+            state_dir,
+            "SELECT unit_id, attempt, status, dispatch_id FROM attempts ORDER BY attempt_pk",
+        )
+    ]

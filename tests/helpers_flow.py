@@ -1,4 +1,4 @@
-"""Shared helpers of the control-flow tests (gates, routes, map, children, retries).
+"""Shared helpers of the control-flow tests (gates, routes, map, children, forks, budgets).
 
 Not a test module: workflows stay inline in the tests; this holds the plumbing they share —
 python runners registered by name, journal counters, and the crash harness that runs
@@ -76,6 +76,47 @@ def journal_counts(engine: Engine, run_id: str) -> tuple[int, int, int]:
         return q(conn)
     finally:
         conn.close()
+
+
+def attempt_rows(engine: Engine, run_id: str) -> list[tuple[str, str, int, str]]:
+    """(unit, phase, loop, status) per attempt, in journal order."""
+    return [(a.unit_id, a.phase, a.loop, a.status) for a in engine.attempts(run_id)]
+
+
+def work_attempts(engine: Engine, run_id: str) -> list[AttemptRow]:
+    """The run's work-phase attempts (no gate verdicts), in journal order."""
+    return [a for a in engine.attempts(run_id) if a.phase == "work"]
+
+
+def step_statuses(engine: Engine, run_id: str) -> dict[str, str]:
+    """step id → status of a run's steps."""
+    return {s.step_id: s.status for s in engine.steps(run_id)}
+
+
+def children_of(engine: Engine, run_id: str) -> list[str]:
+    """The run ids of the child runs ``run_id`` published, oldest first."""
+    return [r.run_id for r in engine.list_runs(include_children=True) if r.parent_run_id == run_id]
+
+
+def counting_judge(calls: list[str]) -> Callable[[UnitRequest], object]:
+    """A runner body appending each request's kind to ``calls``.
+
+    The work answers "v1" to a prompt starting with "Write" and "v2" once it sees the feedback
+    "more"; the judge rejects "v1" once (feedback "more") and passes anything else.
+    """
+
+    def reply(request: UnitRequest) -> object:
+        text = request.prompt or ""
+        calls.append(request.kind)
+        if request.kind == "judge":
+            if '"v1"' in text:
+                return {"complete": False, "feedback": "more", "missing": ["x"]}
+            return {"complete": True, "feedback": "", "missing": []}
+        if "more" in text:
+            return "v2"
+        return "v1" if text.startswith("Write") else f"b:{text}"
+
+    return reply
 
 
 def run_cli(state_dir: Path, *args: str) -> int:

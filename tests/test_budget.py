@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from tests.helpers_flow import children_of, journal_counts, step_statuses, work_attempts
 from wf_magic import Engine, UnitRequest, UnitResult, register_runner
 from wf_magic.runners.base import BaseRunner
 
@@ -476,3 +477,91 @@ def test_the_budget_demo_example_behaves_as_its_header_says(engine: Engine) -> N
         "step title: Budget exceeded in run <run>: max_units used 6 of 6; unit title was not "
         "dispatched. Raise budget.max_units and start a new run (--new), or fork this one."
     )
+
+
+CHILD_GATE_BUDGET = """
+name: child-gate-budget
+budget: {max_units: 4}
+steps:
+  - id: pre
+    prompt: "Pre."
+  - id: sub
+    workflow: kid
+  - id: post
+    prompt: "Post."
+---
+name: kid
+runners:
+  scripted:
+    rules:
+      - {kind: judge, match: ".", reply: {complete: false, feedback: "again", missing: []}}
+steps:
+  - id: w
+    prompt: "Kid work."
+    gate: {max_loops: 5}
+"""
+
+
+def test_budget_exhausted_inside_a_childs_gate_loop_fails_the_parent_and_re_stops(
+    tmp_path: Path,
+) -> None:
+    engine = Engine(tmp_path / "state")
+    run = engine.run(CHILD_GATE_BUDGET)
+    assert run.status == "failed"
+    assert "max_units used 4 of 4; unit w was not dispatched" in (run.reason or "")
+    [child] = children_of(engine, run.run_id)
+    assert [a.charged for a in work_attempts(engine, child)] == [1, 1, 1]
+    assert [a.unit_id for a in engine.attempts(child)][-1] == "w.gate:l3"
+    assert step_statuses(engine, run.run_id)["post"] == "pending"
+    before = [(a.dispatch_id, a.status) for a in engine.attempts(child)]
+
+    again = engine.drive(run.run_id)
+
+    assert (again.status, again.reason) == ("failed", run.reason)
+    assert children_of(engine, run.run_id) == [child]
+    assert [(a.dispatch_id, a.status) for a in engine.attempts(child)] == before
+    assert again.budget_use().units == 4
+
+
+def test_redriving_a_parent_stopped_by_its_childs_budget_writes_nothing(tmp_path: Path) -> None:
+    engine = Engine(tmp_path / "state")
+    run = engine.run(CHILD_GATE_BUDGET)
+    assert run.status == "failed"
+    [child] = children_of(engine, run.run_id)
+    before = (journal_counts(engine, run.run_id), journal_counts(engine, child))
+
+    assert engine.drive(run.run_id).status == "failed"
+
+    assert (journal_counts(engine, run.run_id), journal_counts(engine, child)) == before
+    assert [a.attempt for a in engine.attempts(run.run_id) if a.unit_id == "sub"] == [1]
+
+
+def test_child_approved_and_driven_directly_still_obeys_the_root_budget(tmp_path: Path) -> None:
+    engine = Engine(tmp_path / "state")
+    run = engine.run("""
+name: direct-child
+budget: {max_units: 2}
+steps:
+  - id: pre
+    prompt: "Pre."
+  - id: sub
+    workflow: kid
+---
+name: kid
+steps:
+  - id: k1
+    prompt: "one"
+    gate: {judge: human}
+  - id: k2
+    prompt: "two"
+""")
+    assert run.status == "blocked"
+    [child] = children_of(engine, run.run_id)
+    engine.approve(child, "k1")
+
+    direct = engine.drive(child)
+
+    assert direct.status == "failed"
+    assert "max_units used 2 of 2; unit k2 was not dispatched" in (direct.reason or "")
+    assert [a.unit_id for a in work_attempts(engine, child)] == ["k1"]
+    assert engine.drive(run.run_id).status == "failed"

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import run_wf, write_file
 from tests.helpers_flow import (
+    children_of,
     journal_counts,
     kill9,
     only_run_id,
@@ -15,7 +19,8 @@ from tests.helpers_flow import (
     wait_for_journal,
     wf_process,
 )
-from wf_magic import DefinitionError, Engine
+from wf_magic import DefinitionError, Engine, RunnerError
+from wf_magic.drive.children import ChildBlocked, ChildBudgetStop, child_result
 from wf_magic.spec.plan import Plan
 
 PARENT = """
@@ -48,10 +53,6 @@ steps:
   - id: b
     prompt: "kid b {{ steps.a.output }}"
 """
-
-
-def children_of(engine: Engine, run_id: str) -> list[str]:
-    return [r.run_id for r in engine.list_runs(include_children=True) if r.parent_run_id == run_id]
 
 
 def test_parent_completes_with_the_child_output(tmp_path: Path) -> None:
@@ -346,3 +347,149 @@ steps:
     with pytest.raises(DefinitionError, match=r"needs param\(s\) \['x'\]"):
         engine.run(source.replace("with: {nope: 1}", "with: {}"))
     assert engine.list_runs() == []
+
+
+def test_recursive_child_workflow_is_named_as_recursion(tmp_path: Path, state_dir: Path) -> None:
+    wf = write_file(
+        tmp_path, "self_call.yaml", "name: loopy\nsteps:\n  - id: a\n    workflow: loopy\n"
+    )
+    res = run_wf(state_dir, "run", str(wf))  # named loopy.yaml it does say "cycle"
+    assert res.returncode == 2
+    text = res.stderr.replace(str(tmp_path), "").lower()  # the tmp path names the test
+    assert "unknown child workflow" not in text
+    assert "recurs" in text or "cycle" in text or "itself" in text
+
+
+def test_stop_while_a_child_runs_resumes_the_same_child_without_redispatch(
+    tmp_path: Path,
+) -> None:
+    engine = Engine(tmp_path / "state")
+    started = engine.start("""
+name: stop-child
+steps:
+  - id: pre
+    prompt: "Pre."
+  - id: sub
+    workflow: kid
+  - id: post
+    prompt: "Post."
+---
+name: kid
+runners:
+  scripted:
+    rules:
+      - {match: "slow", sleep_s: 0.5}
+steps:
+  - id: k1
+    prompt: "slow one"
+  - id: k2
+    prompt: "two"
+""")
+    timer = threading.Timer(0.2, engine.stop, args=(started.run_id,))
+    timer.start()
+    try:
+        stopped = engine.drive(started)
+    finally:
+        timer.join()
+    assert stopped.status == "active"
+    [child] = children_of(engine, started.run_id)
+    assert engine.get_run(child).status == "active"
+    assert [a.unit_id for a in engine.attempts(child)] == ["k1"]
+
+    done = engine.drive(started.run_id)
+
+    assert done.status == "completed"
+    assert children_of(engine, started.run_id) == [child]
+    assert [(a.unit_id, a.attempt) for a in engine.attempts(child)] == [("k1", 1), ("k2", 1)]
+
+
+def test_no_cache_new_run_re_pays_the_child_units(tmp_path: Path) -> None:
+    engine = Engine(tmp_path / "state")
+    src = """
+name: nocache-parent
+steps:
+  - id: sub
+    workflow: kid
+---
+name: kid
+steps:
+  - id: k
+    prompt: "Kid."
+"""
+    assert engine.run(src).status == "completed"
+    cached = engine.run(src, new=True)
+    assert [a.status for a in engine.attempts(cached.run_id)] == ["reused"]
+
+    fresh = engine.run(src, new=True, no_cache=True)
+
+    assert [a.status for a in engine.attempts(fresh.run_id)] == ["succeeded"]
+    [child] = children_of(engine, fresh.run_id)
+    assert [(a.status, a.charged) for a in engine.attempts(child)] == [("succeeded", 1)]
+
+
+# -- child_result: the parent unit's outcome from a driven child run --------------------------
+def test_a_completed_childs_result_is_the_parent_units_output(tmp_path: Path) -> None:
+    engine = Engine(tmp_path / "state")
+    run = engine.run(PARENT)
+    [child_id] = children_of(engine, run.run_id)
+    assert child_result(engine.store, engine.get_run(child_id)).output == (
+        "summary of facts about owls x2"
+    )
+
+
+def test_a_blocked_or_stopped_child_keeps_the_parent_unit_in_flight(tmp_path: Path) -> None:
+    engine = Engine(tmp_path / "state")
+    run = engine.run(PARENT)
+    [child_id] = children_of(engine, run.run_id)
+    child = engine.get_run(child_id)
+    with pytest.raises(ChildBlocked) as blocked:
+        child_result(engine.store, replace(child, status="blocked", status_reason="step a: why"))
+    assert str(blocked.value) == f"child run {child_id} (kid) is blocked: step a: why"
+    with pytest.raises(ChildBlocked) as stopped:
+        child_result(engine.store, replace(child, status="active", status_reason=None))
+    assert str(stopped.value) == (
+        f"child run {child_id} (kid) was stopped before it finished; resume the parent"
+    )
+
+
+def test_a_failed_or_abandoned_child_is_a_runner_error_of_the_parent_unit(
+    tmp_path: Path,
+) -> None:
+    engine = Engine(tmp_path / "state")
+    run = engine.run(PARENT)
+    [child_id] = children_of(engine, run.run_id)
+    child = engine.get_run(child_id)
+    for status in ("failed", "abandoned"):
+        with pytest.raises(RunnerError) as info:
+            child_result(engine.store, replace(child, status=status, status_reason="step b: boom"))
+        assert not isinstance(info.value, ChildBudgetStop)
+        assert str(info.value) == f"child run {child_id} (kid) {status}: step b: boom"
+
+
+def test_a_child_stopped_by_the_shared_budget_is_a_hard_stop_for_the_parent(
+    tmp_path: Path,
+) -> None:
+    engine = Engine(tmp_path / "state")
+    run = engine.run("""
+name: parent-budget
+budget: {max_units: 2}
+steps:
+  - id: pre
+    prompt: "Pre."
+  - id: sub
+    workflow: kid
+---
+name: kid
+steps:
+  - id: k1
+    prompt: "one"
+  - id: k2
+    prompt: "two"
+""")
+    [child_id] = children_of(engine, run.run_id)
+    child = engine.get_run(child_id)
+    assert child.status == "failed"
+    with pytest.raises(ChildBudgetStop) as info:
+        child_result(engine.store, child)
+    assert str(info.value) == f"child run {child_id} (kid) failed: {child.status_reason}"
+    assert run.reason == f"step sub: {info.value}"

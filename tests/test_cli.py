@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 from contextlib import redirect_stderr, redirect_stdout
@@ -11,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers_flow import journal_counts, run_cli
+from wf_magic import Engine
 from wf_magic.cli import main
 
-from .conftest import ROOT, db_rows, run_wf
+from .conftest import ROOT, db_rows, run_wf, table_counts, wf_cmd, wf_inproc, write_file
 
 
 def _cli(*args: str) -> tuple[int, str, str]:
@@ -236,3 +239,258 @@ def test_the_verb_table_offers_exactly_the_token_groupings_the_frames_accept() -
     from wf_magic.verbs import TOKENS_BY
 
     assert tuple(TOKENS_BY) == tuple(TOKENS_KEYS)
+
+
+# -- flags, state dirs and exit codes ---------------------------------------------------------
+TWO_STEPS = "name: two\nsteps:\n  - id: a\n    prompt: hi\n  - id: b\n    prompt: there\n"
+PARAMS = (
+    "name: p\n"
+    "params:\n"
+    "  n: {type: integer, default: 2, minimum: 1}\n"
+    "  f: {type: number, default: 1.5}\n"
+    "steps:\n"
+    "  - id: s\n"
+    "    prompt: 'n={{ params.n }} f={{ params.f }}'\n"
+)
+
+
+def test_a_nan_param_is_a_usage_error(tmp_path: Path, state_dir: Path) -> None:
+    wf = write_file(tmp_path, "p.yaml", PARAMS)
+    res = run_wf(state_dir, "run", str(wf), "--param", "f=nan")
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr
+    assert "f" in res.stderr
+
+
+def test_bad_param_values_are_usage_errors(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, state_dir: Path
+) -> None:
+    wf = write_file(tmp_path, "p.yaml", PARAMS)
+    for bad in ("n=abc", "n=0", "n", "=3"):
+        res = wf_inproc(capsys, state_dir, "run", str(wf), "--param", bad)
+        assert res.returncode == 2, (bad, res.stderr)
+        assert "Traceback" not in res.stderr
+    req = write_file(
+        tmp_path,
+        "r.yaml",
+        "name: r\nparams:\n  t: {type: string}\nsteps:\n  - id: a\n    prompt: '{{ params.t }}'\n",
+    )
+    res = wf_inproc(capsys, state_dir, "run", str(req))
+    assert res.returncode == 2 and "t" in res.stderr
+    if (state_dir / "state.db").exists():
+        assert table_counts(state_dir)["runs"] == 0
+
+
+def test_scope_is_params_after_defaults(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, state_dir: Path
+) -> None:
+    wf = write_file(tmp_path, "p.yaml", PARAMS)
+    first = wf_inproc(capsys, state_dir, "run", str(wf))
+    again = wf_inproc(capsys, state_dir, "run", str(wf), "--param", "n=2", "--param", "f=1.5")
+    assert first.returncode == again.returncode == 0
+    assert "(existing)" in again.stdout
+    other = wf_inproc(capsys, state_dir, "run", str(wf), "--param", "n=3")
+    assert "(new)" in other.stdout
+    assert db_rows(state_dir, "SELECT COUNT(*) FROM runs")[0][0] == 2
+
+
+def test_spelled_out_default_params_resume_and_a_fork_of_a_blocked_run_blocks_again(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    wf = tmp_path / "p.yaml"
+    wf.write_text("""
+name: cli-params
+params:
+  n: {type: integer, default: 2}
+steps:
+  - id: a
+    prompt: "N {{ params.n }}"
+  - id: h
+    prompt: "H"
+    gate: {judge: human}
+""")
+    assert run_cli(state, "run", str(wf)) == 3
+    engine = Engine(state)
+    [first] = [r.run_id for r in engine.list_runs()]
+    # The explicit default is the same scope: it resumes, writing nothing.
+    before = journal_counts(engine, first)
+    assert run_cli(state, "run", str(wf), "--param", "n=2") == 3
+    assert [r.run_id for r in engine.list_runs()] == [first]
+    assert journal_counts(engine, first) == before
+    assert run_cli(state, "run", str(wf), "--param", "m=2") == 2
+    # A fork of the blocked run re-blocks on its own human gate (exit 3), prefix reused.
+    assert run_cli(state, "fork", first, "--from", "h") == 3
+    fork = next(r.run_id for r in engine.list_runs() if r.run_id != first)
+    assert [(a.unit_id, a.status) for a in engine.attempts(fork)] == [
+        ("a", "reused"),
+        ("h", "succeeded"),
+    ]
+    # Overriding the default is a different scope: a new run.
+    assert run_cli(state, "run", str(wf), "--param", "n=3") == 3
+    assert len(engine.list_runs()) == 3
+    assert json.loads(engine.get_run(engine.list_runs()[0].run_id).params_json) == {"n": 3}
+
+
+def test_max_steps_zero_dispatches_nothing_or_is_refused(tmp_path: Path, state_dir: Path) -> None:
+    wf = write_file(tmp_path, "two.yaml", TWO_STEPS)
+    res = run_wf(state_dir, "run", str(wf), "--max-steps", "0")
+    if res.returncode != 2:
+        assert db_rows(state_dir, "SELECT COUNT(*) FROM attempts")[0][0] == 0
+
+
+def test_negative_max_steps_is_a_usage_error(tmp_path: Path, state_dir: Path) -> None:
+    wf = write_file(tmp_path, "two.yaml", TWO_STEPS)
+    res = run_wf(state_dir, "run", str(wf), "--max-steps", "-1")
+    assert res.returncode == 2
+
+
+def test_no_cache_re_pays_every_unit(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, state_dir: Path
+) -> None:
+    wf = write_file(tmp_path, "two.yaml", TWO_STEPS)
+    assert wf_inproc(capsys, state_dir, "run", str(wf)).returncode == 0
+    res = wf_inproc(capsys, state_dir, "run", str(wf), "--new", "--no-cache")
+    assert res.returncode == 0
+    statuses = db_rows(
+        state_dir,
+        "SELECT status FROM attempts WHERE run_id = (SELECT run_id FROM runs "
+        "ORDER BY created_at DESC LIMIT 1)",
+    )
+    assert [s for (s,) in statuses] == ["succeeded", "succeeded"]
+
+
+def test_abandoned_and_failed_runs_exit_1(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, state_dir: Path
+) -> None:
+    wf = write_file(tmp_path, "two.yaml", TWO_STEPS)
+    wf_inproc(capsys, state_dir, "run", str(wf), "--max-steps", "1")
+    run_id = str(db_rows(state_dir, "SELECT run_id FROM runs")[0][0])
+    assert wf_inproc(capsys, state_dir, "abandon", run_id).returncode == 0
+    assert wf_inproc(capsys, state_dir, "status", run_id).returncode == 1
+    fail = write_file(
+        tmp_path, "f.yaml", "name: f\nsteps:\n  - id: e\n    exec: [sh, -c, 'exit 3']\n"
+    )
+    res = wf_inproc(capsys, state_dir, "run", str(fail))
+    assert res.returncode == 1 and "status 3" in res.stdout + res.stderr
+
+
+def test_unknown_run_is_exit_2_for_every_verb(
+    capsys: pytest.CaptureFixture[str], state_dir: Path
+) -> None:
+    for args in (
+        ("status", "nope"),
+        ("resume", "nope"),
+        ("journal", "nope"),
+        ("tokens", "nope"),
+        ("abandon", "nope"),
+        ("fork", "nope", "--from", "a"),
+        ("stop", "nope"),
+        ("approve", "nope", "a"),
+        ("reject", "nope", "a", "--feedback", "x"),
+    ):
+        res = wf_inproc(capsys, state_dir, *args)
+        assert res.returncode == 2, (args, res.stderr)
+        assert "nope" in res.stderr
+
+
+def test_missing_file_and_directory_are_usage_errors_writing_nothing(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    for target in (tmp_path / "nope.yaml", tmp_path):
+        res = run_wf(state_dir, "run", str(target))
+        assert res.returncode == 2, res.stderr
+        assert "Traceback" not in res.stderr
+    if (state_dir / "state.db").exists():
+        assert table_counts(state_dir)["runs"] == 0
+
+
+CHILD_DOC_ERROR = (
+    "name: parent\n"  # 1
+    "steps:\n"  # 2
+    "  - id: a\n"  # 3
+    "    workflow: kid\n"  # 4
+    "---\n"  # 5
+    "name: kid\n"  # 6
+    "steps:\n"  # 7
+    "  - id: k\n"  # 8
+    "    prompt: hi\n"  # 9
+    "    gate: {judge: llm, max_loops: 0}\n"  # 10
+)
+
+
+def test_definition_error_in_a_child_document_names_the_file_line(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    wf = write_file(tmp_path, "ch.yaml", CHILD_DOC_ERROR)
+    res = run_wf(state_dir, "run", str(wf))
+    assert res.returncode == 2
+    assert "max_loops" in res.stderr
+    assert "ch.yaml" in res.stderr and "line 10" in res.stderr
+    assert not (state_dir / "state.db").exists() or table_counts(state_dir)["runs"] == 0
+
+
+def test_db_flag_is_accepted_after_the_verb(tmp_path: Path, state_dir: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    res = subprocess.run(
+        [sys.executable, "-m", "wf_magic.cli", "list", "--db", str(state_dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr
+
+
+def test_wf_magic_home_is_the_cli_default_state_dir(tmp_path: Path) -> None:
+    home = tmp_path / "myhome"
+    wf = write_file(tmp_path, "two.yaml", TWO_STEPS)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "WF_MAGIC_HOME": str(home)}
+    res = subprocess.run(
+        [sys.executable, "-m", "wf_magic.cli", "run", str(wf)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr
+    assert (home / "state.db").exists()
+    assert not (tmp_path / ".wf_magic").exists()
+
+
+def test_a_corrupt_state_db_is_a_clear_error(tmp_path: Path) -> None:
+    state = tmp_path / "bad"
+    state.mkdir()
+    (state / "state.db").write_text("this is not a database")
+    res = run_wf(state, "list")
+    assert res.returncode in (1, 2)
+    assert "Traceback" not in res.stderr
+    assert res.stderr.startswith("error:")
+
+
+def test_db_pointing_at_a_file_is_a_usage_error(tmp_path: Path) -> None:
+    target = write_file(tmp_path, "afile", "x")
+    res = run_wf(target, "list")
+    assert res.returncode == 2
+    assert "Traceback" not in res.stderr
+
+
+def test_closed_stdout_does_not_print_a_traceback(tmp_path: Path, state_dir: Path) -> None:
+    wf = write_file(tmp_path, "two.yaml", TWO_STEPS)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        wf_cmd(state_dir, "run", str(wf)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # like `| head -0`
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    proc.wait(timeout=60)
+    assert "Traceback" not in err
+    assert proc.returncode == 141  # as a SIGPIPE'd tool would

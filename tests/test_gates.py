@@ -7,15 +7,20 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import table_counts, wf_inproc, write_file
 from tests.helpers_flow import (
+    attempt_rows,
     by_unit,
+    counting_judge,
     journal_counts,
     kill9,
     only_run_id,
     run_cli,
+    step_statuses,
     use_runner,
     wait_for_journal,
     wf_process,
+    work_attempts,
 )
 from wf_magic import Engine, GateDecisionRefused, RunnerError, UnitRequest, UsageError
 from wf_magic.display import plan_text
@@ -827,3 +832,153 @@ steps:
     assert [r.kind for r in work.requests] == ["prompt"]
     assert [r.kind for r in judge.requests] == ["judge"]
     assert step_row(engine, run.run_id, "s").note == "gate passed at loop 1/1 (llm): ok by big"
+
+
+def test_gate_exhausted_rerun_of_the_file_writes_nothing_and_exits_3(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, state_dir: Path
+) -> None:
+    wf = write_file(
+        tmp_path,
+        "g.yaml",
+        "name: g\nsteps:\n  - id: a\n    prompt: 'Write {{ gate.feedback }}'\n"
+        "    gate: {judge: expr, check: 'false', criteria: [be perfect], max_loops: 2}\n",
+    )
+    assert wf_inproc(capsys, state_dir, "run", str(wf)).returncode == 3
+    before = table_counts(state_dir)
+    res = wf_inproc(capsys, state_dir, "run", str(wf))
+    assert res.returncode == 3 and "gate exhausted" in res.stdout
+    assert table_counts(state_dir) == before
+
+
+def test_template_using_only_gate_loop_still_gets_the_feedback_block(tmp_path: Path) -> None:
+    prompts: list[str] = []
+
+    def reply(request: UnitRequest) -> object:
+        if request.kind == "judge":
+            if '"r1"' in (request.prompt or ""):
+                return {"complete": False, "feedback": "cite a source", "missing": ["source"]}
+            return {"complete": True, "feedback": "", "missing": []}
+        prompts.append(request.prompt or "")
+        return f"r{len(prompts)}"
+
+    use_runner("qa-loop", reply)
+    engine = Engine(tmp_path / "state")
+    run = engine.run("""
+name: loop-only
+runner: qa-loop
+steps:
+  - id: a
+    prompt: "Attempt {{ gate.loop }}: write."
+    gate: {max_loops: 3}
+""")
+    assert run.status == "completed"
+    assert prompts[0] == "Attempt 1: write."
+    assert "cite a source" in prompts[1]
+    assert "- source" in prompts[1]
+
+
+# The counting_judge runner rejects v1 once ("more"), then the work answers v2 and passes.
+COUNTED = """
+name: counted
+runner: qa-count
+steps:
+  - id: a
+    prompt: Write A.
+    gate: {max_loops: 3}
+  - id: b
+    prompt: "B {{ steps.a.output }}"
+"""
+
+
+def test_editing_a_later_step_does_not_re_pay_the_judge_of_an_unchanged_gated_step(
+    tmp_path: Path,
+) -> None:
+    calls: list[str] = []
+    use_runner("qa-count", counting_judge(calls))
+    engine = Engine(tmp_path / "state")
+    assert engine.run(COUNTED).status == "completed"
+    calls.clear()
+
+    edited = engine.run(COUNTED.replace('"B {{', '"BB {{'))
+
+    assert edited.status == "completed"
+    assert [a.status for a in work_attempts(engine, edited.run_id)] == [
+        "reused",
+        "reused",
+        "succeeded",
+    ]
+    assert calls == ["prompt"]
+
+
+# A judge that rejects v1 once ("more"), then the work answers v2 and passes.
+LOOPING = """
+name: looping
+runners:
+  scripted:
+    rules:
+      - {kind: judge, match: '"v1"', reply: {complete: false, feedback: "more", missing: [x]}}
+      - {match: "more", reply: "v2"}
+      - {match: "^Write", reply: "v1"}
+steps:
+  - id: a
+    prompt: Write A.
+    gate: {max_loops: 3}
+  - id: b
+    prompt: "B {{ steps.a.output }}"
+"""
+
+
+def test_max_steps_stops_after_a_whole_gate_loop_and_resume_dispatches_only_the_rest(
+    tmp_path: Path,
+) -> None:
+    engine = Engine(tmp_path / "state")
+    first = engine.run(LOOPING, max_steps=1)
+    assert first.status == "active"
+    assert step_statuses(engine, first.run_id) == {"a": "completed", "b": "pending"}
+    assert [u for u, *_ in attempt_rows(engine, first.run_id)] == [
+        "a",
+        "a.gate:l1",
+        "a",
+        "a.gate:l2",
+    ]
+
+    done = engine.drive(first.run_id)
+
+    assert done.status == "completed"
+    assert [u for u, *_ in attempt_rows(engine, first.run_id)][4:] == ["b"]
+    assert str(done.result).endswith("B v2")
+
+
+def test_human_reject_with_missing_reaches_every_map_unit_then_approve_resumes(
+    tmp_path: Path,
+) -> None:
+    rec = use_runner("qa-map", lambda r: f"out:{(r.prompt or '')[:12]}")
+    engine = Engine(tmp_path / "state")
+    run = engine.run("""
+name: map-human
+runner: qa-map
+steps:
+  - id: m
+    map: "{{ ['x', 'y', 'z'] }}"
+    prompt: "Do {{ item }}."
+    gate: {judge: human, max_loops: 3}
+  - id: after
+    prompt: "Sum {{ steps.m.output | length }}"
+""")
+    assert run.status == "blocked"
+    engine.reject(run, "m", feedback="shorter", missing=["brevity", "tone"])
+    rec.requests.clear()
+    run = engine.drive(run)
+    assert (run.status, run.reason) == ("blocked", "step m: waiting for a human verdict on loop 2")
+    block = "\n\nGate feedback (loop 1 was rejected):\nshorter\nMissing:\n- brevity\n- tone"
+    assert rec.prompts() == [f"Do {i}.{block}" for i in "xyz"]
+
+    engine.approve(run, "m")
+    rec.requests.clear()
+    done = engine.drive(run)
+    assert done.status == "completed"
+    assert rec.prompts() == ["Sum 3"]  # approval re-dispatches no map unit
+    assert [(u, lp) for u, ph, lp, _ in attempt_rows(engine, run.run_id) if ph == "gate"] == [
+        ("m.gate:l1", 1),
+        ("m.gate:l2", 2),
+    ]

@@ -1,4 +1,8 @@
-"""Specification of ``%%workflow``/``%workflow`` (wf_magic.notebook.magics) in a real IPython."""
+"""Specification of ``%%workflow``/``%workflow`` (wf_magic.notebook.magics) in a real IPython.
+
+Most tests drive an in-process shell (one per module); the "real kernel" tests feed ONE live
+ipykernel cell by cell, for what only a kernel has: interrupts, restarts, widget front ends.
+"""
 
 from __future__ import annotations
 
@@ -12,16 +16,24 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import nbformat
+import pandas as pd
 import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
-from traitlets.config import Config
+from nbclient.exceptions import CellExecutionError
 
+from tests.helpers_notebook import (
+    REPO,
+    Kernel,
+    cell_text,
+    execute_notebook,
+    ipython_shell,
+    magics_in,
+)
 from wf_magic import Engine, Run
 from wf_magic.notebook.args import line_args
 from wf_magic.notebook.magics import WorkflowMagics
-
-REPO = Path(__file__).resolve().parent.parent
 
 DIGEST = """\
 name: digest
@@ -42,21 +54,13 @@ steps:
 
 @pytest.fixture(scope="module")
 def shell() -> Iterator[InteractiveShell]:
-    config = Config()
-    config.HistoryManager.hist_file = ":memory:"
-    ip = InteractiveShell.instance(config=config)
-    ip.run_line_magic("load_ext", "wf_magic")
-    yield ip
-    ip.run_line_magic("unload_ext", "wf_magic")
+    yield from ipython_shell()
 
 
 @pytest.fixture
 def magics(shell: InteractiveShell, tmp_path: Path) -> Iterator[WorkflowMagics]:
-    found = shell.magics_manager.registry["WorkflowMagics"]
-    assert isinstance(found, WorkflowMagics)
-    shell.run_line_magic("config", f"WorkflowMagics.state_dir = {str(tmp_path / 'state')!r}")
-    yield found
-    found.close()
+    with magics_in(shell, tmp_path / "state") as found:
+        yield found
 
 
 @pytest.fixture
@@ -468,10 +472,6 @@ steps:
 
 
 def test_magic_semantics_hold_in_a_real_kernel(tmp_path: Path) -> None:
-    import nbformat
-
-    from .test_notebooks import execute_notebook
-
     edited = DIGEST.replace("Wrap up", "Sum up")
     cells = [
         f"%env WF_MAGIC_HOME={tmp_path / 'state'}\n%load_ext wf_magic",
@@ -540,3 +540,381 @@ def test_a_cell_may_name_a_workflow_file(
     path.write_text(DIGEST.replace("steps:", "steps: 3\nx:"))
     with pytest.raises(UsageError, match=r"^workflow definition error — .*digest\.yaml, line"):
         cell(shell, "--new", str(path))
+
+
+# -- more %%workflow and %workflow semantics (DESIGN.md §4) -----------------------------------------
+JUDGED = """\
+name: judged
+runner: scripted
+runners:
+  scripted:
+    rules:
+      - match: "Gate feedback"
+        reply: "a long and detailed draft"
+      - match: "(?s)^Judge.*long and detailed"
+        reply: {complete: true, feedback: "", missing: []}
+      - match: "(?s)^Judge"
+        reply: {complete: false, feedback: "far too short", missing: [an example]}
+steps:
+  - id: draft
+    prompt: "Write a draft"
+    gate: {judge: llm, criteria: [detailed, has an example], max_loops: 3}
+"""
+
+HUMAN_DRAFT = """\
+name: reviewed
+runner: scripted
+steps:
+  - id: draft
+    prompt: "Write a draft"
+    gate: {judge: human}
+"""
+
+
+def test_help_lists_every_verb_and_every_cell_option(
+    shell: InteractiveShell, magics: WorkflowMagics
+) -> None:
+    line_doc = shell.find_line_magic("workflow").__doc__ or ""
+    cell_doc = shell.find_cell_magic("workflow").__doc__ or ""
+    for verb in (
+        "list", "status RUN", "resume RUN", "abandon RUN", "fork RUN --from STEP",
+        "approve RUN STEP [--feedback TEXT]", "reject RUN STEP --feedback TEXT",
+        "journal RUN", "tokens RUN", "events RUN", "watch RUN", "stop RUN", "gc", "config",
+    ):  # fmt: skip
+        assert f"%workflow {verb}" in line_doc, verb
+    for option in (
+        "--param", "--params VAR", "--new", "--resume RUN", "--max-steps N", "--dry-run",
+        "--no-cache", "--background", "--as VAR", "name",
+    ):  # fmt: skip
+        assert option in cell_doc, option
+
+
+def test_after_a_user_abandon_the_unchanged_cell_starts_a_new_run_reusing_results(
+    shell: InteractiveShell, engine: Engine
+) -> None:
+    first = cell(shell, "--max-steps 1")
+    line(shell, f"abandon {first.run_id}")
+    again = cell(shell, "")
+    assert again.run_id != first.run_id and again.status == "completed"
+    assert again.stats is not None and (again.stats.reused, again.stats.dispatched) == (1, 4)
+    assert first.reason == "abandoned by user"
+
+
+def test_params_after_defaults_define_the_scope(shell: InteractiveShell, engine: Engine) -> None:
+    first = cell(shell, "--max-steps 1")
+    same = cell(shell, "--param sections=3 --param topic=owls")  # the defaults, spelled out
+    assert same.run_id == first.run_id and same.status == "completed"
+    other = cell(shell, "--param topic=cats --max-steps 1")
+    assert other.run_id != first.run_id and other.status == "active"
+    assert first.status == "completed"  # another scope never supersedes this one
+    assert cell(shell, "--param topic=123 --new").params["topic"] == "123"  # stays a string
+
+
+def test_a_changed_cell_is_refused_while_the_old_run_is_driven_and_nothing_is_written(
+    shell: InteractiveShell, magics: WorkflowMagics, engine: Engine
+) -> None:
+    running = cell(shell, "--background", SLOW)
+    try:
+        time.sleep(0.2)
+        with pytest.raises(UsageError, match="is being driven by pid"):
+            cell(shell, "", SLOW.replace("unit {{ item }}", "piece {{ item }}"))
+        assert [r.run_id for r in engine.list_runs()] == [running.run_id]
+        with pytest.raises(UsageError, match="already being driven in this kernel"):
+            cell(shell, "", SLOW)
+    finally:
+        line(shell, f"stop {running.run_id}")
+        assert magics.drives.wait(running.run_id, timeout=30)
+    assert running.status == "active"  # a stop request leaves the run owed, not failed
+    resumed = cell(shell, "", SLOW)
+    assert resumed.run_id == running.run_id and resumed.status == "completed"
+
+
+def test_an_interrupt_while_the_drive_starts_still_stops_it_gracefully(
+    shell: InteractiveShell, magics: WorkflowMagics, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    begin = magics.drives._begin
+
+    def begin_then_interrupted(*args: Any, **kwargs: Any) -> Any:
+        begin(*args, **kwargs)  # the thread is running now ...
+        raise KeyboardInterrupt  # ... and the kernel interrupt arrives (as in Thread.start)
+
+    monkeypatch.setattr(magics.drives, "_begin", begin_then_interrupted)
+    try:
+        cell(shell, "--as s", SLOW)
+    except KeyboardInterrupt:
+        pass
+    run = shell.user_ns.get("s") or magics.engine.status(magics.engine.list_runs()[0].run_id)
+    assert magics.drives.wait(run.run_id, timeout=30)
+    assert run.status == "active"  # stopped between units, work still owed
+
+
+def test_a_child_document_error_names_the_cell_line(
+    shell: InteractiveShell, engine: Engine
+) -> None:
+    body = (
+        "name: parent\nsteps:\n  - id: p\n    workflow: kid\n---\nname: kid\nsteps:\n"
+        "  - id: k\n    prompt: hi\n    gate: {judge: expr, max_loops: 0}\n"
+    )
+    with pytest.raises(UsageError) as info:
+        cell(shell, "", body)
+    assert str(info.value).endswith("(cell line 11)")
+
+
+def test_fork_from_a_middle_step_re_executes_that_step_and_everything_after(
+    shell: InteractiveShell, engine: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    done = cell(shell, "")
+    forked = line(shell, f"fork {done.run_id[:-3]} --from draft")
+    assert f"fork of {done.run_id[:-3]} from step draft" in capsys.readouterr().out
+    assert forked.row.plan_hash == done.row.plan_hash
+    assert forked.stats is not None and (forked.stats.reused, forked.stats.dispatched) == (1, 4)
+    journal = forked.journal()
+    assert list(journal.loc[journal["status"] == "reused", "step"]) == ["outline"]
+    assert journal.loc[journal["status"] == "reused", "tokens_in"].sum() == 0
+    with pytest.raises(UsageError, match="has no step 'nowhere'"):
+        line(shell, f"fork {done.run_id} --from nowhere")
+
+
+def test_reuse_is_reported_as_saved_tokens_and_charged_zero(
+    shell: InteractiveShell, engine: Engine
+) -> None:
+    first = cell(shell, "")
+    edited = cell(shell, "", DIGEST.replace("Wrap up", "Sum up"))
+    by_step = line(shell, f"tokens {edited.run_id}").set_index("step")
+    first_tokens = line(shell, f"tokens {first.run_id}").set_index("step")
+    assert by_step.loc["outline", "tokens"] == 0 and by_step.loc["draft", "tokens"] == 0
+    assert by_step.loc["draft", "saved_tokens"] == first_tokens.loc["draft", "tokens"]
+    assert edited.stats is not None
+    assert edited.stats.saved_tokens == int(by_step["saved_tokens"].sum())
+    assert "4 reused" in repr(edited)
+    assert edited.budget_use().units == 1  # reused results are not charged
+
+
+def test_line_verbs_refuse_what_cannot_be_done_with_one_line_messages(
+    shell: InteractiveShell, engine: Engine
+) -> None:
+    done = cell(shell, "")
+    for text, message in (
+        (f"reject {done.run_id} draft --feedback no", "is not waiting for a decision"),
+        (f"approve {done.run_id} draft", "is not waiting for a decision"),
+        (f"abandon {done.run_id}", "completed; there is nothing to abandon"),
+        ("resume", "required: run"),
+        ("gc --older-than-days -1", "retention must be >= 0"),
+        (f"tokens {done.run_id} --by colour", "invalid choice"),
+    ):
+        with pytest.raises(UsageError, match=message) as info:
+            line(shell, text)
+        assert "\n" not in str(info.value)
+
+
+def test_gc_never_deletes_a_live_run(shell: InteractiveShell, engine: Engine) -> None:
+    done = cell(shell, "")
+    live = cell(shell, "--param topic=bats --max-steps 1")
+    blocked = cell(shell, "", HUMAN_DRAFT)
+    line(shell, "gc --older-than-days 0")
+    left = {r.run_id for r in engine.list_runs()}
+    assert left == {live.run_id, blocked.run_id} and done.run_id not in left
+
+
+def test_gc_accepts_the_cli_duration_spelling(shell: InteractiveShell, engine: Engine) -> None:
+    cell(shell, "")
+    line(shell, "gc --older-than 0d")
+    assert engine.list_runs() == []
+
+
+def test_the_magic_frames_have_the_documented_columns_and_types(
+    shell: InteractiveShell, engine: Engine
+) -> None:
+    run = cell(shell, "")
+    journal = line(shell, f"journal {run.run_id}")
+    assert list(journal.columns[:18]) == [
+        "run", "step", "unit", "attempt", "dispatch_id", "phase", "runner", "model", "status",
+        "input_hash", "tokens_in", "tokens_out", "cost", "reused_from", "started_at",
+        "finished_at", "duration_s", "failure",
+    ]  # fmt: skip
+    for column in ("started_at", "finished_at"):
+        assert pd.api.types.is_datetime64_any_dtype(journal[column])
+    assert pd.api.types.is_integer_dtype(journal["tokens_in"])
+    events = line(shell, f"events {run.run_id}")
+    assert pd.api.types.is_datetime64_any_dtype(events["at"])
+    for by in ("step", "model", "runner"):
+        assert by in line(shell, f"tokens {run.run_id} --by {by}").columns
+    budget = run.budget()
+    assert list(budget["ceiling"]) == ["units", "tokens", "cost"]
+    assert budget.set_index("ceiling").loc["units", "used"] == 5
+
+
+def test_the_budget_verb_returns_the_budget_frame(shell: InteractiveShell, engine: Engine) -> None:
+    run = cell(shell, "")
+    frame = line(shell, f"budget {run.run_id}")
+    assert list(frame["ceiling"]) == ["units", "tokens", "cost"]
+
+
+# -- the Run handle a cell evaluates to -------------------------------------------------------------
+def test_rerunning_a_completed_cell_returns_a_handle_that_did_not_create_the_run(
+    shell: InteractiveShell, engine: Engine
+) -> None:
+    first = cell(shell, "")
+    again = cell(shell, "")
+    assert (first.created, again.created) == (True, False)
+
+
+def test_the_plain_handle_renders_as_text_and_html(shell: InteractiveShell, engine: Engine) -> None:
+    run = cell(shell, "--as r")
+    assert type(run) is Run and shell.user_ns["r"] is run
+    text = repr(run)
+    assert text.startswith(f"Run {run.run_id}  digest  [completed]")
+    html = run._repr_html_()
+    assert run.run_id in html and "<table>" in html and ">completed<" in html
+
+
+def test_an_unchanged_completed_cell_shows_the_result(
+    shell: InteractiveShell, engine: Engine
+) -> None:
+    cell(shell, "")
+    again = cell(shell, "")
+    assert again.stats is not None and again.stats.dispatched == 0
+    result = str(again.result)
+    assert result in repr(again)
+    assert result in again._repr_html_()
+
+
+def test_the_text_rendering_shows_units_done_over_total(
+    shell: InteractiveShell, engine: Engine
+) -> None:
+    run = cell(shell, "--max-steps 1")
+    assert "draft            pending   units 0/3" in repr(run)
+
+
+def test_the_html_rendering_shows_the_budget(shell: InteractiveShell, engine: Engine) -> None:
+    body = DIGEST.replace("runner: scripted\n", "runner: scripted\nbudget: {max_units: 10}\n")
+    run = cell(shell, "", body)
+    assert "5/10" in run._repr_html_()
+
+
+def test_the_html_rendering_shows_gate_rejections(shell: InteractiveShell, engine: Engine) -> None:
+    run = cell(shell, "", JUDGED)
+    assert run.status == "completed"
+    html = run._repr_html_()
+    assert "far too short" in html and "an example" in html
+
+
+def test_the_html_rendering_reports_reuse(shell: InteractiveShell, engine: Engine) -> None:
+    cell(shell, "")
+    edited = cell(shell, "", DIGEST.replace("Wrap up", "Sum up"))
+    assert edited.stats is not None and edited.stats.reused == 4
+    assert f"{edited.stats.saved_tokens}" in edited._repr_html_()
+    assert "reused" in edited._repr_html_()
+
+
+# -- in a real kernel (one for the module, fed cell by cell) ----------------------------------------
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kernel]:
+    k = Kernel(tmp_path_factory.mktemp("kernel"))
+    with k.client.setup_kernel(cleanup_kc=True):
+        k.run(f"%env WF_MAGIC_HOME={k.workdir / 'home'}\n%load_ext wf_magic")
+        # warm up (imports, first view) so timed interrupts land mid-drive
+        k.run("%%workflow\nname: warm\nsteps:\n  - id: a\n    prompt: hi\n")
+        yield k
+
+
+def test_kernel_interrupt_stops_gracefully_and_the_same_cell_resumes(kernel: Kernel) -> None:
+    kernel.home("interrupt")
+    timer = threading.Timer(1.0, kernel.interrupt)
+    timer.start()
+    started = time.monotonic()
+    node = kernel.run(f"%%workflow --as s\n{SLOW}")
+    timer.join()
+    assert time.monotonic() - started < 10
+    text = cell_text(node)
+    assert "Interrupted:" in text and "stays active" in text
+    assert "KeyboardInterrupt" not in text and "Traceback" not in text
+    status, done, stopped_by = kernel.value(
+        "[s.status, int((s.journal()['status'] == 'succeeded').sum()), s.stopped_by]"
+    )
+    assert status == "active" and 0 < done < 10
+    assert stopped_by == "signal"
+    kernel.run(f"%%workflow --as s2\n{SLOW}")
+    same, status, dispatched = kernel.value(
+        "[s2.run_id == s.run_id, s2.status, s2.stats.dispatched]"
+    )
+    assert same and status == "completed" and dispatched == 10 - done
+
+
+def test_kernel_definition_error_is_an_error_reply_with_one_short_line(kernel: Kernel) -> None:
+    kernel.home("deferr")
+    source = "%%workflow\nname: bad\nsteps:\n  - id: a\n    promt: x\n"
+    with pytest.raises(CellExecutionError):  # so "Run All" stops at the bad cell
+        kernel.run(source)
+    node = kernel.nb.cells[-1]
+    text = cell_text(node)
+    assert "Traceback" not in text
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    assert lines == [
+        "UsageError: workflow definition error — steps[0].promt: unknown key; check its "
+        "spelling against the format reference (cell line 5)"
+    ]
+    assert (
+        kernel.value(
+            "len(get_ipython().magics_manager.registry['WorkflowMagics'].engine.list_runs())"
+        )
+        == 0
+    )
+
+
+def test_kernel_python_step_calls_a_notebook_function(kernel: Kernel) -> None:
+    kernel.home("python")
+    kernel.run("def shout(text):\n    return text.upper() + '!'\n")
+    kernel.run(
+        "%%workflow --as loud\nname: loud\nsteps:\n  - id: yell\n    python: shout\n"
+        "    with: {text: hello}\n"
+    )
+    assert kernel.value("[loud.status, loud.result]") == ["completed", "HELLO!"]
+
+
+def test_kernel_restart_mid_drive_then_the_cell_resumes_reclaiming_in_place(
+    kernel: Kernel,
+) -> None:
+    kernel.home("restart")
+    kernel.run(f"%%workflow --background --as s\n{SLOW}")
+    time.sleep(1.0)
+    kernel.km.restart_kernel(now=True)  # a crash: the driver dies mid-unit
+    kernel.client.kc.wait_for_ready(timeout=60)
+    kernel.run(f"%env WF_MAGIC_HOME={kernel.workdir / 'home'}\n%load_ext wf_magic")
+    kernel.home("restart")
+    kernel.run(f"%%workflow --as again\n{SLOW}")
+    status, runs, attempts = kernel.value(
+        "[again.status, len(again.store.list_runs()), "
+        "again.journal()[['unit', 'attempt', 'status']].astype(str).values.tolist()]"
+    )
+    assert status == "completed" and runs == 1
+    assert all(a == "1" and s == "succeeded" for _, a, s in attempts)  # reclaimed in place
+    assert len(attempts) == 10
+
+
+def test_kernel_approve_button_click_completes_a_human_gate(kernel: Kernel) -> None:
+    kernel.home("approve")
+    kernel.run(f"%%workflow --as h\n{HUMAN_DRAFT}")
+    assert kernel.value("[h.status, h.view.decision_box.layout.display]") == ["blocked", ""]
+    kernel.run(
+        "h.view.feedback.value = 'ship it'\nh.view.approve_button.click()\n"
+        "get_ipython().magics_manager.registry['WorkflowMagics'].drives.wait(h.run_id, 30)\n"
+        "h.view.flush()"
+    )
+    status, display, line_ = kernel.value(
+        "[h.status, h.view.decision_box.layout.display, h.view.status_line.value]"
+    )
+    assert status == "completed" and display == "none" and "Run completed." in line_
+
+
+def test_kernel_background_cell_fallback_ends_in_the_final_state(kernel: Kernel) -> None:
+    kernel.home("bgfallback")
+    node = kernel.run(
+        "%%workflow --background --as bg\nname: quick\nsteps:\n  - id: a\n    prompt: hi\n"
+    )
+    kernel.run(
+        "get_ipython().magics_manager.registry['WorkflowMagics'].drives.wait(bg.run_id, 30)\n"
+        "import time; time.sleep(0.5)"
+    )
+    shown = [o for o in node.outputs if o.get("output_type") == "display_data"]
+    assert shown and "[completed]" in shown[0]["data"]["text/plain"]

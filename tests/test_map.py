@@ -429,3 +429,38 @@ steps:
         if a.phase == "work" and a.loop == 1
     ]
     assert loop1 == [("m[0]", 1, "succeeded"), ("m[1]", 1, "failed"), ("m[2]", 1, "succeeded")]
+
+
+def test_ten_thousand_and_one_items_is_a_clear_bound_error(engine: Engine) -> None:
+    src = "name: big\nsteps:\n  - id: m\n    map: '{{ range(10001) | list }}'\n    prompt: x\n"
+    run = engine.run(src)
+    assert run.status == "failed"
+    assert "10000" in (run.reason or "") and "10001" in (run.reason or "")
+    assert engine.attempts(run.run_id) == []
+
+
+def test_a_map_over_a_previous_maps_output_with_vote(tmp_path: Path) -> None:
+    engine = Engine(tmp_path / "state")
+    run = engine.run("""
+name: map-vote
+runners:
+  scripted:
+    rules:
+      - {match: "^Draft (.*)", reply: "d-{{ groups[1] }}"}
+      - {match: "^Vote d-[ab]", reply: "A"}
+      - {match: "^Vote d-c", reply: "B"}
+steps:
+  - id: draft
+    map: "{{ ['a', 'b', 'c'] }}"
+    prompt: "Draft {{ item }}"
+  - id: vote
+    map: "{{ steps.draft.output }}"
+    prompt: "Vote {{ item }}"
+    reduce: vote
+  - id: use
+    prompt: "Use {{ steps.vote.output }}"
+""")
+    assert run.status == "completed"
+    assert run.output("draft") == ["d-a", "d-b", "d-c"]
+    assert run.output("vote") == "A"
+    assert str(run.result).endswith("Use A")

@@ -1,17 +1,18 @@
-"""Durable resume with real processes: kill -9 mid-unit, the run lock, reclaimed attempts."""
+"""Durable resume: kill -9 mid-unit, signals and stop requests, and what a re-run resumes."""
 
 from __future__ import annotations
 
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from wf_magic import Engine, RunLockHeld
+from wf_magic import Engine
 
-from .conftest import db_rows, run_wf, spawn_wf, wait_for
+from .conftest import attempts_in, db_rows, run_wf, spawn_wf, wait_for, write_file
 
 SLEEPY = """\
 name: sleepy
@@ -25,41 +26,27 @@ steps:
     prompt: "bye"
 """
 
-
-def _write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "wf.yaml"
-    path.write_text(text)
-    return path
-
-
-def _attempts(state_dir: Path) -> list[tuple[str, int, str, str]]:
-    return [
-        (str(u), int(n), str(s), str(d))
-        for u, n, s, d in db_rows(
-            state_dir,
-            "SELECT unit_id, attempt, status, dispatch_id FROM attempts ORDER BY attempt_pk",
-        )
-    ]
+TWO_STEPS = "name: two\nsteps:\n  - id: a\n    prompt: hi\n  - id: b\n    prompt: there\n"
 
 
 def test_kill_9_mid_exec_then_resume_reclaims_the_same_dispatch(
     tmp_path: Path, state_dir: Path
 ) -> None:
-    path = _write(tmp_path, SLEEPY)
+    path = write_file(tmp_path, "wf.yaml", SLEEPY)
     proc = spawn_wf(state_dir, "run", str(path))
     wait_for(
-        lambda: any(u == "nap" and s == "running" for u, _, s, _ in _attempts(state_dir)),
+        lambda: any(u == "nap" and s == "running" for u, _, s, _ in attempts_in(state_dir)),
         what="the exec unit to start",
     )
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate()
-    before = _attempts(state_dir)
+    before = attempts_in(state_dir)
     nap = next(a for a in before if a[0] == "nap")
     run_id = str(db_rows(state_dir, "SELECT run_id FROM runs")[0][0])
 
     done = run_wf(state_dir, "resume", run_id)
     assert done.returncode == 0, done.stderr
-    after = _attempts(state_dir)
+    after = attempts_in(state_dir)
     assert [(u, n, s) for u, n, s, _ in after] == [
         ("first", 1, "succeeded"),
         ("nap", 1, "succeeded"),
@@ -70,80 +57,18 @@ def test_kill_9_mid_exec_then_resume_reclaims_the_same_dispatch(
     assert nap[3] in str(output)
 
 
-def test_two_concurrent_resumes_one_drives_other_exits_75(
-    tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("NAP", "4")  # long enough for a second CLI to start meanwhile
-    path = _write(tmp_path, SLEEPY)
-    first = run_wf(state_dir, "run", str(path), "--max-steps", "1")
-    assert first.returncode == 0, first.stderr
-    run_id = str(db_rows(state_dir, "SELECT run_id FROM runs")[0][0])
-    driver = spawn_wf(state_dir, "resume", run_id)
-    wait_for(lambda: any(u == "nap" for u, *_ in _attempts(state_dir)), what="the drive")
-    second = run_wf(state_dir, "resume", run_id)
-    assert second.returncode == 75
-    assert f"pid {driver.pid}" in second.stderr
-    driver.communicate(timeout=60)
-    assert driver.returncode == 0
-    units = [u for u, *_ in _attempts(state_dir)]
-    assert units == ["first", "nap", "last"]  # no duplicate attempts
-
-
-def test_second_thread_is_refused_with_run_lock_held(engine: Engine) -> None:
-    src = "name: t\nsteps:\n  - id: a\n    prompt: x\n  - id: b\n    prompt: y\n"
-    _started = engine.start(src)
-    run_id = _started.run_id
-    gate = threading.Event()
-    release = threading.Event()
-    from wf_magic import ScriptedRunner, register_runner
-
-    class Blocking(ScriptedRunner):
-        def run(self, request):  # type: ignore[no-untyped-def]
-            gate.set()
-            release.wait(10)
-            return super().run(request)
-
-    register_runner("blocking-test", lambda ctx: Blocking(), replace=True)
-    src2 = "name: t2\nrunner: blocking-test\nsteps:\n  - id: a\n    prompt: x\n"
-    _started = engine.start(src2)
-    run2 = _started.run_id
-    other = Engine(engine.state_dir)
-    worker = threading.Thread(target=lambda: other.drive(run2))
-    worker.start()
-    assert gate.wait(10)
-    with pytest.raises(RunLockHeld, match=f"pid {os.getpid()}"):
-        engine.drive(run2)
-    release.set()
-    worker.join(10)
-    other.close()
-    assert engine.get_run(run2).status == "completed"
-    assert engine.drive(run_id).status == "completed"
-
-
-def test_dead_lock_holder_never_wedges_the_run(tmp_path: Path, state_dir: Path) -> None:
-    path = _write(tmp_path, SLEEPY)
-    proc = spawn_wf(state_dir, "run", str(path))
-    wait_for(lambda: any(u == "nap" for u, *_ in _attempts(state_dir)), what="the exec unit")
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.communicate()
-    run_id = str(db_rows(state_dir, "SELECT run_id FROM runs")[0][0])
-    eng = Engine(state_dir)
-    assert eng.drive(run_id).status == "completed"
-    eng.close()
-
-
 def test_sigterm_stops_gracefully_and_exit_130(tmp_path: Path, state_dir: Path) -> None:
     text = SLEEPY.replace(
         "  - id: last", "  - id: nap2\n    exec: [python3, -c, 'print(1)']\n  - id: last"
     )
-    path = _write(tmp_path, text)
+    path = write_file(tmp_path, "wf.yaml", text)
     proc = spawn_wf(state_dir, "run", str(path))
-    wait_for(lambda: any(u == "nap" for u, *_ in _attempts(state_dir)), what="the exec unit")
+    wait_for(lambda: any(u == "nap" for u, *_ in attempts_in(state_dir)), what="the exec unit")
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=30)
     assert proc.returncode == 130
     assert db_rows(state_dir, "SELECT status FROM runs")[0][0] == "active"
-    units = [(u, s) for u, _, s, _ in _attempts(state_dir)]
+    units = [(u, s) for u, _, s, _ in attempts_in(state_dir)]
     assert units == [("first", "succeeded"), ("nap", "succeeded")]
 
 
@@ -154,46 +79,87 @@ def test_stop_request_from_another_process(
     text = SLEEPY.replace(
         "  - id: last", "  - id: nap2\n    exec: [python3, -c, 'print(1)']\n  - id: last"
     )
-    path = _write(tmp_path, text)
+    path = write_file(tmp_path, "wf.yaml", text)
     proc = spawn_wf(state_dir, "run", str(path))
-    wait_for(lambda: any(u == "nap" for u, *_ in _attempts(state_dir)), what="the exec unit")
+    wait_for(lambda: any(u == "nap" for u, *_ in attempts_in(state_dir)), what="the exec unit")
     run_id = str(db_rows(state_dir, "SELECT run_id FROM runs")[0][0])
     assert run_wf(state_dir, "stop", run_id).returncode == 0
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert db_rows(state_dir, "SELECT status FROM runs")[0][0] == "active"
     assert run_wf(state_dir, "resume", run_id).returncode == 0
-    assert [u for u, *_ in _attempts(state_dir)] == ["first", "nap", "nap2", "last"]
+    assert [u for u, *_ in attempts_in(state_dir)] == ["first", "nap", "nap2", "last"]
 
 
 def test_sigint_stops_gracefully_and_exit_130(tmp_path: Path, state_dir: Path) -> None:
     text = SLEEPY.replace(
         "  - id: last", "  - id: nap2\n    exec: [python3, -c, 'print(1)']\n  - id: last"
     )
-    path = _write(tmp_path, text)
+    path = write_file(tmp_path, "wf.yaml", text)
     proc = spawn_wf(state_dir, "run", str(path))
-    wait_for(lambda: any(u == "nap" for u, *_ in _attempts(state_dir)), what="the exec unit")
+    wait_for(lambda: any(u == "nap" for u, *_ in attempts_in(state_dir)), what="the exec unit")
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
     assert "stopping after the units in flight" in err
-    assert [(u, s) for u, _, s, _ in _attempts(state_dir)] == [
+    assert [(u, s) for u, _, s, _ in attempts_in(state_dir)] == [
         ("first", "succeeded"),
         ("nap", "succeeded"),
     ]
 
 
-def test_superseding_a_run_being_driven_is_refused_and_writes_nothing(
-    tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("NAP", "4")
-    path = _write(tmp_path, SLEEPY)
-    proc = spawn_wf(state_dir, "run", str(path))
-    wait_for(lambda: any(u == "nap" for u, *_ in _attempts(state_dir)), what="the exec unit")
-    eng = Engine(state_dir)
-    with pytest.raises(RunLockHeld):
-        eng.start(SLEEPY.replace("bye", "farewell"))
-    assert db_rows(state_dir, "SELECT COUNT(*) FROM runs") == [(1,)]
-    eng.close()
-    proc.communicate(timeout=60)
-    assert proc.returncode == 0
+def test_stop_request_is_cleared_so_the_next_drive_runs(tmp_path: Path) -> None:
+    engine = Engine(tmp_path / "state")
+    started = engine.start("""
+name: stop-clear
+runners:
+  scripted:
+    rules:
+      - {match: "slow", sleep_s: 0.3}
+steps:
+  - id: a
+    prompt: "slow"
+  - id: b
+    prompt: "fast"
+""")
+    timer = threading.Timer(0.1, engine.stop, args=(started.run_id,))
+    timer.start()
+    try:
+        t0 = time.monotonic()
+        assert engine.drive(started).status == "active"
+    finally:
+        timer.join()
+    assert time.monotonic() - t0 < 5
+    assert engine.drive(started.run_id).status == "completed"
+
+
+# -- what an unchanged re-run resumes ---------------------------------------------------------
+def test_abandoned_run_is_not_resumed_by_an_unchanged_rerun(engine: Engine) -> None:
+    first = engine.run(TWO_STEPS, max_steps=1)
+    engine.abandon(first.run_id)
+    again = engine.run(TWO_STEPS)
+    assert again.run_id != first.run_id and again.status == "completed"
+
+
+def test_abandoned_blocked_run_rerun_reuses_work_and_blocks_again(tmp_path: Path) -> None:
+    engine = Engine(tmp_path / "state")
+    src = """
+name: abandon-rerun
+steps:
+  - id: a
+    prompt: Write A.
+  - id: h
+    prompt: Write H.
+    gate: {judge: human}
+"""
+    run = engine.run(src)
+    engine.abandon(run)
+
+    again = engine.run(src)
+
+    assert again.run_id != run.run_id and again.created
+    assert again.status == "blocked"  # human approvals are never cached
+    assert [(a.unit_id, a.status, a.charged) for a in engine.attempts(again.run_id)] == [
+        ("a", "reused", 0),
+        ("h", "reused", 0),
+    ]

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from tests.helpers_flow import use_runner
-from wf_magic import DefinitionError, Engine, RunnerError, UnitRequest
+from wf_magic import Engine, RunnerError, UnitRequest
 
 
 def _flaky(failures: int, *, transient: bool = True):  # noqa: ANN202
@@ -196,25 +196,3 @@ steps:
         ("m[1]", 2, "succeeded"),
         ("m[2]", 1, "succeeded"),
     ]
-
-
-def test_a_runner_that_cannot_be_built_never_leaves_a_running_attempt(tmp_path: Path) -> None:
-    engine = Engine(tmp_path / "state")
-    source = """
-name: badrules
-runners:
-  scripted:
-    rules:
-      - {match: '(', reply: x}
-steps:
-  - id: a
-    prompt: hi
-"""
-    try:
-        run = engine.run(source)
-    except DefinitionError:  # rejected at freeze time: nothing may be written
-        assert engine.list_runs() == []
-        return
-    assert run.status == "failed"
-    assert "invalid regex" in (run.reason or "")
-    assert [a.status for a in engine.attempts(run.run_id)] == ["failed"]

@@ -7,10 +7,12 @@ from pathlib import Path
 import pytest
 
 from tests.helpers_flow import (
+    children_of,
     journal_counts,
     kill9,
     only_run_id,
     run_cli,
+    step_statuses,
     wait_for_journal,
     wf_process,
 )
@@ -303,3 +305,68 @@ def test_example_fanout_route_runs_offline(
     assert steps[ran][0] == "completed"
     assert steps[skipped][0] == "skipped"
     assert len([a for a in engine.attempts(run_id) if a.step_id == "review"]) == 6
+
+
+def test_route_inside_a_child_selects_and_the_parent_gets_the_routed_result(
+    tmp_path: Path,
+) -> None:
+    engine = Engine(tmp_path / "state")
+    run = engine.run("""
+name: routed-parent
+steps:
+  - id: sub
+    workflow: kid
+    with: {flag: "ok"}
+---
+name: kid
+params:
+  flag: {type: string}
+steps:
+  - id: decide
+    route: {on: "{{ params.flag }}", cases: {ok: good, default: bad}}
+  - id: bad
+    prompt: "Bad path."
+  - id: good
+    prompt: "Good path."
+""")
+    assert run.status == "completed"
+    [child] = children_of(engine, run.run_id)
+    assert step_statuses(engine, child) == {
+        "decide": "completed",
+        "bad": "skipped",
+        "good": "completed",
+    }
+    assert str(run.output("sub")).endswith("Good path.")
+
+
+def test_on_error_continue_route_target_failing_skips_the_other_and_completes(
+    tmp_path: Path,
+) -> None:
+    engine = Engine(tmp_path / "state")
+    run = engine.run("""
+name: route-continue
+runners:
+  scripted:
+    rules:
+      - {match: "^Bad", error: permanent}
+steps:
+  - id: pick
+    route: {on: "x", cases: {x: t, default: other}}
+  - id: t
+    prompt: "Bad target."
+    on_error: continue
+  - id: other
+    prompt: "Other."
+  - id: last
+    prompt: "Last."
+""")
+    assert run.status == "completed"
+    assert step_statuses(engine, run.run_id) == {
+        "pick": "completed",
+        "t": "failed",
+        "other": "skipped",
+        "last": "completed",
+    }
+    before = journal_counts(engine, run.run_id)
+    assert engine.drive(run.run_id).status == "completed"
+    assert journal_counts(engine, run.run_id) == before

@@ -206,3 +206,57 @@ def test_error_in_a_child_document_names_the_files_own_line() -> None:
     assert str(info.value) == (
         "steps[0].gate.max_loops: in child workflow 'kid': must be >= 1 (got 0) (wf.yaml, line 10)"
     )
+
+
+def test_yaml_12_numbers_and_dates_stay_as_written() -> None:
+    wf = load_workflow(
+        "name: x\ndescription: 1_000\nparams:\n  d: {type: string, default: 2020-01-01}\n"
+        "  o: {type: integer, default: 017}\n"
+        "steps:\n  - id: a\n    prompt: hi\n"
+    )
+    assert wf.plan.description == "1_000"
+    plan = json.loads(wf.plan_json)
+    assert plan["params"]["d"]["default"] == "2020-01-01"
+    assert plan["params"]["o"]["default"] == 17
+
+
+def test_unknown_attribute_of_a_step_is_a_freeze_time_error() -> None:
+    with pytest.raises(DefinitionError) as info:
+        load_workflow(
+            "name: x\nsteps:\n  - id: a\n    prompt: hi\n"
+            "  - id: b\n    prompt: '{{ steps.a.outputs }}'\n"
+        )
+    assert info.value.field == "steps[1].prompt"
+
+
+def test_infinite_budget_is_a_definition_error() -> None:
+    with pytest.raises(DefinitionError) as info:
+        load_workflow("name: x\nbudget: {max_cost: .inf}\nsteps:\n  - id: a\n    prompt: hi\n")
+    assert info.value.field is not None and "budget" in info.value.field
+
+
+def test_nan_param_default_is_a_definition_error() -> None:
+    with pytest.raises(DefinitionError):
+        load_workflow(
+            "name: x\nparams:\n  f: {type: number, default: .nan}\n"
+            "steps:\n  - id: a\n    prompt: hi\n"
+        )
+
+
+def test_pass_env_on_a_non_exec_step_is_a_definition_error() -> None:
+    with pytest.raises(DefinitionError):
+        load_workflow("name: x\nsteps:\n  - id: a\n    prompt: hi\n    pass_env: [HOME]\n")
+
+
+@pytest.mark.parametrize("name", ["WF_TOKEN", "1ABC", "A-B", "A B"])
+def test_pass_env_names_are_validated(name: str) -> None:
+    with pytest.raises(DefinitionError) as info:
+        load_workflow(
+            f"name: x\nsteps:\n  - id: a\n    exec: [env]\n    pass_env: [{json.dumps(name)}]\n"
+        )
+    assert info.value.field == "steps[0].pass_env" and info.value.line == 5
+
+
+def test_reduce_without_map_is_a_definition_error() -> None:
+    with pytest.raises(DefinitionError):
+        load_workflow("name: x\nsteps:\n  - id: a\n    prompt: hi\n    reduce: vote\n")

@@ -13,7 +13,9 @@ from wf_magic.store import db as dbmod
 from wf_magic.store.db import connect
 from wf_magic.store.migrations import apply_migrations, migration_ids
 
-from .conftest import db_rows, tamper
+from .conftest import db_rows, tamper, wf_inproc, write_file
+
+TWO_STEPS = "name: two\nsteps:\n  - id: a\n    prompt: hi\n  - id: b\n    prompt: there\n"
 
 
 def _ledger(path: Path) -> list[str]:
@@ -158,3 +160,46 @@ def test_gc_deletes_only_finished_runs(engine: Engine) -> None:
     )
     assert engine.gc(older_than_s=0) == [done.run_id]
     assert [r.run_id for r in engine.list_runs()] == [live.run_id]
+
+
+def test_a_newer_ledger_opens_and_a_divergent_one_exits_1_from_the_cli(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, state_dir: Path
+) -> None:
+    wf = write_file(tmp_path, "two.yaml", TWO_STEPS)
+    wf_inproc(capsys, state_dir, "run", str(wf))
+    conn = sqlite3.connect(state_dir / "state.db")
+    conn.execute("INSERT INTO schema_migrations VALUES ('m999_future', 999, 0)")
+    conn.commit()
+    assert wf_inproc(capsys, state_dir, "list").returncode == 0
+    first = conn.execute("SELECT id FROM schema_migrations ORDER BY position LIMIT 1").fetchone()[0]
+    conn.execute("UPDATE schema_migrations SET id = 'x_other' WHERE id = ?", (first,))
+    conn.commit()
+    conn.close()
+    res = wf_inproc(capsys, state_dir, "list")
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert "WF_MAGIC_HOME" in res.stderr or "--db" in res.stderr
+
+
+def test_storage_status_vocabularies_are_enforced(engine: Engine) -> None:
+    engine.run(TWO_STEPS)
+    schema = " ".join(
+        str(r[0])
+        for r in db_rows(engine.state_dir, "SELECT sql FROM sqlite_master WHERE sql IS NOT NULL")
+    )
+    for vocab in (
+        "'active','blocked','completed','failed','abandoned'",
+        "'pending','completed','failed','skipped','blocked'",
+        "'running','succeeded','failed','reused'",
+    ):
+        assert vocab in schema
+    for column in (
+        "plan_json",
+        "plan_hash",
+        "plan_version",
+        "source_hash",
+        "params_json",
+        "scope_key",
+        "parent_run_id",
+        "invocation_key",
+    ):
+        assert column in schema

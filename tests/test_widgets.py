@@ -1,4 +1,8 @@
-"""Specification of the live run view (wf_magic.notebook.widgets) and its throttle."""
+"""Specification of the live run view (wf_magic.notebook.widgets) and its throttle.
+
+Most tests build a ``RunView`` over an Engine; the last ones show it through ``%%workflow``
+with widgets on, in an in-process IPython shell.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +10,15 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from IPython.core.interactiveshell import InteractiveShell
 
+from tests.helpers_notebook import ipython_shell, magics_in
 from wf_magic import Engine
 from wf_magic.notebook.drives import Drives
+from wf_magic.notebook.magics import WorkflowMagics
 from wf_magic.notebook.rows import elapsed_text
 from wf_magic.notebook.throttle import Throttle
 from wf_magic.notebook.widgets import RunView
@@ -399,3 +407,164 @@ def test_a_pending_map_step_shows_its_total_once_known(engine: Engine) -> None:
 )
 def test_elapsed_text(seconds: float | None, text: str) -> None:
     assert elapsed_text(seconds) == text
+
+
+# -- the view a cell shows with widgets on ------------------------------------------------------
+CELL_DIGEST = """\
+name: digest
+params:
+  topic: {type: string, default: owls}
+  sections: {type: integer, default: 3, minimum: 1}
+runner: scripted
+steps:
+  - id: outline
+    prompt: "Outline {{ params.topic }} in {{ params.sections }} sections"
+  - id: draft
+    map: "{{ range(params.sections) | list }}"
+    prompt: "Write section {{ item }} on {{ params.topic }}"
+  - id: wrap
+    prompt: "Wrap up {{ params.topic }}"
+"""
+
+SLOW = """\
+name: slow
+runner: scripted
+execution: {max_concurrency: 1}
+runners:
+  scripted:
+    rules:
+      - {match: "unit", reply: "ok", sleep_s: 0.2}
+steps:
+  - id: fan
+    map: "{{ range(10) | list }}"
+    prompt: "unit {{ item }}"
+"""
+
+EXHAUSTED = """\
+name: exhausted
+runner: scripted
+runners:
+  scripted:
+    rules:
+      - match: "(?s)^Judge"
+        reply: {complete: false, feedback: "too short", missing: [an example]}
+steps:
+  - id: draft
+    prompt: "Write a draft"
+    gate: {judge: llm, criteria: [detailed], max_loops: 2}
+"""
+
+HUMAN_DRAFT = """\
+name: reviewed
+runner: scripted
+steps:
+  - id: draft
+    prompt: "Write a draft"
+    gate: {judge: human}
+"""
+
+
+@pytest.fixture(scope="module")
+def shell() -> Iterator[InteractiveShell]:
+    yield from ipython_shell()
+
+
+@pytest.fixture
+def widgets_on(shell: InteractiveShell, tmp_path: Path) -> Iterator[WorkflowMagics]:
+    with magics_in(shell, tmp_path / "state") as magics:
+        shell.run_line_magic("config", "WorkflowMagics.widgets = 'on'")
+        yield magics
+
+
+def cell(shell: InteractiveShell, line: str, body: str = CELL_DIGEST) -> Any:
+    return shell.run_cell_magic("workflow", line, body)
+
+
+def test_the_view_shows_superseded_drift_and_reuse_warnings(
+    shell: InteractiveShell, widgets_on: WorkflowMagics, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old = cell(shell, "--max-steps 1")
+    new = cell(shell, "", CELL_DIGEST.replace("Wrap up", "Sum up"))
+    box = new.view.warning_box
+    assert box.layout.display == ""
+    assert f"superseded by {new.run_id}" in box.value
+    assert "reused 1 result from earlier runs (14 tokens saved)" in box.value
+    assert old.status == "abandoned"
+    owed = cell(shell, "--new --max-steps 1")
+    drifted = cell(shell, f"--resume {owed.run_id}", CELL_DIGEST.replace("Wrap up", "Close"))
+    assert drifted.run_id == owed.run_id
+    assert "continuing with its frozen plan" in drifted.view.warning_box.value
+    capsys.readouterr()
+
+
+def test_the_view_rows_header_and_budget_after_a_run(
+    shell: InteractiveShell, widgets_on: WorkflowMagics, capsys: pytest.CaptureFixture[str]
+) -> None:
+    body = CELL_DIGEST.replace("runner: scripted\n", "runner: scripted\nbudget: {max_units: 10}\n")
+    run = cell(shell, "", body)
+    view = run.view
+    assert "<b>digest</b>" in view.header.value and run.run_id in view.header.value
+    assert ">completed<" in view.header.value
+    draft = view.rows["draft"]
+    assert draft.units.value == "3/3" and draft.bar.value == draft.bar.max == 3
+    assert draft.elapsed.value.endswith(" s")
+    assert (view.units_bar.value, view.units_bar.max) == (5, 10)
+    assert view.units_label.value == "5/10"
+    assert view.tokens_bar.layout.display == "none"  # no token ceiling: no misleading bar
+    capsys.readouterr()
+
+
+def test_stop_button_stops_a_background_drive_and_the_run_stays_active(
+    shell: InteractiveShell, widgets_on: WorkflowMagics, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = cell(shell, "--background", SLOW)
+    view = run.view
+    time.sleep(0.3)
+    view.flush()
+    assert view.stop_button.layout.display == ""
+    view.stop_button.click()
+    assert widgets_on.drives.wait(run.run_id, timeout=30)
+    view.flush()
+    assert run.status == "active"
+    assert "not being driven" in view.status_line.value
+    assert view.stop_button.layout.display == "none"
+    capsys.readouterr()
+
+
+def test_an_exhausted_gate_can_be_approved_from_the_view(
+    shell: InteractiveShell, widgets_on: WorkflowMagics, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = cell(shell, "", EXHAUSTED)
+    assert run.status == "blocked" and "gate exhausted" in (run.reason or "")
+    view = run.view
+    assert "Gate rejections</b> (2)" in view.gate_panel.value
+    assert view.rows["draft"].loop.value == "2/2"
+    assert view.decision_box.layout.display == ""
+    view.approve_button.click()
+    assert widgets_on.drives.wait(run.run_id, timeout=30)
+    view.flush()
+    assert run.status == "completed"
+    capsys.readouterr()
+
+
+def test_an_exhausted_gate_view_offers_no_reject_that_is_always_refused(
+    shell: InteractiveShell, widgets_on: WorkflowMagics, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = cell(shell, "", EXHAUSTED)
+    view = run.view
+    capsys.readouterr()
+    offered = not view.reject_button.disabled and view.reject_button.layout.display != "none"
+    if offered:
+        view.feedback.value = "try again"
+        view.reject_button.click()
+        assert "Nothing was recorded" not in view.message.value
+    assert "reject it" not in view.summary.value
+
+
+def test_a_gated_step_row_shows_its_loop(
+    shell: InteractiveShell, widgets_on: WorkflowMagics, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = cell(shell, "", HUMAN_DRAFT)
+    capsys.readouterr()
+    assert run.status == "blocked"
+    assert run.view.rows["draft"].loop.value == "1/1"

@@ -166,10 +166,13 @@ def _judge_expr(
         verdict = expr_verdict(
             gate.check or "", output=artifact, params=state.params, criteria=criteria
         )
-    except VerdictError as exc:
+    except Exception as exc:
+        failure = _judge_failure(exc)
         attempt = ctx.store.reserve_attempt(key, charged=False)
-        attempts.finish_error(ctx, state, attempt, RunnerError(str(exc)))
-        raise
+        attempts.finish_error(ctx, state, attempt, failure)
+        if failure is exc:
+            raise
+        raise failure from exc
     _record(ctx, state, key, verdict)
     return verdict
 
@@ -183,28 +186,30 @@ def _judge_llm(
     summary: str,
 ) -> Verdict:
     attempt = _reclaim_or_reserve(ctx, state, key)
-    request = UnitRequest(
-        run_id=state.run_id,
-        step_id=step.id,
-        unit_id=key.unit_id,
-        dispatch_id=attempt.dispatch_id,
-        input_hash=key.input_hash,
-        attempt=attempt.attempt,
-        kind="judge",
-        prompt=judge_prompt(step.id, criteria, summary),
-        model=key.model,
-        output_schema=VERDICT_SCHEMA,
-        timeout_s=step.timeout_s,
-    )
     try:
+        request = UnitRequest(
+            run_id=state.run_id,
+            step_id=step.id,
+            unit_id=key.unit_id,
+            dispatch_id=attempt.dispatch_id,
+            input_hash=key.input_hash,
+            attempt=attempt.attempt,
+            kind="judge",
+            prompt=judge_prompt(step.id, criteria, summary),
+            model=key.model,
+            output_schema=VERDICT_SCHEMA,
+            timeout_s=step.timeout_s,
+        )
         result = state.runner(ctx, key.runner).run(request)
         verdict = parse_verdict(result.output)
-    except RunnerError as exc:
-        attempts.finish_error(ctx, state, attempt, exc)
-        raise
-    except VerdictError as exc:
-        attempts.finish_error(ctx, state, attempt, RunnerError(str(exc)))
-        raise
+    except Exception as exc:
+        # Whatever the judge raised, its attempt ends failed and the step blocks: a judge
+        # bug never leaves the attempt running or kills the drive.
+        failure = _judge_failure(exc)
+        attempts.finish_error(ctx, state, attempt, failure)
+        if failure is exc:
+            raise
+        raise failure from exc
     attempts.finish_with(
         ctx,
         state,
@@ -219,6 +224,15 @@ def _judge_llm(
         ),
     )
     return verdict
+
+
+def _judge_failure(exc: Exception) -> RunnerError:
+    """The failure journaled for a judge that raised ``exc`` (worded like a work unit's)."""
+    if isinstance(exc, RunnerError):
+        return exc
+    if isinstance(exc, VerdictError):
+        return RunnerError(str(exc))
+    return RunnerError(f"runner raised {type(exc).__name__}: {exc}")
 
 
 def _reclaim_or_reserve(ctx: DriveContext, state: RunState, key: UnitKey) -> AttemptRow:

@@ -1,18 +1,71 @@
-"""The ``python`` runner: calls a frozen callable, refusing one whose source changed."""
+"""The ``python`` runner: calls a frozen callable, refusing one whose source changed.
+
+A step's ``timeout:`` binds the call: with a timeout set, the callable runs in a daemon
+worker thread and the runner stops waiting for it at the deadline, failing the attempt with
+a transient ``RunnerError`` (like an exec timeout). Python cannot kill a thread, so the
+abandoned call may keep running, and its side effects with it, until it returns on its own
+or the process exits; the driver never waits for it. Without a timeout the callable runs in
+the calling thread.
+"""
 
 from __future__ import annotations
 
+import contextvars
 import json
-from collections.abc import Mapping
-from typing import Any
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from ..errors import RunnerError
 from . import functions
 from .base import BaseRunner, RunnerContext, UnitRequest, UnitResult
 
+T = TypeVar("T")
+
+
+def call_with_timeout(call: Callable[[], T], timeout_s: float | None, *, what: str) -> T:
+    """``call()``, giving up on it after ``timeout_s`` seconds (None: no limit).
+
+    The call runs in a daemon thread (with a copy of the caller's context variables) and its
+    result or exception is handed back to the caller. Waiting for it stays interruptible, so
+    a Ctrl-C still stops the drive.
+
+    Raises:
+        RunnerError: transient, naming ``what`` and the timeout, when the call overran; the
+            thread is abandoned, not stopped.
+    """
+    if timeout_s is None:
+        return call()
+    context = contextvars.copy_context()
+    finished = threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            outcome["value"] = context.run(call)
+        except BaseException as exc:  # handed to the caller, who decides
+            outcome["error"] = exc
+        finally:
+            finished.set()
+
+    threading.Thread(target=work, name=f"wf-call {what}", daemon=True).start()
+    if not finished.wait(timeout_s):
+        raise RunnerError(
+            f"{what} timed out after {timeout_s:g}s; the call was abandoned and its thread may "
+            "still be running",
+            transient=True,
+        )
+    if "error" in outcome:
+        raise outcome["error"]
+    value: T = outcome["value"]
+    return value
+
 
 class FunctionRunner(BaseRunner):
-    """Runs ``python:`` units: ``fn(**kwargs)``; the return value must be JSON-serialisable."""
+    """Runs ``python:`` units: ``fn(**kwargs)``; the return value must be JSON-serialisable.
+
+    ``request.timeout_s`` is enforced by abandoning the call (see the module docstring).
+    """
 
     def __init__(
         self, namespace: Mapping[str, Any] | None = None, *, source_dir: str | None = None
@@ -40,10 +93,15 @@ class FunctionRunner(BaseRunner):
                 "function.",
                 executed=False,
             )
-        try:
-            output = fn(**dict(request.kwargs or {}))
-        except Exception as exc:
-            raise RunnerError(f"{target} raised {type(exc).__name__}: {exc}") from exc
+        kwargs = dict(request.kwargs or {})
+
+        def call() -> Any:
+            try:
+                return fn(**kwargs)
+            except Exception as exc:
+                raise RunnerError(f"{target} raised {type(exc).__name__}: {exc}") from exc
+
+        output = call_with_timeout(call, request.timeout_s, what=target)
         try:
             json.dumps(output, allow_nan=False)
         except (TypeError, ValueError) as exc:

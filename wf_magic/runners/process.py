@@ -1,4 +1,22 @@
-"""The ``exec`` runner: argv as a subprocess, no shell, minimal env, capped output, timeout."""
+"""The ``exec`` runner: argv as a subprocess, no shell, minimal env, capped output, timeout.
+
+Limits hold whatever the child does with its pipes:
+
+- ``timeout:`` is wall-clock from dispatch. At the deadline the child's whole process group
+  is killed (the child leads a new session, so its children, background ``&`` jobs
+  included, are in that group) and the attempt fails, transient.
+- stdout is read as it arrives and kept up to the output cap (1 MiB by default,
+  ``runners: {exec: {output_cap: N}}``). Past the cap nothing more is kept; bytes are only
+  counted, for at most ``OVER_CAP_GRACE_S``, so a child that simply wrote too much reports
+  its exact size. Then the group is killed and the attempt fails, naming the cap and the
+  byte count. An endless producer (``yes``) cannot fill the driver's memory, block on a
+  full pipe or run forever.
+- stderr is drained as it arrives; its last 64 KiB are kept for the failure message.
+
+Limit: a descendant that leaves the group (``setsid``, a daemonising double fork) escapes
+the kill. It is not waited for: a timeout or cap failure returns at once and the threads
+still reading its pipes end when it closes them.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +25,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from typing import IO
 
 from ..errors import RunnerError
@@ -14,6 +33,10 @@ from .base import BaseRunner, RunnerContext, UnitRequest, UnitResult
 
 OUTPUT_CAP_BYTES = 1_048_576
 STDERR_TAIL = 2000
+STDERR_KEEP = 64 * 1024
+OVER_CAP_GRACE_S = 0.5
+"""How long stdout past the cap is still counted (not kept) before the group is killed."""
+_READ_SIZE = 65536
 _BASE_ENV = (
     "PATH",
     "HOME",
@@ -35,31 +58,64 @@ def minimal_env(pass_env: list[str] | tuple[str, ...], wf_vars: dict[str, str]) 
     return env
 
 
-class _Capped:
-    """Drain a pipe continuously (so the child never blocks), keeping at most ``cap`` bytes."""
+class _Drain:
+    """Read a pipe to its end in a daemon thread as bytes arrive, so the child never blocks.
 
-    def __init__(self, pipe: IO[bytes], cap: int):
-        self.chunks: list[bytes] = []
+    Every byte is counted; at most ``keep`` are kept: the first ones, or with ``tail`` the
+    last ones. ``wake`` is set when the pipe ends and when more than ``keep`` bytes arrived.
+    """
+
+    def __init__(self, pipe: IO[bytes], *, keep: int, wake: threading.Event, tail: bool = False):
+        self.buffer = bytearray()
         self.total = 0
-        self.cap = cap
+        self.keep = keep
+        self.tail = tail
+        self.wake = wake
+        self.ended = threading.Event()
         self.thread = threading.Thread(target=self._drain, args=(pipe,), daemon=True)
         self.thread.start()
 
+    @property
+    def is_over(self) -> bool:
+        """Whether more than ``keep`` bytes arrived."""
+        return self.total > self.keep
+
     def _drain(self, pipe: IO[bytes]) -> None:
-        with pipe:
-            for chunk in iter(lambda: pipe.read(65536), b""):
-                self.total += len(chunk)
-                kept = sum(len(c) for c in self.chunks)
-                if kept < self.cap:
-                    self.chunks.append(chunk[: self.cap - kept])
+        try:
+            with pipe:
+                fd = pipe.fileno()
+                # os.read returns what is there; a buffered read would wait for a full block.
+                for chunk in iter(lambda: os.read(fd, _READ_SIZE), b""):
+                    was_over = self.is_over
+                    self.total += len(chunk)
+                    self._keep(chunk)
+                    if self.is_over and not was_over:
+                        self.wake.set()
+        except OSError:
+            pass  # the pipe broke: what was read is what there is
+        finally:
+            self.ended.set()
+            self.wake.set()
+
+    def _keep(self, chunk: bytes) -> None:
+        if self.tail:
+            self.buffer += chunk
+            del self.buffer[: max(0, len(self.buffer) - self.keep)]
+        elif len(self.buffer) < self.keep:
+            self.buffer += chunk[: self.keep - len(self.buffer)]
 
     def text(self) -> str:
-        self.thread.join()
-        return b"".join(self.chunks).decode("utf-8", errors="replace")
+        """What was kept, decoded."""
+        return bytes(self.buffer).decode("utf-8", errors="replace")
 
 
 class ExecRunner(BaseRunner):
-    """Runs ``request.argv``; stdout is the output (JSON-decoded when a schema is set)."""
+    """Runs ``request.argv``; stdout is the output (JSON-decoded when a schema is set).
+
+    The timeout is wall-clock from dispatch and kills the child's process group; stdout past
+    the output cap kills it too (see the module docstring, and its limit: a ``setsid``
+    descendant escapes the group and is not killed).
+    """
 
     def __init__(self, *, output_cap: int = OUTPUT_CAP_BYTES):
         self.output_cap = output_cap
@@ -71,6 +127,7 @@ class ExecRunner(BaseRunner):
 
     def run(self, request: UnitRequest) -> UnitResult:
         argv = list(request.argv or ())
+        deadline = None if request.timeout_s is None else time.monotonic() + request.timeout_s
         try:
             proc = subprocess.Popen(
                 argv,
@@ -78,29 +135,30 @@ class ExecRunner(BaseRunner):
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                start_new_session=True,
+                start_new_session=True,  # its own process group: a timeout kills all of it
             )
         except OSError as exc:
             raise RunnerError(f"cannot start {argv[0]!r}: {exc.strerror}", executed=False) from exc
-        assert proc.stdout is not None and proc.stderr is not None  # PIPE was requested
-        out = _Capped(proc.stdout, self.output_cap + 1)
-        err = _Capped(proc.stderr, 64 * 1024)
+        if proc.stdout is None or proc.stderr is None:  # pragma: no cover - PIPE was requested
+            raise RunnerError(f"cannot read the output of {argv[0]!r}")
+        wake = threading.Event()
+        out = _Drain(proc.stdout, keep=self.output_cap, wake=wake)
+        err = _Drain(proc.stderr, keep=STDERR_KEEP, wake=wake, tail=True)
         try:
-            code = proc.wait(timeout=request.timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill(proc)
-            raise RunnerError(
-                f"timed out after {request.timeout_s}s and was killed: {argv[0]}", transient=True
-            ) from None
+            code = _wait(proc, out, err, wake, deadline)
         except BaseException:
-            _kill(proc)  # an interrupt must not leave the child running
+            _kill_group(proc)  # an interrupt must not leave the child running
             raise
-        stdout, stderr = out.text(), err.text()
-        if out.total > self.output_cap:
+        if code is None:
+            written, complete = out.total, out.ended.is_set()  # before the kill adds to them
+            _kill_group(proc)
+            if out.is_over:
+                raise RunnerError(_over_cap(written, self.output_cap, complete=complete))
             raise RunnerError(
-                f"stdout was {out.total} bytes, over the cap of {self.output_cap} "
-                "bytes; write large results to a file and print its path"
+                f"timed out after {request.timeout_s:g}s and was killed: {argv[0]}",
+                transient=True,
             )
+        stdout, stderr = out.text(), err.text()
         if code != 0:
             tail = stderr[-STDERR_TAIL:].strip()
             raise RunnerError(f"exited with status {code}" + (f"; stderr: {tail}" if tail else ""))
@@ -113,12 +171,57 @@ class ExecRunner(BaseRunner):
         return UnitResult(output=output)
 
 
+def _wait(
+    proc: subprocess.Popen[bytes],
+    out: _Drain,
+    err: _Drain,
+    wake: threading.Event,
+    deadline: float | None,
+) -> int | None:
+    """The child's exit status once both pipes ended; None at the deadline or past the cap.
+
+    Past the cap, waiting goes on only until stdout ends or ``OVER_CAP_GRACE_S`` passes.
+    """
+    over_until: float | None = None
+    while True:
+        wake.clear()  # cleared before the checks, so a drain ending meanwhile is not missed
+        if out.is_over:
+            if out.ended.is_set():
+                return None
+            if over_until is None:
+                over_until = time.monotonic() + OVER_CAP_GRACE_S
+        elif out.ended.is_set() and err.ended.is_set():
+            break
+        ends = [t for t in (deadline, over_until) if t is not None]
+        remaining = min(ends) - time.monotonic() if ends else None
+        if remaining is not None and remaining <= 0:
+            return None
+        wake.wait(remaining)
+    # Both pipes are closed; the child may still run (it closed them itself).
+    try:
+        return proc.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def _over_cap(written: int, cap: int, *, complete: bool) -> str:
+    """The failure of an attempt whose stdout passed the cap (``complete``: it ended)."""
+    size = (
+        f"stdout was {written} bytes, over the cap of {cap} bytes"
+        if complete
+        else f"stdout passed the cap of {cap} bytes ({written} bytes read before the process "
+        "group was killed)"
+    )
+    return f"{size}; write large results to a file and print its path"
+
+
 def _refuse_constant(name: str) -> object:
     # NaN/Infinity are not JSON; leave the raw text for the schema check to report.
     raise ValueError(f"{name} is not a JSON number")
 
 
-def _kill(proc: subprocess.Popen[bytes]) -> None:
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the child's process group and reap the child (never waits on its pipes)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

@@ -39,9 +39,14 @@ from typing import Any
 from ..errors import RunnerError
 from ..hashing import sha256_text
 from .base import BaseRunner, RunnerContext, UnitRequest, UnitResult
+from .function import call_with_timeout
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 _RULE_KEYS = {"match", "reply", "tokens_in", "tokens_out", "error", "sleep_s", "model", "kind"}
+_UNIT_KINDS = ("prompt", "exec", "python", "judge")
+MAX_RULE_TOKENS = 10**12
+"""A rule's fixed token count; sums of many still fit SQLite's 64-bit integers."""
+MAX_SLEEP_S = 86_400.0
 
 
 def count_tokens(text: str) -> int:
@@ -65,28 +70,67 @@ class Rule:
     @classmethod
     def parse(cls, raw: Mapping[str, Any], index: int) -> Rule:
         """Build a rule from its mapping form (ValueError naming the rule on bad input)."""
+        where = f"scripted rule {index}"
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"{where}: expected a mapping with match and reply")
         unknown = set(raw) - _RULE_KEYS
         if unknown:
-            raise ValueError(f"scripted rule {index}: unknown key(s) {sorted(unknown)}")
+            raise ValueError(f"{where}: unknown key(s) {sorted(map(str, unknown))}")
         if "match" not in raw:
-            raise ValueError(f"scripted rule {index}: `match` (a regex) is required")
+            raise ValueError(f"{where}: `match` (a regex) is required")
+        if not isinstance(raw["match"], str | int | float) or isinstance(raw["match"], bool):
+            raise ValueError(f"{where}: `match` must be a regex string")
         try:
             pattern = re.compile(str(raw["match"]))
-        except re.error as exc:
-            raise ValueError(f"scripted rule {index}: invalid regex: {exc}") from exc
+        except (re.error, RecursionError, OverflowError) as exc:
+            raise ValueError(f"{where}: invalid regex: {exc}") from None
         error = raw.get("error")
         if error is not None and error not in ("transient", "permanent"):
-            raise ValueError(f"scripted rule {index}: error must be transient or permanent")
+            raise ValueError(f"{where}: error must be transient or permanent")
+        kind = raw.get("kind")
+        if kind is not None and kind not in _UNIT_KINDS:
+            raise ValueError(f"{where}: kind must be one of {', '.join(_UNIT_KINDS)}")
+        model = raw.get("model")
+        if model is not None and not isinstance(model, str):
+            raise ValueError(f"{where}: model must be a string")
+        sleep_s = raw.get("sleep_s", 0)
+        if not _is_number(sleep_s) or not 0 <= sleep_s <= MAX_SLEEP_S:
+            raise ValueError(f"{where}: sleep_s must be a number of seconds, 0 to {MAX_SLEEP_S:g}")
+        _check_reply(raw.get("reply"), where)
         return cls(
             match=pattern,
             reply=raw.get("reply"),
-            tokens_in=raw.get("tokens_in"),
-            tokens_out=raw.get("tokens_out"),
+            tokens_in=_tokens(raw, "tokens_in", where),
+            tokens_out=_tokens(raw, "tokens_out", where),
             error=error,
-            sleep_s=float(raw.get("sleep_s", 0)),
-            model=raw.get("model"),
-            kind=raw.get("kind"),
+            sleep_s=float(sleep_s),
+            model=model,
+            kind=kind,
         )
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _tokens(raw: Mapping[str, Any], key: str, where: str) -> int | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_RULE_TOKENS:
+        raise ValueError(f"{where}: {key} must be a whole number from 0 to {MAX_RULE_TOKENS}")
+    return value
+
+
+def _check_reply(reply: Any, where: str) -> None:
+    """A templated reply must parse now, not at the first dispatch."""
+    if isinstance(reply, str) and "{{" in reply:
+        from ..templates import TemplateError, references
+
+        try:
+            references(reply)
+        except TemplateError as exc:
+            raise ValueError(f"{where}: reply: {exc}") from None
 
 
 ReplyFunction = Callable[[UnitRequest], Any]
@@ -121,16 +165,34 @@ class ScriptedRunner(BaseRunner):
                 f"runner {ctx.name!r}: unknown option(s) {sorted(unknown)}; the scripted runner "
                 "takes rules, replies and model"
             )
+        rules = ctx.options.get("rules", [])
+        replies = ctx.options.get("replies")
+        model = ctx.options.get("model", "scripted-1")
         try:
-            return cls(
-                ctx.options.get("rules", []),
-                replies=ctx.options.get("replies"),
-                model=ctx.options.get("model", "scripted-1"),
-            )
+            if not isinstance(rules, list):
+                raise ValueError("rules must be a list of {match, reply} mappings")
+            if replies is not None and not isinstance(replies, Mapping):
+                raise ValueError("replies must map a prompt to its reply")
+            if not isinstance(model, str):
+                raise ValueError("model must be a string")
+            for prompt, reply in (replies or {}).items():
+                _check_reply(reply, f"reply to {str(prompt)[:40]!r}")
+            return cls(rules, replies=replies, model=model)
         except ValueError as exc:
             raise RunnerError(f"runner {ctx.name!r}: {exc}") from exc
 
     def run(self, request: UnitRequest) -> UnitResult:
+        """Answer ``request``; past ``request.timeout_s`` the attempt fails, transient.
+
+        The timeout binds a rule's ``sleep_s`` and a reply function alike: the reply is
+        computed in a worker thread that is abandoned at the deadline (see
+        :func:`~wf_magic.runners.function.call_with_timeout`).
+        """
+        return call_with_timeout(
+            lambda: self._answer(request), request.timeout_s, what="scripted reply"
+        )
+
+    def _answer(self, request: UnitRequest) -> UnitResult:
         text = request.prompt if request.prompt is not None else " ".join(request.argv or ())
         rule, found = self._find(text, request)
         if rule is not None and rule.sleep_s:

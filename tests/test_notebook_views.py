@@ -402,3 +402,261 @@ def test_a_cell_with_a_view_adds_no_out_line(
     assert shell.display_formatter.format(run) == ({}, {})
     assert repr(run).startswith(f"Run {run.run_id}  digest  [completed]")
     capsys.readouterr()
+
+
+# -- 9. the review panel of a blocked gate (issue 13 item 7) -----------------------------------
+EXHAUSTED = """\
+name: judged-map
+runner: scripted
+params:
+  topic: {type: string, default: animals}
+runners:
+  scripted:
+    rules:
+      - match: "(?s)^Judge"
+        reply: {complete: false, feedback: "far too short", missing: [an example]}
+      - match: "Gate feedback"
+        reply: "A **longer** draft of {{ item }}"
+steps:
+  - id: draft
+    map: "{{ ['owls', 'bats'] }}"
+    prompt: "Write a draft on {{ item }}"
+    gate: {judge: llm, criteria: [detailed, "about {{ params.topic }}"], max_loops: 2}
+"""
+
+
+def _all_html(view: RunView) -> str:
+    rows = "".join(r.note.value for r in view.rows.values())
+    return view.header.value + rows + view.gate_panel.value + view.summary.value
+
+
+def test_an_exhausted_gate_shows_criteria_one_card_per_unit_and_the_diff(engine: Engine) -> None:
+    run_id = engine.start(EXHAUSTED).run_id
+    engine.drive(run_id)
+    view = _view(engine, run_id)
+    view.flush()
+    summary = view.summary.value
+    assert "<li>detailed</li><li>about animals</li>" in summary  # rendered, not the template
+    assert summary.count("class='wf-card'") == 2
+    assert "<code>draft[0]</code>" in summary and "<code>draft[1]</code>" in summary
+    assert "<strong>longer</strong>" in summary  # a string artifact reads as Markdown
+    assert summary.count("changes since loop 1") == 2
+    assert f"color:{STATUS_COLOURS['completed']}" in summary  # the added line, green
+    assert f"color:{STATUS_COLOURS['failed']}" in summary  # the removed line, red
+    assert "+A **longer** draft of owls" in summary
+    shown = [
+        b.description
+        for b in (view.approve_button, view.reject_button, view.abandon_button, view.fork_button)
+        if b.layout.display != "none" and not b.disabled
+    ]
+    assert shown == ["Approve", "Abandon", "Fork from here"]
+    view.close()
+
+
+def test_each_message_of_a_blocked_gate_is_shown_once(engine: Engine) -> None:
+    run_id = engine.start(EXHAUSTED).run_id
+    engine.drive(run_id)
+    view = _view(engine, run_id)
+    view.flush()
+    assert _all_html(view).count("far too short") == 1  # two loops, one merged row
+    assert "<td>1–2</td>" in view.gate_panel.value
+    assert view.rows["draft"].note.value == "<small>gate exhausted after 2 loop(s)</small>"
+    static = view.static_bundle()["text/html"]
+    assert static.count("far too short") == 1
+    view.close()
+
+
+def test_the_rejections_table_is_styled_with_separate_feedback_and_missing_cells(
+    engine: Engine,
+) -> None:
+    run_id = engine.start(EXHAUSTED).run_id
+    engine.drive(run_id)
+    view = _view(engine, run_id)
+    view.flush()
+    panel = view.gate_panel.value
+    assert ".wf-gates th,.wf-gates td{padding:3px 10px;text-align:left" in panel
+    assert "<td>far too short</td><td>an example</td>" in panel
+    view.close()
+
+
+def test_abandon_and_fork_from_here_act_on_an_exhausted_gate(engine: Engine) -> None:
+    first = engine.start(EXHAUSTED).run_id
+    engine.drive(first)
+    view = _view(engine, first)
+    view.flush()
+    view.fork_button.click()
+    (forked,) = [r.run_id for r in engine.list_runs() if r.run_id != first]
+    assert f"forked as run {forked} from step draft" in view.message.value
+    assert engine.get_run(first).status == "abandoned"  # superseded by the fork
+    view.flush()
+    assert view.decision_box.layout.display == "none"
+    view.close()
+    engine.drive(forked)
+    other = _view(engine, forked)
+    other.flush()
+    other.abandon_button.click()
+    assert engine.get_run(forked).status == "abandoned"
+    assert "run abandoned" in other.message.value
+    other.close()
+
+
+def test_rejections_reused_from_an_earlier_run_are_listed(engine: Engine) -> None:
+    source = engine.start(JUDGED + "  - id: wrap\n    prompt: 'Wrap {{ steps.draft.output }}'\n")
+    engine.drive(source.run_id)
+    forked = engine.fork(source.run_id, from_step="wrap").run_id
+    engine.drive(forked)
+    view = _view(engine, forked)
+    view.flush()
+    assert "far too short" in view.gate_panel.value
+    assert "(reused from an earlier run)" in view.gate_panel.value
+    view.close()
+
+
+# -- 10. frames readable by default (issue 13 item 10) -----------------------------------------
+def test_the_journal_verb_shows_a_compact_frame_and_all_shows_every_column(
+    shell: InteractiveShell, magics: WorkflowMagics, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import pandas as pd
+
+    run = shell.run_cell_magic("workflow", "", DIGEST)
+    frame = shell.run_line_magic("workflow", f"journal {run.run_id}")
+    assert len(frame.columns) == 21  # the data stays whole for Python
+    shown = frame.readable()
+    assert "run" not in shown.columns and "dispatch_id" not in shown.columns
+    assert "input_hash" not in shown.columns
+    page = frame._repr_html_()
+    assert run.run_id not in page and "<NA>" not in page and "NaN" not in page
+    assert '<td style="white-space:nowrap">outline</td>' in page
+    every = shell.run_line_magic("workflow", f"journal {run.run_id} --all")
+    assert type(every) is pd.DataFrame and len(every.columns) == 21
+    capsys.readouterr()
+
+
+def test_list_shows_no_na_and_budget_says_no_limit_with_whole_units(
+    shell: InteractiveShell, magics: WorkflowMagics, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = shell.run_cell_magic(
+        "workflow",
+        "",
+        DIGEST.replace("runner: scripted\n", "runner: scripted\nbudget: {max_units: 10}\n"),
+    )
+    listing = shell.run_line_magic("workflow", "list")
+    assert "<NA>" not in listing._repr_html_() and "<NA>" not in repr(listing)
+    assert list(listing["run"]) == [run.run_id]
+    budget = shell.run_line_magic("workflow", f"budget {run.run_id}")
+    assert budget["limit"].isna().sum() == 2  # the frame keeps its float NaN for Python
+    shown = budget.readable().set_index("ceiling")
+    assert shown.loc["units", "used"] == "5" and shown.loc["units", "limit"] == "10"
+    assert shown.loc["tokens", "limit"] == "no limit"
+    assert "NaN" not in budget._repr_html_() and "5.0" not in repr(budget)
+    capsys.readouterr()
+
+
+# -- 11. status line, kernel restarts, waiting time (issue 13 item 12) ------------------------
+def test_after_stop_the_status_line_says_the_drive_stopped(engine: Engine, drives: Drives) -> None:
+    run_id = engine.start(
+        SLOW_ONE.replace("steps:", "steps:\n  - id: first\n    prompt: 'think a'")
+    ).run_id
+    view = _view(engine, run_id, drives, stop_drive=drives.stop)
+    drives.background(run_id)
+    _until(lambda: (view.flush(), "driving…" in view.status_line.value)[1])
+    view.stop()
+    drives.wait(run_id, 10)
+    view.flush()
+    assert view.status_line.value.startswith("<b>Stopped</b> between units")
+    assert view.message.value == ""  # "stop requested" is not left behind
+    assert engine.get_run(run_id).status == "active"
+    view.close()
+
+
+def test_a_live_status_line_turns_stale_in_the_browser_once_the_kernel_stops_ticking(
+    engine: Engine, drives: Drives
+) -> None:
+    from wf_magic.notebook.widgets import STALE_AFTER_S, STALE_MARKER
+
+    run_id = engine.start(SLOW_ONE).run_id
+    view = _view(engine, run_id, drives)
+    drives.background(run_id)
+    _until(lambda: (view.flush(), "driving…" in view.status_line.value)[1])
+    assert STALE_MARKER in view.status_line.value  # revealed by CSS unless a tick replaces it
+    assert f"{STALE_AFTER_S}s forwards" in STALE_MARKER and "kernel" in STALE_MARKER
+    drives.wait(run_id, 10)
+    view.flush()
+    assert STALE_MARKER not in view.status_line.value  # a drive that ended says so itself
+    view.close()
+
+
+def test_elapsed_excludes_time_waiting_for_a_person(engine: Engine) -> None:
+    run_id = engine.start(HUMAN).run_id
+    engine.drive(run_id)
+    view = _view(engine, run_id)
+    time.sleep(1.2)
+    view.flush()
+    row = view.rows["signoff"]
+    state = row.state
+    assert state is not None and state.waiting_since is not None
+    assert state.elapsed_s is not None and state.elapsed_s < 0.5
+    assert " · waiting 1." in row.elapsed.value
+    assert "for 1." in view.status_line.value  # "waiting on step signoff for 1.2 s"
+    engine.approve(run_id, "signoff")
+    engine.drive(run_id)
+    view.flush()
+    state = view.rows["signoff"].state
+    assert state is not None and state.waited_s >= 1.2 and state.elapsed_s < 0.5  # type: ignore[operator]
+    assert " · waited 1." in view.rows["signoff"].elapsed.value
+    view.close()
+
+
+# -- 12. help and notebook state (issue 13 item 13) --------------------------------------------
+def test_workflow_help_lists_every_verb_and_option_the_readme_documents(
+    shell: InteractiveShell, magics: WorkflowMagics
+) -> None:
+    import re
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Notebook", 1)[1].split("\n## ", 1)[0]
+    doc = shell.find_line_magic("workflow").__doc__ or ""
+    verbs = re.search(r"`%workflow ([a-z|\n ]+)`", section)
+    assert verbs is not None
+    for verb in re.split(r"[|\s]+", verbs.group(1).strip()):
+        assert f"%workflow {verb}" in doc, verb
+    for option in set(re.findall(r"--[a-z-]+", section)):
+        assert option in doc, option
+
+
+def test_the_demo_notebooks_keep_state_beside_them_and_plot_without_matplotlib_inline(
+    tmp_path: Path,
+) -> None:
+    path = Path(__file__).resolve().parent.parent / "notebooks" / "04_budget_analysis.ipynb"
+    source = nbformat.read(path, as_version=4)
+    assert "%matplotlib" not in "".join(c.source for c in source.cells if c.cell_type == "code")
+    first = execute_notebook(nbformat.read(path, as_version=4), tmp_path)
+    assert (tmp_path / ".wf_magic_budget" / "state.db").exists()  # a fixed folder beside it
+    images = [
+        o for c in first.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})
+    ]
+    assert len(images) == 2  # run.timeline() and run.token_chart()
+    # a restarted kernel (a new one) finds the runs and re-runs every cell without error
+    again = execute_notebook(nbformat.read(path, as_version=4), tmp_path)
+    texts = "".join(
+        o.get("data", {}).get("text/html", "") for c in again.cells for o in c.get("outputs", [])
+    )
+    assert "existing run, nothing dispatched" in texts or "Run completed." in texts
+
+
+# -- 13. a blocked run keeps its widget and saves its HTML (issue 13 item 5) -------------------
+def test_a_blocked_runs_saved_output_keeps_the_widget_and_carries_the_static_html(
+    tmp_path: Path,
+) -> None:
+    nb = new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(f"%env WF_MAGIC_HOME={tmp_path / 'home'}\n%load_ext wf_magic"),
+        nbformat.v4.new_code_cell(f"%%workflow\n{HUMAN}"),
+    ]
+    execute_notebook(nb, tmp_path)
+    path = tmp_path / "saved.ipynb"
+    nbformat.write(nb, path)
+    (shown,) = [o for o in nbformat.read(path, as_version=4).cells[1].outputs if "data" in o]
+    assert "application/vnd.jupyter.widget-view+json" in shown["data"]  # still live
+    page = shown["data"]["text/html"]
+    assert "<b>release-notes</b>" in page and "blocked" in page

@@ -210,3 +210,44 @@ def test_token_chart_of_a_frame_without_the_key_is_a_usage_error(store: Store) -
 def test_plot_colours_are_the_display_colour_table() -> None:
     assert STATUS_COLORS == {status: STATUS_COLOURS[status] for status in STATUS_COLORS}
     assert set(STATUS_COLORS) == {"running", "succeeded", "failed", "reused"}
+
+
+# -- issue 13 item 9: plots that display without %matplotlib inline ---------------------------
+def test_run_plots_are_figures_that_a_notebook_shows_as_png_without_pyplot(
+    conn: sqlite3.Connection, store: Store
+) -> None:
+    from IPython.core.formatters import DisplayFormatter
+
+    seed(conn)
+    run = Run(store, "r-1")
+
+    for figure in (run.timeline(), run.token_chart(by="step")):
+        assert isinstance(figure, Figure)
+        data, _meta = DisplayFormatter().format(figure)
+        assert set(data) == {"text/plain", "image/png"}
+        assert data["image/png"][:4] == b"\x89PNG"  # IPython base64-encodes it on the wire
+
+
+def test_legends_sit_outside_the_data(conn: sqlite3.Connection, store: Store) -> None:
+    seed(conn)
+    run = Run(store, "r-1")
+
+    for figure in (run.timeline(), run.token_chart()):
+        (ax,) = figure.axes
+        legend = ax.get_legend()
+        figure.canvas.draw()
+        box = legend.get_window_extent()
+        assert box.x0 >= ax.get_window_extent().x1  # right of the axes, over no bar
+
+
+def test_an_instant_judge_verdict_gets_a_visible_bar(
+    conn: sqlite3.Connection, store: Store
+) -> None:
+    add_attempt(conn, "draft", started=T0, finished=T0 + 100)
+    add_attempt(conn, "draft.gate:l1", phase="gate", started=T0 + 100, finished=T0 + 100)
+
+    work, gate = only_bars(timeline(Run(store, "r-1")))
+
+    assert gate.get_hatch() == GATE_HATCH
+    assert gate.get_width() >= 0.015 * 100  # 1.5 % of the span at least, not a hairline
+    assert work.get_width() == 100

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import html
 import json
 from collections.abc import Iterable, Sequence
@@ -68,13 +69,25 @@ class Rejection:
     judge: str
     feedback: str
     missing: tuple[str, ...]
+    is_reused: bool = False
+    """The verdict was taken from an earlier run (a fork's prefix, the same judge input)."""
+    last_loop: int | None = None
+    """Set when identical rejections of loops ``loop``..``last_loop`` are shown as one."""
+
+    @property
+    def loops(self) -> str:
+        """``2``, or ``1–3`` for merged identical rejections."""
+        if self.last_loop is None or self.last_loop == self.loop:
+            return f"{self.loop}"
+        return f"{self.loop}–{self.last_loop}"
 
 
 def gate_rejections(attempts: Iterable[AttemptRow]) -> list[Rejection]:
-    """The journaled gate verdicts (``<step>.gate:l<n>``) that said "not complete"."""
+    """The journaled gate verdicts (``<step>.gate:l<n>``) that said "not complete", including
+    verdicts reused from an earlier run."""
     out = []
     for a in attempts:
-        if a.phase != "gate" or a.status != "succeeded" or not a.output_json:
+        if a.phase != "gate" or a.status not in _DONE or not a.output_json:
             continue
         verdict = json.loads(a.output_json)
         if not isinstance(verdict, dict) or verdict.get("complete", True):
@@ -86,9 +99,53 @@ def gate_rejections(attempts: Iterable[AttemptRow]) -> list[Rejection]:
                 judge=str(verdict.get("judge", "")),
                 feedback=str(verdict.get("feedback") or ""),
                 missing=tuple(str(m) for m in verdict.get("missing") or ()),
+                is_reused=a.status == "reused",
             )
         )
     return out
+
+
+def merge_rejections(rejections: Sequence[Rejection]) -> list[Rejection]:
+    """Consecutive identical rejections of one step as one row (each message shown once)."""
+    out: list[Rejection] = []
+    for r in rejections:
+        last = out[-1] if out else None
+        if (
+            last is not None
+            and (last.step_id, last.judge, last.feedback, last.missing, last.is_reused)
+            == (r.step_id, r.judge, r.feedback, r.missing, r.is_reused)
+            and r.loop == (last.last_loop or last.loop) + 1
+        ):
+            out[-1] = Rejection(
+                step_id=last.step_id,
+                loop=last.loop,
+                judge=last.judge,
+                feedback=last.feedback,
+                missing=last.missing,
+                is_reused=last.is_reused,
+                last_loop=r.loop,
+            )
+        else:
+            out.append(r)
+    return out
+
+
+def shown_note(note: str | None, rejections: Sequence[Rejection], step_id: str) -> str:
+    """A step's note without the gate feedback the rejections table already shows."""
+    text = note or ""
+    mine = [r for r in rejections if r.step_id == step_id]
+    head, sep, _feedback = text.partition("; last feedback: ")
+    return head if sep and mine else text
+
+
+def shown_reason(reason: str | None, notes: Iterable[str | None]) -> str:
+    """A run's status reason, unless a step row already says it (``step X: <note>``)."""
+    if not reason:
+        return ""
+    for note in notes:
+        if note and reason.endswith(note):
+            return ""
+    return reason
 
 
 def unit_counts(step: StepRow, attempts: Iterable[AttemptRow]) -> tuple[int, int]:
@@ -169,20 +226,139 @@ def good_news_html(text: str) -> str:
     return f'<div style="color:{colour}">✓ {html.escape(text)}</div>'
 
 
+GATES_STYLE = (
+    "<style>.wf-gates table{border-collapse:collapse;margin:4px 0}"
+    ".wf-gates th,.wf-gates td{padding:3px 10px;text-align:left;vertical-align:top;"
+    "border-bottom:1px solid #d0d7de}.wf-gates td:nth-child(2){white-space:nowrap}</style>"
+)
+"""The gate panel's table style: padded cells, headers aligned with their columns."""
+
+
 def gates_html(rejections: Sequence[Rejection]) -> str:
-    """The gate panel: one table row per rejection (loop, judge, feedback, missing)."""
+    """The gate panel: one row per rejection (identical consecutive ones merged), with the
+    feedback and what is missing in cells of their own; reused verdicts are marked."""
     rows = "".join(
-        f"<tr><td><code>{html.escape(r.step_id)}</code></td><td>{r.loop}</td>"
-        f"<td>{html.escape(r.judge)}</td><td>{html.escape(r.feedback)}</td>"
-        f"<td>{html.escape(', '.join(r.missing))}</td></tr>"
-        for r in rejections
+        f"<tr><td><code>{html.escape(r.step_id)}</code></td><td>{r.loops}</td>"
+        f"<td>{html.escape(r.judge)}"
+        f"{' <small>(reused from an earlier run)</small>' if r.is_reused else ''}</td>"
+        f"<td>{html.escape(r.feedback)}</td><td>{html.escape(', '.join(r.missing))}</td></tr>"
+        for r in merge_rejections(rejections)
     )
     return (
-        "<details open><summary><b>Gate rejections</b> "
+        f"<details open class='wf-gates'>{GATES_STYLE}<summary><b>Gate rejections</b> "
         f"({len(rejections)})</summary><table><thead><tr><th>step</th><th>loop</th>"
         "<th>judge</th><th>feedback</th><th>missing</th></tr></thead>"
         f"<tbody>{rows}</tbody></table></details>"
     )
+
+
+# -- the review panel of a blocked gate -------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ArtifactUnit:
+    """One unit of the artifact a gate waits on, with its output of the previous loop."""
+
+    unit_id: str
+    output: Any
+    previous: Any = None
+    has_previous: bool = False
+    """The unit has an output in the previous loop (``previous`` may be None as a value)."""
+
+
+def value_text(value: Any) -> str:
+    """A unit's output as a person reads it: text as is, anything else as indented JSON."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def text_diff(before: str, after: str, *, before_name: str, after_name: str) -> str:
+    """A unified diff of two texts ('' when they are the same)."""
+    return "\n".join(
+        difflib.unified_diff(
+            before.splitlines(),
+            after.splitlines(),
+            fromfile=before_name,
+            tofile=after_name,
+            lineterm="",
+        )
+    )
+
+
+def diff_lines_html(diff: str) -> str:
+    """A unified diff as HTML: additions green, removals red, hunk headers grey."""
+    rows = []
+    for line in diff.splitlines():
+        if line.startswith(("+++", "---")):
+            style = "color:#57606a"
+        elif line.startswith("+"):
+            style = f"color:{STATUS_COLOURS['completed']};background:#dafbe1"
+        elif line.startswith("-"):
+            style = f"color:{STATUS_COLOURS['failed']};background:#ffebe9"
+        elif line.startswith("@@"):
+            style = "color:#8250df"
+        else:
+            style = ""
+        attr = f' style="{style}"' if style else ""
+        rows.append(f"<div{attr}>{html.escape(line) or '&nbsp;'}</div>")
+    return (
+        "<pre class='wf-diff' style='font-size:12px;margin:2px 0;white-space:pre-wrap'>"
+        + "".join(rows)
+        + "</pre>"
+    )
+
+
+def rich_text_html(text: str) -> str:
+    """A string artifact rendered for reading: Markdown when markdown-it-py is installed
+    (raw HTML in it is escaped, never run), else the text with its line breaks kept."""
+    try:
+        from markdown_it import MarkdownIt
+    except ImportError:
+        return f"<div style='white-space:pre-wrap'>{html.escape(text)}</div>"
+    rendered: str = MarkdownIt("commonmark", {"html": False}).render(text)
+    return f"<div class='wf-markdown'>{rendered}</div>"
+
+
+def criteria_html(criteria: Sequence[str]) -> str:
+    """The gate's criteria (rendered) as a checklist to judge against."""
+    if not criteria:
+        return "<div><i>No criteria written: judge whether the step did what it asked.</i></div>"
+    items = "".join(f"<li>{html.escape(c)}</li>" for c in criteria)
+    return f"<div class='wf-criteria'><b>Criteria</b><ul style='margin:2px 0'>{items}</ul></div>"
+
+
+def artifact_cards_html(units: Sequence[ArtifactUnit], *, loop: int) -> str:
+    """One card per unit of the artifact (text as Markdown, data as JSON), each with the
+    diff against its output of the previous loop when there was one."""
+    cards = []
+    for unit in units:
+        output = unit.output
+        data = html.escape(value_text(output))
+        body = (
+            rich_text_html(output)
+            if isinstance(output, str)
+            else f"<pre style='margin:0;white-space:pre-wrap'>{data}</pre>"
+        )
+        diff = ""
+        if unit.has_previous:
+            text = text_diff(
+                value_text(unit.previous),
+                value_text(output),
+                before_name=f"loop {loop - 1}",
+                after_name=f"loop {loop}",
+            )
+            diff = (
+                f"<details class='wf-card-diff'><summary>changes since loop {loop - 1}</summary>"
+                f"{diff_lines_html(text)}</details>"
+                if text
+                else f"<div><small>unchanged since loop {loop - 1}</small></div>"
+            )
+        cards.append(
+            "<div class='wf-card' style='border:1px solid #d0d7de;border-radius:6px;"
+            "padding:4px 10px;margin:4px 0;max-height:20em;overflow:auto'>"
+            f"<div><code>{html.escape(unit.unit_id)}</code></div>{body}{diff}</div>"
+        )
+    count = f"{len(units)} unit{'s' if len(units) != 1 else ''}"
+    return f"<div class='wf-artifact'><b>Artifact</b> ({count}){''.join(cards)}</div>"
 
 
 def loop_text(step: StepRow, *, has_gate: bool) -> str:
@@ -349,15 +525,19 @@ def run_html(run: Run) -> str:
         f"<div><b>{html.escape(row.workflow)}</b> <code>{html.escape(row.run_id)}</code> "
         f"{badge(row.status)}</div>"
     )
-    if row.status_reason:
-        head += f"<div><i>{html.escape(row.status_reason)}</i></div>"
+    # Each message once: a reason a step row states, or feedback the gate panel lists, is
+    # not repeated in the header or the row.
+    reason = shown_reason(row.status_reason, (s.row.note for s in facts.steps))
+    if reason:
+        head += f"<div><i>{html.escape(reason)}</i></div>"
     body = ""
     for s in facts.steps:
         saved = f" (+{s.saved_tokens:,} reused)" if s.saved_tokens else ""
+        note = shown_note(s.row.note, facts.rejections, s.row.step_id)
         body += (
             f"<tr><td><code>{html.escape(s.row.step_id)}</code></td>"
             f"<td>{badge(s.row.status)}</td><td>{s.units}</td><td>{s.tokens:,}{saved}</td>"
-            f"<td>{s.loop}</td><td>{html.escape(s.row.note or '')}</td></tr>"
+            f"<td>{s.loop}</td><td>{html.escape(note)}</td></tr>"
         )
     table = (
         "<table><thead><tr><th>step</th><th>status</th><th>units</th><th>tokens</th>"

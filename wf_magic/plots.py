@@ -6,6 +6,8 @@ Each plot takes a :class:`wf_magic.Run` handle (anything with ``journal()`` and
 
 from __future__ import annotations
 
+import functools
+import io
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -37,6 +39,7 @@ GATE_HATCH = "///"
 """The hatch that marks gate (judge) attempts in :func:`timeline`."""
 _MAX_UNIT_TICKS = 40
 _MIN_WIDTH_FRACTION = 0.004  # of the time span, so instant (reused) attempts stay visible
+_MIN_GATE_WIDTH_FRACTION = 0.015  # a judge's verdict is often instant: keep its bar readable
 
 
 def timeline(run: RunFrames | pd.DataFrame) -> Figure:
@@ -52,7 +55,8 @@ def timeline(run: RunFrames | pd.DataFrame) -> Figure:
         run: The run to draw (its ``journal()``), or a journal frame to draw as it is.
 
     Returns:
-        A :class:`matplotlib.figure.Figure` (no pyplot, no GUI backend involved).
+        A :class:`matplotlib.figure.Figure` (no pyplot, no GUI backend involved) that shows
+        as a PNG image in a notebook, with or without ``%matplotlib inline``.
 
     Raises:
         UsageError: matplotlib is not installed.
@@ -61,6 +65,10 @@ def timeline(run: RunFrames | pd.DataFrame) -> Figure:
     journal = run if isinstance(run, pd.DataFrame) else run.journal()
     rows, units = pd.factorize(journal["unit"])  # one row per unit, in order of first attempt
     left, width = _bar_extents(journal)
+    if len(width):
+        span = max(float((left + width).max()), 1.0)
+        is_gate = journal["phase"].to_numpy() == "gate"
+        width = np.where(is_gate, np.maximum(width, span * _MIN_GATE_WIDTH_FRACTION), width)
     fig = figure_cls(figsize=(10, max(2.5, min(0.25 * len(units) + 1.5, 14))), layout="constrained")
     ax = fig.add_subplot()
     bars = ax.barh(
@@ -77,6 +85,8 @@ def timeline(run: RunFrames | pd.DataFrame) -> Figure:
         if phase == "gate":
             bar.set_hatch(GATE_HATCH)
             bar.set_edgecolor("#222222")
+            bar.set_linewidth(0.8)
+            bar.set_zorder(3)  # above a work bar it touches
     _label_timeline(ax, journal, rows, [str(unit) for unit in units])
     ax.set_title(f"{_subject(run, journal)}{len(journal)} attempts")
     return fig
@@ -94,7 +104,8 @@ def token_chart(run: RunFrames | pd.DataFrame, by: str = "step") -> Figure:
 
     Returns:
         A :class:`matplotlib.figure.Figure` whose first container holds the ``tokens_in`` bars
-        and second the ``tokens_out`` bars stacked on them, one pair per key.
+        and second the ``tokens_out`` bars stacked on them, one pair per key; it shows as a
+        PNG image in a notebook, with or without ``%matplotlib inline``.
 
     Raises:
         UsageError: matplotlib is not installed, ``by`` is not a known key, or a given frame
@@ -118,7 +129,7 @@ def token_chart(run: RunFrames | pd.DataFrame, by: str = "step") -> Figure:
         f"{_subject(run, tokens)}{int(tokens_in.sum() + tokens_out.sum()):,} tokens by {by}"
         f" ({saved:,} saved by reuse)"
     )
-    ax.legend(loc="upper right")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     return fig
 
 
@@ -154,7 +165,29 @@ def _figure_class() -> type[Figure]:
             "Plots need matplotlib, which is not installed; install it with "
             "`pip install 'wf_magic[plots]'`."
         ) from exc
-    return Figure
+    return _displayable(Figure)
+
+
+@functools.cache
+def _displayable(figure_cls: type[Figure]) -> type[Figure]:
+    """A Figure class that a notebook shows as a PNG image.
+
+    A Figure built without pyplot has no PNG representation unless ``%matplotlib inline``
+    registered one; this one has ``_repr_png_`` of its own (the inline backend's formatter,
+    when active, still wins, so the image shows once either way).
+    """
+
+    class RunFigure(figure_cls):  # type: ignore[valid-type,misc]  # a class made at run time
+        """A matplotlib Figure with a PNG representation for notebooks."""
+
+        def _repr_png_(self) -> bytes:
+            buffer = io.BytesIO()
+            self.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+            return buffer.getvalue()
+
+    RunFigure.__module__ = __name__
+    RunFigure.__qualname__ = "RunFigure"
+    return RunFigure
 
 
 def _bar_extents(journal: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -184,4 +217,11 @@ def _label_timeline(ax: Axes, journal: pd.DataFrame, rows: np.ndarray, units: li
     ax.set_xlabel("seconds since the first attempt started")
     handles = [Patch(color=color, label=status) for status, color in STATUS_COLORS.items()]
     handles.append(Patch(facecolor="white", edgecolor="#222222", hatch=GATE_HATCH, label="gate"))
-    ax.legend(handles=handles, loc="lower right", fontsize="small")
+    # Outside the axes: a legend inside would hide the bars of the first or last units.
+    ax.legend(
+        handles=handles,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        borderaxespad=0.0,
+        fontsize="small",
+    )

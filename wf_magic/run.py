@@ -18,6 +18,7 @@ from .store.records import AttemptRow, BudgetUse, RunRow, RunStatus, StepRow
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.figure import Figure
 
 RunRef = Union[str, "Run"]
 """A run id, or a ``Run`` handle: every Engine method taking a run accepts both."""
@@ -206,6 +207,29 @@ class Run:
     def budget(self) -> pd.DataFrame:
         """Used vs limit per ceiling."""
         return self.store.budget_frame(self.run_id)
+
+    # -- plots ------------------------------------------------------------------------------
+    def timeline(self) -> Figure:
+        """A Gantt chart of this run's attempts (see :func:`wf_magic.plots.timeline`).
+
+        The figure shows as an image in a notebook, without ``%matplotlib inline``.
+
+        Raises:
+            UsageError: matplotlib is not installed (``pip install 'wf_magic[plots]'``).
+        """
+        from .plots import timeline
+
+        return timeline(self)
+
+    def token_chart(self, by: str = "step") -> Figure:
+        """This run's tokens in and out per ``by`` key (see :func:`wf_magic.plots.token_chart`).
+
+        Raises:
+            UsageError: matplotlib is not installed, or ``by`` is not a known key.
+        """
+        from .plots import token_chart
+
+        return token_chart(self, by=by)
 
     # -- display ----------------------------------------------------------------------------
     def __repr__(self) -> str:

@@ -240,7 +240,20 @@ VERBS: tuple[Verb, ...] = (
         options=(RUN, STEP, replace(FEEDBACK, required=True), LOOP),
     ),
     Verb(name="stop", help="ask a run's driver to stop between units", options=(RUN,)),
-    Verb(name="journal", help="print a run's journal", options=(RUN, FORMAT)),
+    Verb(
+        name="journal",
+        help="print a run's journal",
+        options=(
+            RUN,
+            FORMAT,
+            Option(
+                flag="--all",
+                action="store_true",
+                help="every column (the notebook shows a compact set by default)",
+                faces=NOTEBOOK,
+            ),
+        ),
+    ),
     Verb(
         name="tokens",
         help="token accounting of a run",

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from ..errors import UsageError
-from ..verbs import add_verb_parsers, parse_params, verb_names
+from ..verbs import VERBS, OneOf, Option, add_verb_parsers, parse_params, verb_names
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -136,3 +136,47 @@ def line_args(command: str, rest: str | Sequence[str]) -> LineArgs:
     if extra:  # said here, as the verb's parser would, so the message names the verb
         raise UsageError(f"%workflow {command}: unrecognized arguments: {' '.join(extra)}")
     return LineArgs(**vars(ns))
+
+
+# -- help --------------------------------------------------------------------------------------
+def line_help(*, cell_usage: str = "") -> str:
+    """The ``%workflow`` docstring (``%workflow?``): every notebook verb and option, built from
+    the table in verbs.py so that the help cannot fall behind the parser; ``cell_usage`` (the
+    ``%%workflow`` parser's usage) adds the cell's options."""
+    lines = []
+    for verb in VERBS:
+        if "notebook" not in verb.faces:
+            continue
+        words = [f"%workflow {verb.name}"]
+        for item in verb.options:
+            if isinstance(item, OneOf):
+                shown = [_usage(o, bare=True) for o in item.options if "notebook" in o.faces]
+                text = " | ".join(shown)
+                words.append(text if item.required else f"[{text}]")
+            elif "notebook" in item.faces:
+                words.append(_usage(item))
+        lines.append(f"    {' '.join(words)}\n        {verb.help}")
+    cell = ""
+    if cell_usage.strip():
+        usage = " ".join(cell_usage.replace("::", "").split())
+        cell = f"\n\nA cell runs a workflow (``%%workflow?`` explains each option)::\n\n    {usage}"
+    return (
+        "Manage workflow runs.\n\nCommands::\n\n"
+        + "\n".join(lines)
+        + "\n\nRUN may be a unique prefix of a run id; COMMAND defaults to list."
+        + cell
+        + "\n"
+    )
+
+
+def _usage(option: Option, *, bare: bool = False) -> str:
+    """``RUN``, ``[--feedback TEXT]``, ``--from STEP``, ``[--by [step|model|...]]``."""
+    if not option.flag.startswith("-"):
+        name = option.metavar or option.flag.upper()
+        return f"[{name}]" if option.nargs == "?" else name
+    value = ""
+    if option.action != "store_true":
+        value = "|".join(option.choices) if option.choices else option.metavar or "VALUE"
+        value = f" [{value}]" if option.nargs == "?" else f" {value}"
+    text = f"{option.flag}{value}"
+    return text if option.required or bare else f"[{text}]"

@@ -263,11 +263,10 @@ def launch(
 
 
 # -- line commands ------------------------------------------------------------------------------
-LIST_COLUMNS = ("run", "workflow", "status", "status_reason", "created_at", "duration_s")
-
-
 def cmd_list(ctx: WorkflowMagics, args: LineArgs) -> Any:
-    """Root runs, newest first, in a few columns (``--all``: every run and column)."""
+    """Root runs, newest first, shown in a few columns (``--all``: every run and column)."""
+    from .frames import RunsFrame
+
     frame = ctx.engine.runs()
     if frame.empty:
         print(f"no runs in {ctx.engine.db_path}")
@@ -275,8 +274,8 @@ def cmd_list(ctx: WorkflowMagics, args: LineArgs) -> Any:
     frame = frame.iloc[::-1].reset_index(drop=True)
     if not args.all:
         frame = frame[frame["parent_run"].isna()].reset_index(drop=True)
-        frame = frame[[c for c in LIST_COLUMNS if c in frame.columns]]
-    return frame.head(args.limit) if args.limit else frame
+    frame = frame.head(args.limit) if args.limit else frame
+    return frame if args.all else RunsFrame(frame)
 
 
 def cmd_status(ctx: WorkflowMagics, args: LineArgs) -> Run:
@@ -322,7 +321,11 @@ def cmd_reject(ctx: WorkflowMagics, args: LineArgs) -> None:
 
 
 def cmd_journal(ctx: WorkflowMagics, args: LineArgs) -> Any:
-    return ctx.engine.journal(_run(ctx, args))
+    """The run's journal frame, shown in a compact column set (``--all``: every column)."""
+    from .frames import JournalFrame
+
+    frame = ctx.engine.journal(_run(ctx, args))
+    return frame if args.all else JournalFrame(frame)
 
 
 def cmd_tokens(ctx: WorkflowMagics, args: LineArgs) -> Any:
@@ -334,7 +337,10 @@ def cmd_events(ctx: WorkflowMagics, args: LineArgs) -> Any:
 
 
 def cmd_budget(ctx: WorkflowMagics, args: LineArgs) -> Any:
-    return ctx.engine.budget(_run(ctx, args))
+    """The budget frame, shown with whole counts and "no limit" for an unset ceiling."""
+    from .frames import BudgetFrame
+
+    return BudgetFrame(ctx.engine.budget(_run(ctx, args)))
 
 
 def cmd_stop(ctx: WorkflowMagics, args: LineArgs) -> None:

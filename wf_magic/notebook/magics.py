@@ -9,10 +9,10 @@ import argparse
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from IPython.core.error import UsageError as IPythonUsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
@@ -25,7 +25,7 @@ from ..run import Run
 from ..spec.freeze import Workflow
 from ..store.db import default_state_dir
 from . import commands
-from .args import COMMANDS, cell_args, line_args
+from .args import COMMANDS, cell_args, line_args, line_help
 from .drives import Drives
 
 if TYPE_CHECKING:
@@ -33,6 +33,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("wf_magic")
 _TERMINAL = ("completed", "abandoned")
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _documented(doc: str) -> Callable[[_F], _F]:
+    """Give a magic a docstring built at import time (before magic_arguments appends its own)."""
+
+    def set_doc(func: _F) -> _F:
+        func.__doc__ = doc
+        return func
+
+    return set_doc
 
 
 @contextmanager
@@ -286,29 +297,8 @@ class WorkflowMagics(Magics):
     )
     @argument("args", nargs=argparse.REMAINDER, help="the command's arguments")
     @line_magic("workflow")  # type: ignore[arg-type]
+    @_documented(line_help(cell_usage=workflow_cell.parser.format_usage()))
     def workflow_line(self, line: str) -> Any:
-        """Manage workflow runs.
-
-        Commands::
-
-            %workflow list [--limit N] [--all]
-            %workflow status RUN
-            %workflow resume RUN [--max-steps N] [--background]
-            %workflow abandon RUN [--reason TEXT]
-            %workflow fork RUN --from STEP [--max-steps N] [--background]
-            %workflow approve RUN STEP [--feedback TEXT] [--loop N]
-            %workflow reject RUN STEP --feedback TEXT [--loop N]
-            %workflow journal RUN          (one row per attempt, a DataFrame)
-            %workflow tokens RUN [--by step|model|runner|loop|run]
-            %workflow events RUN
-            %workflow budget RUN           (used vs limit per ceiling, a DataFrame)
-            %workflow watch RUN [--idle S] (follow a run driven elsewhere, e.g. `wf run`)
-            %workflow stop RUN
-            %workflow gc --older-than DURATION | --older-than-days N   (e.g. 30d, 12h)
-            %workflow config
-
-        RUN may be a unique prefix of a run id.
-        """
         with _as_usage_errors(self.drives):
             ns = parse_argstring(self.workflow_line, line)
             args = line_args(ns.command, ns.args)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import time
 
 import ipywidgets as w
 
@@ -72,9 +73,10 @@ class StepRowWidgets:
             self.note,
         ]
 
-    def show(self, s: StepState, *, is_live: bool = True) -> None:
+    def show(self, s: StepState, *, is_live: bool = True, note: str | None = None) -> None:
         """Draw the step; ``is_live`` says a drive is running, so attempts in flight are real
-        (a dead driver's orphans are not "running")."""
+        (a dead driver's orphans are not "running"); ``note`` replaces the step's note (the
+        view drops what its gate panel already says)."""
         self.state = s
         self.is_running = step_state(s.status, running=s.running, is_live=is_live) == "running"
         total = s.total if s.total is not None else max(s.done, 1)
@@ -96,14 +98,34 @@ class StepRowWidgets:
             + (f" (+{s.saved_tokens:,} reused)" if s.saved_tokens else "")
             + (f" + {s.judge_tokens:,} judge (not charged)" if s.judge_tokens else "")
         )
-        self.elapsed.value = elapsed_text(s.elapsed_s)
+        self.elapsed.value = elapsed_with_wait(s, time.time())
         self.loop.value = f"{s.loop}/{s.max_loops}" if s.has_gate or s.max_loops > 1 else ""
-        self.note.value = f"<small>{html.escape(s.note or '')}</small>"
+        shown = s.note if note is None else note
+        self.note.value = f"<small>{html.escape(shown or '')}</small>"
 
     def tick(self, now: float) -> None:
-        """Advance the elapsed clock of a running step without reading the journal."""
-        if not self.is_running or self.state is None or self.state.started_at is None:
+        """Advance the elapsed clock of a running step, or the waiting clock of a step a
+        person decides, without reading the journal."""
+        state = self.state
+        if state is None:
             return
-        text = elapsed_text(max(0.0, now - self.state.started_at))
+        if self.is_running and state.started_at is not None:
+            text = elapsed_text(max(0.0, now - state.started_at - state.waited_s))
+        elif state.waiting_since is not None:
+            text = elapsed_with_wait(state, now)
+        else:
+            return
         if self.elapsed.value != text:
             self.elapsed.value = text
+
+
+def elapsed_with_wait(s: StepState, now: float) -> str:
+    """``1.2 s``, or ``1.2 s · waiting 3 m 04 s`` / ``· waited 40 s``: time spent waiting for
+    a person is shown apart, never in the step's elapsed time."""
+    text = elapsed_text(s.elapsed_s)
+    if s.waiting_since is not None:
+        waiting = s.waited_s + max(0.0, now - s.waiting_since)
+        return f"{text} · waiting {elapsed_text(waiting)}"
+    if s.waited_s >= 0.05:
+        return f"{text} · waited {elapsed_text(s.waited_s)}"
+    return text

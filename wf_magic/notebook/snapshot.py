@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..display import Rejection, gate_rejections, result_text, unit_counts, unit_total
+from ..display import (
+    ArtifactUnit,
+    Rejection,
+    gate_rejections,
+    result_text,
+    unit_counts,
+    unit_total,
+)
+from ..drive.units import template_context
+from ..gates.judge import render_criteria
 from ..gates.verdict import Waiting as GateWaiting
 from ..gates.verdict import gate_unit_id
 from ..spec.plan import Plan
 from ..store.records import BudgetUse
+from ..templates import TemplateError
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -30,6 +41,12 @@ class Waiting:
     decided: str | None = None
     """``approved``/``rejected`` when a person's verdict on this loop is already journaled
     (from code, another view, the CLI) and the run has not been driven on since."""
+    criteria: tuple[str, ...] = ()
+    """The gate's criteria, rendered as the judge saw them."""
+    units: tuple[ArtifactUnit, ...] = ()
+    """The artifact waited on, one entry per unit, with the previous loop's output."""
+    since: float | None = None
+    """When the gate began waiting (the step's last work or verdict finished)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,8 +70,13 @@ class StepState:
     """Tokens the gate's judge spent on the step (journaled, not charged to the budget)."""
     saved_tokens: int
     elapsed_s: float | None
+    """Wall time of the step's attempts, without the time spent waiting for a person."""
+    waited_s: float
+    """Time the step spent waiting for a person's decision (decided loops, and the open one)."""
     started_at: float | None
     """When the step's first attempt started (the live clock counts from it)."""
+    waiting_since: float | None = None
+    """Set while the step waits for a person: the waiting clock counts from it."""
     loop: int
     max_loops: int
     has_gate: bool
@@ -111,8 +133,14 @@ class SnapshotReader:
         for a in attempts:
             by_step.setdefault(a.step_id, []).append(a)
         now = time.time()
+        # Only a blocked run waits: an abandoned one (given up, superseded by a fork) keeps
+        # its blocked step row, but nobody can decide it any more.
+        waiting = _waiting(step_rows, attempts) if row.status == "blocked" else None
+        if waiting is not None:
+            waiting = self._review(waiting, step_rows, by_step.get(waiting.step_id, []))
         steps = tuple(
-            self._step_state(s, by_step.get(s.step_id, []), step_rows, now) for s in step_rows
+            self._step_state(s, by_step.get(s.step_id, []), step_rows, now, waiting)
+            for s in step_rows
         )
         reused = [a for a in attempts if a.status == "reused"]
         return RunSnapshot(
@@ -122,7 +150,7 @@ class SnapshotReader:
             reason=row.status_reason,
             steps=steps,
             rejections=tuple(gate_rejections(attempts)),
-            waiting=_waiting(step_rows, attempts),
+            waiting=waiting,
             budget=self.engine.store.budget_use(self.run_id),
             reused=len(reused),
             saved_tokens=sum(a.saved_tokens for a in reused),
@@ -132,7 +160,12 @@ class SnapshotReader:
         )
 
     def _step_state(
-        self, step: StepRow, attempts: list[AttemptRow], rows: list[StepRow], now: float
+        self,
+        step: StepRow,
+        attempts: list[AttemptRow],
+        rows: list[StepRow],
+        now: float,
+        waiting: Waiting | None,
     ) -> StepState:
         done, seen = unit_counts(step, attempts)
         total = seen if step.status == "skipped" else self._total(step, rows)
@@ -141,6 +174,12 @@ class SnapshotReader:
         started = [a.started_at for a in attempts]
         ends = [a.finished_at or now for a in attempts]
         latest = _latest_work(step, attempts)
+        waited = _waited_s(attempts)
+        since = (
+            waiting.since
+            if waiting is not None and waiting.step_id == step.step_id and not waiting.decided
+            else None
+        )
         return StepState(
             step_id=step.step_id,
             kind=step.kind,
@@ -155,12 +194,47 @@ class SnapshotReader:
             tokens=sum(a.tokens_in + a.tokens_out for a in attempts if a.phase == "work"),
             judge_tokens=sum(a.tokens_in + a.tokens_out for a in attempts if a.phase == "gate"),
             saved_tokens=sum(a.saved_tokens for a in attempts if a.status == "reused"),
-            elapsed_s=(max(ends) - min(started)) if started else None,
+            elapsed_s=max(0.0, max(ends) - min(started) - waited) if started else None,
+            waited_s=waited,
             started_at=min(started) if started else None,
+            waiting_since=since,
             loop=step.loop,
             max_loops=step.max_loops,
             has_gate=self.plan.step(step.step_id).gate is not None,
             note=step.note,
+        )
+
+    def _review(self, waiting: Waiting, rows: list[StepRow], attempts: list[AttemptRow]) -> Waiting:
+        """The waiting gate with what a person reviews: its criteria and the artifact's units."""
+        step = self.plan.step(waiting.step_id)
+        outputs = {
+            r.step_id: json.loads(r.output_json) if r.output_json else None
+            for r in rows
+            if r.status in ("completed", "skipped")
+        }
+        try:
+            criteria = render_criteria(
+                step.gate.criteria if step.gate else [], template_context(self.params, outputs)
+            )
+        except TemplateError:
+            criteria = list(step.gate.criteria if step.gate else [])  # as written
+        current = _outputs_of_loop(attempts, waiting.loop)
+        previous = _outputs_of_loop(attempts, waiting.loop - 1) if waiting.loop > 1 else {}
+        units = tuple(
+            ArtifactUnit(
+                unit_id=unit_id,
+                output=output,
+                previous=previous.get(unit_id),
+                has_previous=unit_id in previous,
+            )
+            for unit_id, output in current.items()
+        )
+        finished = [a.finished_at for a in attempts if a.finished_at is not None]
+        return dataclasses.replace(
+            waiting,
+            criteria=tuple(criteria),
+            units=units,
+            since=max(finished) if finished else None,
         )
 
     def _total(self, step: StepRow, rows: list[StepRow]) -> int | None:
@@ -170,6 +244,30 @@ class SnapshotReader:
         if total is not None:  # a map's expansion never changes once known
             self._totals[step.step_id] = total
         return total
+
+
+def _outputs_of_loop(attempts: list[AttemptRow], loop: int) -> dict[str, Any]:
+    """Each work unit's output in ``loop`` (its latest succeeded or reused attempt), in unit
+    order (a map's items by index)."""
+    found: dict[str, AttemptRow] = {}
+    for a in attempts:
+        if a.phase == "work" and a.loop == loop and a.status in ("succeeded", "reused"):
+            found[a.unit_id] = a
+    ordered = sorted(found.values(), key=lambda a: (a.item_index is None, a.item_index or 0))
+    return {a.unit_id: json.loads(a.output_json) if a.output_json else None for a in ordered}
+
+
+def _waited_s(attempts: list[AttemptRow]) -> float:
+    """Seconds the step waited for a person: before each journaled human verdict, the gap
+    since the step's previous attempt finished."""
+    waited = 0.0
+    last_end: float | None = None
+    for a in sorted(attempts, key=lambda a: a.started_at):
+        if a.runner == "human" and last_end is not None:
+            waited += max(0.0, a.started_at - last_end)
+        if a.finished_at is not None:
+            last_end = a.finished_at if last_end is None else max(last_end, a.finished_at)
+    return waited
 
 
 def _latest_work(step: StepRow, attempts: list[AttemptRow]) -> list[AttemptRow]:

@@ -14,12 +14,16 @@ import ipywidgets as w
 from ..bus import Event
 from ..display import (
     STATUS_COLOURS,
+    artifact_cards_html,
     badge,
+    criteria_html,
     gates_html,
     good_news_html,
     result_html,
     run_html,
     run_text,
+    shown_note,
+    shown_reason,
 )
 from ..errors import WorkflowError
 from ..run import Run
@@ -40,6 +44,9 @@ _JUDGE_TITLES = {
 }
 FINAL = ("completed", "failed", "abandoned")
 """Run statuses a view shows as static HTML once its drive ended (no button is left to use)."""
+STALE_AFTER_S = 5
+"""A live status line not refreshed for this long says its kernel stopped updating it (the
+kernel restarted or died): shown by the browser alone, since no kernel is left to say it."""
 POLL_EVERY_TICKS = 2
 """While a gate waits, the clock polls the run's events every this many ticks (~2 s), so a
 decision taken elsewhere (another process, the CLI) reaches the view."""
@@ -99,6 +106,10 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         self.is_static = False
         """The output shows the static HTML now (see :meth:`refresh`)."""
         self._is_live = False
+        self._is_stopping = False
+        """Stop was clicked during the last drive (see :meth:`_status_line`); a new drive
+        clears it."""
+        self._stop_said = False
         self._live_since: float | None = None
         self._last_event_id: int | None = None
         self.throttle = Throttle(self._redraw_safely, interval_s=interval_s)
@@ -160,10 +171,29 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         )
         self.approve_button = w.Button(description="Approve", button_style="success", icon="check")
         self.reject_button = w.Button(description="Reject", button_style="danger", icon="times")
+        self.abandon_button = w.Button(
+            description="Abandon", icon="ban", layout=w.Layout(display="none")
+        )
+        self.fork_button = w.Button(
+            description="Fork from here", icon="code-branch", layout=w.Layout(display="none")
+        )
         self.approve_button.on_click(lambda _b: self.decide(approve=True))
         self.reject_button.on_click(lambda _b: self.decide(approve=False))
+        self.abandon_button.on_click(lambda _b: self.abandon())
+        self.fork_button.on_click(lambda _b: self.fork())
         self.decision_box = w.VBox(
-            [self.summary, self.feedback, w.HBox([self.approve_button, self.reject_button])],
+            [
+                self.summary,
+                self.feedback,
+                w.HBox(
+                    [
+                        self.approve_button,
+                        self.reject_button,
+                        self.abandon_button,
+                        self.fork_button,
+                    ]
+                ),
+            ],
             layout=w.Layout(display="none", border="1px solid #bf8700", padding="6px"),
         )
         self.stop_button = w.Button(
@@ -212,6 +242,8 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
             self._unsubscribe = None
         self.throttle.close()
         self.clock.stop()
+        # No tick comes any more, on purpose: the browser must not call the view stale.
+        self.status_line.value = self.status_line.value.replace(STALE_MARKER, "")
 
     def retire(self, reason: str) -> None:
         """Stop observing for good and take the buttons away (a newer view shows the run)."""
@@ -258,16 +290,59 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
                 self._say(f"{verb}, but the run could not continue here: {exc}", error=True)
         self.poke()
 
+    def abandon(self) -> None:
+        """Give up the run (an exhausted gate's way out): it becomes ``abandoned``."""
+        try:
+            self.engine.abandon(self.run_id, reason="abandoned from the run view")
+        except WorkflowError as exc:
+            self._say(str(exc), error=True)
+        else:
+            self._hide_decision_buttons()
+            self._say("run abandoned")
+        self.poke()
+
+    def fork(self) -> None:
+        """Start a new run of the same plan from the waiting step, reusing what came before
+        (this run is superseded). The fork is created, not driven: the message says how."""
+        waiting = self.snapshot.waiting if self.snapshot else None
+        if waiting is None:
+            self._say("nothing is waiting for a decision", error=True)
+            return
+        try:
+            forked = self.engine.fork(self.run_id, from_step=waiting.step_id)
+        except WorkflowError as exc:
+            self._say(str(exc), error=True)
+        else:
+            self._hide_decision_buttons()
+            self._say(
+                f"forked as run {forked.run_id} from step {waiting.step_id} (this run is "
+                f"superseded); `%workflow resume {forked.run_id}` drives it"
+            )
+        self.poke()
+
+    def _hide_decision_buttons(self) -> None:
+        for button in (
+            self.approve_button,
+            self.reject_button,
+            self.abandon_button,
+            self.fork_button,
+        ):
+            button.disabled = True
+
     def stop(self) -> None:
         """Ask this run's driver to stop between units (the run stays active)."""
         if self.stop_drive is not None:
             self.stop_drive(self.run_id)
         else:
             self.engine.stop(self.run_id)
+        self._is_stopping = self._stop_said = True
         self._say("stop requested; the driver stops after the units in flight")
         self.poke()
 
     def _say(self, text: str, *, error: bool = False) -> None:
+        if not text:
+            self.message.value = ""
+            return
         colour = STATUS_COLOURS["failed"] if error else "#57606a"
         self.message.value = f'<span style="color:{colour}">{html.escape(text)}</span>'
 
@@ -293,7 +368,8 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         self.header.value = self._header_html(snap)
         for state in snap.steps:
             if state.step_id in self.rows:
-                self.rows[state.step_id].show(state, is_live=self._is_live)
+                note = shown_note(state.note, snap.rejections, state.step_id)
+                self.rows[state.step_id].show(state, is_live=self._is_live, note=note)
         self._draw_gates(snap)
         self._draw_budget(snap)
         self._draw_warnings(snap)
@@ -305,9 +381,13 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         if self._acted is not None and not driving:
             self._say(f"{self._acted}.")
             self._acted = None
+        if self._is_stopping and not self._is_live and self._stop_said:
+            self._stop_said = False  # the status line now says how the drive ended
+            self._say("")
 
     def _header_html(self, snap: RunSnapshot) -> str:
-        reason = f" <i>{html.escape(snap.reason)}</i>" if snap.reason else ""
+        said = shown_reason(snap.reason, (s.note for s in snap.steps))
+        reason = f" <i>{html.escape(said)}</i>" if said else ""
         result = result_html(snap.result) if snap.result is not None else ""
         origin = good_news_html(self.origin) if self.origin else ""
         return (
@@ -320,6 +400,7 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         """Note whether a drive is live; run the clock while one is or while a gate waits."""
         if is_live and not self._is_live:
             self._live_since = time.monotonic()
+            self._is_stopping = False
         self._is_live = is_live
         open_gate = snap.waiting is not None and snap.waiting.decided is None
         if (is_live or open_gate) and not self.retired and not self.throttle.is_closed:
@@ -336,8 +417,17 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
                 f", {failed:,} failed" if failed else ""
             )
             who = f" — {html.escape(elsewhere)}" if elsewhere else ""
-            return f"driving… <b>{clock}</b> · {counts}{who}"
-        return _status_line(snap)
+            verb = "stopping after the units in flight…" if self._is_stopping else "driving…"
+            return f"{verb} <b>{clock}</b> · {counts}{who}{STALE_MARKER}"
+        if self._is_stopping and snap.status == "active":
+            return (
+                "<b>Stopped</b> between units; the run stays active, not being driven: "
+                "re-run the cell or <code>%workflow resume</code> to continue."
+            )
+        line = _status_line(snap)
+        if self.clock.is_running and not self.retired:  # a gate waits: the clock ticks
+            line += STALE_MARKER
+        return line
 
     def _tick_safely(self) -> None:
         try:
@@ -357,7 +447,12 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
             self.status_line.value = self._status_line(snap, elsewhere=None)
             if self._unsubscribe is None:  # driven elsewhere: no engine events reach us
                 self._poll_events()
-        elif self.clock.ticks % POLL_EVERY_TICKS == 0:
+            return
+        now = time.time()
+        for row in self.rows.values():
+            row.tick(now)  # the waiting clock of a gate
+        self.status_line.value = self._status_line(snap, elsewhere=None)
+        if self.clock.ticks % POLL_EVERY_TICKS == 0:
             self._poll_events()
 
     def _poll_events(self) -> None:
@@ -416,24 +511,34 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
             )
             return
         key = (waiting.step_id, waiting.loop, waiting.judge)
-        # An exhausted gate has no loop left to re-execute: the engine refuses a rejection.
+        # An exhausted gate has no loop left to re-execute: the engine refuses a rejection;
+        # the ways out are approving the last artifact, abandoning, or forking from the step.
         can_reject = waiting.judge != "exhausted"
         if self._decision_key != key:
             self._decision_key = key  # a new question: re-arm the buttons
             self.approve_button.disabled = False
             self.reject_button.disabled = not can_reject
+            self.abandon_button.disabled = self.fork_button.disabled = can_reject
         self.reject_button.layout.display = "" if can_reject else "none"
+        for button in (self.abandon_button, self.fork_button):
+            button.layout.display = "none" if can_reject else ""
         self.feedback.placeholder = (
             "Feedback for the step (required to reject)"
             if can_reject
             else "A note recorded with your approval (optional)"
         )
         title = _JUDGE_TITLES.get(waiting.judge, "Waiting for a decision")
+        if waiting.units:
+            artifact = artifact_cards_html(waiting.units, loop=waiting.loop)
+        else:  # nothing journaled to show unit by unit: the judge's summary
+            artifact = (
+                "<pre style='max-height:12em;overflow:auto;white-space:pre-wrap'>"
+                f"{html.escape(waiting.summary)}</pre>"
+            )
         self.summary.value = (
             f"<b>{html.escape(title)}</b>: step <code>"
             f"{html.escape(waiting.step_id)}</code>, loop {waiting.loop}"
-            f"<pre style='max-height:12em;overflow:auto;white-space:pre-wrap'>"
-            f"{html.escape(waiting.summary)}</pre>"
+            f"{criteria_html(waiting.criteria)}{artifact}"
         )
         self.decision_box.layout.display = ""
 
@@ -505,5 +610,26 @@ def _status_line(snap: RunSnapshot) -> str:
             "<i>not being driven: re-run the cell or <code>%workflow resume</code> to continue</i>"
         )
     if snap.status == "blocked" and snap.waiting is not None:
-        return f"Blocked: waiting on step <code>{html.escape(snap.waiting.step_id)}</code>."
+        since = snap.waiting.since
+        waited = (
+            f" for {elapsed_text(max(0.0, time.time() - since))}"
+            if since is not None and not snap.waiting.decided
+            else ""
+        )
+        return f"Blocked: waiting on step <code>{html.escape(snap.waiting.step_id)}</code>{waited}."
     return f"Run {html.escape(snap.status)}."
+
+
+STALE_MARKER = (
+    "<style>@keyframes wf-stale{to{visibility:visible}}</style>"
+    "<span class='wf-stale' style='visibility:hidden;"
+    f"animation:wf-stale 0s linear {STALE_AFTER_S}s forwards;color:{STATUS_COLOURS['failed']}'>"
+    " — this view stopped updating: its kernel stopped or restarted, so the drive it showed "
+    "ended; re-run the cell to see the run</span>"
+)
+"""A note the browser reveals when the kernel stops refreshing a live status line.
+
+Every tick replaces the line, which restarts the CSS animation; once the ticks stop (the
+kernel restarted or died), the note appears after :data:`STALE_AFTER_S` seconds. A view that
+stops ticking on purpose (detached, retired, final) removes it.
+"""

@@ -7,13 +7,14 @@ import os
 import signal as signals
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TextIO
 
 from .engine import Engine
-from .errors import WorkflowError
-from .exits import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, error_exit_code
+from .errors import RunAbandoned, WorkflowError
+from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, error_exit_code
 from .run import Run
 from .runners.replay import export_cassette
 from .spec.freeze import Workflow
@@ -85,7 +86,10 @@ def cmd_run(engine: Engine, args: argparse.Namespace) -> int:
 
 
 def cmd_resume(engine: Engine, args: argparse.Namespace) -> int:
-    source_path = engine.get_run(engine.resolve_run_id(args.run)).source_path
+    row = engine.get_run(engine.resolve_run_id(args.run))
+    if row.status == "abandoned":
+        raise RunAbandoned(row.run_id, reason=row.status_reason, verb="resume")
+    source_path = row.source_path
     if source_path:
         _importable(Path(source_path).parent)
     return _drive(engine, args.run, args)
@@ -230,7 +234,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     engine = Engine(args.db)
     try:
-        return int(args.fn(engine, args))
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return int(args.fn(engine, args))
     except BrokenPipeError:
         # stdout went away (`wf run F | head -1`): stop quietly, as a SIGPIPE'd tool would.
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -245,8 +251,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = error_exit_code(exc)
         print(f"error: {exc}", file=sys.stderr)
         return code
+    except Exception as exc:  # noqa: BLE001 - a row no layer could read: one line, not a wall
+        if args.debug:
+            raise
+        print(f"error: {_unreadable(engine, args, exc)}", file=sys.stderr)
+        return EXIT_FAILED
     finally:
         engine.close()
+
+
+def _unreadable(engine: Engine, args: argparse.Namespace, exc: Exception) -> str:
+    """What to say about an unexpected failure: most likely a row edited by hand."""
+    run = getattr(args, "run", None)
+    head = f"Run {run}: " if run else ""
+    first = " ".join((str(exc).splitlines() or [""])[0].split())
+    return (
+        f"{head}cannot read the state database {engine.db_path} ({type(exc).__name__}: "
+        f"{first}; integrity_check: {engine.store.integrity_check()}); a row was probably "
+        "edited by hand. Restore state.db from a backup or start afresh with "
+        "`wf run FILE --new`; `--debug` shows the traceback."
+    )
+
+
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """Warnings on the command line are one ``warning: ...`` line, not a source listing."""
+    print(f"warning: {message}", file=file or sys.stderr)
 
 
 if __name__ == "__main__":  # pragma: no cover

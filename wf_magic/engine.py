@@ -19,7 +19,7 @@ from .bus import EventBus, Observer
 from .drive.context import DriveOptions
 from .drive.integrity import verified_plan
 from .drive.root import drive_locked_run
-from .errors import UsageError
+from .errors import RunAbandoned, RunLockHeld, UsageError
 from .locking import RunLock, is_locked
 from .redact import Redactor
 from .run import Run, RunRef, run_ref
@@ -248,15 +248,17 @@ class Engine:
         Raises:
             RunLockHeld: the run is being driven.
             UsageError: the run already completed.
+            RunAbandoned: the run was already abandoned (its reason is kept).
         """
         rid = self.resolve_run_id(run_id)
         with RunLock(self.lock_dir, rid):
-            status = self.get_run(rid).status
-            if status == "completed":
+            row = self.get_run(rid)
+            if row.status == "completed":
                 raise UsageError(f"Run {rid} completed; there is nothing to abandon.", run_id=rid)
-            if status != "abandoned":
-                self.store.set_run_status(rid, "abandoned", reason=reason)
-                self.bus.notify("run_status", run_id=rid, status="abandoned", reason=reason)
+            if row.status == "abandoned":
+                raise RunAbandoned(rid, reason=row.status_reason, verb="abandon")
+            self.store.set_run_status(rid, "abandoned", reason=reason)
+            self.bus.notify("run_status", run_id=rid, status="abandoned", reason=reason)
 
     def fork(self, run_id: RunRef, *, from_step: str) -> Run:
         """A new run with the same frozen plan reusing every result before ``from_step``.
@@ -316,17 +318,33 @@ class Engine:
     def gc(self, *, older_than_s: float) -> list[str]:
         """Delete finished root runs (and their children) older than the retention.
 
-        Live runs (active/blocked) and runs held by a driver are never deleted.
+        Each run is deleted under its lock (one being driven or resumed is skipped), and its
+        status is re-checked inside the delete, so a failed run resumed meanwhile is kept.
+        The lock files of deleted runs go too.
+
+        Returns:
+            The deleted root run ids.
 
         Raises:
             UsageError: a negative retention.
         """
         if older_than_s < 0:
             raise UsageError("gc retention must be >= 0 seconds")
+        cutoff = time.time() - older_than_s
         deleted = []
-        for rid in self.store.finished_runs_before(time.time() - older_than_s):
-            if not is_locked(self.lock_dir, rid):
-                self.store.delete_run_tree(rid)
+        for rid in self.store.finished_runs_before(cutoff):
+            lock = RunLock(self.lock_dir, rid)
+            try:
+                lock.acquire()
+            except RunLockHeld:
+                continue
+            try:
+                tree = self.store.delete_finished_tree(rid, cutoff=cutoff)
+                for run_id in tree:
+                    (lock if run_id == rid else RunLock(self.lock_dir, run_id)).remove()
+            finally:
+                lock.release()
+            if tree:
                 deleted.append(rid)
         return deleted
 

@@ -8,6 +8,7 @@
     ├── PlanIntegrityError               a stored plan or params were edited
     │   └── PlanVersionError             a plan from a newer/older plan_version
     ├── RunLockHeld                      another driver holds the run (CLI exit 75)
+    ├── RunAbandoned                     the run was given up: nothing to resume or abandon
     ├── BudgetExceeded                   a ceiling would be passed
     ├── GateDecisionRefused              a human decision matched nothing waiting
     ├── RunnerError                      a unit's runner failed (transient or permanent)
@@ -87,6 +88,23 @@ class RunLockHeld(WorkflowError):
         super().__init__(
             f"Run {run_id} is being driven by {who}{when}; wait for it or stop that process "
             f"(`wf stop {run_id}`).",
+            run_id=run_id,
+        )
+
+
+class RunAbandoned(WorkflowError):
+    """The run was abandoned: it cannot be resumed or abandoned again (start anew or fork)."""
+
+    def __init__(self, run_id: str, *, reason: str | None, verb: str):
+        self.reason = reason
+        why = f" (reason: {reason})" if reason else ""
+        if verb == "abandon":
+            head = f"Run {run_id} is already abandoned{why}; nothing was changed."
+        else:
+            head = f"Run {run_id} was abandoned{why} and cannot be resumed."
+        super().__init__(
+            f"{head} Start a new run with `wf run FILE --new`, or `wf fork {run_id} "
+            "--from STEP` to reuse its results.",
             run_id=run_id,
         )
 

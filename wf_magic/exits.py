@@ -12,6 +12,7 @@ from .errors import (
     MigrationError,
     PlanIntegrityError,
     RunLockHeld,
+    StateDBError,
     UsageError,
     WorkflowError,
 )
@@ -19,7 +20,7 @@ from .errors import (
 EXIT_OK = 0
 """Done, or stopped gracefully (``--max-steps``, a stop request)."""
 EXIT_FAILED = 1
-"""The run failed or was abandoned; plan integrity, budget and migration errors."""
+"""The run failed or was abandoned; plan integrity, budget, migration and state DB errors."""
 EXIT_USAGE = 2
 """A usage or definition error, or a refused gate decision."""
 EXIT_BLOCKED = 3
@@ -46,6 +47,7 @@ ERROR_EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (PlanIntegrityError, EXIT_FAILED),
     (BudgetExceeded, EXIT_FAILED),
     (MigrationError, EXIT_FAILED),
+    (StateDBError, EXIT_FAILED),
     (WorkflowError, EXIT_FAILED),
 )
 """The exit code of each error class; the first matching entry wins (subclasses first)."""

@@ -15,7 +15,7 @@ from .spec.freeze import Workflow
 from .spec.params import resolve_params
 from .spec.plan import Plan
 from .store import Store
-from .store.records import RunRow
+from .store.records import RunRow, ScopeChoice
 
 UNFINISHED = ("active", "blocked", "failed")
 """Run statuses a scope has at most one of (a later start supersedes it)."""
@@ -48,17 +48,29 @@ def start(
     """
     resolved = resolve_params(wf.plan, params, from_strings=params_from_strings)
     scope = scope_key(wf.name, resolved)
-    latest = store.latest_in_scope(scope)
+    latest = store.latest_in_scope(scope)  # the common case (continue a run) writes nothing
     if latest is not None and not new and latest.plan_hash == wf.plan_hash:
-        warnings = []
-        if latest.source_hash != wf.source_hash:
-            warnings.append(
-                "the source changed only in ways that do not change the plan; "
-                f"continuing run {latest.run_id}"
-            )
-        return Started(run_id=latest.run_id, created=False, warnings=warnings)
+        return _continue(latest, wf)
     row = new_run_row(wf, resolved, run_id=new_run_id(), scope=scope, use_cache=not no_cache)
-    return _create(store, bus, wf, row, supersede=latest)
+    superseded: list[str] = []
+    with contextlib.ExitStack() as held:
+
+        def decide(current: RunRow | None) -> ScopeChoice:
+            # Runs inside the insert's transaction: a start that won the race meanwhile is
+            # seen here, so this one continues that run instead of inserting a second.
+            if current is not None and not new and current.plan_hash == wf.plan_hash:
+                return ScopeChoice(keep=current)
+            old = current if current is not None and current.status in UNFINISHED else None
+            if old is None:
+                return ScopeChoice()
+            held.enter_context(RunLock(store.lock_dir, old.run_id))  # refuses at once
+            superseded[:] = [old.run_id]
+            return ScopeChoice(supersede=old.run_id)
+
+        kept = store.start_in_scope(row, plan_steps(wf), decide=decide)
+    if kept.run_id != row.run_id:
+        return _continue(kept, wf)
+    return _created(bus, row, superseded=superseded[0] if superseded else None)
 
 
 def fork(
@@ -102,6 +114,17 @@ def fork(
     return _create(store, bus, wf, row, supersede=source)
 
 
+def _continue(run: RunRow, wf: Workflow) -> Started:
+    """The scope's existing run of the same plan (``created=False``)."""
+    warnings = []
+    if run.source_hash != wf.source_hash:
+        warnings.append(
+            "the source changed only in ways that do not change the plan; "
+            f"continuing run {run.run_id}"
+        )
+    return Started(run_id=run.run_id, created=False, warnings=warnings)
+
+
 def _create(
     store: Store, bus: EventBus, wf: Workflow, row: RunRow, *, supersede: RunRow | None
 ) -> Started:
@@ -111,9 +134,13 @@ def _create(
     lock = RunLock(store.lock_dir, old.run_id) if old else contextlib.nullcontext()
     with lock:
         store.create_run(row, plan_steps(wf), supersede=old.run_id if old else None)
-    if old is None:
+    return _created(bus, row, superseded=old.run_id if old else None)
+
+
+def _created(bus: EventBus, row: RunRow, *, superseded: str | None) -> Started:
+    if superseded is None:
         return Started(run_id=row.run_id, created=True)
     reason = f"superseded by {row.run_id}"
-    bus.notify("run_status", run_id=old.run_id, status="abandoned", reason=reason)
-    warning = f"run {old.run_id} was unfinished and is now abandoned ({reason})"
+    bus.notify("run_status", run_id=superseded, status="abandoned", reason=reason)
+    warning = f"run {superseded} was unfinished and is now abandoned ({reason})"
     return Started(run_id=row.run_id, created=True, warnings=[warning])

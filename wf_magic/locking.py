@@ -11,7 +11,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from .errors import RunLockHeld
+from .errors import RunLockHeld, UsageError
 
 
 class RunLock:
@@ -22,7 +22,14 @@ class RunLock:
     """
 
     def __init__(self, lock_dir: Path, run_id: str):
-        lock_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            lock_dir.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise UsageError(
+                f"Run {run_id}: the lock dir {lock_dir} is not a directory; move that file "
+                "aside (wf_magic keeps its run locks there), then retry.",
+                run_id=run_id,
+            ) from None
         self.run_id = run_id
         self.path = lock_dir / f"{run_id}.lock"
         self.info_path = lock_dir / f"{run_id}.holder.json"
@@ -34,6 +41,13 @@ class RunLock:
             self._lock.acquire(timeout=0)
         except Timeout:
             raise self._held() from None
+        except OSError as exc:  # a read-only state dir, a permission problem
+            raise UsageError(
+                f"Run {self.run_id}: cannot take its lock {self.path} "
+                f"({exc.strerror or exc}); driving a run needs a writable state dir. Fix its "
+                "permissions, or point --db / WF_MAGIC_HOME at a writable directory.",
+                run_id=self.run_id,
+            ) from None
         info = {
             "pid": os.getpid(),
             "since": time.time(),
@@ -44,6 +58,11 @@ class RunLock:
         tmp.write_text(json.dumps(info))
         os.replace(tmp, self.info_path)
         return self
+
+    def remove(self) -> None:
+        """Delete the lock's files (a deleted run's); call while holding it, then release."""
+        self.info_path.unlink(missing_ok=True)
+        self.path.unlink(missing_ok=True)
 
     def release(self) -> None:
         """Release the lock (idempotent)."""
@@ -70,11 +89,35 @@ class RunLock:
 
 
 def is_locked(lock_dir: Path, run_id: str) -> bool:
-    """Whether some driver holds ``run_id`` right now (probe without waiting)."""
-    probe = RunLock(lock_dir, run_id)
+    """Whether some driver holds ``run_id`` right now, without ever taking the lock.
+
+    Probing by acquiring would, for an instant, refuse a driver starting at that moment
+    (`%workflow watch` polls four times a second). The holder file is read instead: a holder
+    is alive when its process runs on this host. A stale file (its holder died) or a driver
+    that took the lock but has not written the file yet reads as not held; a holder on
+    another host (a shared state dir) cannot be checked and reads as held.
+    """
     try:
-        probe._lock.acquire(timeout=0)
-    except Timeout:
+        info = json.loads((lock_dir / f"{run_id}.holder.json").read_text())
+        pid, host = int(info["pid"]), info.get("host")
+    except (OSError, ValueError, TypeError, KeyError):
+        return False  # holder files are replaced atomically: an unreadable one is no driver's
+    if host and host != socket.gethostname():
         return True
-    probe._lock.release(force=True)
-    return False
+    return _process_alive(pid)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another account's live process
+    except OSError:
+        return False
+    try:  # a killed, not yet reaped child still answers signal 0
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[:1] != ["Z"]

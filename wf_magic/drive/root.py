@@ -3,15 +3,17 @@ and run-level retries of a run that failed on a unit that really ran."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ..bus import EventBus
-from ..errors import UsageError
+from ..errors import StateDBError, UsageError
 from ..locking import RunLock
 from ..redact import Redactor
 from ..spec.freeze import Workflow
+from ..spec.plan import Plan
 from ..store import Store
 from ..store.records import RunRow
 from .budget import seed_budget
@@ -37,20 +39,27 @@ def drive_locked_run(
         RunLockHeld: another driver holds the run.
         PlanIntegrityError: the stored plan or params were edited.
         PlanVersionError: the plan was written by a newer wf_magic.
+        StateDBError: the state database failed (full, locked, damaged); the run stays
+            resumable, nothing half-written.
     """
-    with RunLock(store.lock_dir, run_id):
-        run = _row(store, run_id)
-        warnings = drift_warnings(run, live_source)
-        drive = _Drive(store, bus, options=options, redactor=redactor, namespace=namespace)
-        stats = drive.once(run)
-        retries = 0
-        while retries < max_retries and stats.retryable_failure and stats.stopped_by is None:
+    try:
+        with RunLock(store.lock_dir, run_id):
             run = _row(store, run_id)
-            if run.status != "failed":
-                break
-            retries += 1
-            warnings.append(f"run-level retry {retries}/{max_retries} after: {run.status_reason}")
+            warnings = drift_warnings(run, live_source)
+            drive = _Drive(store, bus, options=options, redactor=redactor, namespace=namespace)
             stats = drive.once(run)
+            retries = 0
+            while retries < max_retries and stats.retryable_failure and stats.stopped_by is None:
+                run = _row(store, run_id)
+                if run.status != "failed":
+                    break
+                retries += 1
+                warnings.append(
+                    f"run-level retry {retries}/{max_retries} after: {run.status_reason}"
+                )
+                stats = drive.once(run)
+    except StateDBError as exc:  # a read that named no run (a frame, a lookup): name this one
+        raise exc.for_run(run_id) from exc.__cause__
     return stats, warnings
 
 
@@ -71,6 +80,7 @@ class _Drive:
 
     def once(self, run: RunRow) -> DriveStats:
         plan, _ = verified_plan(self.store, self.bus, run)
+        _check_step_rows(self.store, run, plan)
         ctx = DriveContext(
             store=self.store,
             bus=self.bus,
@@ -83,6 +93,24 @@ class _Drive:
             return drive_run(ctx, run, plan=plan)
         finally:
             ctx.runners.close()
+
+
+def _check_step_rows(store: Store, run: RunRow, plan: Plan) -> None:
+    """Refuse (before anything dispatches) step rows edited by hand into nonsense."""
+    rows = store.steps_of(run.run_id)
+    missing = [s.id for s in plan.steps if s.id not in {r.step_id for r in rows}]
+    if missing:
+        raise store.unreadable(
+            run.run_id, f"step row(s) {missing} are missing from its steps table"
+        )
+    for row in rows:
+        try:
+            if row.output_json is not None:
+                json.loads(row.output_json)
+        except ValueError:
+            raise store.unreadable(
+                run.run_id, f"step {row.step_id}'s stored output_json is not valid JSON"
+            ) from None
 
 
 def _row(store: Store, run_id: str) -> RunRow:

@@ -163,6 +163,18 @@ def migration_ids() -> list[str]:
     return [m.__name__ for m in MIGRATIONS]
 
 
+def ledger_is_current(conn: sqlite3.Connection) -> bool:
+    """Whether the ledger holds this version's registry (or it plus newer ids); reads only."""
+    has_ledger = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'"
+    ).fetchone()
+    if has_ledger is None:
+        return False
+    known = migration_ids()
+    ledger = [r[0] for r in conn.execute("SELECT id FROM schema_migrations ORDER BY position")]
+    return ledger[: len(known)] == known
+
+
 def apply_migrations(conn: sqlite3.Connection) -> list[str]:
     """Bring the database up to this version's registry in one BEGIN IMMEDIATE transaction.
 

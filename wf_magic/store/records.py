@@ -140,3 +140,15 @@ class BudgetUse:
     max_units: int | None
     max_tokens: int | None
     max_cost: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScopeChoice:
+    """What a start decides on seeing its scope's newest run (inside the start's transaction).
+
+    ``keep`` set: that run is the answer and nothing is written. Otherwise the new run is
+    inserted, abandoning ``supersede`` (an unfinished run of the scope) in the same write.
+    """
+
+    keep: RunRow | None = None
+    supersede: str | None = None

@@ -39,6 +39,19 @@ def insert_run_txn(
     )
 
 
+def create_run_txn(
+    conn: sqlite3.Connection,
+    run: RunRow,
+    steps: Sequence[tuple[str, int, str, int]],
+    *,
+    supersede: str | None,
+) -> None:
+    """Insert a run, first abandoning ``supersede`` (so the scope never has two unfinished)."""
+    if supersede is not None:
+        set_run_status_txn(conn, supersede, "abandoned", reason=f"superseded by {run.run_id}")
+    insert_run_txn(conn, run, steps)
+
+
 def get_run(conn: sqlite3.Connection, run_id: str) -> RunRow | None:
     """The run ``run_id`` or None."""
     row = conn.execute(f"SELECT {_RUN_COLS} FROM runs WHERE run_id = ?", (run_id,)).fetchone()
@@ -163,3 +176,28 @@ def delete_run_tree_txn(conn: sqlite3.Connection, run_id: str) -> None:
     """Delete a finished root run and its descendants (cascades to its journal)."""
     conn.execute("DELETE FROM runs WHERE root_run_id = ? AND run_id != ?", (run_id, run_id))
     conn.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
+
+
+def delete_finished_tree_txn(conn: sqlite3.Connection, run_id: str, cutoff: float) -> list[str]:
+    """Delete a root run and its descendants if it is *still* finished before ``cutoff``.
+
+    The status is re-read inside the caller's transaction: a ``failed`` run resumed (re-opened)
+    since it was listed is left alone. Returns the deleted run ids (root first; empty when
+    nothing was deleted).
+    """
+    row = conn.execute(
+        "SELECT 1 FROM runs WHERE run_id = ? AND parent_run_id IS NULL AND status IN"
+        " ('completed','failed','abandoned') AND COALESCE(finished_at, updated_at) < ?",
+        (run_id, cutoff),
+    ).fetchone()
+    if row is None:
+        return []
+    tree = [
+        r[0]
+        for r in conn.execute(
+            "SELECT run_id FROM runs WHERE root_run_id = ? AND run_id != ? ORDER BY created_at",
+            (run_id, run_id),
+        )
+    ]
+    delete_run_tree_txn(conn, run_id)
+    return [run_id, *tree]

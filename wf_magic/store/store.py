@@ -15,11 +15,22 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+from ..errors import StateDBError, WorkflowError
 from . import journal, recordings, runs
-from .db import connect_reader, immediate, open_state_db
+from .db import connect_reader, immediate, open_state_db, schema_is_current
+from .faults import integrity_summary, state_db_fault, unreadable_row
 from .journal import Finish, UnitKey
 from .recordings import RecordingRow
-from .records import AttemptRow, BudgetUse, EventRow, RunRow, RunStatus, StepRow, StepStatus
+from .records import (
+    AttemptRow,
+    BudgetUse,
+    EventRow,
+    RunRow,
+    RunStatus,
+    ScopeChoice,
+    StepRow,
+    StepStatus,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -40,7 +51,7 @@ class Store:
         self.durability = durability
         self._writer: sqlite3.Connection | None = None
         self._migrated = False
-        """Set once the writer opened and migrated the database (readers never take its lock)."""
+        """Set once the schema is known current: checked read-only, or migrated by the writer."""
         self._write_lock = threading.RLock()
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
@@ -71,21 +82,39 @@ class Store:
     def _read_conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
-            if not self._migrated:  # the schema exists before any reader looks at it
+            # The schema exists before any reader looks at it. A current ledger is checked
+            # read-only, so `status` or `list` work on a read-only file and never queue
+            # behind a writer; only a missing or older schema opens the writer to migrate.
+            if not self._migrated and not schema_is_current(self.db_path):
                 self._write_conn()
+            self._migrated = True
             conn = connect_reader(self.db_path)
             self._local.conn = conn
             with self._readers_lock:
                 self._readers.append(conn)
         return conn
 
-    def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        return fn(self._read_conn())
+    def _read(self, fn: Callable[[sqlite3.Connection], T], run_id: str | None = None) -> T:
+        try:
+            return fn(self._read_conn())
+        except sqlite3.Error as exc:
+            raise self._fault(exc, run_id) from exc
+        except StateDBError as exc:  # opening failed: say which run was being read
+            raise (exc.for_run(run_id) if run_id else exc) from exc.__cause__
 
-    def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        with self._write_lock:
-            with immediate(self._write_conn()) as conn:
-                return fn(conn)
+    def _write(self, fn: Callable[[sqlite3.Connection], T], run_id: str | None = None) -> T:
+        try:
+            with self._write_lock:
+                with immediate(self._write_conn()) as conn:
+                    return fn(conn)
+        except sqlite3.Error as exc:
+            raise self._fault(exc, run_id) from exc
+        except StateDBError as exc:
+            raise (exc.for_run(run_id) if run_id else exc) from exc.__cause__
+
+    def _fault(self, exc: sqlite3.Error, run_id: str | None) -> BaseException:
+        """A fault of the database itself as ``StateDBError``; anything else unchanged."""
+        return state_db_fault(exc, self.db_path, run_id) or exc
 
     @contextmanager
     def synchronous_full(self, enabled: bool = True) -> Iterator[None]:
@@ -114,10 +143,18 @@ class Store:
                 self._writer.close()
                 self._writer = None
 
+    def integrity_check(self) -> str:
+        """``PRAGMA integrity_check`` in one line (``ok``, or the first problem and a count)."""
+        return integrity_summary(self.db_path)
+
+    def unreadable(self, run_id: str, what: str) -> WorkflowError:
+        """The error for a row of ``run_id`` edited by hand into something unreadable."""
+        return unreadable_row(self.db_path, run_id, what)
+
     # -- runs ------------------------------------------------------------------------------
     def get_run(self, run_id: str) -> RunRow | None:
         """The run row of ``run_id`` (None when there is none)."""
-        return self._read(lambda c: runs.get_run(c, run_id))
+        return self._read(lambda c: runs.get_run(c, run_id), run_id)
 
     def find_run_prefix(self, prefix: str) -> list[str]:
         """Run ids starting with ``prefix`` (close matches for a mistyped id)."""
@@ -141,11 +178,11 @@ class Store:
 
     def steps_of(self, run_id: str) -> list[StepRow]:
         """A run's step rows in plan order."""
-        return self._read(lambda c: runs.steps_of(c, run_id))
+        return self._read(lambda c: runs.steps_of(c, run_id), run_id)
 
     def is_stop_requested(self, run_id: str) -> bool:
         """Whether someone asked the run's driver to stop."""
-        return self._read(lambda c: runs.is_stop_requested(c, run_id))
+        return self._read(lambda c: runs.is_stop_requested(c, run_id), run_id)
 
     def finished_runs_before(self, cutoff: float) -> list[str]:
         """Finished root runs older than ``cutoff`` (gc candidates)."""
@@ -164,14 +201,31 @@ class Store:
             sqlite3.IntegrityError: a child with the same (parent, invocation key) exists.
         """
 
-        def txn(conn: sqlite3.Connection) -> None:
-            runs.insert_run_txn(conn, row, steps)
-            if supersede is not None:
-                runs.set_run_status_txn(
-                    conn, supersede, "abandoned", reason=f"superseded by {row.run_id}"
-                )
+        self._write(lambda c: runs.create_run_txn(c, row, steps, supersede=supersede), row.run_id)
 
-        self._write(txn)
+    def start_in_scope(
+        self,
+        row: RunRow,
+        steps: Sequence[tuple[str, int, str, int]],
+        *,
+        decide: Callable[[RunRow | None], ScopeChoice],
+    ) -> RunRow:
+        """Find the scope's run or insert ``row``, as one atomic step; returns the run kept.
+
+        ``decide(latest)`` sees the newest root run of ``row.scope_key`` inside the write
+        transaction, so two starts at the same instant (threads or processes) cannot both
+        insert: the second sees the first's run. It returns what to do (``ScopeChoice``), or
+        raises to refuse (nothing is written).
+        """
+
+        def txn(conn: sqlite3.Connection) -> RunRow:
+            choice = decide(runs.latest_in_scope(conn, row.scope_key))
+            if choice.keep is not None:
+                return choice.keep
+            runs.create_run_txn(conn, row, steps, supersede=choice.supersede)
+            return row
+
+        return self._write(txn, row.run_id)
 
     def publish_child(self, row: RunRow, steps: Sequence[tuple[str, int, str, int]]) -> RunRow:
         """Insert a child run once per ``(parent_run_id, invocation_key)``; returns the row kept.
@@ -199,7 +253,8 @@ class Store:
         self._write(
             lambda c: runs.set_run_status_txn(
                 c, run_id, status, reason=reason, result_json=result_json
-            )
+            ),
+            run_id,
         )
 
     def write_step(
@@ -224,21 +279,30 @@ class Store:
                 note=note,
                 output_json=output_json,
                 stops_run=stops_run,
-            )
+            ),
+            run_id,
         )
 
     def set_stop_requested(self, run_id: str, value: bool) -> None:
         """Ask a run's driver to stop between units (or clear the request)."""
-        self._write(lambda c: runs.set_stop_requested(c, run_id, value))
+        self._write(lambda c: runs.set_stop_requested(c, run_id, value), run_id)
 
     def delete_run_tree(self, run_id: str) -> None:
         """Delete a finished root run and its descendants."""
-        self._write(lambda c: runs.delete_run_tree_txn(c, run_id))
+        self._write(lambda c: runs.delete_run_tree_txn(c, run_id), run_id)
+
+    def delete_finished_tree(self, run_id: str, *, cutoff: float) -> list[str]:
+        """Delete a root run and its descendants only if it is still finished before ``cutoff``.
+
+        The status is checked inside the delete's transaction (a failed run resumed since it
+        was listed is kept). Returns the deleted run ids, root first (empty: nothing deleted).
+        """
+        return self._write(lambda c: runs.delete_finished_tree_txn(c, run_id, cutoff), run_id)
 
     # -- journal ---------------------------------------------------------------------------
     def attempts_of(self, run_id: str, step_id: str | None = None) -> list[AttemptRow]:
         """A run's attempts (optionally of one step), in journal order."""
-        return self._read(lambda c: journal.attempts_of(c, run_id, step_id))
+        return self._read(lambda c: journal.attempts_of(c, run_id, step_id), run_id)
 
     def find_reusable(
         self,
@@ -266,12 +330,13 @@ class Store:
     def find_in_run(self, *, run_id: str, input_hash: str, unit_id: str) -> AttemptRow | None:
         """The newest succeeded/reused attempt of ``unit_id`` in ``run_id`` with that input."""
         return self._read(
-            lambda c: journal.find_in_run(c, run_id=run_id, input_hash=input_hash, unit_id=unit_id)
+            lambda c: journal.find_in_run(c, run_id=run_id, input_hash=input_hash, unit_id=unit_id),
+            run_id,
         )
 
     def budget_usage(self, root_run_id: str) -> tuple[int, int, float]:
         """(charged attempts, their tokens, their cost) over a root run and its descendants."""
-        return self._read(lambda c: journal.budget_usage(c, root_run_id))
+        return self._read(lambda c: journal.budget_usage(c, root_run_id), root_run_id)
 
     def budget_use(self, run_id: str) -> BudgetUse:
         """Charged use of ``run_id``'s root (and its descendants) against the root's ceilings.
@@ -279,19 +344,21 @@ class Store:
         Raises:
             UsageError: no such run.
         """
-        return self._read(lambda c: journal.budget_use(c, run_id))
+        return self._read(lambda c: journal.budget_use(c, run_id), run_id)
 
     def events_after(self, run_id: str, after_id: int = 0, limit: int = 10_000) -> list[EventRow]:
         """Events of ``run_id`` newer than ``after_id`` (watch/tail)."""
-        return self._read(lambda c: journal.events_after(c, run_id, after_id, limit))
+        return self._read(lambda c: journal.events_after(c, run_id, after_id, limit), run_id)
 
     def reserve_attempt(self, key: UnitKey, *, charged: bool) -> AttemptRow:
         """Insert a ``running`` attempt with a fresh dispatch_id."""
-        return self._write(lambda c: journal.reserve_attempt_txn(c, key, charged=charged))
+        return self._write(
+            lambda c: journal.reserve_attempt_txn(c, key, charged=charged), key.run_id
+        )
 
     def finish_attempt(self, attempt: AttemptRow, finish: Finish) -> bool:
         """Finish a running attempt; False (nothing written) when it was already finished."""
-        return self._write(lambda c: journal.finish_attempt_txn(c, attempt, finish))
+        return self._write(lambda c: journal.finish_attempt_txn(c, attempt, finish), attempt.run_id)
 
     def record_terminal_attempt(
         self,
@@ -306,7 +373,8 @@ class Store:
         return self._write(
             lambda c: journal.record_terminal_attempt_txn(
                 c, key, finish, reused_from=reused_from, saved_tokens=saved_tokens, event=event
-            )
+            ),
+            key.run_id,
         )
 
     def record_decision(
@@ -335,7 +403,7 @@ class Store:
             journal.record_terminal_attempt_txn(conn, key, finish, event="human_verdict")
             return key
 
-        return self._write(txn)
+        return self._write(txn, run_id)
 
     # -- frames ----------------------------------------------------------------------------
     def runs_frame(self) -> pd.DataFrame:
@@ -348,25 +416,25 @@ class Store:
         """One row per attempt (see :func:`wf_magic.store.frames.journal_frame`)."""
         from . import frames
 
-        return self._read(lambda c: frames.journal_frame(c, run_id))
+        return self._read(lambda c: frames.journal_frame(c, run_id), run_id)
 
     def tokens_frame(self, run_id: str | None = None, *, by: str = "step") -> pd.DataFrame:
         """Token accounting grouped ``by`` (see :func:`wf_magic.store.frames.tokens_frame`)."""
         from . import frames
 
-        return self._read(lambda c: frames.tokens_frame(c, run_id, by=by))
+        return self._read(lambda c: frames.tokens_frame(c, run_id, by=by), run_id)
 
     def events_frame(self, run_id: str | None = None) -> pd.DataFrame:
         """Events (see :func:`wf_magic.store.frames.events_frame`)."""
         from . import frames
 
-        return self._read(lambda c: frames.events_frame(c, run_id))
+        return self._read(lambda c: frames.events_frame(c, run_id), run_id)
 
     def budget_frame(self, run_id: str) -> pd.DataFrame:
         """Used vs limit per ceiling (see :func:`wf_magic.store.frames.budget_frame`)."""
         from . import frames
 
-        return self._read(lambda c: frames.budget_frame(c, run_id))
+        return self._read(lambda c: frames.budget_frame(c, run_id), run_id)
 
     # -- recordings (replay runner, cassette export) ---------------------------------------
     def latest_recording(
@@ -381,4 +449,4 @@ class Store:
 
     def run_recordings(self, run_id: str) -> list[RecordingRow]:
         """The succeeded and reused attempts of a run and its children, in journal order."""
-        return self._read(lambda c: recordings.run_recordings(c, run_id))
+        return self._read(lambda c: recordings.run_recordings(c, run_id), run_id)

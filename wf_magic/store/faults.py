@@ -1,0 +1,64 @@
+"""Translates SQLite failures of the state database into ``StateDBError`` (one line, what next)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from ..errors import StateDBError, StateDBFault
+
+_FAULTS: dict[int, StateDBFault] = {
+    sqlite3.SQLITE_FULL: "full",
+    sqlite3.SQLITE_BUSY: "busy",
+    sqlite3.SQLITE_LOCKED: "busy",
+    sqlite3.SQLITE_READONLY: "readonly",
+    sqlite3.SQLITE_IOERR: "io",
+    sqlite3.SQLITE_CORRUPT: "damaged",
+    sqlite3.SQLITE_NOTADB: "damaged",
+}
+
+
+def state_db_fault(exc: sqlite3.Error, db_path: Path, run_id: str | None) -> StateDBError | None:
+    """The ``StateDBError`` for ``exc``, or None when it is not a fault of the database itself.
+
+    Constraint violations (``IntegrityError``) and misuse stay as they are: they are ours to
+    handle or bugs, not something a person can fix on disk.
+    """
+    code = getattr(exc, "sqlite_errorcode", None)
+    fault = _FAULTS.get(code & 0xFF) if isinstance(code, int) else None
+    if fault is None:
+        return None
+    integrity = integrity_summary(db_path) if fault == "damaged" else None
+    return StateDBError(
+        fault, detail=str(exc), db_path=str(db_path), run_id=run_id, integrity=integrity
+    )
+
+
+def integrity_summary(db_path: Path) -> str:
+    """``PRAGMA integrity_check`` in one line: ``ok``, or its first problem and how many."""
+    try:
+        conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=1)
+        try:
+            rows = [str(r[0]) for r in conn.execute("PRAGMA integrity_check(20)")]
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        return f"could not run ({exc})"
+    if rows == ["ok"]:
+        return "ok"
+    more = f" (+{len(rows) - 1} more)" if len(rows) > 1 else ""
+    return " ".join(rows[0].split()) + more
+
+
+def unreadable_row(db_path: Path, run_id: str, what: str) -> StateDBError:
+    """A row wf_magic cannot read (``what`` names it): damaged pages when ``integrity_check``
+    finds any, else a hand edit."""
+    integrity = integrity_summary(db_path)
+    fault: StateDBFault = "unreadable" if integrity == "ok" else "damaged"
+    return StateDBError(
+        fault,
+        detail=what,
+        db_path=str(db_path),
+        run_id=run_id,
+        integrity=None if integrity == "ok" else integrity,
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal as signals
 import sys
@@ -15,6 +16,8 @@ from typing import NoReturn, TextIO
 from .engine import Engine
 from .errors import RunAbandoned, WorkflowError
 from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, error_exit_code
+from .inspection import changes_text, record_text, run_changes
+from .progress import ProgressPrinter
 from .run import Run
 from .runners.replay import export_cassette
 from .spec.freeze import Workflow
@@ -24,6 +27,13 @@ from .verbs import add_global_options, add_verb_parsers, parse_params
 def _print_run(run: Run, out: Callable[[str], None]) -> int:
     out(repr(run))  # ends with the result of a completed run
     return run.exit_code
+
+
+def _tty() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # a closed or replaced stream
+        return False
 
 
 def _drive(
@@ -40,6 +50,9 @@ def _drive(
 
     for sig in previous:
         signals.signal(sig, on_signal)
+    # Progress goes to stderr, so stdout stays the run's summary and result (pipe-friendly).
+    printer = None if getattr(args, "quiet", False) else ProgressPrinter(sys.stderr, tty=_tty())
+    unsubscribe = engine.subscribe(printer) if printer is not None else None
     try:
         run = engine.drive(
             run_id,
@@ -52,6 +65,9 @@ def _drive(
     finally:
         for sig, handler in previous.items():
             signals.signal(sig, handler)
+        if unsubscribe is not None and printer is not None:
+            unsubscribe()
+            printer.close()
     for warning in run.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     code = _print_run(run, print)
@@ -183,6 +199,21 @@ def cmd_gc(engine: Engine, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_show(engine: Engine, args: argparse.Namespace) -> int:
+    record = engine.handle(args.run).attempt(args.unit, args.attempt)
+    if args.format == "json":
+        print(json.dumps(record.to_json(), indent=2, default=str))
+    else:
+        print(record_text(record))
+    return EXIT_OK
+
+
+def cmd_diff(engine: Engine, args: argparse.Namespace) -> int:
+    run_a, run_b = engine.resolve_run_id(args.run), engine.resolve_run_id(args.other)
+    print(changes_text(run_a, run_b, run_changes(engine.store, run_a, run_b, unit_id=args.unit)))
+    return EXIT_OK
+
+
 def cmd_export_cassette(engine: Engine, args: argparse.Namespace) -> int:
     run_id = engine.resolve_run_id(args.run)
     for line in export_cassette(engine.store, run_id):
@@ -211,6 +242,8 @@ HANDLERS: dict[str, Callable[[Engine, argparse.Namespace], int]] = {
     "journal": cmd_journal,
     "tokens": cmd_tokens,
     "events": cmd_events,
+    "show": cmd_show,
+    "diff": cmd_diff,
     "gc": cmd_gc,
     "export-cassette": cmd_export_cassette,
 }

@@ -12,6 +12,7 @@ from .errors import UsageError
 from .exits import status_exit_code
 from .gates.human import record_human_verdict
 from .gates.verdict import Verdict
+from .inspection import AttemptRecord, UnitDiff, attempt_record, loop_diff
 from .spec.plan import Plan
 from .store import Store
 from .store.records import AttemptRow, BudgetUse, RunRow, RunStatus, StepRow
@@ -192,9 +193,36 @@ class Run:
         return decided
 
     # -- frames -----------------------------------------------------------------------------
-    def journal(self) -> pd.DataFrame:
-        """One row per attempt of this run."""
-        return self.store.journal_frame(self.run_id)
+    def journal(self, *, inputs: bool = False) -> pd.DataFrame:
+        """One row per attempt of this run; ``inputs=True`` adds what each was sent.
+
+        The ``input`` column holds the redacted resolved input (rendered prompt with its
+        feedback block, argv, bindings, or the judge's input) as JSON text, or <NA> for
+        attempts journaled before inputs were recorded.
+        """
+        frame = self.store.journal_frame(self.run_id)
+        if inputs:
+            kept = self.store.inputs_of(set(frame["input_hash"].dropna()))
+            frame["input"] = frame["input_hash"].map(kept).astype("string")
+        return frame
+
+    def attempt(self, unit: str, attempt: int | None = None) -> AttemptRecord:
+        """What ``unit``'s attempt (default: its newest) was sent, answered and cost.
+
+        Raises:
+            UsageError: the run has no such unit or attempt.
+        """
+        return attempt_record(self.store, self.run_id, unit, attempt=attempt)
+
+    def diff(self, unit: str, loop_a: int, loop_b: int) -> UnitDiff:
+        """How ``unit``'s input and output changed from ``loop_a`` to ``loop_b``.
+
+        Renders as a unified diff (text) and as coloured HTML in a notebook.
+
+        Raises:
+            UsageError: the unit has no attempt in one of the loops.
+        """
+        return UnitDiff(loop_diff(self.store, self.run_id, unit, loop_a, loop_b))
 
     def tokens(self, by: str = "step") -> pd.DataFrame:
         """Token accounting of this run grouped ``by``."""

@@ -140,6 +140,12 @@ MAX_CONCURRENCY = Option(
     help="cap on units in flight",
     faces=CLI,
 )
+QUIET = Option(
+    flag="--quiet",
+    action="store_true",
+    help="no progress lines while driving (the summary is still printed)",
+    faces=CLI,
+)
 MAX_RETRIES = Option(
     flag="--max-retries",
     type=count_at_least(0),
@@ -186,6 +192,7 @@ VERBS: tuple[Verb, ...] = (
             MAX_STEPS,
             MAX_CONCURRENCY,
             MAX_RETRIES,
+            QUIET,
             Option(flag="--dry-run", action="store_true", help="freeze and show the plan only"),
         ),
     ),
@@ -208,7 +215,7 @@ VERBS: tuple[Verb, ...] = (
     Verb(
         name="resume",
         help="drive an existing run",
-        options=(RUN, MAX_STEPS, MAX_CONCURRENCY, MAX_RETRIES, BACKGROUND),
+        options=(RUN, MAX_STEPS, MAX_CONCURRENCY, MAX_RETRIES, QUIET, BACKGROUND),
     ),
     Verb(
         name="fork",
@@ -271,6 +278,33 @@ VERBS: tuple[Verb, ...] = (
         ),
     ),
     Verb(name="events", help="print a run's events", options=(RUN, FORMAT)),
+    Verb(
+        name="show",
+        help="what one attempt of a unit was sent, answered and cost",
+        options=(
+            RUN,
+            Option(flag="unit", help="a unit id of the run, e.g. draft[2] or outline.gate:l1"),
+            Option(
+                flag="--attempt", type=count_at_least(1), metavar="N", help="default: the newest"
+            ),
+            Option(
+                flag="--format",
+                choices=("text", "json"),
+                default="text",
+                help="how to print the attempt",
+                faces=CLI,
+            ),
+        ),
+    ),
+    Verb(
+        name="diff",
+        help="units whose input differs between two runs, with the diff and the token delta",
+        options=(
+            Option(flag="run", help="the earlier run (id or unique prefix)"),
+            Option(flag="other", help="the later run (id or unique prefix)"),
+            Option(flag="--unit", metavar="UNIT", help="only this unit"),
+        ),
+    ),
     Verb(
         name="budget",
         help="a run's budget: used vs limit per ceiling",

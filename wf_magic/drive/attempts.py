@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from ..errors import RunnerError
+from ..hashing import canonical_json
 from ..runners.base import UnitResult
 from ..spec.plan import PlanStep
 from ..store.journal import Finish, UnitKey
@@ -26,7 +27,7 @@ def unit_key(
     model: str | None = None,
     input_hash: str | None = None,
 ) -> UnitKey:
-    """The journal key of ``unit`` (a gate unit overrides id, phase, runner and model)."""
+    """The journal key of ``unit``, carrying its resolved input (redacted) to be kept."""
     return UnitKey(
         run_id=state.run_id,
         workflow=state.plan.name,
@@ -38,6 +39,7 @@ def unit_key(
         runner=runner or unit.runner,
         model=model if runner else unit.model,
         input_hash=input_hash or unit.input_hash,
+        input_json=canonical_json(state.redactor.redact_value(unit.input)),
     )
 
 

@@ -22,7 +22,7 @@ from ..gates.verdict import (
     Waiting,
     gate_unit_id,
 )
-from ..hashing import hash_value
+from ..hashing import canonical_json, hash_value
 from ..runners.base import UnitRequest
 from ..spec.models import GateSpec
 from ..spec.plan import PlanStep
@@ -35,9 +35,17 @@ from .units import template_context
 
 
 def gate_key(
-    state: RunState, step_id: str, loop: int, *, runner: str, model: str | None, input_hash: str
+    state: RunState,
+    step_id: str,
+    loop: int,
+    *,
+    runner: str,
+    model: str | None,
+    input_hash: str,
+    judge_input: dict[str, Any] | None = None,
 ) -> UnitKey:
-    """The journal key of a verdict unit ``<step>.gate:l<loop>``."""
+    """The journal key of a verdict unit ``<step>.gate:l<loop>`` (with the judge's input)."""
+    kept = None if judge_input is None else canonical_json(state.redactor.redact_value(judge_input))
     return UnitKey(
         run_id=state.run_id,
         workflow=state.plan.name,
@@ -49,6 +57,7 @@ def gate_key(
         runner=runner,
         model=model,
         input_hash=input_hash,
+        input_json=kept,
     )
 
 
@@ -73,19 +82,21 @@ def obtain_verdict(
     except TemplateError as exc:
         criteria = [f"(criteria failed to render: {exc})"]
     runner, model = _judge_runner(state, step, gate)
-    input_hash = hash_value(
-        {
-            "judge": gate.judge,
-            "criteria": criteria,
-            "summary": summary,
-            "check": gate.check,
-            "model": model,
-        }
-    )
+    hashed = {
+        "judge": gate.judge,
+        "criteria": criteria,
+        "summary": summary,
+        "check": gate.check,
+        "model": model,
+    }
+    input_hash = hash_value(hashed)
+    judge_input = dict(hashed)  # what is kept: the hashed input, plus what an LLM judge reads
+    if gate.judge == "llm":
+        judge_input["prompt"] = judge_prompt(step.id, criteria, summary)
     unit_id = gate_unit_id(step.id, loop)
     recorded = ctx.store.find_in_run(run_id=state.run_id, input_hash=input_hash, unit_id=unit_id)
     if recorded is None:
-        recorded = _reuse_verdict(ctx, state, step, loop, runner, model, input_hash)
+        recorded = _reuse_verdict(ctx, state, step, loop, runner, model, input_hash, judge_input)
     if recorded is not None and recorded.output_json:
         verdict = Verdict.from_json(json.loads(recorded.output_json))
         return Judged(verdict=verdict, input_hash=input_hash, summary=summary)
@@ -94,7 +105,15 @@ def obtain_verdict(
             reason=f"waiting for a human verdict on loop {loop}",
             waiting=Waiting(loop=loop, input_hash=input_hash, summary=summary, judge="human"),
         )
-    key = gate_key(state, step.id, loop, runner=runner, model=model, input_hash=input_hash)
+    key = gate_key(
+        state,
+        step.id,
+        loop,
+        runner=runner,
+        model=model,
+        input_hash=input_hash,
+        judge_input=judge_input,
+    )
     try:
         if gate.judge == "expr":
             verdict = _judge_expr(ctx, state, gate, key, criteria, artifact)
@@ -118,6 +137,7 @@ def _reuse_verdict(
     runner: str,
     model: str | None,
     input_hash: str,
+    judge_input: dict[str, Any],
 ) -> AttemptRow | None:
     """A verdict this run may take instead of judging again, journaled as ``reused``.
 
@@ -143,7 +163,15 @@ def _reuse_verdict(
         )
     if source is None:
         return None
-    key = gate_key(state, step.id, loop, runner=source.runner, model=model, input_hash=input_hash)
+    key = gate_key(
+        state,
+        step.id,
+        loop,
+        runner=source.runner,
+        model=model,
+        input_hash=input_hash,
+        judge_input=judge_input,
+    )
     return attempts.record_reuse(ctx, state, key, source, notify=False)
 
 
@@ -270,11 +298,20 @@ def record_schema_verdict(
     """Journal a schema rejection as the loop's verdict (once per loop and artifact)."""
     count = len(artifact) if isinstance(artifact, list) and step.map else 1
     summary = artifact_summary(artifact, unit_count=count)
-    input_hash = hash_value({"judge": "schema", "summary": summary, "schema": step.output})
+    hashed = {"judge": "schema", "summary": summary, "schema": step.output}
+    input_hash = hash_value(hashed)
     unit_id = gate_unit_id(step.id, loop)
     existing = ctx.store.find_in_run(run_id=state.run_id, input_hash=input_hash, unit_id=unit_id)
     if existing is None:
-        key = gate_key(state, step.id, loop, runner="schema", model=None, input_hash=input_hash)
+        key = gate_key(
+            state,
+            step.id,
+            loop,
+            runner="schema",
+            model=None,
+            input_hash=input_hash,
+            judge_input=hashed,
+        )
         _record(ctx, state, key, verdict)
     _announce(ctx, state, step.id, loop, verdict)
 

@@ -50,6 +50,8 @@ def record_human_verdict(
             runner="human",
             model=None,
             input_hash=waiting.input_hash,
+            # What the person was shown (a human gate's input is otherwise never journaled).
+            input_json=json.dumps({"judge": "human", "summary": waiting.summary}),
         )
 
     finish = Finish(status="succeeded", output_json=json.dumps(verdict.to_json()))

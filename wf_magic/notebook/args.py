@@ -97,6 +97,9 @@ class LineArgs:
     idle_s: float = 10.0
     limit: int | None = None
     all: bool = False
+    unit: str | None = None
+    attempt: int | None = None
+    other: str | None = None
 
 
 class _Parser(argparse.ArgumentParser):

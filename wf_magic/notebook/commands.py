@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import sys
@@ -12,6 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..display import origin_text, plan_html, plan_mermaid, plan_text
 from ..errors import DefinitionError, GateDecisionRefused, UsageError
+from ..inspection import (
+    AttemptRecord,
+    UnitDiff,
+    changes_text,
+    record_text,
+    run_changes,
+)
 from ..run import Run
 from ..runners.registry import known_runners
 from ..spec.freeze import Workflow
@@ -328,6 +336,35 @@ def cmd_journal(ctx: WorkflowMagics, args: LineArgs) -> Any:
     return frame if args.all else JournalFrame(frame)
 
 
+def cmd_show(ctx: WorkflowMagics, args: LineArgs) -> Any:
+    """One attempt of a unit: what it was sent (input), answered (output) and cost."""
+    record = ctx.engine.handle(_run(ctx, args)).attempt(args.unit or "", args.attempt)
+    return AttemptView(record)
+
+
+def cmd_diff(ctx: WorkflowMagics, args: LineArgs) -> Any:
+    """Units whose input differs between two runs, as a coloured diff."""
+    run_a = _run(ctx, args)
+    run_b = ctx.engine.resolve_run_id(args.other or "")
+    changes = run_changes(ctx.engine.store, run_a, run_b, unit_id=args.unit)
+    return UnitDiff(changes_text(run_a, run_b, changes))
+
+
+class AttemptView:
+    """An attempt record that prints as text and renders as HTML (input, then output)."""
+
+    def __init__(self, record: AttemptRecord):
+        self.record = record
+
+    def __repr__(self) -> str:
+        return record_text(self.record)
+
+    def _repr_html_(self) -> str:
+        return (
+            "<pre style='white-space:pre-wrap'>" + html.escape(record_text(self.record)) + "</pre>"
+        )
+
+
 def cmd_tokens(ctx: WorkflowMagics, args: LineArgs) -> Any:
     return ctx.engine.tokens(_run(ctx, args), by=args.by)
 
@@ -453,6 +490,8 @@ COMMANDS: dict[str, Callable[[WorkflowMagics, LineArgs], Any]] = {
     "approve": cmd_approve,
     "reject": cmd_reject,
     "journal": cmd_journal,
+    "show": cmd_show,
+    "diff": cmd_diff,
     "tokens": cmd_tokens,
     "events": cmd_events,
     "budget": cmd_budget,

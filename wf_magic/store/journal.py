@@ -29,6 +29,8 @@ class UnitKey:
     runner: str
     model: str | None
     input_hash: str
+    input_json: str | None = None
+    """The resolved input (redacted canonical JSON) kept once per ``input_hash`` in ``inputs``."""
 
 
 def append_event_txn(
@@ -79,6 +81,37 @@ def _upsert_unit_txn(conn: sqlite3.Connection, key: UnitKey, status: str, attemp
     )
 
 
+def _keep_input_txn(conn: sqlite3.Connection, key: UnitKey, now: float) -> None:
+    """Keep the unit's input once per hash (content-addressed: runs and loops share a copy)."""
+    if key.input_json is not None:
+        conn.execute(
+            "INSERT OR IGNORE INTO inputs (input_hash, input_json, created_at) VALUES (?, ?, ?)",
+            (key.input_hash, key.input_json, now),
+        )
+
+
+def input_of(conn: sqlite3.Connection, input_hash: str) -> str | None:
+    """The journaled input (JSON text) of ``input_hash``; None when it was never recorded."""
+    row = conn.execute(
+        "SELECT input_json FROM inputs WHERE input_hash = ?", (input_hash,)
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def inputs_of(conn: sqlite3.Connection, input_hashes: set[str]) -> dict[str, str]:
+    """input_hash → input JSON text for the given hashes that were recorded."""
+    wanted = sorted(input_hashes)
+    out: dict[str, str] = {}
+    for start in range(0, len(wanted), 500):
+        chunk = wanted[start : start + 500]
+        marks = ", ".join("?" for _ in chunk)
+        rows = conn.execute(
+            f"SELECT input_hash, input_json FROM inputs WHERE input_hash IN ({marks})", chunk
+        )
+        out.update((str(h), str(j)) for h, j in rows)
+    return out
+
+
 def _next_attempt_txn(conn: sqlite3.Connection, run_id: str, unit_id: str) -> int:
     row = conn.execute(
         "SELECT MAX(attempt) FROM attempts WHERE run_id = ? AND unit_id = ?", (run_id, unit_id)
@@ -112,6 +145,7 @@ def reserve_attempt_txn(conn: sqlite3.Connection, key: UnitKey, *, charged: bool
             now,
         ),
     )
+    _keep_input_txn(conn, key, now)
     _upsert_unit_txn(conn, key, "running", number)
     append_event_txn(
         conn,
@@ -270,6 +304,7 @@ def record_terminal_attempt_txn(
             now,
         ),
     )
+    _keep_input_txn(conn, key, now)
     _upsert_unit_txn(conn, key, finish.status, number)
     append_event_txn(
         conn,

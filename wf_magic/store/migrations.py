@@ -141,6 +141,17 @@ def m002_step_stops_run(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE steps ADD COLUMN stops_run INTEGER NOT NULL DEFAULT 0")
 
 
+@migration
+def m003_inputs(conn: sqlite3.Connection) -> None:
+    # What each attempt was sent, kept once per input hash (content-addressed: every attempt,
+    # loop and run with the same resolved input shares one redacted copy). Attempts journaled
+    # before this migration have no row here and read as "input not recorded".
+    conn.execute(
+        "CREATE TABLE inputs (input_hash TEXT PRIMARY KEY, input_json TEXT NOT NULL,"
+        " created_at REAL NOT NULL) WITHOUT ROWID"
+    )
+
+
 def _script(conn: sqlite3.Connection, script: str) -> None:
     """Run a multi-statement script inside the caller's transaction.
 

@@ -174,8 +174,25 @@ def finished_runs_before(conn: sqlite3.Connection, cutoff: float) -> list[str]:
 
 def delete_run_tree_txn(conn: sqlite3.Connection, run_id: str) -> None:
     """Delete a finished root run and its descendants (cascades to its journal)."""
+    hashes = [
+        r[0]
+        for r in conn.execute(
+            "SELECT DISTINCT input_hash FROM attempts WHERE run_id IN"
+            " (SELECT run_id FROM runs WHERE root_run_id = ?)",
+            (run_id,),
+        )
+    ]
     conn.execute("DELETE FROM runs WHERE root_run_id = ? AND run_id != ?", (run_id, run_id))
     conn.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
+    # Inputs are shared by hash across runs: drop the tree's own that nothing refers to now.
+    for start in range(0, len(hashes), 500):
+        chunk = hashes[start : start + 500]
+        marks = ", ".join("?" for _ in chunk)
+        conn.execute(
+            f"DELETE FROM inputs WHERE input_hash IN ({marks}) AND input_hash NOT IN"
+            f" (SELECT input_hash FROM attempts WHERE input_hash IN ({marks}))",
+            (*chunk, *chunk),
+        )
 
 
 def delete_finished_tree_txn(conn: sqlite3.Connection, run_id: str, cutoff: float) -> list[str]:

@@ -8,12 +8,13 @@ named query or a named write; rows cross the boundary as frozen dataclasses, nev
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import StateDBError, WorkflowError
 from . import journal, recordings, runs
@@ -326,6 +327,15 @@ class Store:
                 unit_id=unit_id,
             )
         )
+
+    def input_of(self, input_hash: str) -> dict[str, Any] | None:
+        """The journaled (redacted) input of ``input_hash``; None when it was never recorded."""
+        text = self._read(lambda c: journal.input_of(c, input_hash))
+        return None if text is None else dict(json.loads(text))
+
+    def inputs_of(self, input_hashes: set[str]) -> dict[str, str]:
+        """The journaled inputs (JSON text) of the given hashes that have one."""
+        return self._read(lambda c: journal.inputs_of(c, input_hashes))
 
     def find_in_run(self, *, run_id: str, input_hash: str, unit_id: str) -> AttemptRow | None:
         """The newest succeeded/reused attempt of ``unit_id`` in ``run_id`` with that input."""

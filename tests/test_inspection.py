@@ -194,3 +194,21 @@ def test_gc_keeps_inputs_other_runs_still_use(engine: Engine) -> None:
         "Draft part 3 of owls",
         "Sketch owls",
     ]
+
+
+def test_the_readme_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+    import shutil
+    from contextlib import redirect_stdout
+
+    root = Path(__file__).resolve().parent.parent
+    section = (root / "README.md").read_text().split("## What each attempt was sent", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    shutil.copytree(root / "examples", tmp_path / "examples")
+    monkeypatch.chdir(tmp_path)
+    out = io.StringIO()
+    with redirect_stdout(out):
+        exec(compile(code, "README.md", "exec"), {})  # noqa: S102 - our own documentation
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("Write the section")
+    assert lines[-1] == "True"

@@ -10,11 +10,17 @@ Usage::
 
 Scripted responses are served in order; when none is left the ``default`` responder
 answers (an echo of the prompt unless replaced).
+
+A request with ``"stream": true`` gets its 200 completion as server-sent events: one
+``chat.completion.chunk`` per word of the content (``chunk_delay_s`` apart), a final chunk
+with ``usage`` and no choices when ``stream_options.include_usage`` asks for it, then
+``data: [DONE]``. ``streams = False`` plays a server that ignores ``stream`` and answers JSON.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -109,6 +115,10 @@ class FakeChatServer:
     def __init__(self) -> None:
         self.requests: list[RecordedRequest] = []
         self.default: Responder = echo
+        self.streams = True
+        """Honour ``"stream": true`` (False: answer plain JSON, like a server that cannot)."""
+        self.chunk_delay_s = 0.0
+        """Pause before each streamed chunk (chunks arriving over time)."""
         self._script: deque[ScriptedResponse] = deque()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -196,7 +206,23 @@ def _handler_for(server: FakeChatServer) -> type[BaseHTTPRequestHandler]:
             response = server._answer(RecordedRequest("POST", self.path, headers, body))
             if response.delay_s and server._stopping.wait(response.delay_s):
                 return
-            self._send(response)
+            if _wants_stream(body) and server.streams and _is_completion(response):
+                self._send_stream(response.body, body)
+            else:
+                self._send(response)
+
+        def _send_stream(self, completion: dict[str, Any], request: dict[str, Any]) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.end_headers()  # HTTP/1.0: the body ends when the connection closes
+            for chunk in stream_chunks(completion, request):
+                if server.chunk_delay_s and server._stopping.wait(server.chunk_delay_s):
+                    return
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
 
         def _send(self, response: ScriptedResponse) -> None:
             is_text = isinstance(response.body, str)
@@ -213,3 +239,41 @@ def _handler_for(server: FakeChatServer) -> type[BaseHTTPRequestHandler]:
             return None
 
     return Handler
+
+
+def stream_chunks(completion: dict[str, Any], request: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A chat.completion body as the ``chat.completion.chunk`` objects a streaming server
+    sends: a role chunk, one chunk per word of the content, a finish chunk, then (when the
+    request asked for it) a usage chunk with no choices."""
+    base = {
+        "id": completion.get("id", "chatcmpl-fake"),
+        "object": "chat.completion.chunk",
+        "created": completion.get("created", 1_700_000_000),
+        "model": completion.get("model", "fake-model"),
+    }
+    message = completion["choices"][0]["message"] if completion.get("choices") else {}
+    content = message.get("content") or ""
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    chunks = [chunk({"role": "assistant", "content": ""})]
+    chunks += [chunk({"content": piece}) for piece in re.findall(r"\s*\S+\s*", content)]
+    chunks.append(chunk({}, "stop"))
+    options = request.get("stream_options") or {}
+    if options.get("include_usage") and completion.get("usage") is not None:
+        chunks.append({**base, "choices": [], "usage": completion["usage"]})
+    return chunks
+
+
+def _wants_stream(body: Any) -> bool:
+    return isinstance(body, dict) and body.get("stream") is True
+
+
+def _is_completion(response: ScriptedResponse) -> bool:
+    body = response.body
+    return (
+        response.status == 200
+        and isinstance(body, dict)
+        and body.get("object") == "chat.completion"
+    )

@@ -42,6 +42,7 @@ steps:
     model: big-model
   - id: check
     exec: [PYTHON, -c, "print('ok')"]
+    cache: true
 """.replace("PYTHON", json.dumps(sys.executable))
 
 JOURNAL_DTYPES = {

@@ -61,6 +61,7 @@ TOKENS_SUM_DTYPES = {
     "saved_tokens": "Int64",
 }
 RUNS_DTYPES = {
+    "params": "string",
     "run": "string",
     "workflow": "string",
     "status": "string",
@@ -470,7 +471,7 @@ def test_runs_frame_lists_runs_oldest_first_with_lineage_and_duration(
 def test_runs_frame_of_an_empty_database_is_typed(conn: sqlite3.Connection) -> None:
     frame = runs_frame(conn)
 
-    assert frame.shape == (0, 17)
+    assert frame.shape == (0, 18)
     assert dtypes(frame) == RUNS_DTYPES
 
 

@@ -11,17 +11,30 @@ import threading
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn, TextIO
+from typing import TYPE_CHECKING, NoReturn, Protocol, TextIO
 
-from .engine import Engine
 from .errors import RunAbandoned, WorkflowError
 from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, error_exit_code
-from .inspection import changes_text, record_text, run_changes
-from .progress import ProgressPrinter
-from .run import Run
-from .runners.replay import export_cassette
-from .spec.freeze import Workflow
 from .verbs import add_global_options, add_verb_parsers, parse_params
+
+# The engine, the plan models (pydantic), Jinja and pandas are imported inside the verbs
+# that use them, not here, for start-up time: `wf --help` and `wf list` never load them.
+if TYPE_CHECKING:
+    from .engine import Engine
+    from .run import Run
+    from .spec.freeze import Workflow
+    from .store import Store
+    from .store.records import RunRow
+
+
+class _RunLister(Protocol):
+    """What ``wf list`` needs: the Engine, or just its Store (no engine import)."""
+
+    db_path: Path
+
+    def list_runs(
+        self, *, include_children: bool = False, limit: int | None = None
+    ) -> list[RunRow]: ...
 
 
 def _print_run(run: Run, out: Callable[[str], None]) -> int:
@@ -50,6 +63,8 @@ def _drive(
 
     for sig in previous:
         signals.signal(sig, on_signal)
+    from .progress import ProgressPrinter
+
     # Progress goes to stderr, so stdout stays the run's summary and result (pipe-friendly).
     printer = None if getattr(args, "quiet", False) else ProgressPrinter(sys.stderr, tty=_tty())
     unsubscribe = engine.subscribe(printer) if printer is not None else None
@@ -94,6 +109,7 @@ def cmd_run(engine: Engine, args: argparse.Namespace) -> int:
         new=args.new,
         no_cache=args.no_cache,
         params_from_strings=True,
+        key=args.key,
     )
     for w in started.warnings:
         print(f"warning: {w}", file=sys.stderr)
@@ -114,21 +130,29 @@ def cmd_resume(engine: Engine, args: argparse.Namespace) -> int:
 def cmd_status(engine: Engine, args: argparse.Namespace) -> int:
     if args.run is None:
         return cmd_list(engine, args)
+    from .store.runs import params_text
+
     run = engine.status(args.run)
-    print(repr(run))
+    header, *rest = repr(run).split("\n")
+    shown = params_text(run.row.params_json)  # tells two scopes of one workflow apart
+    print("\n".join([header, *([f"  params: {shown}"] if shown else []), *rest]))
     return run.exit_code
 
 
-def cmd_list(engine: Engine, args: argparse.Namespace) -> int:
+def cmd_list(engine: _RunLister, args: argparse.Namespace) -> int:
     runs = engine.list_runs(
         include_children=getattr(args, "all", False), limit=getattr(args, "limit", None)
     )
     if not runs:
         print(f"no runs in {engine.db_path}")
+    from .store.runs import params_text
+
     for row in runs:
+        shown = params_text(row.params_json)  # tells two scopes of one workflow apart
+        params = f"  {shown}" if shown else ""
         reason = f"  {row.status_reason}" if row.status_reason else ""
         parent = f"  (child of {row.parent_run_id})" if row.parent_run_id else ""
-        print(f"{row.run_id}  {row.workflow:<20} {row.status:<10}{reason}{parent}")
+        print(f"{row.run_id}  {row.workflow:<20} {row.status:<10}{params}{reason}{parent}")
     return EXIT_OK
 
 
@@ -192,14 +216,23 @@ def cmd_stop(engine: Engine, args: argparse.Namespace) -> int:
 
 def cmd_gc(engine: Engine, args: argparse.Namespace) -> int:
     seconds = args.older_than_s if args.older_than_s is not None else args.older_than_days * 86400
-    deleted = engine.gc(older_than_s=seconds)
+    statuses = args.statuses or ("completed", "failed", "abandoned")
+    deleted = engine.gc(
+        older_than_s=seconds, statuses=statuses, dry_run=args.dry_run, vacuum=args.vacuum
+    )
     for run_id in deleted:
         print(run_id)
-    print(f"deleted {len(deleted)} finished run(s)")
+    if args.dry_run:
+        print(f"would delete {len(deleted)} finished run(s)")
+    else:
+        vacuumed = "; vacuumed" if args.vacuum else ""
+        print(f"deleted {len(deleted)} finished run(s), receipts kept{vacuumed}")
     return EXIT_OK
 
 
 def cmd_show(engine: Engine, args: argparse.Namespace) -> int:
+    from .inspection import record_text
+
     record = engine.handle(args.run).attempt(args.unit, args.attempt)
     if args.format == "json":
         print(json.dumps(record.to_json(), indent=2, default=str))
@@ -209,12 +242,16 @@ def cmd_show(engine: Engine, args: argparse.Namespace) -> int:
 
 
 def cmd_diff(engine: Engine, args: argparse.Namespace) -> int:
+    from .inspection import changes_text, run_changes
+
     run_a, run_b = engine.resolve_run_id(args.run), engine.resolve_run_id(args.other)
     print(changes_text(run_a, run_b, run_changes(engine.store, run_a, run_b, unit_id=args.unit)))
     return EXIT_OK
 
 
 def cmd_export_cassette(engine: Engine, args: argparse.Namespace) -> int:
+    from .runners.replay import export_cassette
+
     run_id = engine.resolve_run_id(args.run)
     for line in export_cassette(engine.store, run_id):
         print(line)
@@ -265,11 +302,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``wf`` console script; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    engine = Engine(args.db)
+    from .store import Store
+    from .store.db import DB_FILENAME, default_state_dir
+
+    target: _RunLister
+    if args.fn is cmd_list or (args.fn is cmd_status and args.run is None):
+        # Listing runs needs only the Store: the engine is never imported (start-up time).
+        store = Store((Path(args.db) if args.db else default_state_dir()) / DB_FILENAME)
+        target = store
+    else:
+        from .engine import Engine
+
+        engine = Engine(args.db)
+        store, target = engine.store, engine
     try:
         with warnings.catch_warnings():
             warnings.showwarning = _show_warning
-            return int(args.fn(engine, args))
+            return int(args.fn(target, args))
     except BrokenPipeError:
         # stdout went away (`wf run F | head -1`): stop quietly, as a SIGPIPE'd tool would.
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -287,20 +336,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - a row no layer could read: one line, not a wall
         if args.debug:
             raise
-        print(f"error: {_unreadable(engine, args, exc)}", file=sys.stderr)
+        print(f"error: {_unreadable(store, args, exc)}", file=sys.stderr)
         return EXIT_FAILED
     finally:
-        engine.close()
+        store.close()
 
 
-def _unreadable(engine: Engine, args: argparse.Namespace, exc: Exception) -> str:
+def _unreadable(store: Store, args: argparse.Namespace, exc: Exception) -> str:
     """What to say about an unexpected failure: most likely a row edited by hand."""
     run = getattr(args, "run", None)
     head = f"Run {run}: " if run else ""
     first = " ".join((str(exc).splitlines() or [""])[0].split())
     return (
-        f"{head}cannot read the state database {engine.db_path} ({type(exc).__name__}: "
-        f"{first}; integrity_check: {engine.store.integrity_check()}); a row was probably "
+        f"{head}cannot read the state database {store.db_path} ({type(exc).__name__}: "
+        f"{first}; integrity_check: {store.integrity_check()}); a row was probably "
         "edited by hand. Restore state.db from a backup or start afresh with "
         "`wf run FILE --new`; `--debug` shows the traceback."
     )

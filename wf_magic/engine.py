@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +30,9 @@ from .store.records import AttemptRow, RunRow, StepRow
 
 if TYPE_CHECKING:
     import pandas as pd
+
+GC_STATUSES: tuple[str, ...] = ("completed", "failed", "abandoned")
+"""The run statuses gc deletes (finished ones); ``wf gc --status`` picks among them."""
 
 
 class Engine:
@@ -121,18 +124,22 @@ class Engine:
         new: bool = False,
         no_cache: bool = False,
         params_from_strings: bool = False,
+        key: str | None = None,
     ) -> Run:
         """Find or create the run a (re-)run of ``workflow`` should drive (DESIGN.md §4).
 
-        Nothing is dispatched; :meth:`drive` does that.
+        Nothing is dispatched; :meth:`drive` does that. A launch ``key`` makes the start
+        idempotent: the first start with it records the run it settles on; a later one with
+        the same request (plan hash + params hash) returns that run, even with ``new``.
 
         Returns:
             A ``Run`` handle with ``created`` (False: an unchanged source found its scope's
-            existing run) and ``warnings`` (e.g. which run a changed source superseded).
+            existing run, or the key its run) and ``warnings`` (e.g. which run a changed
+            source superseded).
 
         Raises:
             DefinitionError: the source is invalid.
-            UsageError: params are undeclared or invalid.
+            UsageError: params are undeclared or invalid; ``key`` launched another request.
             RunLockHeld: the run to supersede is being driven.
         """
         wf = workflow if isinstance(workflow, Workflow) else self.load(workflow)
@@ -144,6 +151,7 @@ class Engine:
             new=new,
             no_cache=no_cache,
             params_from_strings=params_from_strings,
+            key=key,
         )
         return self._handle(started)
 
@@ -158,11 +166,17 @@ class Engine:
         signal: threading.Event | None = None,
         params_from_strings: bool = False,
         max_retries: int = 0,
+        key: str | None = None,
     ) -> Run:
         """Start (or find) the run for ``source`` and drive it; see :meth:`start`, :meth:`drive`."""
         wf = source if isinstance(source, Workflow) else self.load(source)
         started = self.start(
-            wf, params=params, new=new, no_cache=no_cache, params_from_strings=params_from_strings
+            wf,
+            params=params,
+            new=new,
+            no_cache=no_cache,
+            params_from_strings=params_from_strings,
+            key=key,
         )
         handle = self.drive(
             started, max_steps=max_steps, signal=signal, max_retries=max_retries, live_source=wf
@@ -315,31 +329,65 @@ class Engine:
         """Whether a driver holds the run now."""
         return is_locked(self.lock_dir, run_ref(run_id))
 
-    def gc(self, *, older_than_s: float) -> list[str]:
+    def gc(
+        self,
+        *,
+        older_than_s: float,
+        statuses: Sequence[str] = GC_STATUSES,
+        dry_run: bool = False,
+        vacuum: bool = False,
+    ) -> list[str]:
         """Delete finished root runs (and their children) older than the retention.
 
         Each run is deleted under its lock (one being driven or resumed is skipped), and its
         status is re-checked inside the delete, so a failed run resumed meanwhile is kept.
-        The lock files of deleted runs go too.
+        Each deleted run leaves a receipt in the same transaction (``runs(include_deleted=
+        True)``). The lock files of deleted runs go too.
+
+        Args:
+            older_than_s: the retention: runs finished at least this long ago go.
+            statuses: only root runs of these (finished) statuses.
+            dry_run: only list what would be deleted.
+            vacuum: afterwards rebuild the file to return the freed pages to the disk.
 
         Returns:
-            The deleted root run ids.
+            The deleted root run ids (with ``dry_run``: those that would be deleted).
 
         Raises:
-            UsageError: a negative retention.
+            UsageError: a negative retention, or a status that is not a finished one.
         """
         if older_than_s < 0:
             raise UsageError("gc retention must be >= 0 seconds")
+        wrong = [s for s in statuses if s not in GC_STATUSES]
+        if wrong or not statuses:
+            raise UsageError(
+                f"expected finished statuses {', '.join(GC_STATUSES)} "
+                f"(got {', '.join(map(repr, wrong)) or 'none'})"
+            )
         cutoff = time.time() - older_than_s
+        candidates = self.store.finished_runs_before(cutoff)
+        if set(statuses) != set(GC_STATUSES):
+            rows = [self.store.get_run(c) for c in candidates]
+            candidates = [r.run_id for r in rows if r is not None and r.status in statuses]
+        if dry_run:
+            return candidates
+        deleted = self._delete_finished(candidates, cutoff=cutoff, statuses=statuses)
+        if vacuum:
+            self.store.vacuum()
+        return deleted
+
+    def _delete_finished(
+        self, candidates: list[str], *, cutoff: float, statuses: Sequence[str]
+    ) -> list[str]:
         deleted = []
-        for rid in self.store.finished_runs_before(cutoff):
+        for rid in candidates:
             lock = RunLock(self.lock_dir, rid)
             try:
                 lock.acquire()
             except RunLockHeld:
                 continue
             try:
-                tree = self.store.delete_finished_tree(rid, cutoff=cutoff)
+                tree = self.store.delete_finished_tree(rid, cutoff=cutoff, statuses=statuses)
                 for run_id in tree:
                     (lock if run_id == rid else RunLock(self.lock_dir, run_id)).remove()
             finally:
@@ -349,9 +397,10 @@ class Engine:
         return deleted
 
     # -- frames (pandas is imported when one is asked for) ----------------------------------
-    def runs(self) -> pd.DataFrame:
-        """All runs (see :func:`wf_magic.store.frames.runs_frame`)."""
-        return self.store.runs_frame()
+    def runs(self, *, include_deleted: bool = False) -> pd.DataFrame:
+        """All runs; ``include_deleted`` adds gc receipts and journal totals per run (see
+        :func:`wf_magic.store.frames.runs_frame`)."""
+        return self.store.runs_frame(include_deleted=include_deleted)
 
     def journal(self, run_id: RunRef | None = None) -> pd.DataFrame:
         """One row per attempt (see :func:`wf_magic.store.frames.journal_frame`)."""

@@ -10,13 +10,17 @@ from typing import Any
 from .bus import EventBus
 from .drive.runrows import new_run_id, new_run_row, plan_steps, scope_key
 from .errors import UsageError
+from .hashing import hash_value
 from .locking import RunLock
 from .spec.freeze import Workflow
 from .spec.params import resolve_params
 from .spec.plan import Plan
 from .store import Store
 from .store.records import RunRow, ScopeChoice
+from .store.runs import LaunchKey
 
+MAX_KEY_LENGTH = 200
+"""The longest launch key accepted (a cron job id, a notebook cell id, a date)."""
 UNFINISHED = ("active", "blocked", "failed")
 """Run statuses a scope has at most one of (a later start supersedes it)."""
 
@@ -39,18 +43,29 @@ def start(
     new: bool = False,
     no_cache: bool = False,
     params_from_strings: bool = False,
+    key: str | None = None,
 ) -> Started:
     """Find or create the run a (re-)run of ``wf`` should drive (DESIGN.md §4).
 
+    With a launch ``key``, the first start records it with the run it settles on; a later
+    start with the key and the same request (plan hash + params hash) returns that run,
+    whatever ``new`` says, and one with another request is refused.
+
     Raises:
-        UsageError: params are undeclared or invalid.
+        UsageError: params are undeclared or invalid; ``key`` launched another request.
         RunLockHeld: the run to supersede is being driven.
     """
+    if key is not None and not 0 < len(key) <= MAX_KEY_LENGTH:
+        raise UsageError(
+            f"expected a non-empty launch key of at most {MAX_KEY_LENGTH} characters "
+            f"(got {len(key)})"
+        )
     resolved = resolve_params(wf.plan, params, from_strings=params_from_strings)
     scope = scope_key(wf.name, resolved)
-    latest = store.latest_in_scope(scope)  # the common case (continue a run) writes nothing
-    if latest is not None and not new and latest.plan_hash == wf.plan_hash:
-        return _continue(latest, wf)
+    if key is None:
+        latest = store.latest_in_scope(scope)  # the common case (continue a run) writes nothing
+        if latest is not None and not new and latest.plan_hash == wf.plan_hash:
+            return _continue(latest, wf)
     row = new_run_row(wf, resolved, run_id=new_run_id(), scope=scope, use_cache=not no_cache)
     superseded: list[str] = []
     with contextlib.ExitStack() as held:
@@ -67,10 +82,27 @@ def start(
             superseded[:] = [old.run_id]
             return ScopeChoice(supersede=old.run_id)
 
-        kept = store.start_in_scope(row, plan_steps(wf), decide=decide)
+        def check_key(prior: LaunchKey) -> None:
+            if (prior.plan_hash, prior.params_hash) != (row.plan_hash, row.params_hash):
+                raise UsageError(
+                    f"Launch key {prior.key!r} already launched run {prior.run_id} for request "
+                    f"{request_hash(prior.plan_hash, prior.params_hash)}; this start is request "
+                    f"{request_hash(row.plan_hash, row.params_hash)} (another plan or params). "
+                    "Reuse a key only for the same workflow and params, or pass a new key.",
+                    run_id=prior.run_id,
+                )
+
+        kept = store.start_in_scope(
+            row, plan_steps(wf), decide=decide, launch_key=key, check_key=check_key
+        )
     if kept.run_id != row.run_id:
         return _continue(kept, wf)
     return _created(bus, row, superseded=superseded[0] if superseded else None)
+
+
+def request_hash(plan_hash: str, params_hash: str) -> str:
+    """What a launch key promises: the sha256 of a start's plan hash and params hash."""
+    return hash_value({"plan_hash": plan_hash, "params_hash": params_hash})
 
 
 def fork(

@@ -189,6 +189,11 @@ VERBS: tuple[Verb, ...] = (
             ),
             Option(flag="--new", action="store_true", help="always start a fresh run"),
             Option(flag="--no-cache", action="store_true", help="no result reuse across runs"),
+            Option(
+                flag="--key",
+                metavar="K",
+                help="a launch key: a later run with K and the same request returns that run",
+            ),
             MAX_STEPS,
             MAX_CONCURRENCY,
             MAX_RETRIES,
@@ -342,6 +347,26 @@ VERBS: tuple[Verb, ...] = (
                         help="e.g. 30d, 12h, 45m, 90s",
                     ),
                 )
+            ),
+            Option(
+                flag="--status",
+                dest="statuses",
+                action="append",
+                choices=("completed", "failed", "abandoned"),
+                help="only runs of this status (repeatable; default: every finished status)",
+                faces=CLI,
+            ),
+            Option(
+                flag="--dry-run",
+                action="store_true",
+                help="list what would be deleted; delete nothing",
+                faces=CLI,
+            ),
+            Option(
+                flag="--vacuum",
+                action="store_true",
+                help="afterwards rebuild the file to return freed space",
+                faces=CLI,
             ),
         ),
     ),

@@ -22,6 +22,7 @@ from ..store import Store
 from ..store.records import RunRow, StepRow
 from .budget import Budget
 from .executors import UnitExecutors
+from .units import StepOutputs
 
 STOP_POLL_S = 0.2
 _log = logging.getLogger("wf_magic")
@@ -143,18 +144,17 @@ class RunState:
     """The run had failed and this drive re-opened it: unit retries start afresh."""
     stats: DriveStats = field(default_factory=DriveStats)
     step_rows: dict[str, StepRow] = field(default_factory=dict)
-    outputs: dict[str, Any] = field(default_factory=dict)
+    outputs: StepOutputs = field(default_factory=StepOutputs)
     fork_index: int | None = None
+    positions: dict[str, int] = field(default_factory=dict)
+    """Step id → its index in the plan (looked up per unit, so never a list scan)."""
     last_stop_poll: float = 0.0
 
     @classmethod
     def begin(cls, ctx: DriveContext, run: RunRow, plan: Plan, params: dict[str, Any]) -> RunState:
         """The state a drive of ``run`` starts from."""
-        fork_index = (
-            next(i for i, s in enumerate(plan.steps) if s.id == run.fork_step)
-            if run.fork_step
-            else None
-        )
+        positions = {s.id: i for i, s in enumerate(plan.steps)}
+        fork_index = positions[run.fork_step] if run.fork_step else None
         return cls(
             run=run,
             plan=plan,
@@ -169,6 +169,7 @@ class RunState:
             ),
             reopened=run.status == "failed",
             fork_index=fork_index,
+            positions=positions,
         )
 
     @property
@@ -189,7 +190,7 @@ class RunState:
         """Whether this run is a fork and ``step`` is at or after its fork step."""
         if self.fork_index is None:
             return False
-        return [s.id for s in self.plan.steps].index(step.id) >= self.fork_index
+        return self.positions[step.id] >= self.fork_index
 
     def should_stop(self, ctx: DriveContext) -> bool:
         """A signal or a stop request (polled at most every ``STOP_POLL_S``) ends the drive."""

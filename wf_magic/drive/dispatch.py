@@ -9,7 +9,7 @@ import json
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,10 +22,13 @@ from ..store.records import AttemptRow
 from . import attempts
 from .children import ChildBlocked, ChildBudgetStop
 from .context import DriveContext, RunState
+from .executors import InlineExecutor
 from .spine import LoopWork, start_loop
 from .units import UnitPlan
 
 MAX_OUTPUT_BYTES = 10_000_000
+OWED_LOOKUP_MAX = 500
+"""Past this many owed units, their history is read with one scan of the step instead."""
 
 
 @dataclass(slots=True)
@@ -58,21 +61,21 @@ def run_units(
     exactly as it was judged, so its tolerated failures (``on_error: continue``) stay failures.
     """
     work = LoopWork.empty(len(units))
-    history = attempts.attempts_by_unit(ctx, state, step.id)
-    jobs: deque[_Job] = deque()
+    # Resume reads (unit, input hash, output) of the done attempts only; whole attempt rows
+    # are read just for the units still owed (running, failed or never tried).
+    done = ctx.store.done_outputs(state.run_id, step.id)
+    owed: list[int] = []
     for i, unit in enumerate(units):
+        outputs = done.get(unit.unit_id)
+        if outputs is not None and unit.input_hash in outputs:
+            work.outputs[i] = _load(outputs[unit.input_hash])
+        else:
+            owed.append(i)
+    history = _history(ctx, state, step, [units[i].unit_id for i in owed])
+    jobs: deque[_Job] = deque()
+    for i in owed:
+        unit = units[i]
         history_of = history.get(unit.unit_id, [])
-        done = next(
-            (
-                a
-                for a in reversed(history_of)
-                if a.input_hash == unit.input_hash and a.status in ("succeeded", "reused")
-            ),
-            None,
-        )
-        if done is not None:
-            work.outputs[i] = _load(done.output_json)
-            continue
         latest = history_of[-1] if history_of else None
         same_input = [a for a in history_of if a.input_hash == unit.input_hash]
         if judged and same_input and same_input[-1].status == "failed":
@@ -95,6 +98,20 @@ def run_units(
     if jobs:
         _schedule(ctx, state, step, jobs, work, inline)
     return work
+
+
+def _history(
+    ctx: DriveContext, state: RunState, step: PlanStep, unit_ids: list[str]
+) -> dict[str, list[AttemptRow]]:
+    """The attempts of the owed units, grouped by unit, in journal order."""
+    if not unit_ids:
+        return {}
+    if len(unit_ids) > OWED_LOOKUP_MAX:  # most of the step is owed: one scan of the step
+        return attempts.attempts_by_unit(ctx, state, step.id)
+    out: dict[str, list[AttemptRow]] = {}
+    for a in ctx.store.attempts_of_units(state.run_id, unit_ids):
+        out.setdefault(a.unit_id, []).append(a)
+    return out
 
 
 def _retry_streak(attempts: list[AttemptRow], input_hash: str) -> int:
@@ -224,7 +241,14 @@ def _start(
         except Exception as exc:
             future.set_exception(exc)
         return future, job, attempt
-    request = _request(state, step, unit, attempt, job.offer)
+    request = _request(
+        state,
+        step,
+        unit,
+        attempt,
+        job.offer,
+        ctx=ctx if isinstance(executor, ThreadPoolExecutor | InlineExecutor) else None,
+    )
     try:
         runner = state.runner(ctx, unit.runner)
     except (
@@ -241,8 +265,30 @@ def _start(
 
 
 def _request(
-    state: RunState, step: PlanStep, unit: UnitPlan, attempt: AttemptRow, job_offer: int | None
+    state: RunState,
+    step: PlanStep,
+    unit: UnitPlan,
+    attempt: AttemptRow,
+    job_offer: int | None,
+    *,
+    ctx: DriveContext | None = None,
 ) -> UnitRequest:
+    """The runner's request; ``ctx`` is given when the unit runs in this process, so a
+    prompt unit somebody watches gets an ``on_text`` that emits ``unit_text`` events."""
+    on_text: Callable[[str], None] | None = None
+    if ctx is not None and unit.kind == "prompt" and ctx.bus.has_observers:
+        emit, redactor = ctx.emit, state.redactor
+
+        def on_text(text: str) -> None:
+            # Called from the worker thread; observers only poke throttles (bus.py).
+            emit(
+                "unit_text",
+                run_id=state.run_id,
+                step_id=step.id,
+                unit_id=unit.unit_id,
+                text=redactor.redact(text),
+            )
+
     env: dict[str, str] = {}
     if unit.kind == "exec":
         item = (
@@ -280,6 +326,7 @@ def _request(
         index=unit.item_index,
         max_tokens=job_offer,
         env=env,
+        on_text=on_text,
     )
 
 

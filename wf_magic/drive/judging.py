@@ -265,7 +265,7 @@ def _judge_failure(exc: Exception) -> RunnerError:
 
 def _reclaim_or_reserve(ctx: DriveContext, state: RunState, key: UnitKey) -> AttemptRow:
     """The judge attempt a dead driver left running for this input, else a new one."""
-    latest = attempts.attempts_by_unit(ctx, state, key.step_id).get(key.unit_id, [])
+    latest = ctx.store.attempts_of_units(state.run_id, [key.unit_id])
     if latest and latest[-1].status == "running" and latest[-1].input_hash == key.input_hash:
         return latest[-1]
     return ctx.store.reserve_attempt(key, charged=False)

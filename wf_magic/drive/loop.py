@@ -7,6 +7,7 @@ drives its child run through the same function with ``ctx.child(redactor)``.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 from ..errors import RunnerError
 from ..gates.verdict import gate_unit_id
@@ -16,7 +17,6 @@ from ..runners.base import UnitResult
 from ..spec.plan import Plan, PlanStep
 from ..store.records import AttemptRow, RunRow, StepRow
 from . import children, dispatch, spine
-from .attempts import attempts_by_unit
 from .context import DriveContext, DriveStats, RunState
 from .integrity import verified_plan
 from .units import StepInputError, UnitPlan, build_units
@@ -51,20 +51,21 @@ def drive_run(ctx: DriveContext, run: RunRow, *, plan: Plan | None = None) -> Dr
 
 def _walk(ctx: DriveContext, state: RunState) -> None:
     state.step_rows = {r.step_id: r for r in ctx.store.steps_of(state.run_id)}
+    routers = _routers_by_target(state.plan)
     for step in state.plan.steps:
         if _settled(state, step, state.step_rows[step.id]):
             continue
         if state.should_stop(ctx):
             return
-        skip_note = _route_skip(state, step)
+        skip_note = _route_skip(state, routers.get(step.id, ()), step)
         if skip_note is not None:
             spine.skip_step(ctx, state, step, skip_note)
             state.outputs[step.id] = None
-            _sync_run_status(ctx, state)
+            _sync_run_status(ctx, state, step)
             continue
         ctx.emit("step_started", run_id=state.run_id, step_id=step.id)
         outcome = _run_step(ctx, state, step)
-        _sync_run_status(ctx, state)
+        _sync_run_status(ctx, state, step)
         if outcome is None:
             return  # stopped mid-step: the step is owed to the next drive
         if not _finished(step, outcome):
@@ -97,11 +98,19 @@ def _settled(state: RunState, step: PlanStep, row: StepRow) -> bool:
     return False
 
 
-def _route_skip(state: RunState, step: PlanStep) -> str | None:
+def _routers_by_target(plan: Plan) -> dict[str, list[PlanStep]]:
+    """Step id → the route steps that can select it, in plan order (built once per drive)."""
+    out: dict[str, list[PlanStep]] = {}
+    for router in plan.steps:
+        if router.route is not None:
+            for target in dict.fromkeys(router.route.cases.values()):
+                out.setdefault(target, []).append(router)
+    return out
+
+
+def _route_skip(state: RunState, routers: Sequence[PlanStep], step: PlanStep) -> str | None:
     notes: list[str] = []
-    for router in state.plan.steps:
-        if router.route is None or step.id not in router.route.cases.values():
-            continue
+    for router in routers:
         row = state.step_rows[router.id]
         if row.status == "completed" and row.output_json:
             decision = json.loads(row.output_json)
@@ -154,9 +163,11 @@ def _run_step(ctx: DriveContext, state: RunState, step: PlanStep) -> spine.StepO
         loop, feedback = loop + 1, outcome.feedback
 
 
-def _sync_run_status(ctx: DriveContext, state: RunState) -> None:
-    status, reason = spine.derive_run_status(state.plan, state.step_rows)
+def _sync_run_status(ctx: DriveContext, state: RunState, step: PlanStep) -> None:
     run = state.run
+    if run.status == "active" and _still_active(state, step):
+        return
+    status, reason = spine.derive_run_status(state.plan, state.step_rows)
     if status == "active" and run.status == "active":
         return
     if (status, reason) == (run.status, run.status_reason):
@@ -169,11 +180,25 @@ def _sync_run_status(ctx: DriveContext, state: RunState) -> None:
     state.run = ctx.store.get_run(run.run_id) or run
 
 
+def _still_active(state: RunState, step: PlanStep) -> bool:
+    """Whether an active run stays active after ``step`` settled, without a scan of the plan.
+
+    The walk settles steps in plan order and syncs the run after each, so an active run has
+    no blocked or run-failing row before ``step``; ``step`` completed or was skipped (neither
+    blocks nor fails the run) and the next step is still pending (so the run is not done).
+    """
+    if state.step_rows[step.id].status not in ("completed", "skipped"):
+        return False
+    position = state.positions[step.id] + 1
+    steps = state.plan.steps
+    return position < len(steps) and state.step_rows[steps[position].id].status == "pending"
+
+
 def _has_verdict(ctx: DriveContext, state: RunState, step: PlanStep, loop: int) -> bool:
     if step.gate is None and step.output is None:
         return False
     unit_id = gate_unit_id(step.id, loop)
-    verdicts = attempts_by_unit(ctx, state, step.id).get(unit_id, [])
+    verdicts = ctx.store.attempts_of_units(state.run_id, [unit_id])
     return any(a.status == "succeeded" for a in verdicts)
 
 

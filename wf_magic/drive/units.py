@@ -53,6 +53,22 @@ class UnitPlan:
     cacheable: bool = True
 
 
+class StepOutputs(dict[str, Any]):
+    """Step id → output, keeping the ``steps`` scope of templates up to date as it is written.
+
+    Building ``{id: {"output": out}}`` afresh for every unit cost O(steps) per unit: O(n²)
+    over a long plan and O(steps × units) over a map. Writes go through ``__setitem__``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scope: dict[str, dict[str, Any]] = {}
+
+    def __setitem__(self, step_id: str, output: Any) -> None:
+        super().__setitem__(step_id, output)
+        self.scope[step_id] = {"output": output}
+
+
 def template_context(
     params: Mapping[str, Any],
     outputs: Mapping[str, Any],
@@ -64,7 +80,11 @@ def template_context(
     """The names in scope of a template: params, steps.<id>.output, item/index, gate."""
     return {
         "params": params,
-        "steps": {sid: {"output": out} for sid, out in outputs.items()},
+        "steps": (
+            outputs.scope
+            if isinstance(outputs, StepOutputs)
+            else {sid: {"output": out} for sid, out in outputs.items()}
+        ),
         "item": item,
         "index": index,
         "gate": {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import html
 import json
 import re
@@ -173,8 +174,13 @@ def _load_file(ctx: WorkflowMagics, path: Path) -> Workflow:
     return wf
 
 
-def run_cell(ctx: WorkflowMagics, args: CellArgs, source: str) -> Run | None:
-    """``%%workflow``: freeze, find or start the run (DESIGN §4), drive it, return the handle."""
+def run_cell(
+    ctx: WorkflowMagics, args: CellArgs, source: str, *, key: str | None = None
+) -> Run | None:
+    """``%%workflow``: freeze, find or start the run (DESIGN §4), drive it, return the handle.
+
+    With a launch ``key`` (``--key``), re-executing the cell returns the run the key launched.
+    """
     wf = load_cell(ctx, source, args.name) if source.strip() else None
     if wf is None and args.resume is None:
         raise UsageError(
@@ -189,11 +195,18 @@ def run_cell(ctx: WorkflowMagics, args: CellArgs, source: str) -> Run | None:
         return None
     warnings: list[str] = []
     created = False
+    if key is not None and args.resume is not None:
+        raise UsageError("--key names a start, --resume an existing run; pick one")
     if wf is None or args.resume is not None:
         run_id = ctx.engine.resolve_run_id(args.resume or "")
     else:
         started = ctx.engine.start(
-            wf, params=args.params, new=args.new, no_cache=args.no_cache, params_from_strings=True
+            wf,
+            params=args.params,
+            new=args.new,
+            no_cache=args.no_cache,
+            params_from_strings=True,
+            key=key,
         )
         run_id, warnings, created = started.run_id, started.warnings, started.created
     handle = launch(
@@ -272,8 +285,12 @@ def launch(
 
 # -- line commands ------------------------------------------------------------------------------
 def cmd_list(ctx: WorkflowMagics, args: LineArgs) -> Any:
-    """Root runs, newest first, shown in a few columns (``--all``: every run and column)."""
-    from .frames import RunsFrame
+    """Root runs, newest first, shown in a few columns (``--all``: every run and column).
+
+    The compact view shows each run's params (secret ones masked) beside its workflow, so
+    two scopes of one workflow are told apart.
+    """
+    RunsFrame = _scoped_runs_frame()  # noqa: N806 - a class, built on first use (pandas)
 
     frame = ctx.engine.runs()
     if frame.empty:
@@ -284,6 +301,22 @@ def cmd_list(ctx: WorkflowMagics, args: LineArgs) -> Any:
         frame = frame[frame["parent_run"].isna()].reset_index(drop=True)
     frame = frame.head(args.limit) if args.limit else frame
     return frame if args.all else RunsFrame(frame)
+
+
+@functools.cache
+def _scoped_runs_frame() -> type:
+    """``RunsFrame`` whose display adds a ``params`` column after ``workflow``."""
+    from ..store.runs import params_text
+    from .frames import RunsFrame
+
+    class ScopedRunsFrame(RunsFrame):
+        def readable(self) -> Any:
+            out = super().readable()
+            shown = [params_text(v) if isinstance(v, str) else "" for v in self["params"]]
+            out.insert(list(out.columns).index("workflow") + 1, "params", shown)
+            return out
+
+    return ScopedRunsFrame
 
 
 def cmd_status(ctx: WorkflowMagics, args: LineArgs) -> Run:

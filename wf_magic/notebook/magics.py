@@ -267,6 +267,11 @@ class WorkflowMagics(Magics):
     @argument("--dry-run", action="store_true", help="freeze and show the plan; dispatch nothing")
     @argument("--no-cache", action="store_true", help="no result reuse from earlier runs")
     @argument(
+        "--key",
+        metavar="K",
+        help="a launch key: re-executing the cell with K and the same request returns its run",
+    )
+    @argument(
         "--background", action="store_true", help="drive in a thread; the notebook stays usable"
     )
     @argument("--as", dest="as_var", metavar="VAR", help="also store the Run handle in VAR")
@@ -283,8 +288,9 @@ class WorkflowMagics(Magics):
         evaluates to the ``Run`` handle.
         """
         with _as_usage_errors(self.drives):
-            args = cell_args(parse_argstring(self.workflow_cell, line), self.user_ns)
-            return commands.run_cell(self, args, cell)
+            ns = parse_argstring(self.workflow_cell, line)
+            args = cell_args(ns, self.user_ns)
+            return commands.run_cell(self, args, cell, key=ns.key)
 
     @magic_arguments(name="workflow")
     @argument(

@@ -28,7 +28,7 @@ from ..display import (
 from ..errors import WorkflowError
 from ..run import Run
 from .drives import driver_text
-from .rows import COLUMNS, StepRowWidgets, elapsed_text
+from .rows import COLUMNS, LiveTexts, StepDetail, StepRowWidgets, elapsed_text
 from .snapshot import RunSnapshot, SnapshotReader, Waiting
 from .throttle import Throttle, Ticker
 
@@ -113,6 +113,9 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         self._live_since: float | None = None
         self._last_event_id: int | None = None
         self.throttle = Throttle(self._redraw_safely, interval_s=interval_s)
+        self.texts = LiveTexts()
+        # Streamed text only assigns a row's text widget: it never costs a journal read.
+        self.text_throttle = Throttle(self._draw_texts_safely, interval_s=interval_s)
         self.clock = Ticker(self._tick_safely, interval_s=1.0)
         self._build()
         super().__init__(
@@ -134,7 +137,13 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
     # -- construction -----------------------------------------------------------------------
     def _build(self) -> None:
         self.header = w.HTML()
-        self.rows = {s.id: StepRowWidgets(s.id) for s in self.reader.plan.steps}
+        self.rows = {
+            s.id: StepRowWidgets(
+                s.id,
+                detail=StepDetail(self.engine.store, self.run_id, s.id, is_map=s.map is not None),
+            )
+            for s in self.reader.plan.steps
+        }
         heads = [w.HTML(f"<b>{c}</b>") for c in COLUMNS]
         cells: list[w.Widget] = [*heads]
         for row in self.rows.values():
@@ -211,10 +220,28 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
     def _on_event(self, event: Event) -> None:
         if event.run_id != self.run_id:
             return
+        if event.kind == "unit_text" and event.step_id and event.unit_id:
+            self.texts.note(event.step_id, event.unit_id, str(event.data.get("text", "")))
+            self.text_throttle.poke()
+            return
         self.events_seen += 1
+        if event.kind in ("unit_finished", "unit_reused") and event.step_id and event.unit_id:
+            if self.texts.drop(event.step_id, event.unit_id):
+                self.text_throttle.poke()
         if event.kind == "warning" and event.data.get("message"):
             self.add_warning(str(event.data["message"]))
         self.throttle.poke()
+
+    def _draw_texts_safely(self) -> None:
+        try:
+            self.draw_texts()
+        except Exception:  # a view must never break the drive it observes
+            log.exception("run view text update failed")
+
+    def draw_texts(self) -> None:
+        """Show each row's in-flight streamed text (the newest unit that streams)."""
+        for step_id, row in self.rows.items():
+            row.show_text(self.texts.latest(step_id))
 
     def add_warning(self, message: str) -> None:
         """Show a warning (drift, a retried unit, ...) once."""
@@ -229,6 +256,7 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
     def flush(self) -> None:
         """Redraw now in this thread (the final state after a drive)."""
         self.throttle.flush()
+        self.text_throttle.flush()
 
     def close(self) -> None:
         """Stop observing and close the widgets."""
@@ -241,6 +269,7 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
             self._unsubscribe()
             self._unsubscribe = None
         self.throttle.close()
+        self.text_throttle.close()
         self.clock.stop()
         # No tick comes any more, on purpose: the browser must not call the view stale.
         self.status_line.value = self.status_line.value.replace(STALE_MARKER, "")

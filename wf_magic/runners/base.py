@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -56,6 +56,10 @@ class UnitRequest:
     """Tokens left in the run budget (None: unlimited); a runner should cap its output."""
     env: Mapping[str, str] = field(default_factory=dict)
     """Environment for exec units (minimal env + pass_env + WF_* names)."""
+    on_text: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
+    """Set when somebody watches the unit live: a runner that can stream calls it with the
+    text so far (at most ~10 times a second); one that cannot ignores it. Not part of the
+    unit's identity: never hashed, compared or journaled."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -21,6 +21,12 @@ permanent ones carrying the server's message. The unit's ``dispatch_id`` goes ou
 ``Idempotency-Key`` and ``X-Request-ID`` so a server or proxy can dedupe a reclaimed
 attempt. A response without ``usage`` is charged an estimate (4 characters a token) so
 budgets still bind.
+
+A request with ``on_text`` (somebody watches the unit live) is streamed (``stream=True``,
+usage from the final chunk through ``stream_options={"include_usage": True}``); the callback
+gets the text so far at most ten times a second, plus once with the whole text. The attempt
+is journaled exactly as a non-streamed one. A server that ignores ``stream`` and answers
+plain JSON is read as if nothing was streamed.
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ import json
 import math
 import os
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -38,12 +45,14 @@ from ..redact import Redactor
 from .base import RunnerContext, UnitRequest, UnitResult, strip_code_fence
 
 if TYPE_CHECKING:
-    from openai import OpenAI
-    from openai.types.chat import ChatCompletion
+    from openai import OpenAI, Stream
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 DEFAULT_TIMEOUT_S = 120.0
 TRANSIENT_STATUS = frozenset({408, 409, 425, 429})
 _MESSAGE_CAP = 500
+TEXT_EVERY_S = 0.1
+"""The streamed text reaches ``UnitRequest.on_text`` at most this often (plus a final call)."""
 _OPTION_NAMES = frozenset(
     {"base_url", "api_key_env", "model", "timeout_s", "prices", "json_mode", "max_tokens_param"}
 )
@@ -59,6 +68,32 @@ class Price:
     def cost(self, tokens_in: int, tokens_out: int) -> float:
         """The cost of one call."""
         return (tokens_in * self.input_per_mtok + tokens_out * self.output_per_mtok) / 1e6
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Reply:
+    """What the runner keeps of a completion, streamed or not."""
+
+    content: str | None
+    refusal: str | None = None
+    usage: tuple[int, int] | None = None
+    """(prompt tokens, completion tokens) as the server reported them."""
+    model: str | None = None
+    completion_id: str | None = None
+
+    @classmethod
+    def of(cls, completion: ChatCompletion) -> _Reply:
+        message = completion.choices[0].message if completion.choices else None
+        usage = completion.usage
+        return cls(
+            content=message.content if message is not None else None,
+            refusal=getattr(message, "refusal", None) if message is not None else None,
+            usage=(int(usage.prompt_tokens or 0), int(usage.completion_tokens or 0))
+            if usage is not None
+            else None,
+            model=completion.model,
+            completion_id=completion.id,
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -175,10 +210,10 @@ class OpenAIChatRunner:
         import openai  # importable: _open() made the client
 
         try:
-            completion = self._complete(client, request, model)
+            reply = self._complete(client, request, model)
         except openai.OpenAIError as exc:
             raise self._translate(exc, request, model) from exc
-        return self._result(completion, request, model)
+        return self._result(reply, request, model)
 
     def close(self) -> None:
         """Close the HTTP client (a later unit would open a new one)."""
@@ -230,22 +265,29 @@ class OpenAIChatRunner:
             max_retries=0,
         )
 
-    def _complete(self, client: OpenAI, request: UnitRequest, model: str) -> ChatCompletion:
+    def _complete(self, client: OpenAI, request: UnitRequest, model: str) -> _Reply:
         import openai
 
         kwargs = self._kwargs(request, model)
+        on_text = self._text_sink(request.on_text)
         json_mode = self.options.json_mode and model not in self._no_json_mode
         if not (json_mode and _wants_json(request)):
-            return _create(client, kwargs)
+            return _create(client, kwargs, on_text)
         try:
-            return _create(client, {**kwargs, "response_format": {"type": "json_object"}})
+            return _create(client, {**kwargs, "response_format": {"type": "json_object"}}, on_text)
         except (openai.BadRequestError, openai.UnprocessableEntityError):
             pass  # the server may not do JSON mode: the instruction in the prompt must do
         # A fresh key: a server that remembers keys must not answer with the cached 400.
         headers = {**kwargs["extra_headers"], "Idempotency-Key": f"{request.dispatch_id}-nojson"}
-        completion = _create(client, {**kwargs, "extra_headers": headers})
+        reply = _create(client, {**kwargs, "extra_headers": headers}, on_text)
         self._no_json_mode.add(model)
-        return completion
+        return reply
+
+    def _text_sink(self, on_text: Callable[[str], None] | None) -> _TextSink | None:
+        if on_text is None:
+            return None
+        # What is shown live is redacted like what is journaled: the key never reaches a view.
+        return _TextSink(lambda text: on_text(self._redactor.redact(text)))
 
     def _kwargs(self, request: UnitRequest, model: str) -> dict[str, Any]:
         prompt = request.prompt or ""
@@ -264,12 +306,14 @@ class OpenAIChatRunner:
             kwargs[self.options.max_tokens_param] = request.max_tokens
         return kwargs
 
-    def _result(self, completion: ChatCompletion, request: UnitRequest, model: str) -> UnitResult:
-        tokens_in, tokens_out = _usage(completion, request)
-        message = completion.choices[0].message if completion.choices else None
-        content = message.content if message is not None else None
+    def _result(self, reply: _Reply, request: UnitRequest, model: str) -> UnitResult:
+        tokens_in, tokens_out = reply.usage or (
+            _estimate(request.prompt or ""),
+            _estimate(reply.content or ""),
+        )
+        content = reply.content
         if content is None:
-            refusal = getattr(message, "refusal", None) if message is not None else None
+            refusal = reply.refusal
             raise RunnerError(
                 self._redactor.redact(
                     f"{self.name} runner: unit {request.unit_id} got no text from model {model}"
@@ -283,14 +327,14 @@ class OpenAIChatRunner:
         # A server may echo the key back; the engine's redactor only knows keys whose
         # variable name looks secret, this one knows the key itself.
         output = self._redactor.redact_value(output)
-        price = self.options.prices.get(model) or self.options.prices.get(completion.model or "")
+        price = self.options.prices.get(model) or self.options.prices.get(reply.model or "")
         return UnitResult(
             output=output,
             tokens_in=tokens_in,
             tokens_out=tokens_out,
             model=model,
             cost=price.cost(tokens_in, tokens_out) if price else None,
-            session_id=completion.id or None,
+            session_id=reply.completion_id or None,
         )
 
     def _translate(self, exc: Exception, request: UnitRequest, model: str) -> RunnerError:
@@ -312,9 +356,83 @@ class OpenAIChatRunner:
         return RunnerError(self._redactor.redact(message), transient=transient)
 
 
-def _create(client: OpenAI, kwargs: dict[str, Any]) -> ChatCompletion:
-    # The overloads (stream or not) collapse to Any under **kwargs; never streaming here.
-    return cast("ChatCompletion", client.chat.completions.create(**kwargs))
+class _TextSink:
+    """Hands the streamed text so far to a callback, at most every :data:`TEXT_EVERY_S`
+    seconds, and once more with the whole text; a failing callback never fails the unit."""
+
+    def __init__(self, callback: Callable[[str], None]) -> None:
+        self.callback = callback
+        self.calls = 0
+        self._last_at = float("-inf")
+        self._sent: str | None = None
+
+    @property
+    def is_due(self) -> bool:
+        """Whether a text offered now would be passed on (joining it can wait otherwise)."""
+        return time.monotonic() - self._last_at >= TEXT_EVERY_S
+
+    def offer(self, text: str, *, final: bool = False) -> None:
+        if text == self._sent or not (final or self.is_due):
+            return
+        self._last_at, self._sent = time.monotonic(), text
+        self.calls += 1
+        try:
+            self.callback(text)
+        except Exception:  # noqa: S110 - a view's bug must not fail the model call
+            pass
+
+
+def _create(client: OpenAI, kwargs: dict[str, Any], on_text: _TextSink | None) -> _Reply:
+    # The overloads (stream or not) collapse to Any under **kwargs.
+    if on_text is None:
+        return _Reply.of(cast("ChatCompletion", client.chat.completions.create(**kwargs)))
+    stream = cast(
+        "Stream[ChatCompletionChunk]",
+        client.chat.completions.create(
+            **kwargs, stream=True, stream_options={"include_usage": True}
+        ),
+    )
+    with stream:
+        return _read_stream(stream, on_text)
+
+
+def _read_stream(stream: Stream[ChatCompletionChunk], on_text: _TextSink) -> _Reply:
+    """The reply assembled from a stream's chunks; usage comes with the last one."""
+    from openai.types.chat import ChatCompletion
+
+    response = stream.response
+    if "json" in response.headers.get("content-type", ""):
+        # The server ignored ``stream``: its answer is an ordinary completion.
+        response.read()
+        return _Reply.of(ChatCompletion.model_validate(response.json()))
+    parts: list[str] = []
+    refusal: list[str] = []
+    usage: tuple[int, int] | None = None
+    model = completion_id = None
+    has_content = False
+    for chunk in stream:
+        model, completion_id = chunk.model or model, chunk.id or completion_id
+        if chunk.usage is not None:
+            usage = (int(chunk.usage.prompt_tokens or 0), int(chunk.usage.completion_tokens or 0))
+        delta = chunk.choices[0].delta if chunk.choices else None
+        if delta is None:
+            continue
+        if delta.content is not None:
+            has_content = True
+            parts.append(delta.content)
+            if on_text.is_due:
+                on_text.offer("".join(parts))
+        if getattr(delta, "refusal", None):
+            refusal.append(str(delta.refusal))
+    text = "".join(parts)
+    on_text.offer(text, final=True)
+    return _Reply(
+        content=text if has_content else None,
+        refusal="".join(refusal) or None,
+        usage=usage,
+        model=model,
+        completion_id=completion_id,
+    )
 
 
 def _wants_json(request: UnitRequest) -> bool:
@@ -337,14 +455,6 @@ def _parse_json(content: str) -> Any:
         return json.loads(text)
     except ValueError:
         return content
-
-
-def _usage(completion: ChatCompletion, request: UnitRequest) -> tuple[int, int]:
-    usage = completion.usage
-    if usage is not None:
-        return int(usage.prompt_tokens or 0), int(usage.completion_tokens or 0)
-    content = completion.choices[0].message.content if completion.choices else None
-    return _estimate(request.prompt or ""), _estimate(content or "")
 
 
 def _estimate(text: str) -> int:

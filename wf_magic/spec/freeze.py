@@ -300,7 +300,7 @@ class _Freezer:
             gate=gate,
             max_loops=1 if capped else max_loops,
             loops_capped=capped,
-            cache=step.cache,
+            cache=KINDS[kind].cached_by_default if step.cache is None else step.cache,
             pass_env=step.pass_env,
         )
 

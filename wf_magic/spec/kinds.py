@@ -44,6 +44,8 @@ class KindSpec:
     """Whether its units count against the budget (a child's own units are charged instead)."""
     cacheable: bool
     """Whether its results may be reused across runs (when the step's ``cache`` allows)."""
+    cached_by_default: bool
+    """The step's ``cache`` when the author did not write one (frozen into the plan)."""
     reads_feedback: bool
     """Whether a re-executed loop can change its input (else ``max_loops`` is capped to 1)."""
     runs_inline: bool
@@ -107,6 +109,7 @@ KINDS: dict[str, KindSpec] = {
         fixed_runner=None,
         charged=True,
         cacheable=True,
+        cached_by_default=True,
         reads_feedback=True,
         runs_inline=False,
         build=_prompt,
@@ -117,6 +120,7 @@ KINDS: dict[str, KindSpec] = {
         fixed_runner="exec",
         charged=True,
         cacheable=True,
+        cached_by_default=False,  # side effects: a reuse would skip them (DESIGN.md §9)
         reads_feedback=False,
         runs_inline=False,
         build=_exec,
@@ -127,6 +131,7 @@ KINDS: dict[str, KindSpec] = {
         fixed_runner="python",
         charged=True,
         cacheable=True,
+        cached_by_default=True,
         reads_feedback=True,
         runs_inline=False,
         build=_python,
@@ -137,6 +142,7 @@ KINDS: dict[str, KindSpec] = {
         fixed_runner="workflow",
         charged=False,
         cacheable=True,
+        cached_by_default=True,
         reads_feedback=False,
         runs_inline=True,
         build=_workflow,
@@ -147,6 +153,7 @@ KINDS: dict[str, KindSpec] = {
         fixed_runner="route",
         charged=False,
         cacheable=False,
+        cached_by_default=False,
         reads_feedback=True,
         runs_inline=True,
         build=_route,

@@ -93,8 +93,11 @@ class StepSpec(_Strict):
     output: dict[str, Any] | None = None
     """JSON Schema (subset) the step's output must satisfy; mismatches feed the gate loop."""
     gate: GateSpec | None = None
-    cache: bool = True
-    """``false`` turns off result reuse across runs for this step."""
+    cache: bool | None = None
+    """Whether this step's results may be reused by other runs (siblings, re-runs) with the
+    same input. Not given: the kind's default (``spec/kinds.py``), which is on for prompt,
+    python and workflow steps and off for ``exec`` steps, whose side effects a reuse would
+    skip; ``true`` opts an exec step in, ``false`` opts any step out."""
     pass_env: list[str] = Field(default_factory=list)
     """Extra environment variable names an ``exec`` unit receives (never ``WF_*``)."""
 
@@ -158,4 +161,4 @@ class WorkflowSpec(_Strict):
     """Default runner of prompt steps and llm judges."""
     runners: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Runner configuration by name (``type:`` selects a registered runner, default the name)."""
-    steps: list[StepSpec] = Field(min_length=1, max_length=500)
+    steps: list[StepSpec] = Field(min_length=1, max_length=10_000)

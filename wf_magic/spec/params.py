@@ -4,24 +4,66 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..errors import UsageError
 from .plan import Plan
 
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?P<frac>\.[0-9]+)?(?P<exp>[eE][+-]?[0-9]+)?")
+"""A JSON number (RFC 8259 §6): no ``+``, no leading zeros, no ``1_000``, ``nan`` or ``inf``."""
+_EXACT_INT = 2**53
+"""Floats up to this magnitude are exact integers when integral."""
+
+
+def normalise(value: Any) -> Any:
+    """``value`` with integral floats as ints, deeply (``3.0`` → ``3``).
+
+    JSON has one number type, so ``3`` and ``3.0`` are one param: normalised before a run's
+    scope and params hash are taken, both land in the same scope and render ``3`` in a prompt.
+    Floats too large to be exact integers are left alone.
+    """
+    if isinstance(value, float) and value.is_integer() and abs(value) <= _EXACT_INT:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: normalise(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [normalise(v) for v in value]
+    return value
+
+
+def _number(text: str) -> int | float:
+    """A JSON number read from ``text``: integral text stays an int, any other is normalised."""
+    match = _JSON_NUMBER.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(text)
+    if match["frac"] is None and match["exp"] is None:
+        return int(match[0])
+    value = float(match[0])
+    if not math.isfinite(value):
+        raise ValueError(text)
+    return normalise(value)  # type: ignore[no-any-return]
+
 
 def coerce(schema: Mapping[str, Any], text: str) -> Any:
-    """Turn a ``--param k=v`` string into the param's declared type."""
+    """Turn a ``--param k=v`` string into the param's declared type.
+
+    Numbers follow JSON's rules: ``3`` is the int 3 (as a YAML default of 3 is), ``3.0`` and
+    ``3e0`` are normalised to it, ``3.5`` is a float; ``1_000``, ``0x10`` or ``nan`` are refused.
+
+    Raises:
+        UsageError: ``text`` is not a value of the declared type.
+    """
     kind = schema.get("type")
     try:
         if kind == "integer":
-            return int(text)
-        if kind == "number":
-            value = float(text)
-            if not math.isfinite(value):
+            value = _number(text)
+            if not isinstance(value, int):
                 raise ValueError(text)
             return value
+        if kind == "number":
+            return _number(text)
         if kind == "boolean":
             if text.lower() in ("true", "false"):
                 return text.lower() == "true"
@@ -70,6 +112,7 @@ def resolve_params(
             raise UsageError(
                 f"param {name}: expected a JSON value with finite numbers (got {value!r})"
             ) from None
+        value = normalise(value)
         problem = _schema_problem(value, schema)
         if problem is not None:
             raise UsageError(f"param {name}: {problem}")

@@ -47,6 +47,7 @@ class PlanStep(_Frozen):
     loops_capped: bool = False
     """True when the authored ``gate.max_loops`` was lowered to 1."""
     cache: bool = True
+    """Reuse across runs allowed: the authored ``cache``, else the kind's default (exec: off)."""
     pass_env: list[str] = Field(default_factory=list)
 
 

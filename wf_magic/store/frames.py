@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from typing import Literal
 
@@ -9,7 +10,9 @@ import numpy as np
 import pandas as pd
 
 from ..errors import UsageError
+from ..hashing import canonical_json
 from .journal import budget_use
+from .runs import RUN_TOTALS, masked
 
 _Kind = Literal["str", "int", "float", "time", "bool"]
 _Spec = tuple[tuple[str, str, _Kind], ...]  # (frame column, SQL expression, kind)
@@ -53,6 +56,7 @@ _RUNS: _Spec = (
     ("forked_from", "forked_from", "str"),
     ("fork_step", "fork_step", "str"),
     ("scope_key", "scope_key", "str"),
+    ("params", "params_json", "str"),
     ("plan_hash", "plan_hash", "str"),
     ("plan_version", "plan_version", "int"),
     ("source_path", "source_path", "str"),
@@ -99,11 +103,15 @@ CEILINGS: tuple[str, ...] = ("units", "tokens", "cost")
 """The budget ceilings, in the row order of :func:`budget_frame`."""
 
 
-def runs_frame(conn: sqlite3.Connection) -> pd.DataFrame:
+def runs_frame(conn: sqlite3.Connection, *, include_deleted: bool = False) -> pd.DataFrame:
     """One row per run, oldest first.
 
     Args:
         conn: An open connection to the state database.
+        include_deleted: also one row per run gc deleted (from its receipt), and the columns
+            ``units``, ``dispatched``, ``tokens_in``, ``tokens_out``, ``cost``,
+            ``saved_tokens`` (a run's journal totals, frozen in the receipt at gc) and
+            ``deleted_at`` (NaT for a live run).
 
     Returns:
         A DataFrame with these columns, in order:
@@ -116,7 +124,11 @@ def runs_frame(conn: sqlite3.Connection) -> pd.DataFrame:
         - ``root_run`` (string): the top of the invocation tree (the run itself for a root).
         - ``forked_from`` (string): the run this one was forked from.
         - ``fork_step`` (string): the step the fork re-executes from.
-        - ``scope_key`` (string): workflow name + params, the key cells resume by.
+        - ``scope_key`` (string): workflow name + params, the key cells resume by (secret
+          params masked as ``***`` here; the stored key is unchanged).
+        - ``params`` (string): the run's params after defaults as canonical JSON, secret-looking
+          ones (``api_key``, ``db_password``, ...) masked as ``***``: two scopes of one
+          workflow differ here.
         - ``plan_hash`` (string): sha256 of the frozen plan JSON.
         - ``plan_version`` (Int64): the plan format version.
         - ``source_path`` (string): the workflow file, when it came from one.
@@ -124,9 +136,46 @@ def runs_frame(conn: sqlite3.Connection) -> pd.DataFrame:
         - ``created_at``, ``updated_at``, ``finished_at`` (datetime64[ns, UTC]).
         - ``duration_s`` (float64): ``finished_at - created_at`` in seconds, NaN while unfinished.
     """
-    frame = _query(conn, _RUNS, "FROM runs ORDER BY created_at, run_id", {})
+    if include_deleted:
+        frame = _runs_and_receipts(conn)
+    else:
+        frame = _query(conn, _RUNS, "FROM runs ORDER BY created_at, run_id", {})
+    frame["params"] = _strings(np.array([_masked_json(v) for v in frame["params"]], dtype=object))
+    frame["scope_key"] = _strings(
+        np.array([_masked_json(v, key="params") for v in frame["scope_key"]], dtype=object)
+    )
     frame["duration_s"] = _seconds(frame["finished_at"], frame["created_at"])
     return frame
+
+
+_TOTAL_KINDS: dict[str, _Kind] = {"cost": "float"}
+
+
+def _runs_and_receipts(conn: sqlite3.Connection) -> pd.DataFrame:
+    """Live runs with their journal totals, and gc receipts with theirs, oldest first."""
+    kinds = {name: _TOTAL_KINDS.get(name, "int") for name, _ in RUN_TOTALS}
+    live_totals = tuple((name, f"({sql})", kinds[name]) for name, sql in RUN_TOTALS)
+    kept_totals = tuple((name, name, kinds[name]) for name, _ in RUN_TOTALS)
+    live = _query(conn, (*_RUNS, *live_totals, ("deleted_at", "NULL", "time")), "FROM runs r", {})
+    kept = _query(
+        conn, (*_RUNS, *kept_totals, ("deleted_at", "deleted_at", "time")), "FROM run_receipts", {}
+    )
+    both = pd.concat([live, kept], ignore_index=True) if len(kept) and len(live) else None
+    frame = both if both is not None else (kept if len(kept) else live)
+    return frame.sort_values(["created_at", "run"], kind="stable").reset_index(drop=True)
+
+
+def _masked_json(text: object, *, key: str | None = None) -> object:
+    """JSON ``text`` with secret-looking params masked (under ``key`` when given); else as is."""
+    if not isinstance(text, str):
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text  # not JSON (a hand-written row): shown as stored
+    if key is not None and isinstance(value, dict) and key in value:
+        return canonical_json({**value, key: masked(value[key])})
+    return canonical_json(masked(value)) if key is None else text
 
 
 def journal_frame(

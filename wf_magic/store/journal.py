@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
+import secrets
 import sqlite3
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -31,6 +31,16 @@ class UnitKey:
     input_hash: str
     input_json: str | None = None
     """The resolved input (redacted canonical JSON) kept once per ``input_hash`` in ``inputs``."""
+
+
+def new_dispatch_id() -> str:
+    """A fresh dispatch id: 32 hex chars, time-ordered (a microsecond clock, then 72 random bits).
+
+    Ids that grow with time append to the end of the ``dispatch_id`` index instead of landing
+    on a random page of it (a uuid4 dirtied a different index page per attempt); the random
+    tail keeps them unique across processes.
+    """
+    return f"{time.time_ns() // 1000:014x}{secrets.token_hex(9)}"
 
 
 def append_event_txn(
@@ -122,7 +132,7 @@ def _next_attempt_txn(conn: sqlite3.Connection, run_id: str, unit_id: str) -> in
 def reserve_attempt_txn(conn: sqlite3.Connection, key: UnitKey, *, charged: bool) -> AttemptRow:
     """Insert a ``running`` attempt with a fresh dispatch_id and its ``unit_started`` event."""
     number = _next_attempt_txn(conn, key.run_id, key.unit_id)
-    dispatch_id = uuid.uuid4().hex
+    dispatch_id = new_dispatch_id()
     now = time.time()
     cur = conn.execute(
         "INSERT INTO attempts (run_id, workflow, step_id, unit_id, attempt, dispatch_id, phase,"
@@ -224,19 +234,12 @@ def finish_attempt_txn(conn: sqlite3.Connection, attempt: AttemptRow, finish: Fi
     )
     if cur.rowcount == 0:
         return False
-    key = UnitKey(
-        run_id=attempt.run_id,
-        workflow=attempt.workflow,
-        step_id=attempt.step_id,
-        unit_id=attempt.unit_id,
-        phase=attempt.phase,
-        loop=attempt.loop,
-        item_index=attempt.item_index,
-        runner=attempt.runner,
-        model=attempt.model,
-        input_hash=attempt.input_hash,
+    # The unit row exists since the reservation: only its status and clock move.
+    conn.execute(
+        "UPDATE units SET status = ?, attempts = ?, updated_at = ?"
+        " WHERE run_id = ? AND unit_id = ?",
+        (finish.status, attempt.attempt, now, attempt.run_id, attempt.unit_id),
     )
-    _upsert_unit_txn(conn, key, finish.status, attempt.attempt)
     append_event_txn(
         conn,
         attempt.run_id,
@@ -268,9 +271,9 @@ def record_terminal_attempt_txn(
 ) -> AttemptRow:
     """Insert an attempt that is terminal at once (a reused result or a recorded verdict)."""
     number = _next_attempt_txn(conn, key.run_id, key.unit_id)
-    dispatch_id = uuid.uuid4().hex
+    dispatch_id = new_dispatch_id()
     now = time.time()
-    conn.execute(
+    cur = conn.execute(
         "INSERT INTO attempts (run_id, workflow, step_id, unit_id, attempt, dispatch_id, phase,"
         " loop, item_index, runner, model, status, input_hash, charged, tokens_in, tokens_out,"
         " cost, saved_tokens, reused_from, session_id, output_json, failure, transient,"
@@ -322,10 +325,34 @@ def record_terminal_attempt_txn(
             "saved_tokens": saved_tokens,
         },
     )
-    row = conn.execute(
-        f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE dispatch_id = ?", (dispatch_id,)
-    ).fetchone()
-    return from_row(AttemptRow, row)
+    return AttemptRow(
+        attempt_pk=int(cur.lastrowid or 0),
+        run_id=key.run_id,
+        workflow=key.workflow,
+        step_id=key.step_id,
+        unit_id=key.unit_id,
+        attempt=number,
+        dispatch_id=dispatch_id,
+        phase=key.phase,
+        loop=key.loop,
+        item_index=key.item_index,
+        runner=key.runner,
+        model=finish.model or key.model,
+        status=finish.status,
+        input_hash=key.input_hash,
+        charged=int(charged),
+        tokens_in=finish.tokens_in,
+        tokens_out=finish.tokens_out,
+        cost=finish.cost,
+        saved_tokens=saved_tokens,
+        reused_from=reused_from,
+        session_id=finish.session_id,
+        output_json=finish.output_json,
+        failure=finish.failure,
+        transient=None if finish.transient is None else int(finish.transient),
+        started_at=now,
+        finished_at=now,
+    )
 
 
 def attempts_of(
@@ -343,6 +370,40 @@ def attempts_of(
             (run_id, step_id),
         )
     return [from_row(AttemptRow, r) for r in rows]
+
+
+def done_outputs(conn: sqlite3.Connection, run_id: str, step_id: str) -> dict[str, dict[str, Any]]:
+    """unit_id → input_hash → output JSON of the newest succeeded/reused attempt of each.
+
+    Resume reads only these three columns, never whole attempt rows: the rows stay in
+    SQLite's C code until they land in two dicts (later attempts overwrite earlier ones).
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for unit_id, input_hash, output_json in conn.execute(
+        "SELECT unit_id, input_hash, output_json FROM attempts WHERE run_id = ? AND step_id = ?"
+        " AND status IN ('succeeded', 'reused') ORDER BY attempt_pk",
+        (run_id, step_id),
+    ):
+        out.setdefault(unit_id, {})[input_hash] = output_json
+    return out
+
+
+def attempts_of_units(
+    conn: sqlite3.Connection, run_id: str, unit_ids: list[str]
+) -> list[AttemptRow]:
+    """The attempts of the given units of a run, in journal order."""
+    out: list[AttemptRow] = []
+    for start in range(0, len(unit_ids), 500):
+        chunk = unit_ids[start : start + 500]
+        marks = ", ".join("?" for _ in chunk)
+        rows = conn.execute(
+            f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE run_id = ? AND unit_id IN ({marks})"
+            " ORDER BY attempt_pk",
+            (run_id, *chunk),
+        )
+        out.extend(from_row(AttemptRow, r) for r in rows)
+    out.sort(key=lambda a: a.attempt_pk)
+    return out
 
 
 def find_reusable(

@@ -152,6 +152,89 @@ def m003_inputs(conn: sqlite3.Connection) -> None:
     )
 
 
+@migration
+def m004_lean_journal_writes(conn: sqlite3.Connection) -> None:
+    # Every reserve and finish pays for each b-tree it touches. `attempts_run` duplicated the
+    # index that UNIQUE (run_id, unit_id, attempt) already builds, and the `units` projection
+    # kept a rowid table plus a separate primary-key index; keyed WITHOUT ROWID it is one
+    # b-tree. Same columns, same constraints, same rows.
+    _script(
+        conn,
+        """
+        DROP INDEX IF EXISTS attempts_run;
+        CREATE TABLE units_lean (
+            run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+            unit_id TEXT NOT NULL,
+            step_id TEXT NOT NULL,
+            phase TEXT NOT NULL CHECK (phase IN ('work','gate')),
+            item_index INTEGER,
+            loop INTEGER NOT NULL,
+            status TEXT NOT NULL CHECK (status IN ('running','succeeded','failed','reused')),
+            input_hash TEXT NOT NULL,
+            attempts INTEGER NOT NULL,
+            updated_at REAL NOT NULL,
+            PRIMARY KEY (run_id, unit_id)
+        ) WITHOUT ROWID;
+        INSERT INTO units_lean SELECT run_id, unit_id, step_id, phase, item_index, loop, status,
+            input_hash, attempts, updated_at FROM units;
+        DROP TABLE units;
+        ALTER TABLE units_lean RENAME TO units;
+        """,
+    )
+
+
+@migration
+def m005_launch_keys(conn: sqlite3.Connection) -> None:
+    # Idempotent launches: a caller's key names one run and the request (plan hash + params
+    # hash) that launched it. The primary key is the compare-and-set: of two starts with one
+    # key, exactly one inserts, in the run insert's own transaction. A gc'd run frees its key.
+    conn.execute(
+        "CREATE TABLE launch_keys (key TEXT PRIMARY KEY,"
+        " run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,"
+        " plan_hash TEXT NOT NULL, params_hash TEXT NOT NULL, created_at REAL NOT NULL)"
+    )
+    conn.execute("CREATE INDEX launch_keys_run ON launch_keys(run_id)")
+
+
+@migration
+def m006_run_receipts(conn: sqlite3.Connection) -> None:
+    # gc deletes whole finished runs; a receipt per deleted run keeps what history needs (the
+    # run row's own columns bar the plan, and its journal totals), written in the delete's
+    # transaction, so `runs(include_deleted=True)` and token history outlive retention.
+    _script(
+        conn,
+        """
+        CREATE TABLE run_receipts (
+            run_id TEXT PRIMARY KEY,
+            workflow TEXT NOT NULL,
+            status TEXT NOT NULL,
+            status_reason TEXT,
+            parent_run_id TEXT,
+            root_run_id TEXT NOT NULL,
+            forked_from TEXT,
+            fork_step TEXT,
+            scope_key TEXT NOT NULL,
+            params_json TEXT NOT NULL,
+            plan_hash TEXT NOT NULL,
+            plan_version INTEGER NOT NULL,
+            source_path TEXT,
+            use_cache INTEGER NOT NULL,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            finished_at REAL,
+            units INTEGER NOT NULL,
+            dispatched INTEGER NOT NULL,
+            tokens_in INTEGER NOT NULL,
+            tokens_out INTEGER NOT NULL,
+            cost REAL,
+            saved_tokens INTEGER NOT NULL,
+            deleted_at REAL NOT NULL
+        );
+        CREATE INDEX run_receipts_root ON run_receipts(root_run_id);
+        """,
+    )
+
+
 def _script(conn: sqlite3.Connection, script: str) -> None:
     """Run a multi-statement script inside the caller's transaction.
 

@@ -1,11 +1,17 @@
-"""SQL for runs and steps: create, read, status writes, stop requests, gc."""
+"""SQL for runs and steps: create, read, status writes, stop requests, gc, launch keys; and
+how a run's params are shown (secret ones masked)."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
+from ..hashing import canonical_json
+from ..redact import is_secret_key
 from .journal import append_event_txn
 from .records import RunRow, StepRow, from_row
 
@@ -162,6 +168,10 @@ def is_stop_requested(conn: sqlite3.Connection, run_id: str) -> bool:
     return bool(row and row[0])
 
 
+FINISHED = ("completed", "failed", "abandoned")
+"""The run statuses gc may delete."""
+
+
 def finished_runs_before(conn: sqlite3.Connection, cutoff: float) -> list[str]:
     """Root runs completed/failed/abandoned before ``cutoff`` (candidates for gc)."""
     rows = conn.execute(
@@ -195,20 +205,26 @@ def delete_run_tree_txn(conn: sqlite3.Connection, run_id: str) -> None:
         )
 
 
-def delete_finished_tree_txn(conn: sqlite3.Connection, run_id: str, cutoff: float) -> list[str]:
-    """Delete a root run and its descendants if it is *still* finished before ``cutoff``.
+def delete_finished_tree_txn(
+    conn: sqlite3.Connection, run_id: str, cutoff: float, statuses: Sequence[str] = FINISHED
+) -> list[str]:
+    """Delete a root run and its descendants if it is *still* of ``statuses`` before ``cutoff``,
+    keeping one receipt per deleted run (:func:`insert_receipts_txn`).
 
     The status is re-read inside the caller's transaction: a ``failed`` run resumed (re-opened)
     since it was listed is left alone. Returns the deleted run ids (root first; empty when
     nothing was deleted).
     """
+    wanted = [s for s in statuses if s in FINISHED]
+    marks = ", ".join("?" for _ in wanted) or "NULL"
     row = conn.execute(
-        "SELECT 1 FROM runs WHERE run_id = ? AND parent_run_id IS NULL AND status IN"
-        " ('completed','failed','abandoned') AND COALESCE(finished_at, updated_at) < ?",
-        (run_id, cutoff),
+        f"SELECT 1 FROM runs WHERE run_id = ? AND parent_run_id IS NULL AND status IN ({marks})"
+        " AND COALESCE(finished_at, updated_at) < ?",
+        (run_id, *wanted, cutoff),
     ).fetchone()
     if row is None:
         return []
+    insert_receipts_txn(conn, run_id)
     tree = [
         r[0]
         for r in conn.execute(
@@ -218,3 +234,98 @@ def delete_finished_tree_txn(conn: sqlite3.Connection, run_id: str, cutoff: floa
     ]
     delete_run_tree_txn(conn, run_id)
     return [run_id, *tree]
+
+
+RECEIPT_ROW_COLUMNS = (
+    "run_id", "workflow", "status", "status_reason", "parent_run_id", "root_run_id",
+    "forked_from", "fork_step", "scope_key", "params_json", "plan_hash", "plan_version",
+    "source_path", "use_cache", "created_at", "updated_at", "finished_at",
+)  # fmt: skip
+"""The columns a receipt copies from its run row (all but the plan and the result)."""
+_OF_RUN = "FROM attempts a WHERE a.run_id = r.run_id"
+RUN_TOTALS: tuple[tuple[str, str], ...] = (
+    ("units", "SELECT COUNT(*) FROM units u WHERE u.run_id = r.run_id AND u.phase = 'work'"),
+    ("dispatched", f"SELECT COUNT(*) {_OF_RUN} AND a.charged = 1"),
+    ("tokens_in", f"SELECT COALESCE(SUM(a.tokens_in), 0) {_OF_RUN}"),
+    ("tokens_out", f"SELECT COALESCE(SUM(a.tokens_out), 0) {_OF_RUN}"),
+    ("cost", f"SELECT SUM(a.cost) {_OF_RUN}"),
+    ("saved_tokens", f"SELECT COALESCE(SUM(a.saved_tokens), 0) {_OF_RUN}"),
+)
+"""A run's journal totals as (column, scalar subquery over the run ``r``): work units, charged
+dispatches (the budget's units), tokens in/out, cost (NULL when no runner reported one) and
+tokens saved by reuse. Receipts freeze them at gc; ``runs(include_deleted=True)`` computes
+them for live runs with the same SQL."""
+
+
+def insert_receipts_txn(conn: sqlite3.Connection, root_run_id: str) -> None:
+    """Write a receipt for every run of the tree of ``root_run_id`` (before it is deleted)."""
+    copied = ", ".join(RECEIPT_ROW_COLUMNS)
+    totals = ", ".join(name for name, _ in RUN_TOTALS)
+    selects = ", ".join(f"({sql})" for _, sql in RUN_TOTALS)
+    conn.execute(
+        f"INSERT INTO run_receipts ({copied}, {totals}, deleted_at)"
+        f" SELECT {', '.join('r.' + c for c in RECEIPT_ROW_COLUMNS)}, {selects}, ?"
+        " FROM runs r WHERE r.root_run_id = ?",
+        (time.time(), root_run_id),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchKey:
+    """A row of ``launch_keys``: the run a caller's key launched, and the request it carried."""
+
+    key: str
+    run_id: str
+    plan_hash: str
+    params_hash: str
+    created_at: float
+
+
+def launch_key(conn: sqlite3.Connection, key: str) -> LaunchKey | None:
+    """The launch key ``key``, or None when no start has used it (or its run was gc'd)."""
+    row = conn.execute(
+        "SELECT key, run_id, plan_hash, params_hash, created_at FROM launch_keys WHERE key = ?",
+        (key,),
+    ).fetchone()
+    return from_row(LaunchKey, row) if row else None
+
+
+def insert_launch_key_txn(conn: sqlite3.Connection, key: str, run: RunRow) -> None:
+    """Record that ``key`` launched ``run`` (the primary key refuses a second writer)."""
+    conn.execute(
+        "INSERT INTO launch_keys (key, run_id, plan_hash, params_hash, created_at)"
+        " VALUES (?, ?, ?, ?, ?)",
+        (key, run.run_id, run.plan_hash, run.params_hash, time.time()),
+    )
+
+
+PARAMS_TEXT_CHARS = 80
+"""The longest one-line params text (``wf list``, ``wf status``); longer is clipped with …."""
+
+
+def masked(value: Any) -> Any:
+    """``value`` with the value under every secret-looking key (``api_key``, ...) as ``***``."""
+    if isinstance(value, dict):
+        return {k: "***" if is_secret_key(str(k)) else masked(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [masked(v) for v in value]
+    return value
+
+
+def masked_params(params_json: str) -> dict[str, Any]:
+    """A run's params for showing: secret-looking ones (at any depth) masked as ``***``."""
+    return dict(masked(json.loads(params_json)))
+
+
+def params_text(params_json: str) -> str:
+    """A run's params as one line, ``k=v`` sorted by key (strings bare, the rest JSON), masked.
+
+    Two scopes of one workflow differ exactly in this line.
+    """
+    shown = masked_params(params_json)
+    text = " ".join(
+        f"{k}={v if isinstance(v, str) else canonical_json(v)}" for k, v in sorted(shown.items())
+    )
+    if len(text) > PARAMS_TEXT_CHARS:
+        text = text[: PARAMS_TEXT_CHARS - 1] + "…"
+    return text

@@ -32,6 +32,7 @@ from .records import (
     StepRow,
     StepStatus,
 )
+from .runs import LaunchKey
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -210,6 +211,8 @@ class Store:
         steps: Sequence[tuple[str, int, str, int]],
         *,
         decide: Callable[[RunRow | None], ScopeChoice],
+        launch_key: str | None = None,
+        check_key: Callable[[LaunchKey], None] | None = None,
     ) -> RunRow:
         """Find the scope's run or insert ``row``, as one atomic step; returns the run kept.
 
@@ -217,14 +220,28 @@ class Store:
         transaction, so two starts at the same instant (threads or processes) cannot both
         insert: the second sees the first's run. It returns what to do (``ScopeChoice``), or
         raises to refuse (nothing is written).
+
+        With ``launch_key``, a key already recorded is checked by ``check_key`` (which raises
+        to refuse) and its run is returned; otherwise the key is recorded for the run kept,
+        in the same transaction.
         """
 
         def txn(conn: sqlite3.Connection) -> RunRow:
+            if launch_key is not None:
+                prior = runs.launch_key(conn, launch_key)
+                keyed = runs.get_run(conn, prior.run_id) if prior is not None else None
+                if prior is not None and keyed is not None:
+                    if check_key is not None:
+                        check_key(prior)
+                    return keyed
             choice = decide(runs.latest_in_scope(conn, row.scope_key))
-            if choice.keep is not None:
-                return choice.keep
-            runs.create_run_txn(conn, row, steps, supersede=choice.supersede)
-            return row
+            kept = choice.keep
+            if kept is None:
+                runs.create_run_txn(conn, row, steps, supersede=choice.supersede)
+                kept = row
+            if launch_key is not None:
+                runs.insert_launch_key_txn(conn, launch_key, kept)
+            return kept
 
         return self._write(txn, row.run_id)
 
@@ -292,18 +309,43 @@ class Store:
         """Delete a finished root run and its descendants."""
         self._write(lambda c: runs.delete_run_tree_txn(c, run_id), run_id)
 
-    def delete_finished_tree(self, run_id: str, *, cutoff: float) -> list[str]:
+    def delete_finished_tree(
+        self, run_id: str, *, cutoff: float, statuses: Sequence[str] = runs.FINISHED
+    ) -> list[str]:
         """Delete a root run and its descendants only if it is still finished before ``cutoff``.
 
         The status is checked inside the delete's transaction (a failed run resumed since it
-        was listed is kept). Returns the deleted run ids, root first (empty: nothing deleted).
+        was listed is kept), and each deleted run leaves a receipt (``run_receipts``) written
+        in that same transaction. Returns the deleted run ids, root first (empty: nothing
+        deleted).
         """
-        return self._write(lambda c: runs.delete_finished_tree_txn(c, run_id, cutoff), run_id)
+        return self._write(
+            lambda c: runs.delete_finished_tree_txn(c, run_id, cutoff, statuses), run_id
+        )
+
+    def vacuum(self) -> None:
+        """Rebuild the database file to return the pages gc freed (``VACUUM``; no transaction)."""
+        try:
+            with self._write_lock:
+                self._write_conn().execute("VACUUM")
+        except sqlite3.Error as exc:
+            raise self._fault(exc, None) from exc
 
     # -- journal ---------------------------------------------------------------------------
     def attempts_of(self, run_id: str, step_id: str | None = None) -> list[AttemptRow]:
         """A run's attempts (optionally of one step), in journal order."""
         return self._read(lambda c: journal.attempts_of(c, run_id, step_id), run_id)
+
+    def done_outputs(self, run_id: str, step_id: str) -> dict[str, dict[str, Any]]:
+        """unit_id → input_hash → output JSON of a step's newest succeeded/reused attempts."""
+        return self._read(lambda c: journal.done_outputs(c, run_id, step_id), run_id)
+
+    def attempts_of_units(self, run_id: str, unit_ids: Sequence[str]) -> list[AttemptRow]:
+        """The attempts of the given units of a run, in journal order."""
+        ids = list(unit_ids)
+        if not ids:
+            return []
+        return self._read(lambda c: journal.attempts_of_units(c, run_id, ids), run_id)
 
     def find_reusable(
         self,
@@ -416,11 +458,11 @@ class Store:
         return self._write(txn, run_id)
 
     # -- frames ----------------------------------------------------------------------------
-    def runs_frame(self) -> pd.DataFrame:
-        """All runs (see :func:`wf_magic.store.frames.runs_frame`)."""
+    def runs_frame(self, *, include_deleted: bool = False) -> pd.DataFrame:
+        """All runs, with gc receipts too (see :func:`wf_magic.store.frames.runs_frame`)."""
         from . import frames  # pandas is imported only when a frame is asked for
 
-        return self._read(frames.runs_frame)
+        return self._read(lambda c: frames.runs_frame(c, include_deleted=include_deleted))
 
     def journal_frame(self, run_id: str | None = None) -> pd.DataFrame:
         """One row per attempt (see :func:`wf_magic.store.frames.journal_frame`)."""

@@ -1,0 +1,163 @@
+"""Drill-down in the live run view: a step row opens its units, loop by loop.
+
+A click on a row's toggle reads the journal (never a redraw): each unit's input (the
+rendered prompt with its gate feedback block), output, the gate's verdict and the diff to
+the previous loop; a map step lists its units coloured by status, and a click opens one.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from wf_magic import Engine
+from wf_magic.display import STATUS_COLOURS
+from wf_magic.notebook.rows import MAP_BUTTONS, StepDetail
+from wf_magic.notebook.widgets import RunView
+
+JUDGED = """\
+name: judged
+runner: scripted
+runners:
+  scripted:
+    rules:
+      - match: "Gate feedback"
+        reply: "a long and detailed draft"
+      - match: "(?s)^Judge.*long and detailed"
+        reply: {complete: true, feedback: "", missing: []}
+      - match: "(?s)^Judge"
+        reply: {complete: false, feedback: "far too short", missing: [an example]}
+      - match: "^Write"
+        reply: "short"
+steps:
+  - id: draft
+    prompt: "Write a draft"
+    gate: {judge: llm, criteria: [detailed, has an example], max_loops: 3}
+"""
+
+MAPPED = """\
+name: mapped
+runner: scripted
+runners:
+  scripted:
+    rules:
+      - match: "odd"
+        error: permanent
+      - match: "^Section"
+        reply: "text of {0}"
+steps:
+  - id: sections
+    map: "{{ ['intro', 'odd one', 'results'] }}"
+    prompt: "Section {{ item }}"
+    on_error: continue
+"""
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[Engine]:
+    eng = Engine(tmp_path / "state")
+    yield eng
+    eng.close()
+
+
+def driven_view(engine: Engine, source: str) -> tuple[str, RunView]:
+    run_id = engine.start(source).run_id
+    view = RunView(engine, run_id)
+    engine.drive(run_id)
+    view.flush()
+    return run_id, view
+
+
+def detail_of(view: RunView, step_id: str) -> StepDetail:
+    detail = view.rows[step_id].detail
+    assert detail is not None
+    return detail
+
+
+def test_clicking_a_row_shows_loop_2s_exact_prompt_with_its_feedback_and_the_diff(
+    engine: Engine,
+) -> None:
+    run_id, view = driven_view(engine, JUDGED)
+    second = engine.handle(run_id).attempt("draft", attempt=2)
+    assert second.loop == 2 and second.input is not None
+    prompt = second.input["prompt"]
+    assert "Gate feedback (loop 1 was rejected):" in prompt
+
+    view.rows["draft"].toggle.value = True  # the click
+    detail = detail_of(view, "draft")
+    shown = detail.unit_view.value
+
+    assert detail.is_open
+    assert html.escape(prompt, quote=False) in shown
+    assert shown.index("<b>loop 1</b>") < shown.index("<b>loop 2</b>")
+    assert "gate rejected</b> (llm): far too short<div>missing: an example</div>" in shown
+    assert "gate passed</b> (llm)" in shown
+    assert "<pre style='white-space:pre-wrap'>short</pre>" in shown
+    assert "<pre style='white-space:pre-wrap'>a long and detailed draft</pre>" in shown
+    assert "changes since loop 1" in shown and "class='wf-diff'" in shown
+    assert html.escape("+Gate feedback (loop 1 was rejected):", quote=False) in shown
+    assert html.escape("+a long and detailed draft", quote=False) in shown
+    assert html.escape("-short", quote=False) in shown
+
+
+def test_the_drill_down_reads_the_journal_on_click_not_on_redraw(engine: Engine) -> None:
+    _run_id, view = driven_view(engine, JUDGED)
+    detail = detail_of(view, "draft")
+    for _ in range(3):
+        view.redraw()
+    assert detail.loads == 0 and detail.unit_view.value == ""
+    view.rows["draft"].toggle.value = True
+    view.redraw()
+    assert detail.loads == 1
+    view.rows["draft"].toggle.value = False
+    assert not detail.is_open
+    assert view.rows["draft"].toggle.icon == "chevron-right"
+
+
+def test_a_map_step_lists_its_units_coloured_by_status(engine: Engine) -> None:
+    _run_id, view = driven_view(engine, MAPPED)
+    view.rows["sections"].toggle.value = True
+    detail = detail_of(view, "sections")
+
+    listed = [(b.description, b.style.button_color) for b in detail.units.children]
+    assert listed == [
+        ("sections[0]", STATUS_COLOURS["succeeded"]),
+        ("sections[1]", STATUS_COLOURS["failed"]),
+        ("sections[2]", STATUS_COLOURS["succeeded"]),
+    ]
+    assert "<b>3 units</b>" in detail.counts.value
+    assert "1 failed" in detail.counts.value and "2 succeeded" in detail.counts.value
+    assert detail.unit_view.value == ""  # nothing opened yet
+
+    detail.units.children[1].click()
+    shown = detail.unit_view.value
+    assert "<code>sections[1]</code>" in shown
+    assert "Section odd one" in shown
+    assert "scripted permanent error" in shown
+
+    detail.units.children[2].click()
+    assert "Section results" in detail.unit_view.value
+
+
+def test_a_big_map_lists_its_first_units_and_finds_the_others(engine: Engine) -> None:
+    _run_id, view = driven_view(
+        engine,
+        """\
+name: big
+runner: scripted
+steps:
+  - id: fan
+    map: "{{ range(250) | list }}"
+    prompt: "unit {{ item }}"
+""",
+    )
+    view.rows["fan"].toggle.value = True
+    detail = detail_of(view, "fan")
+    assert len(detail.units.children) == MAP_BUTTONS
+    assert detail.finder.layout.display == ""
+    assert len(detail.finder.options) == 250
+    detail.finder.value = "fan[249]"
+    assert "unit 249" in detail.unit_view.value

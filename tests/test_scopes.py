@@ -1,0 +1,115 @@
+"""Scopes visible (issue 15 item 4): list, status and runs() show each run's params, secret
+ones masked, so two scopes of one workflow are told apart."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+from tests.helpers_notebook import ipython_shell, magics_in
+from wf_magic import Engine
+from wf_magic.store.runs import masked_params, params_text
+
+from .conftest import wf_inproc, write_file
+
+FLOW = """\
+name: scoped
+params:
+  day: {type: string, default: mon}
+  api_key: {type: string, default: none}
+  depth: {type: integer, default: 2}
+steps:
+  - id: report
+    prompt: "report {{ params.day }} {{ params.depth }}"
+"""
+SECRET = "hunter2-very-secret"
+
+
+def test_masked_params_hide_secret_keys_at_any_depth() -> None:
+    given = {"day": "mon", "api_key": SECRET, "db": {"password": "pw", "host": "h"}}
+    assert masked_params(json.dumps(given)) == {
+        "day": "mon",
+        "api_key": "***",
+        "db": {"password": "***", "host": "h"},
+    }
+
+
+def test_params_text_is_one_sorted_line_of_key_value_pairs() -> None:
+    text = params_text(json.dumps({"day": "mon", "api_key": SECRET, "depth": 2, "tags": ["a"]}))
+    assert text == 'api_key=*** day=mon depth=2 tags=["a"]'
+    assert params_text("{}") == ""
+    assert params_text(json.dumps({"note": "x" * 200})) == "note=" + "x" * 74 + "…"
+
+
+def _two_scopes(engine: Engine) -> tuple[str, str]:
+    mon = engine.run(FLOW, params={"api_key": SECRET})
+    tue = engine.run(FLOW, params={"day": "tue", "api_key": SECRET})
+    return mon.run_id, tue.run_id
+
+
+def test_wf_list_shows_each_runs_params_with_secrets_masked(
+    engine: Engine, state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mon, tue = _two_scopes(engine)
+    engine.close()
+    out = wf_inproc(capsys, state_dir, "list").stdout
+    lines = {line.split()[0]: line for line in out.splitlines()}
+    assert lines[mon].endswith("completed   api_key=*** day=mon depth=2")
+    assert lines[tue].endswith("completed   api_key=*** day=tue depth=2")
+    assert SECRET not in out
+
+
+def test_wf_status_shows_the_params_under_the_header(
+    engine: Engine, state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mon, _ = _two_scopes(engine)
+    engine.close()
+    out = wf_inproc(capsys, state_dir, "status", mon).stdout
+    assert out.splitlines()[:2] == [
+        f"Run {mon}  scoped  [completed]",
+        "  params: api_key=*** day=mon depth=2",
+    ]
+    assert SECRET not in out
+
+
+def test_runs_frame_has_masked_params_and_scope(engine: Engine) -> None:
+    mon, tue = _two_scopes(engine)
+    frame = engine.runs().set_index("run")
+    assert json.loads(frame.loc[mon, "params"]) == {"api_key": "***", "day": "mon", "depth": 2}
+    assert json.loads(frame.loc[tue, "params"])["day"] == "tue"
+    assert str(frame["params"].dtype) == "string"
+    assert SECRET not in frame.to_string() and SECRET not in "".join(frame["scope_key"])
+    assert json.loads(frame.loc[mon, "scope_key"]) == {
+        "workflow": "scoped",
+        "params": {"api_key": "***", "day": "mon", "depth": 2},
+    }
+    assert SECRET in engine.get_run(mon).scope_key  # the stored key is what starts match on
+
+
+def test_a_run_without_params_lists_no_params_column_text(
+    tmp_path: Path, state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_file(tmp_path, "bare.yaml", "name: bare\nsteps:\n  - id: a\n    prompt: hi\n")
+    wf_inproc(capsys, state_dir, "run", str(path))
+    [line] = wf_inproc(capsys, state_dir, "list").stdout.splitlines()
+    assert line.rstrip().endswith("completed")
+
+
+@pytest.fixture(scope="module")
+def shell() -> Iterator[InteractiveShell]:
+    yield from ipython_shell()
+
+
+def test_workflow_list_in_the_notebook_tells_scopes_apart(
+    shell: InteractiveShell, tmp_path: Path
+) -> None:
+    with magics_in(shell, tmp_path / "state") as magics:
+        mon, tue = _two_scopes(magics.engine)
+        shown = shell.run_line_magic("workflow", "list")
+        text = shown._repr_html_()
+    assert "api_key=*** day=mon depth=2" in text and "api_key=*** day=tue depth=2" in text
+    assert SECRET not in text

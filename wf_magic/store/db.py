@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -26,8 +25,6 @@ _NETWORK_FS = {
     "glusterfs",
     "lustre",
 }
-_FRESH_S = 2.0
-"""An empty state.db younger than this is being created by another opener, not left empty."""
 _warned_paths: set[str] = set()
 _warn_lock = threading.Lock()
 
@@ -160,94 +157,3 @@ def immediate(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
             with suppress(sqlite3.Error):  # the original failure is the one to report
                 conn.execute("ROLLBACK")
         raise
-
-
-def schema_is_current(db_path: Path) -> bool:
-    """Whether ``db_path`` holds this version's schema, checked read-only (no write lock).
-
-    False when the file is missing, empty, not a database or its ledger is behind or
-    diverges: the caller then opens the writer, which migrates or says what is wrong.
-    """
-    from .migrations import ledger_is_current
-
-    try:
-        if db_path.stat().st_size == 0:
-            return False
-        conn = sqlite3.connect(read_only_uri(db_path), uri=True, timeout=BUSY_TIMEOUT_MS / 1000)
-    except (OSError, sqlite3.Error):
-        return False
-    try:
-        return ledger_is_current(conn)
-    except sqlite3.Error:
-        return False
-    finally:
-        conn.close()
-
-
-def open_state_db(db_path: Path, *, durability: str = "normal") -> sqlite3.Connection:
-    """Open and migrate the state database, translating OS/SQLite failures for the user.
-
-    Raises:
-        UsageError: the state dir cannot be created, or the file is not a usable database.
-        MigrationError: the migration ledger diverges.
-    """
-    from ..errors import UsageError
-    from .migrations import apply_migrations
-
-    _warn_if_empty(db_path)
-    try:
-        conn = connect(db_path, durability=durability)
-    except OSError as exc:
-        raise UsageError(
-            f"Cannot use state dir {db_path.parent}: {exc.strerror or exc}. Point --db or "
-            "WF_MAGIC_HOME at a directory you can write."
-        ) from None
-    except sqlite3.DatabaseError as exc:
-        raise _unusable(db_path, exc) from None
-    try:
-        apply_migrations(conn)
-    except sqlite3.DatabaseError as exc:
-        conn.close()
-        raise _unusable(db_path, exc) from None
-    except BaseException:
-        conn.close()
-        raise
-    return conn
-
-
-def _warn_if_empty(db_path: Path) -> None:
-    """Say once that an empty (0-byte) ``state.db`` is being set up as a new database."""
-    try:
-        stat = db_path.stat()
-    except OSError:
-        return
-    # A file another opener created a moment ago is also empty until it migrates; only an
-    # empty file that has been sitting there is worth a word.
-    empty = stat.st_size == 0 and time.time() - stat.st_mtime > _FRESH_S
-    key = f"empty:{db_path}"
-    with _warn_lock:
-        if not empty or key in _warned_paths:
-            return
-        _warned_paths.add(key)
-    warnings.warn(
-        f"{db_path} is empty (0 bytes); treating it as a new state database (no runs).",
-        StateDirWarning,
-        stacklevel=4,
-    )
-
-
-def _unusable(path: Path, exc: sqlite3.DatabaseError) -> Exception:
-    """Only a file that is not a database at all is worth moving aside; a damaged one, a full
-    disk or a held lock is said as it is (``StateDBError``)."""
-    from ..errors import UsageError
-    from .faults import state_db_fault
-
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code != sqlite3.SQLITE_NOTADB:
-        fault = state_db_fault(exc, path, None)
-        if fault is not None:
-            return fault
-    return UsageError(
-        f"{path} is not a usable wf_magic state database ({exc}). Move it aside, or point "
-        "--db or WF_MAGIC_HOME at another directory."
-    )

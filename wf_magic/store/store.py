@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import StateDBError, WorkflowError
 from . import journal, recordings, runs
-from .db import connect_reader, immediate, open_state_db, schema_is_current
+from .db import connect_reader, immediate
 from .faults import integrity_summary, state_db_fault, unreadable_row
 from .journal import Finish, UnitKey
+from .opening import open_state_db, schema_is_current
 from .recordings import RecordingRow
 from .records import (
     AttemptRow,

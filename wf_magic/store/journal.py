@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..errors import UsageError
-from .records import AttemptRow, BudgetUse, EventRow, Phase, from_row
+from .records import AttemptRow, AttemptStatus, BudgetUse, EventRow, Phase, from_row
 
 _ATTEMPT_COLS = ", ".join(AttemptRow.__dataclass_fields__)
 
@@ -166,32 +166,15 @@ def reserve_attempt_txn(conn: sqlite3.Connection, key: UnitKey, *, charged: bool
         dispatch_id=dispatch_id,
         data={"attempt": number, "loop": key.loop, "phase": key.phase},
     )
-    return AttemptRow(
+    return _row(
+        key,
         attempt_pk=int(cur.lastrowid or 0),
-        run_id=key.run_id,
-        workflow=key.workflow,
-        step_id=key.step_id,
-        unit_id=key.unit_id,
         attempt=number,
         dispatch_id=dispatch_id,
-        phase=key.phase,
-        loop=key.loop,
-        item_index=key.item_index,
-        runner=key.runner,
-        model=key.model,
-        status="running",
-        input_hash=key.input_hash,
-        charged=int(charged),
-        tokens_in=0,
-        tokens_out=0,
-        cost=None,
-        saved_tokens=0,
-        reused_from=None,
-        session_id=None,
-        output_json=None,
-        failure=None,
-        transient=None,
+        charged=charged,
         started_at=now,
+        status="running",
+        finish=_NO_OUTCOME,
         finished_at=None,
     )
 
@@ -325,20 +308,54 @@ def record_terminal_attempt_txn(
             "saved_tokens": saved_tokens,
         },
     )
-    return AttemptRow(
+    return _row(
+        key,
         attempt_pk=int(cur.lastrowid or 0),
+        attempt=number,
+        dispatch_id=dispatch_id,
+        charged=charged,
+        started_at=now,
+        status=finish.status,
+        finish=finish,
+        finished_at=now,
+        saved_tokens=saved_tokens,
+        reused_from=reused_from,
+    )
+
+
+_NO_OUTCOME = Finish(status="succeeded")
+"""What a reserved attempt carries so far: no tokens, output or failure (status unused)."""
+
+
+def _row(
+    key: UnitKey,
+    *,
+    attempt_pk: int,
+    attempt: int,
+    dispatch_id: str,
+    charged: bool,
+    started_at: float,
+    status: AttemptStatus,
+    finish: Finish,
+    finished_at: float | None,
+    saved_tokens: int = 0,
+    reused_from: str | None = None,
+) -> AttemptRow:
+    """The row just inserted for ``key``, built rather than read back."""
+    return AttemptRow(
+        attempt_pk=attempt_pk,
         run_id=key.run_id,
         workflow=key.workflow,
         step_id=key.step_id,
         unit_id=key.unit_id,
-        attempt=number,
+        attempt=attempt,
         dispatch_id=dispatch_id,
         phase=key.phase,
         loop=key.loop,
         item_index=key.item_index,
         runner=key.runner,
         model=finish.model or key.model,
-        status=finish.status,
+        status=status,
         input_hash=key.input_hash,
         charged=int(charged),
         tokens_in=finish.tokens_in,
@@ -350,8 +367,8 @@ def record_terminal_attempt_txn(
         output_json=finish.output_json,
         failure=finish.failure,
         transient=None if finish.transient is None else int(finish.transient),
-        started_at=now,
-        finished_at=now,
+        started_at=started_at,
+        finished_at=finished_at,
     )
 
 

@@ -79,6 +79,12 @@ _RULES: tuple[_Rule, ...] = (
 )
 
 
+_ANY_TRIGGER = re.compile(
+    "|".join(sorted({re.escape(t) for rule in _RULES for t in rule.triggers})), re.IGNORECASE
+)
+"""Any rule's trigger, case-folded: text without one (most of it) skips every rule at once."""
+
+
 def looks_secret(name: str) -> bool:
     """Whether an environment variable's name suggests a secret (``API_KEY``, ``GH_TOKEN``, …).
 
@@ -148,9 +154,10 @@ class Redactor:
         if not text:
             return text
         out = text
-        lowered = text.lower()
-        for rule in _RULES:
-            out = rule.apply(out, lowered)
+        if _ANY_TRIGGER.search(text) is not None:
+            lowered = text.lower()
+            for rule in _RULES:
+                out = rule.apply(out, lowered)
         literal = self._literal
         if literal is not None:
             # Masking can splice a new occurrence together (``x`` + ``***`` + ``yyyy``);

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any
+import time
 
 from ..errors import RunnerError
 from ..hashing import canonical_json
@@ -53,44 +52,62 @@ def attempts_by_unit(
     return out
 
 
-def reserve(ctx: DriveContext, state: RunState, unit: UnitPlan) -> AttemptRow:
-    """A new ``running`` attempt of ``unit`` (charged to the budget when the kind is)."""
-    attempt = ctx.store.reserve_attempt(unit_key(state, unit), charged=unit.charged)
-    if unit.charged:
-        ctx.budget.charge_unit()
-    ctx.emit(
-        "unit_started",
-        run_id=state.run_id,
-        step_id=unit.step_id,
-        unit_id=unit.unit_id,
-        dispatch_id=attempt.dispatch_id,
-        attempt=attempt.attempt,
-        loop=unit.loop,
-    )
-    return attempt
+def reserve_many(ctx: DriveContext, state: RunState, units: list[UnitPlan]) -> list[AttemptRow]:
+    """New ``running`` attempts of ``units`` in one transaction (with any deferred finishes).
+
+    The caller has checked the budget and counted each charged unit (``Budget.charge_unit``)
+    as it took it into the batch, so the next unit's check sees it.
+    """
+    rows = ctx.store.reserve_attempts([(unit_key(state, u), u.charged) for u in units])
+    for unit, attempt in zip(units, rows, strict=True):
+        ctx.emit(
+            "unit_started",
+            run_id=state.run_id,
+            step_id=unit.step_id,
+            unit_id=unit.unit_id,
+            dispatch_id=attempt.dispatch_id,
+            attempt=attempt.attempt,
+            loop=unit.loop,
+        )
+    return rows
 
 
-def finish_ok(ctx: DriveContext, state: RunState, attempt: AttemptRow, result: UnitResult) -> Any:
-    """Journal a succeeded attempt; returns the (redacted) output the step sees."""
-    output = state.redactor.redact_value(result.output)
+def finish_ok(
+    ctx: DriveContext,
+    state: RunState,
+    attempt: AttemptRow,
+    result: UnitResult,
+    output_json: str,
+    *,
+    defer: bool = False,
+) -> None:
+    """Journal a succeeded attempt whose output is ``output_json`` (redacted, bounded)."""
     finish_with(
         ctx,
         state,
         attempt,
         Finish(
             status="succeeded",
-            output_json=json.dumps(output),
+            output_json=output_json,
             tokens_in=int(result.tokens_in),
             tokens_out=int(result.tokens_out),
             cost=result.cost,
             model=result.model,
             session_id=result.session_id,
+            finished_at=time.time(),
         ),
+        defer=defer,
     )
-    return output
 
 
-def finish_error(ctx: DriveContext, state: RunState, attempt: AttemptRow, exc: RunnerError) -> str:
+def finish_error(
+    ctx: DriveContext,
+    state: RunState,
+    attempt: AttemptRow,
+    exc: RunnerError,
+    *,
+    defer: bool = False,
+) -> str:
     """Journal a failed attempt; returns the (redacted) failure message."""
     failure = state.redactor.redact(str(exc))
     finish_with(
@@ -103,14 +120,32 @@ def finish_error(ctx: DriveContext, state: RunState, attempt: AttemptRow, exc: R
             transient=exc.transient,
             tokens_in=exc.tokens_in,
             tokens_out=exc.tokens_out,
+            finished_at=time.time(),
         ),
+        defer=defer,
     )
     return failure
 
 
-def finish_with(ctx: DriveContext, state: RunState, attempt: AttemptRow, finish: Finish) -> None:
-    """Finish a running attempt with ``finish`` (charged usage, event)."""
-    wrote = ctx.store.finish_attempt(attempt, finish)
+def finish_with(
+    ctx: DriveContext,
+    state: RunState,
+    attempt: AttemptRow,
+    finish: Finish,
+    *,
+    defer: bool = False,
+) -> None:
+    """Finish a running attempt with ``finish`` (charged usage, event).
+
+    ``defer``: commit it with the driver's next write (``Store.defer_finish``, group commit).
+    The attempt is this drive's own (reserved or reclaimed under the run lock), so nobody
+    else can finish it first: its usage is charged at once.
+    """
+    if defer:
+        ctx.store.defer_finish(attempt, finish)
+        wrote = True
+    else:
+        wrote = ctx.store.finish_attempt(attempt, finish)
     if wrote and attempt.charged:
         ctx.budget.charge_usage(finish.tokens_in + finish.tokens_out, finish.cost)
     ctx.emit(

@@ -134,38 +134,38 @@ def _schedule(
     work: LoopWork,
     inline: InlineRun,
 ) -> None:
+    """Run ``jobs`` through the step's executor, at most ``limit`` in flight.
+
+    Group commit: the units that can start together are reserved in one transaction, and a
+    finished unit's finish is deferred into that same transaction (``Store.defer_finish``);
+    the deferred finishes are flushed before the driver waits on work in flight and when the
+    loop ends, so every finish is durable before anything that depends on it proceeds.
+    """
     executor, limit = state.executors.for_step(is_map=step.map is not None)
-    budget = ctx.budget
     in_flight: dict[Future[UnitResult], tuple[_Job, AttemptRow]] = {}
     halt = False
     try:
         while jobs or in_flight:
-            while jobs and len(in_flight) < limit and not halt:
-                if state.should_stop(ctx):
-                    work.stopped = halt = True
-                    break
-                job = _next_ready(jobs)
-                if job is None:
-                    break
-                job.offer = budget.offer(slots=limit - len(in_flight))
-                if job.offer == 0 and in_flight:
-                    # Every unspent token is promised to units in flight: wait for one.
-                    budget.release(job.offer)
-                    jobs.appendleft(job)
-                    break
-                started = _start(ctx, state, step, job, work, executor, inline)
-                if started is None:
-                    budget.release(job.offer)
-                    halt = work.budget_error is not None or bool(work.blocked)
-                    continue
-                in_flight[started[0]] = (started[1], started[2])
+            if jobs and len(in_flight) < limit and not halt:
+                for job, attempt in _start_batch(
+                    ctx, state, step, jobs, work, limit - len(in_flight), in_flight
+                ):
+                    launched = _launch(ctx, state, step, job, attempt, work, executor, inline)
+                    if launched is None:
+                        ctx.budget.release(job.offer)
+                        halt = halt or work.budget_error is not None or bool(work.blocked)
+                        continue
+                    in_flight[launched] = (job, attempt)
+                halt = halt or work.stopped or work.budget_error is not None
             if in_flight:
+                ctx.store.flush()  # nothing finished may wait on what is in flight
                 done, _ = wait(list(in_flight), timeout=0.5, return_when=FIRST_COMPLETED)
                 for future in done:
                     job, attempt = in_flight.pop(future)
                     if not _finish(ctx, state, step, job, attempt, future, work, jobs):
                         halt = halt or step.on_error == "fail"
             elif jobs and not halt:
+                ctx.store.flush()
                 time.sleep(min(0.05, max(0.0, jobs[0].not_before - time.monotonic())))
             elif halt:
                 break
@@ -179,6 +179,8 @@ def _schedule(
             if future.done() and not future.cancelled():
                 _finish(ctx, state, step, job, attempt, future, work, deque())
         raise
+    finally:
+        ctx.store.flush()
 
 
 def _next_ready(jobs: deque[_Job]) -> _Job | None:
@@ -191,39 +193,89 @@ def _next_ready(jobs: deque[_Job]) -> _Job | None:
     return None
 
 
-def _start(
+def _start_batch(
+    ctx: DriveContext,
+    state: RunState,
+    step: PlanStep,
+    jobs: deque[_Job],
+    work: LoopWork,
+    free: int,
+    in_flight: dict[Future[UnitResult], tuple[_Job, AttemptRow]],
+) -> list[tuple[_Job, AttemptRow]]:
+    """Take up to ``free`` ready jobs and reserve the fresh ones in one transaction.
+
+    A unit that runs inline (a route, a child workflow) goes alone: the units of a batch are
+    all handed to the executor at once, so none sits reserved while another runs.
+    """
+    budget = ctx.budget
+    batch: list[_Job] = []
+    while len(batch) < free:
+        if state.should_stop(ctx):
+            work.stopped = True
+            break
+        job = _next_ready(jobs)
+        if job is None:
+            break
+        inline = KINDS[job.unit.kind].runs_inline
+        if inline and batch:
+            jobs.appendleft(job)
+            break
+        job.offer = budget.offer(slots=free - len(batch))
+        if job.offer == 0 and (in_flight or batch):
+            # Every unspent token is promised to units in flight: wait for one.
+            budget.release(job.offer)
+            jobs.appendleft(job)
+            break
+        if job.reclaimed is None and job.unit.charged:
+            try:
+                budget.check(run_id=state.run_id, step_id=step.id, unit_id=job.unit.unit_id)
+            except BudgetExceeded as exc:
+                budget.release(job.offer)
+                work.budget_error = str(exc)
+                ctx.emit("warning", run_id=state.run_id, step_id=step.id, message=str(exc))
+                break
+            budget.charge_unit()  # counted now, so the next unit of the batch sees it
+        batch.append(job)
+        if inline:
+            break
+    fresh = [job for job in batch if job.reclaimed is None]
+    for job in fresh:
+        start_loop(ctx, state, step, job.unit.loop)
+    reserved = iter(attempts.reserve_many(ctx, state, [job.unit for job in fresh]) if fresh else [])
+    out: list[tuple[_Job, AttemptRow]] = []
+    for job in batch:
+        attempt = job.reclaimed
+        job.reclaimed = None
+        if attempt is None:
+            attempt = next(reserved)
+        else:  # a reclaim writes nothing until its outcome: a re-stop stays a no-op
+            ctx.emit(
+                "unit_reclaimed",
+                run_id=state.run_id,
+                step_id=step.id,
+                unit_id=job.unit.unit_id,
+                dispatch_id=attempt.dispatch_id,
+            )
+        out.append((job, attempt))
+    return out
+
+
+def _launch(
     ctx: DriveContext,
     state: RunState,
     step: PlanStep,
     job: _Job,
+    attempt: AttemptRow,
     work: LoopWork,
     executor: Executor,
     inline: InlineRun,
-) -> tuple[Future[UnitResult], _Job, AttemptRow] | None:
+) -> Future[UnitResult] | None:
+    """Hand a reserved (or reclaimed) unit to its executor; None when it stopped the loop."""
     unit = job.unit
-    attempt = job.reclaimed
-    job.reclaimed = None
-    if attempt is None:
-        if unit.charged:
-            try:
-                ctx.budget.check(run_id=state.run_id, step_id=step.id, unit_id=unit.unit_id)
-            except BudgetExceeded as exc:
-                work.budget_error = str(exc)
-                ctx.emit("warning", run_id=state.run_id, step_id=step.id, message=str(exc))
-                return None
-        start_loop(ctx, state, step, unit.loop)
-        attempt = attempts.reserve(ctx, state, unit)
-    else:  # a reclaim writes nothing until its outcome: a re-stop stays a no-op
-        ctx.emit(
-            "unit_reclaimed",
-            run_id=state.run_id,
-            step_id=step.id,
-            unit_id=unit.unit_id,
-            dispatch_id=attempt.dispatch_id,
-        )
     job.tries += 1
     work.dispatched += 1
     if KINDS[unit.kind].runs_inline:
+        ctx.store.flush()  # a child's drive or a route decision may read this loop's journal
         future: Future[UnitResult] = Future()
         try:
             future.set_result(inline(step, unit, attempt))
@@ -240,7 +292,7 @@ def _start(
             return None
         except Exception as exc:
             future.set_exception(exc)
-        return future, job, attempt
+        return future
     request = _request(
         state,
         step,
@@ -260,8 +312,8 @@ def _start(
             if isinstance(exc, RunnerError)
             else RunnerError(f"runner {unit.runner!r} could not be created: {exc}", executed=False)
         )
-        return failed, job, attempt
-    return executor.submit(runner.run, request), job, attempt
+        return failed
+    return executor.submit(runner.run, request)
 
 
 def _request(
@@ -346,16 +398,18 @@ def _finish(
     exc = future.exception()
     if exc is None:
         result = future.result()
-        problem = _oversize(result.output)
+        output = state.redactor.redact_value(result.output)
+        output_json, problem = _output_json(output)
         if problem is None:
-            work.outputs[job.index] = attempts.finish_ok(ctx, state, attempt, result)
+            attempts.finish_ok(ctx, state, attempt, result, output_json, defer=True)
+            work.outputs[job.index] = output
             return True
         exc = RunnerError(problem)
     if not isinstance(exc, RunnerError):
         if not isinstance(exc, Exception):
             raise exc
         exc = RunnerError(f"runner raised {type(exc).__name__}: {exc}")
-    failure = attempts.finish_error(ctx, state, attempt, exc)
+    failure = attempts.finish_error(ctx, state, attempt, exc, defer=True)
     retry = step.retry
     if exc.transient and job.tries < retry.max_attempts:
         job.not_before = time.monotonic() + retry.backoff_s * (2 ** (job.tries - 1))
@@ -367,16 +421,17 @@ def _finish(
     return False
 
 
-def _oversize(output: Any) -> str | None:
+def _output_json(output: Any) -> tuple[str, str | None]:
+    """The journaled JSON of a (redacted) output, or the problem that keeps it out."""
     try:
-        size = len(json.dumps(output, allow_nan=False))
+        text = json.dumps(output, allow_nan=False)
     except ValueError:
-        return "output contains NaN or Infinity, which JSON cannot hold; return finite numbers"
+        return "", "output contains NaN or Infinity, which JSON cannot hold; return finite numbers"
     except TypeError:
-        return f"output of type {type(output).__name__} is not JSON-serialisable"
-    if size > MAX_OUTPUT_BYTES:
-        return f"output is {size} bytes, over the bound of {MAX_OUTPUT_BYTES} bytes"
-    return None
+        return "", f"output of type {type(output).__name__} is not JSON-serialisable"
+    if len(text) > MAX_OUTPUT_BYTES:
+        return "", f"output is {len(text)} bytes, over the bound of {MAX_OUTPUT_BYTES} bytes"
+    return text, None
 
 
 def _load(output_json: str | None) -> Any:

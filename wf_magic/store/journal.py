@@ -6,6 +6,7 @@ import json
 import secrets
 import sqlite3
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -52,14 +53,15 @@ def append_event_txn(
     unit_id: str | None = None,
     dispatch_id: str | None = None,
     data: Any = None,
+    at: float | None = None,
 ) -> None:
-    """Append one event row."""
+    """Append one event row (``at``: when it happened; None: now)."""
     conn.execute(
         "INSERT INTO events (run_id, at, kind, step_id, unit_id, dispatch_id, data_json)"
         " VALUES (?, ?, ?, ?, ?, ?, ?)",
         (
             run_id,
-            time.time(),
+            at or time.time(),
             kind,
             step_id,
             unit_id,
@@ -192,11 +194,20 @@ class Finish:
     cost: float | None = None
     model: str | None = None
     session_id: str | None = None
+    finished_at: float | None = None
+    """When the unit finished (a deferred finish commits later); None: at the write."""
+
+
+def reserve_attempts_txn(
+    conn: sqlite3.Connection, keys: Sequence[tuple[UnitKey, bool]]
+) -> list[AttemptRow]:
+    """Reserve each ``(key, charged)`` in order, in the caller's transaction."""
+    return [reserve_attempt_txn(conn, key, charged=charged) for key, charged in keys]
 
 
 def finish_attempt_txn(conn: sqlite3.Connection, attempt: AttemptRow, finish: Finish) -> bool:
     """Finish a running attempt; False (and nothing written) when it was already finished."""
-    now = time.time()
+    now = finish.finished_at or time.time()
     cur = conn.execute(
         "UPDATE attempts SET status = ?, output_json = ?, failure = ?, transient = ?,"
         " tokens_in = ?, tokens_out = ?, cost = ?, model = COALESCE(?, model), session_id = ?,"
@@ -227,6 +238,7 @@ def finish_attempt_txn(conn: sqlite3.Connection, attempt: AttemptRow, finish: Fi
         conn,
         attempt.run_id,
         "unit_finished",
+        at=now,
         step_id=attempt.step_id,
         unit_id=attempt.unit_id,
         dispatch_id=attempt.dispatch_id,

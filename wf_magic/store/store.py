@@ -59,6 +59,9 @@ class Store:
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
+        self._deferred: list[tuple[AttemptRow, Finish]] = []
+        """Finishes waiting for the next write transaction (group commit; see defer_finish)."""
+        self._sync_full = durability == "full"
 
     @property
     def lock_dir(self) -> Path:
@@ -109,7 +112,16 @@ class Store:
         try:
             with self._write_lock:
                 with immediate(self._write_conn()) as conn:
-                    return fn(conn)
+                    deferred = self._deferred
+                    if deferred:  # they commit first, in the same transaction
+                        for attempt, finish in deferred:
+                            journal.finish_attempt_txn(conn, attempt, finish)
+                    result = fn(conn)
+                # Committed: only now are the deferred finishes off the queue (a rolled-back
+                # transaction keeps them for the next write or flush).
+                if deferred:
+                    self._deferred = []
+                return result
         except sqlite3.Error as exc:
             raise self._fault(exc, run_id) from exc
         except StateDBError as exc:
@@ -127,15 +139,26 @@ class Store:
             return
         conn = self._write_conn()
         with self._write_lock:
+            self.flush()
             conn.execute("PRAGMA synchronous = FULL")
+            self._sync_full = True
         try:
             yield
         finally:
             with self._write_lock:
+                self.flush()
                 conn.execute("PRAGMA synchronous = NORMAL")
+                self._sync_full = False
 
     def close(self) -> None:
-        """Close every connection (readers of other threads too)."""
+        """Close every connection (readers of other threads too), after a last flush."""
+        if self._deferred and self._writer is not None:
+            try:
+                self.flush()
+            except StateDBError:
+                pass  # already reported by the write that failed; the attempts stay running
+            finally:  # and the next drive reclaims them, as after a crash
+                self._deferred = []
         with self._readers_lock:
             readers, self._readers = self._readers, []
         for conn in readers:
@@ -409,9 +432,47 @@ class Store:
             lambda c: journal.reserve_attempt_txn(c, key, charged=charged), key.run_id
         )
 
+    def reserve_attempts(self, keys: Sequence[tuple[UnitKey, bool]]) -> list[AttemptRow]:
+        """Reserve several ``(key, charged)`` attempts in one transaction (a dispatch batch).
+
+        Each unit is still reserved before it is dispatched: the batch is the units about to
+        be handed to the executor together, and the transaction commits before any of them.
+        """
+        if not keys:
+            return []
+        return self._write(lambda c: journal.reserve_attempts_txn(c, keys), keys[0][0].run_id)
+
     def finish_attempt(self, attempt: AttemptRow, finish: Finish) -> bool:
         """Finish a running attempt; False (nothing written) when it was already finished."""
         return self._write(lambda c: journal.finish_attempt_txn(c, attempt, finish), attempt.run_id)
+
+    def defer_finish(self, attempt: AttemptRow, finish: Finish) -> None:
+        """Finish ``attempt`` in the next write transaction (group commit), or now under ``full``.
+
+        The driver defers a unit's finish and commits it together with the next reservation,
+        so a dispatch costs one transaction instead of two; it calls ``flush`` before it
+        waits for work in flight and before anything reads or depends on the finish. A crash
+        in between leaves the attempt ``running``: the next drive reclaims it in place (same
+        dispatch_id), exactly as for a crash while the unit ran. ``durability: full`` keeps
+        one commit per finish.
+        """
+        with self._write_lock:
+            if self._sync_full:
+                self.finish_attempt(attempt, finish)
+            else:
+                self._deferred.append((attempt, finish))
+
+    def flush(self) -> None:
+        """Commit the deferred finishes now (a no-op when there are none)."""
+        with self._write_lock:
+            if self._deferred:
+                run_id = self._deferred[0][0].run_id
+                self._write(lambda c: None, run_id)
+
+    @property
+    def has_deferred(self) -> bool:
+        """Finishes are waiting for the next write transaction."""
+        return bool(self._deferred)
 
     def record_terminal_attempt(
         self,

@@ -162,6 +162,17 @@ def test_a_deferred_finish_commits_with_the_next_write_and_events_keep_their_ord
     assert second.attempt == 1
 
 
+def test_a_read_through_the_same_store_sees_a_deferred_finish(engine: Engine) -> None:
+    run_id = engine.start(_map(1, 1, "scripted")).run_id
+    store = engine.store
+    attempt = store.reserve_attempts([(_key(run_id, "u1"), True)])[0]
+    store.defer_finish(attempt, Finish(status="succeeded", output_json='"a"'))
+    assert [(a.unit_id, a.status) for a in store.attempts_of(run_id, "s")] == [
+        ("u1", "succeeded")
+    ]
+    assert not store.has_deferred
+
+
 def test_a_deferred_finish_that_cannot_commit_stays_queued_and_close_drops_it(
     engine: Engine,
 ) -> None:

@@ -98,7 +98,8 @@ class _Drive:
 def _check_step_rows(store: Store, run: RunRow, plan: Plan) -> None:
     """Refuse (before anything dispatches) step rows edited by hand into nonsense."""
     rows = store.steps_of(run.run_id)
-    missing = [s.id for s in plan.steps if s.id not in {r.step_id for r in rows}]
+    have = {r.step_id for r in rows}
+    missing = [s.id for s in plan.steps if s.id not in have]
     if missing:
         raise store.unreadable(
             run.run_id, f"step row(s) {missing} are missing from its steps table"

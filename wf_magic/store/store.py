@@ -101,6 +101,8 @@ class Store:
         return conn
 
     def _read(self, fn: Callable[[sqlite3.Connection], T], run_id: str | None = None) -> T:
+        if self._deferred:  # read your own writes: a deferred finish is visible to every read
+            self.flush()
         try:
             return fn(self._read_conn())
         except sqlite3.Error as exc:
@@ -451,7 +453,8 @@ class Store:
 
         The driver defers a unit's finish and commits it together with the next reservation,
         so a dispatch costs one transaction instead of two; it calls ``flush`` before it
-        waits for work in flight and before anything reads or depends on the finish. A crash
+        waits for work in flight and before anything depends on the finish, and every read
+        through this Store flushes first (it reads its own writes). A crash
         in between leaves the attempt ``running``: the next drive reclaims it in place (same
         dispatch_id), exactly as for a crash while the unit ran. ``durability: full`` keeps
         one commit per finish.

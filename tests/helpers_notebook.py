@@ -1,6 +1,7 @@
 """Shared harnesses of the notebook tests (magics, widgets, demo notebooks).
 
-Not a test module: an in-process IPython shell with the extension loaded, the magics pointed
+Not a test module: the workflows several notebook tests share, an Engine and a run view over a
+per-test state dir, an in-process IPython shell with the extension loaded, the magics pointed
 at a per-test state dir, one live kernel fed cell by cell (``Kernel``), and a whole notebook
 run top to bottom (``execute_notebook``). Every kernel runs this very Python from a kernel
 spec written into the test's own directory.
@@ -24,9 +25,110 @@ from jupyter_client.manager import AsyncKernelManager, KernelManager
 from nbclient import NotebookClient
 from traitlets.config import Config
 
+from wf_magic import Engine
+from wf_magic.notebook.drives import Drives
 from wf_magic.notebook.magics import WorkflowMagics
+from wf_magic.notebook.widgets import RunView
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+# -- shared workflows -----------------------------------------------------------------------------
+CELL_DIGEST = """\
+name: digest
+params:
+  topic: {type: string, default: owls}
+  sections: {type: integer, default: 3, minimum: 1}
+runner: scripted
+steps:
+  - id: outline
+    prompt: "Outline {{ params.topic }} in {{ params.sections }} sections"
+  - id: draft
+    map: "{{ range(params.sections) | list }}"
+    prompt: "Write section {{ item }} on {{ params.topic }}"
+  - id: wrap
+    prompt: "Wrap up {{ params.topic }}"
+"""
+"""Three steps (a map of ``sections`` units in the middle) over two params."""
+
+JUDGED = """\
+name: judged
+runner: scripted
+runners:
+  scripted:
+    rules:
+      - match: "Gate feedback"
+        reply: "a long and detailed draft"
+      - match: "(?s)^Judge.*long and detailed"
+        reply: {complete: true, feedback: "", missing: []}
+      - match: "(?s)^Judge"
+        reply: {complete: false, feedback: "far too short", missing: [an example]}
+steps:
+  - id: draft
+    prompt: "Write a draft"
+    gate: {judge: llm, criteria: [detailed, has an example], max_loops: 3}
+"""
+"""An llm gate that rejects loop 1 ("far too short") and accepts loop 2's longer draft."""
+
+HUMAN_DRAFT = """\
+name: reviewed
+runner: scripted
+steps:
+  - id: draft
+    prompt: "Write a draft"
+    gate: {judge: human}
+"""
+"""One step behind a human gate: the run blocks until somebody decides."""
+
+SLOW = """\
+name: slow
+runner: scripted
+execution: {max_concurrency: 1}
+runners:
+  scripted:
+    rules:
+      - {match: "unit", reply: "ok", sleep_s: 0.2}
+steps:
+  - id: fan
+    map: "{{ range(10) | list }}"
+    prompt: "unit {{ item }}"
+"""
+"""Ten units one at a time, 0.2 s each: a drive that is still running when looked at."""
+
+
+# -- an Engine and its run views ------------------------------------------------------------------
+def engine_at(state_dir: Path) -> Iterator[Engine]:
+    """The body of a fixture: an Engine over ``state_dir``, closed after."""
+    eng = Engine(state_dir)
+    yield eng
+    eng.close()
+
+
+def drives_of(engine: Engine) -> Iterator[Drives]:
+    """The body of a fixture: background drives of ``engine``, all stopped after."""
+    d = Drives(lambda: engine)
+    yield d
+    d.stop_all()
+
+
+def view_of(engine: Engine, run_id: str, drives: Drives | None = None, **kw: Any) -> RunView:
+    """A run view of ``run_id``; with ``drives``, its buttons continue the run in the background."""
+    return RunView(
+        engine,
+        run_id,
+        continue_drive=(lambda r: drives.background(r)) if drives else None,
+        is_driving=drives.is_driving if drives else None,
+        **kw,
+    )
+
+
+def driven_view(engine: Engine, source: str) -> tuple[str, RunView]:
+    """Start ``source``, drive it to its end under a view, and return both, redrawn."""
+    run_id = engine.start(source).run_id
+    view = RunView(engine, run_id)
+    engine.drive(run_id)
+    view.flush()
+    return run_id, view
 
 
 # -- in-process shell -----------------------------------------------------------------------------
@@ -40,12 +142,22 @@ def ipython_shell() -> Iterator[InteractiveShell]:
     ip.run_line_magic("unload_ext", "wf_magic")
 
 
+def cell(shell: InteractiveShell, line: str, body: str = CELL_DIGEST) -> Any:
+    """Run ``%%workflow line`` over ``body``; what the cell evaluates to."""
+    return shell.run_cell_magic("workflow", line, body)
+
+
 @contextmanager
-def magics_in(shell: InteractiveShell, state_dir: Path) -> Iterator[WorkflowMagics]:
-    """The shell's magics writing to ``state_dir``; widgets back to 'auto' and closed after."""
+def magics_in(
+    shell: InteractiveShell, state_dir: Path, *, widgets: str | None = None
+) -> Iterator[WorkflowMagics]:
+    """The shell's magics writing to ``state_dir`` (and showing ``widgets``, when given);
+    widgets back to 'auto' and closed after."""
     found = shell.magics_manager.registry["WorkflowMagics"]
     assert isinstance(found, WorkflowMagics)
     shell.run_line_magic("config", f"WorkflowMagics.state_dir = {str(state_dir)!r}")
+    if widgets is not None:
+        shell.run_line_magic("config", f"WorkflowMagics.widgets = {widgets!r}")
     try:
         yield found
     finally:

@@ -13,30 +13,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers_notebook import JUDGED, driven_view, engine_at
 from wf_magic import Engine
 from wf_magic.display import STATUS_COLOURS
 from wf_magic.notebook.rows import MAP_BUTTONS, StepDetail
 from wf_magic.notebook.widgets import RunView
 
-JUDGED = """\
-name: judged
-runner: scripted
-runners:
-  scripted:
-    rules:
-      - match: "Gate feedback"
-        reply: "a long and detailed draft"
-      - match: "(?s)^Judge.*long and detailed"
-        reply: {complete: true, feedback: "", missing: []}
-      - match: "(?s)^Judge"
-        reply: {complete: false, feedback: "far too short", missing: [an example]}
-      - match: "^Write"
-        reply: "short"
-steps:
-  - id: draft
-    prompt: "Write a draft"
-    gate: {judge: llm, criteria: [detailed, has an example], max_loops: 3}
-"""
+SHORT_FIRST = JUDGED.replace(
+    "steps:\n", '      - match: "^Write"\n        reply: "short"\nsteps:\n', 1
+)
+"""The judged workflow whose loop-1 draft is the text ``short``."""
 
 MAPPED = """\
 name: mapped
@@ -58,17 +44,7 @@ steps:
 
 @pytest.fixture
 def engine(tmp_path: Path) -> Iterator[Engine]:
-    eng = Engine(tmp_path / "state")
-    yield eng
-    eng.close()
-
-
-def driven_view(engine: Engine, source: str) -> tuple[str, RunView]:
-    run_id = engine.start(source).run_id
-    view = RunView(engine, run_id)
-    engine.drive(run_id)
-    view.flush()
-    return run_id, view
+    yield from engine_at(tmp_path / "state")
 
 
 def detail_of(view: RunView, step_id: str) -> StepDetail:
@@ -80,7 +56,7 @@ def detail_of(view: RunView, step_id: str) -> StepDetail:
 def test_clicking_a_row_shows_loop_2s_exact_prompt_with_its_feedback_and_the_diff(
     engine: Engine,
 ) -> None:
-    run_id, view = driven_view(engine, JUDGED)
+    run_id, view = driven_view(engine, SHORT_FIRST)
     second = engine.handle(run_id).attempt("draft", attempt=2)
     assert second.loop == 2 and second.input is not None
     prompt = second.input["prompt"]
@@ -104,7 +80,7 @@ def test_clicking_a_row_shows_loop_2s_exact_prompt_with_its_feedback_and_the_dif
 
 
 def test_the_drill_down_reads_the_journal_on_click_not_on_redraw(engine: Engine) -> None:
-    _run_id, view = driven_view(engine, JUDGED)
+    _run_id, view = driven_view(engine, SHORT_FIRST)
     detail = detail_of(view, "draft")
     for _ in range(3):
         view.redraw()

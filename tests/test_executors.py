@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from wf_magic import Engine, UnitRequest, UnitResult, register_runner
-from wf_magic.errors import UsageError
 from wf_magic.drive.executors import dask_executor, thread_executor
+from wf_magic.errors import UsageError
 from wf_magic.runners.base import BaseRunner, RunnerContext
 from wf_magic.runners.registry import runner_factory
 

@@ -8,9 +8,9 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from wf_magic.drive.units import Feedback, build_units
 from wf_magic.hashing import canonical_json, hash_value
 from wf_magic.spec.freeze import load_workflow
-from wf_magic.drive.units import Feedback, build_units
 
 json_values = st.recursive(
     st.none()

@@ -24,8 +24,13 @@ from IPython.core.interactiveshell import InteractiveShell
 from nbclient.exceptions import CellExecutionError
 
 from tests.helpers_notebook import (
+    CELL_DIGEST,
+    HUMAN_DRAFT,
+    JUDGED,
     REPO,
+    SLOW,
     Kernel,
+    cell,
     cell_text,
     execute_notebook,
     ipython_shell,
@@ -34,22 +39,6 @@ from tests.helpers_notebook import (
 from wf_magic import Engine, Run
 from wf_magic.notebook.args import line_args
 from wf_magic.notebook.magics import WorkflowMagics
-
-DIGEST = """\
-name: digest
-params:
-  topic: {type: string, default: owls}
-  sections: {type: integer, default: 3, minimum: 1}
-runner: scripted
-steps:
-  - id: outline
-    prompt: "Outline {{ params.topic }} in {{ params.sections }} sections"
-  - id: draft
-    map: "{{ range(params.sections) | list }}"
-    prompt: "Write section {{ item }} on {{ params.topic }}"
-  - id: wrap
-    prompt: "Wrap up {{ params.topic }}"
-"""
 
 
 @pytest.fixture(scope="module")
@@ -66,10 +55,6 @@ def magics(shell: InteractiveShell, tmp_path: Path) -> Iterator[WorkflowMagics]:
 @pytest.fixture
 def engine(magics: WorkflowMagics) -> Engine:
     return magics.engine
-
-
-def cell(shell: InteractiveShell, line: str, body: str = DIGEST) -> Any:
-    return shell.run_cell_magic("workflow", line, body)
 
 
 def attempts(engine: Engine) -> int:
@@ -115,7 +100,7 @@ def test_a_changed_re_run_starts_a_new_run_and_supersedes_the_old(
     shell: InteractiveShell, engine: Engine
 ) -> None:
     old = cell(shell, "--max-steps 1")
-    new = cell(shell, "", DIGEST.replace("Wrap up", "Sum up"))
+    new = cell(shell, "", CELL_DIGEST.replace("Wrap up", "Sum up"))
     assert new.run_id != old.run_id
     assert new.status == "completed"
     assert old.status == "abandoned"
@@ -139,7 +124,7 @@ def test_no_cache_re_pays_every_unit(shell: InteractiveShell, engine: Engine) ->
 
 def test_resume_drives_the_given_run(shell: InteractiveShell, engine: Engine) -> None:
     first = cell(shell, "--max-steps 1")
-    edited = DIGEST.replace("Wrap up", "Sum up")
+    edited = CELL_DIGEST.replace("Wrap up", "Sum up")
     resumed = cell(shell, f"--resume {first.run_id[:-2]}", edited)
     assert resumed.run_id == first.run_id and resumed.status == "completed"
     assert any("continuing with its frozen plan" in w for w in resumed.warnings)
@@ -184,7 +169,7 @@ def test_an_undeclared_param_is_a_usage_error(shell: InteractiveShell, engine: E
 def test_a_definition_error_is_one_line_naming_the_cell_line_and_field(
     shell: InteractiveShell, engine: Engine
 ) -> None:
-    body = DIGEST.replace(
+    body = CELL_DIGEST.replace(
         'prompt: "Wrap up {{ params.topic }}"', 'prompt: "Wrap up {{ steps.nowhere.output }}"'
     )
     with pytest.raises(UsageError) as info:
@@ -211,7 +196,7 @@ def test_a_definition_error_shows_without_a_traceback(
 def test_name_fills_a_missing_name_and_must_match_a_present_one(
     shell: InteractiveShell, engine: Engine
 ) -> None:
-    body = DIGEST.replace("name: digest\n", "")
+    body = CELL_DIGEST.replace("name: digest\n", "")
     run = cell(shell, "digest", body)
     assert run.workflow == "digest"
     with pytest.raises(UsageError, match="names the workflow 'other'"):
@@ -255,7 +240,7 @@ def test_child_workflows_resolve_from_earlier_cells(
 def test_a_kernel_interrupt_stops_gracefully_and_the_cell_resumes(
     shell: InteractiveShell, engine: Engine
 ) -> None:
-    body = DIGEST.replace(
+    body = CELL_DIGEST.replace(
         "runner: scripted\n",
         """\
 runner: scripted
@@ -285,21 +270,6 @@ def test_background_drives_in_a_thread(
     run = cell(shell, "--background")
     assert magics.drives.wait(run.run_id, timeout=30)
     assert run.status == "completed"
-
-
-SLOW = """\
-name: slow
-runner: scripted
-execution: {max_concurrency: 1}
-runners:
-  scripted:
-    rules:
-      - {match: "unit", reply: "ok", sleep_s: 0.2}
-steps:
-  - id: fan
-    map: "{{ range(10) | list }}"
-    prompt: "unit {{ item }}"
-"""
 
 
 def test_a_run_this_kernel_drives_in_the_background_names_the_stop_magic(
@@ -472,14 +442,14 @@ steps:
 
 
 def test_magic_semantics_hold_in_a_real_kernel(tmp_path: Path) -> None:
-    edited = DIGEST.replace("Wrap up", "Sum up")
+    edited = CELL_DIGEST.replace("Wrap up", "Sum up")
     cells = [
         f"%env WF_MAGIC_HOME={tmp_path / 'state'}\n%load_ext wf_magic",
-        f"%%workflow --as a\n{DIGEST}",
-        f"%%workflow --as b\n{DIGEST}",
+        f"%%workflow --as a\n{CELL_DIGEST}",
+        f"%%workflow --as b\n{CELL_DIGEST}",
         "assert b.run_id == a.run_id and b.stats.dispatched == 0\n"
         "assert len(b.journal()) == len(a.journal()) == 5",
-        f"%%workflow --new --max-steps 1 --as c\n{DIGEST}",
+        f"%%workflow --new --max-steps 1 --as c\n{CELL_DIGEST}",
         f"%%workflow --as d\n{edited}",
         "assert d.run_id != c.run_id and d.status == 'completed'\n"
         "assert c.status == 'abandoned' and c.reason == f'superseded by {d.run_id}'",
@@ -534,43 +504,15 @@ def test_a_cell_may_name_a_workflow_file(
     shell: InteractiveShell, engine: Engine, tmp_path: Path
 ) -> None:
     path = tmp_path / "digest.yaml"
-    path.write_text(DIGEST)
+    path.write_text(CELL_DIGEST)
     run = cell(shell, "", f"{path}\n")
     assert run.status == "completed" and run.row.source_path == str(path.resolve())
-    path.write_text(DIGEST.replace("steps:", "steps: 3\nx:"))
+    path.write_text(CELL_DIGEST.replace("steps:", "steps: 3\nx:"))
     with pytest.raises(UsageError, match=r"^workflow definition error — .*digest\.yaml, line"):
         cell(shell, "--new", str(path))
 
 
 # -- more %%workflow and %workflow semantics (DESIGN.md §4) -----------------------------------------
-JUDGED = """\
-name: judged
-runner: scripted
-runners:
-  scripted:
-    rules:
-      - match: "Gate feedback"
-        reply: "a long and detailed draft"
-      - match: "(?s)^Judge.*long and detailed"
-        reply: {complete: true, feedback: "", missing: []}
-      - match: "(?s)^Judge"
-        reply: {complete: false, feedback: "far too short", missing: [an example]}
-steps:
-  - id: draft
-    prompt: "Write a draft"
-    gate: {judge: llm, criteria: [detailed, has an example], max_loops: 3}
-"""
-
-HUMAN_DRAFT = """\
-name: reviewed
-runner: scripted
-steps:
-  - id: draft
-    prompt: "Write a draft"
-    gate: {judge: human}
-"""
-
-
 def test_help_lists_every_verb_and_every_cell_option(
     shell: InteractiveShell, magics: WorkflowMagics
 ) -> None:
@@ -679,7 +621,7 @@ def test_reuse_is_reported_as_saved_tokens_and_charged_zero(
     shell: InteractiveShell, engine: Engine
 ) -> None:
     first = cell(shell, "")
-    edited = cell(shell, "", DIGEST.replace("Wrap up", "Sum up"))
+    edited = cell(shell, "", CELL_DIGEST.replace("Wrap up", "Sum up"))
     by_step = line(shell, f"tokens {edited.run_id}").set_index("step")
     first_tokens = line(shell, f"tokens {first.run_id}").set_index("step")
     assert by_step.loc["outline", "tokens"] == 0 and by_step.loc["draft", "tokens"] == 0
@@ -787,7 +729,7 @@ def test_the_text_rendering_shows_units_done_over_total(
 
 
 def test_the_html_rendering_shows_the_budget(shell: InteractiveShell, engine: Engine) -> None:
-    body = DIGEST.replace("runner: scripted\n", "runner: scripted\nbudget: {max_units: 10}\n")
+    body = CELL_DIGEST.replace("runner: scripted\n", "runner: scripted\nbudget: {max_units: 10}\n")
     run = cell(shell, "", body)
     assert "5/10" in run._repr_html_()
 
@@ -801,7 +743,7 @@ def test_the_html_rendering_shows_gate_rejections(shell: InteractiveShell, engin
 
 def test_the_html_rendering_reports_reuse(shell: InteractiveShell, engine: Engine) -> None:
     cell(shell, "")
-    edited = cell(shell, "", DIGEST.replace("Wrap up", "Sum up"))
+    edited = cell(shell, "", CELL_DIGEST.replace("Wrap up", "Sum up"))
     assert edited.stats is not None and edited.stats.reused == 4
     assert f"{edited.stats.saved_tokens}" in edited._repr_html_()
     assert "reused" in edited._repr_html_()

@@ -10,13 +10,22 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import nbformat
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from tests.helpers_notebook import Kernel, execute_notebook, ipython_shell, magics_in, new_notebook
+from tests.helpers_notebook import (
+    JUDGED,
+    Kernel,
+    drives_of,
+    engine_at,
+    execute_notebook,
+    ipython_shell,
+    magics_in,
+    new_notebook,
+    view_of,
+)
 from wf_magic import Engine
 from wf_magic.display import STATUS_COLOURS
 from wf_magic.errors import UsageError
@@ -64,37 +73,15 @@ steps:
     prompt: "Publish: {{ steps.signoff.output }}"
 """
 
-JUDGED = """\
-name: judged
-runner: scripted
-runners:
-  scripted:
-    rules:
-      - match: "Gate feedback"
-        reply: "a long and detailed draft"
-      - match: "(?s)^Judge.*long and detailed"
-        reply: {complete: true, feedback: "", missing: []}
-      - match: "(?s)^Judge"
-        reply: {complete: false, feedback: "far too short", missing: [an example]}
-steps:
-  - id: draft
-    prompt: "Write a draft"
-    gate: {judge: llm, criteria: [detailed], max_loops: 3}
-"""
-
 
 @pytest.fixture
 def engine(tmp_path: Path) -> Iterator[Engine]:
-    eng = Engine(tmp_path / "state")
-    yield eng
-    eng.close()
+    yield from engine_at(tmp_path / "state")
 
 
 @pytest.fixture
 def drives(engine: Engine) -> Iterator[Drives]:
-    d = Drives(lambda: engine)
-    yield d
-    d.stop_all()
+    yield from drives_of(engine)
 
 
 @pytest.fixture(scope="module")
@@ -104,8 +91,7 @@ def shell() -> Iterator[InteractiveShell]:
 
 @pytest.fixture
 def magics(shell: InteractiveShell, tmp_path: Path) -> Iterator[WorkflowMagics]:
-    with magics_in(shell, tmp_path / "magics-state") as found:
-        shell.run_line_magic("config", "WorkflowMagics.widgets = 'on'")
+    with magics_in(shell, tmp_path / "magics-state", widgets="on") as found:
         yield found
 
 
@@ -115,16 +101,6 @@ def _until(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         time.sleep(0.05)
-
-
-def _view(engine: Engine, run_id: str, drives: Drives | None = None, **kw: Any) -> RunView:
-    return RunView(
-        engine,
-        run_id,
-        continue_drive=(lambda r: drives.background(r)) if drives else None,
-        is_driving=drives.is_driving if drives else None,
-        **kw,
-    )
 
 
 # -- 1. the first cell: the validator is imported only for a real constraint -------------------
@@ -177,7 +153,7 @@ def test_a_step_with_a_unit_in_flight_shows_running_and_its_clock_ticks(
     engine: Engine, drives: Drives
 ) -> None:
     run_id = engine.start(SLOW_ONE).run_id
-    view = _view(engine, run_id, drives)
+    view = view_of(engine, run_id, drives)
     drives.background(run_id)
     row = view.rows["think"]
 
@@ -208,7 +184,7 @@ def test_a_2000_unit_fan_out_stays_within_the_redraw_bound_with_the_clock(
         "name: fan\nrunner: scripted\nexecution: {max_concurrency: 1}\nsteps:\n"
         "  - id: fan\n    map: '{{ range(2000) | list }}'\n    prompt: 'unit {{ item }}'\n"
     ).run_id
-    view = _view(engine, run_id)
+    view = view_of(engine, run_id)
     started = time.monotonic()
     engine.drive(run_id)
     elapsed = time.monotonic() - started
@@ -247,7 +223,7 @@ def test_re_runs_say_what_they_did_in_the_header(
 def test_a_decision_from_code_takes_the_buttons_away_from_a_waiting_view(engine: Engine) -> None:
     run_id = engine.start(HUMAN).run_id
     engine.drive(run_id)
-    view = _view(engine, run_id)
+    view = view_of(engine, run_id)
     view.flush()
     assert view.decision_box.layout.display == ""
     engine.approve(run_id, "signoff", feedback="from code")  # the bus tells the view
@@ -261,7 +237,7 @@ def test_a_decision_from_another_process_reaches_a_waiting_view_by_polling(
 ) -> None:
     run_id = engine.start(HUMAN).run_id
     engine.drive(run_id)
-    view = _view(engine, run_id, subscribe=False)
+    view = view_of(engine, run_id, subscribe=False)
     view.flush()
     assert view.decision_box.layout.display == "" and view.clock.is_running
     with Engine(tmp_path / "state") as other:  # its own bus: only the journal is shared
@@ -307,7 +283,7 @@ def test_the_gates_tutorial_works_after_clicking_approve_and_in_the_other_order(
 def test_an_empty_rejection_speaks_notebook(engine: Engine) -> None:
     run_id = engine.start(HUMAN).run_id
     engine.drive(run_id)
-    view = _view(engine, run_id)
+    view = view_of(engine, run_id)
     view.flush()
     view.reject_button.click()
     assert "write what to change in the box above, then Reject" in view.message.value
@@ -350,7 +326,7 @@ def test_a_view_of_a_run_driven_elsewhere_names_its_driver(engine: Engine) -> No
         said = driver_text(engine, run_id)
         assert said is not None
         assert said.startswith(f"driven by pid {os.getpid()} on {socket.gethostname()} since ")
-        view = _view(engine, run_id, subscribe=False)
+        view = view_of(engine, run_id, subscribe=False)
         view.flush()
         assert "driving…" in view.status_line.value and said in view.status_line.value
         assert "not being driven" not in view.status_line.value
@@ -362,7 +338,7 @@ def test_a_view_of_a_run_driven_elsewhere_names_its_driver(engine: Engine) -> No
 # -- 7. honest counts --------------------------------------------------------------------------
 def test_judge_tokens_show_apart_from_the_charged_work_tokens(engine: Engine) -> None:
     run_id = engine.start(JUDGED).run_id
-    view = _view(engine, run_id)
+    view = view_of(engine, run_id)
     engine.drive(run_id)
     view.flush()
     state = next(s for s in view.snapshot.steps if s.step_id == "draft")  # type: ignore[union-attr]
@@ -383,7 +359,7 @@ def test_a_map_that_finished_with_failed_units_is_amber_with_its_failed_count(
         "steps:\n  - id: fan\n    map: '{{ range(3) | list }}'\n    prompt: 'unit {{ item }}'\n"
         "    on_error: continue\n"
     ).run_id
-    view = _view(engine, run_id)
+    view = view_of(engine, run_id)
     engine.drive(run_id)
     view.flush()
     row = view.rows["fan"]
@@ -433,7 +409,7 @@ def _all_html(view: RunView) -> str:
 def test_an_exhausted_gate_shows_criteria_one_card_per_unit_and_the_diff(engine: Engine) -> None:
     run_id = engine.start(EXHAUSTED).run_id
     engine.drive(run_id)
-    view = _view(engine, run_id)
+    view = view_of(engine, run_id)
     view.flush()
     summary = view.summary.value
     assert "<li>detailed</li><li>about animals</li>" in summary  # rendered, not the template
@@ -456,7 +432,7 @@ def test_an_exhausted_gate_shows_criteria_one_card_per_unit_and_the_diff(engine:
 def test_each_message_of_a_blocked_gate_is_shown_once(engine: Engine) -> None:
     run_id = engine.start(EXHAUSTED).run_id
     engine.drive(run_id)
-    view = _view(engine, run_id)
+    view = view_of(engine, run_id)
     view.flush()
     assert _all_html(view).count("far too short") == 1  # two loops, one merged row
     assert "<td>1–2</td>" in view.gate_panel.value
@@ -471,7 +447,7 @@ def test_the_rejections_table_is_styled_with_separate_feedback_and_missing_cells
 ) -> None:
     run_id = engine.start(EXHAUSTED).run_id
     engine.drive(run_id)
-    view = _view(engine, run_id)
+    view = view_of(engine, run_id)
     view.flush()
     panel = view.gate_panel.value
     assert ".wf-gates th,.wf-gates td{padding:3px 10px;text-align:left" in panel
@@ -482,7 +458,7 @@ def test_the_rejections_table_is_styled_with_separate_feedback_and_missing_cells
 def test_abandon_and_fork_from_here_act_on_an_exhausted_gate(engine: Engine) -> None:
     first = engine.start(EXHAUSTED).run_id
     engine.drive(first)
-    view = _view(engine, first)
+    view = view_of(engine, first)
     view.flush()
     view.fork_button.click()
     (forked,) = [r.run_id for r in engine.list_runs() if r.run_id != first]
@@ -492,7 +468,7 @@ def test_abandon_and_fork_from_here_act_on_an_exhausted_gate(engine: Engine) -> 
     assert view.decision_box.layout.display == "none"
     view.close()
     engine.drive(forked)
-    other = _view(engine, forked)
+    other = view_of(engine, forked)
     other.flush()
     other.abandon_button.click()
     assert engine.get_run(forked).status == "abandoned"
@@ -505,7 +481,7 @@ def test_rejections_reused_from_an_earlier_run_are_listed(engine: Engine) -> Non
     engine.drive(source.run_id)
     forked = engine.fork(source.run_id, from_step="wrap").run_id
     engine.drive(forked)
-    view = _view(engine, forked)
+    view = view_of(engine, forked)
     view.flush()
     assert "far too short" in view.gate_panel.value
     assert "(reused from an earlier run)" in view.gate_panel.value
@@ -557,7 +533,7 @@ def test_after_stop_the_status_line_says_the_drive_stopped(engine: Engine, drive
     run_id = engine.start(
         SLOW_ONE.replace("steps:", "steps:\n  - id: first\n    prompt: 'think a'")
     ).run_id
-    view = _view(engine, run_id, drives, stop_drive=drives.stop)
+    view = view_of(engine, run_id, drives, stop_drive=drives.stop)
     drives.background(run_id)
     _until(lambda: (view.flush(), "driving…" in view.status_line.value)[1])
     view.stop()
@@ -575,7 +551,7 @@ def test_a_live_status_line_turns_stale_in_the_browser_once_the_kernel_stops_tic
     from wf_magic.notebook.widgets import STALE_AFTER_S, STALE_MARKER
 
     run_id = engine.start(SLOW_ONE).run_id
-    view = _view(engine, run_id, drives)
+    view = view_of(engine, run_id, drives)
     drives.background(run_id)
     _until(lambda: (view.flush(), "driving…" in view.status_line.value)[1])
     assert STALE_MARKER in view.status_line.value  # revealed by CSS unless a tick replaces it
@@ -589,7 +565,7 @@ def test_a_live_status_line_turns_stale_in_the_browser_once_the_kernel_stops_tic
 def test_elapsed_excludes_time_waiting_for_a_person(engine: Engine) -> None:
     run_id = engine.start(HUMAN).run_id
     engine.drive(run_id)
-    view = _view(engine, run_id)
+    view = view_of(engine, run_id)
     time.sleep(1.2)
     view.flush()
     row = view.rows["signoff"]

@@ -10,12 +10,22 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from tests.helpers_notebook import ipython_shell, magics_in
+from tests.helpers_notebook import (
+    CELL_DIGEST,
+    HUMAN_DRAFT,
+    JUDGED,
+    SLOW,
+    cell,
+    drives_of,
+    engine_at,
+    ipython_shell,
+    magics_in,
+    view_of,
+)
 from wf_magic import Engine
 from wf_magic.notebook.drives import Drives
 from wf_magic.notebook.magics import WorkflowMagics
@@ -45,24 +55,6 @@ steps:
     prompt: "Wrap up {{ steps.draft.output | length }} sections"
 """
 
-JUDGED = """\
-name: judged
-runner: scripted
-runners:
-  scripted:
-    rules:
-      - match: "Gate feedback"
-        reply: "a long and detailed draft"
-      - match: "(?s)^Judge.*long and detailed"
-        reply: {complete: true, feedback: "", missing: []}
-      - match: "(?s)^Judge"
-        reply: {complete: false, feedback: "far too short", missing: [an example]}
-steps:
-  - id: draft
-    prompt: "Write a draft"
-    gate: {judge: llm, criteria: [detailed, has an example], max_loops: 3}
-"""
-
 HUMAN = """\
 name: reviewed
 runner: scripted
@@ -79,25 +71,12 @@ steps:
 
 @pytest.fixture
 def engine(tmp_path: Path) -> Iterator[Engine]:
-    eng = Engine(tmp_path / "state")
-    yield eng
-    eng.close()
+    yield from engine_at(tmp_path / "state")
 
 
 @pytest.fixture
 def drives(engine: Engine) -> Iterator[Drives]:
-    d = Drives(lambda: engine)
-    yield d
-    d.stop_all()
-
-
-def _view(engine: Engine, run_id: str, drives: Drives | None = None) -> RunView:
-    return RunView(
-        engine,
-        run_id,
-        continue_drive=(lambda r: drives.background(r)) if drives else None,
-        is_driving=drives.is_driving if drives else None,
-    )
+    yield from drives_of(engine)
 
 
 def _cells(view: RunView, step_id: str) -> dict[str, object]:
@@ -115,7 +94,7 @@ def _cells(view: RunView, step_id: str) -> dict[str, object]:
 def test_step_rows_match_the_journal_after_a_run(engine: Engine) -> None:
     _started = engine.start(DIGEST)
     run_id = _started.run_id
-    view = _view(engine, run_id)
+    view = view_of(engine, run_id)
     engine.drive(run_id)
     view.flush()
     journal = engine.journal(run_id)
@@ -151,7 +130,7 @@ def test_budget_bars_show_use_against_the_ceilings(engine: Engine) -> None:
         )
     )
     run_id = _started.run_id
-    view = _view(engine, run_id)
+    view = view_of(engine, run_id)
     engine.drive(run_id)
     view.flush()
     use = engine.status(run_id).budget_use()
@@ -163,7 +142,7 @@ def test_budget_bars_show_use_against_the_ceilings(engine: Engine) -> None:
 def test_a_rejected_gate_shows_in_the_gate_panel_with_its_feedback(engine: Engine) -> None:
     _started = engine.start(JUDGED)
     run_id = _started.run_id
-    view = _view(engine, run_id)
+    view = view_of(engine, run_id)
     engine.drive(run_id)
     view.flush()
     assert engine.status(run_id).status == "completed"
@@ -185,7 +164,7 @@ def test_reused_results_and_tokens_saved_show_as_a_warning(engine: Engine) -> No
     second = _started.run_id
     created = _started.created
     assert created
-    view = _view(engine, second)
+    view = view_of(engine, second)
     handle = engine.drive(second)
     view.flush()
     assert handle.stats is not None and handle.stats.reused == 4
@@ -201,7 +180,7 @@ def test_clicking_approve_completes_a_blocked_human_gate_run(
 ) -> None:
     _started = engine.start(HUMAN)
     run_id = _started.run_id
-    view = _view(engine, run_id, drives)
+    view = view_of(engine, run_id, drives)
     engine.drive(run_id)
     view.flush()
     assert engine.status(run_id).status == "blocked"
@@ -228,7 +207,7 @@ def test_reject_needs_feedback_and_then_re_executes_the_step(
         HUMAN.replace("criteria: [ready to publish]", "criteria: [ready to publish], max_loops: 2")
     )
     run_id = _started.run_id
-    view = _view(engine, run_id, drives)
+    view = view_of(engine, run_id, drives)
     engine.drive(run_id)
     view.flush()
     view.reject_button.click()
@@ -249,7 +228,7 @@ def test_an_exhausted_gate_offers_approve_only(engine: Engine) -> None:
         "max_loops: 3", "max_loops: 2"
     )
     run_id = engine.start(exhausted).run_id
-    view = _view(engine, run_id)
+    view = view_of(engine, run_id)
     engine.drive(run_id)
     view.flush()
     assert engine.status(run_id).status == "blocked"
@@ -262,7 +241,7 @@ def test_an_exhausted_gate_offers_approve_only(engine: Engine) -> None:
 
 def test_a_human_gate_with_one_loop_shows_its_loop(engine: Engine) -> None:
     run_id = engine.start(HUMAN).run_id
-    view = _view(engine, run_id)
+    view = view_of(engine, run_id)
     engine.drive(run_id)
     view.flush()
     assert view.reject_button.layout.display == ""  # a human gate can be rejected
@@ -271,7 +250,7 @@ def test_a_human_gate_with_one_loop_shows_its_loop(engine: Engine) -> None:
 
 def test_a_completed_run_shows_its_result_in_the_header(engine: Engine) -> None:
     run = engine.run(DIGEST)
-    view = _view(engine, run.run_id)
+    view = view_of(engine, run.run_id)
     view.flush()
     assert (
         f"<pre style='max-height:12em;overflow:auto;white-space:pre-wrap'>{run.result}</pre>"
@@ -282,7 +261,7 @@ def test_a_completed_run_shows_its_result_in_the_header(engine: Engine) -> None:
 def test_a_stale_decision_is_refused_and_shown(engine: Engine) -> None:
     _started = engine.start(HUMAN)
     run_id = _started.run_id
-    view = _view(engine, run_id)
+    view = view_of(engine, run_id)
     engine.drive(run_id)
     view.flush()
     engine.approve(run_id, "review")  # decided elsewhere (another view, the CLI)
@@ -301,7 +280,7 @@ steps:
     prompt: "unit {{ item }}"
 """)
     run_id = _started.run_id
-    view = _view(engine, run_id)
+    view = view_of(engine, run_id)
     started = time.monotonic()
     engine.drive(run_id)
     elapsed = time.monotonic() - started
@@ -316,7 +295,7 @@ def test_a_map_step_shows_its_total_before_its_units_run(engine: Engine) -> None
     _started = engine.start(DIGEST)
     run_id = _started.run_id
     engine.drive(run_id, max_steps=1)
-    view = _view(engine, run_id)
+    view = view_of(engine, run_id)
     view.flush()
     assert _cells(view, "draft")["units"] == "0/3"
     assert _cells(view, "wrap")["units"] == "0/1"
@@ -362,7 +341,7 @@ def test_pokes_from_many_threads_never_overlap_calls() -> None:
 def test_a_detached_view_stops_observing(engine: Engine) -> None:
     _started = engine.start(DIGEST)
     run_id = _started.run_id
-    view = _view(engine, run_id)
+    view = view_of(engine, run_id)
     view.detach()
     engine.drive(run_id)
     assert view.events_seen == 0
@@ -372,7 +351,7 @@ def test_the_view_renders_as_text_outside_a_widget_front_end(engine: Engine) -> 
     _started = engine.start(DIGEST)
     run_id = _started.run_id
     engine.drive(run_id)
-    view = _view(engine, run_id)
+    view = view_of(engine, run_id)
     text = repr(view)
     assert text.startswith(f"Run {run_id}  digest  [completed]")
     assert "draft            completed units 3/3" in text
@@ -410,36 +389,6 @@ def test_elapsed_text(seconds: float | None, text: str) -> None:
 
 
 # -- the view a cell shows with widgets on ------------------------------------------------------
-CELL_DIGEST = """\
-name: digest
-params:
-  topic: {type: string, default: owls}
-  sections: {type: integer, default: 3, minimum: 1}
-runner: scripted
-steps:
-  - id: outline
-    prompt: "Outline {{ params.topic }} in {{ params.sections }} sections"
-  - id: draft
-    map: "{{ range(params.sections) | list }}"
-    prompt: "Write section {{ item }} on {{ params.topic }}"
-  - id: wrap
-    prompt: "Wrap up {{ params.topic }}"
-"""
-
-SLOW = """\
-name: slow
-runner: scripted
-execution: {max_concurrency: 1}
-runners:
-  scripted:
-    rules:
-      - {match: "unit", reply: "ok", sleep_s: 0.2}
-steps:
-  - id: fan
-    map: "{{ range(10) | list }}"
-    prompt: "unit {{ item }}"
-"""
-
 EXHAUSTED = """\
 name: exhausted
 runner: scripted
@@ -454,15 +403,6 @@ steps:
     gate: {judge: llm, criteria: [detailed], max_loops: 2}
 """
 
-HUMAN_DRAFT = """\
-name: reviewed
-runner: scripted
-steps:
-  - id: draft
-    prompt: "Write a draft"
-    gate: {judge: human}
-"""
-
 
 @pytest.fixture(scope="module")
 def shell() -> Iterator[InteractiveShell]:
@@ -471,13 +411,8 @@ def shell() -> Iterator[InteractiveShell]:
 
 @pytest.fixture
 def widgets_on(shell: InteractiveShell, tmp_path: Path) -> Iterator[WorkflowMagics]:
-    with magics_in(shell, tmp_path / "state") as magics:
-        shell.run_line_magic("config", "WorkflowMagics.widgets = 'on'")
+    with magics_in(shell, tmp_path / "state", widgets="on") as magics:
         yield magics
-
-
-def cell(shell: InteractiveShell, line: str, body: str = CELL_DIGEST) -> Any:
-    return shell.run_cell_magic("workflow", line, body)
 
 
 def test_the_view_shows_superseded_drift_and_reuse_warnings(

@@ -1,7 +1,10 @@
 """Engine events for in-process observers (widgets, progress printers).
 
-Observers are plain callables taking one :class:`Event`; they are called from the driving
-thread after the matching journal write committed, so they must be quick and must not drive.
+Observers are plain callables taking one :class:`Event`. Most events are delivered from the
+driving thread after the matching journal write committed; ``unit_text`` is the exception: it
+comes from the worker thread running the unit, while the unit is still in flight, and nothing is
+journaled for it. Observers must therefore be quick, thread-safe (poke a throttle, assign a
+trait) and must not drive.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from typing import Any
 
 EventKind = str
 """``step_started``, ``unit_started``, ``unit_reclaimed``, ``unit_finished``, ``unit_reused``,
-``gate_verdict``, ``gate_rejected``, ``step_status``, ``run_status``, ``warning``."""
+``gate_verdict``, ``gate_rejected``, ``step_status``, ``run_status``, ``warning``, and
+``unit_text`` (a watched prompt unit's streamed text so far, in ``data["text"]``, redacted;
+emitted from the worker thread, never journaled)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

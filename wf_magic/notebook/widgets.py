@@ -14,9 +14,7 @@ import ipywidgets as w
 from ..bus import Event
 from ..display import (
     STATUS_COLOURS,
-    artifact_cards_html,
     badge,
-    criteria_html,
     gates_html,
     good_news_html,
     result_html,
@@ -25,11 +23,11 @@ from ..display import (
     shown_note,
     shown_reason,
 )
-from ..errors import WorkflowError
 from ..run import Run
 from .drives import driver_text
+from .review import ReviewPanel, say
 from .rows import COLUMNS, LiveTexts, StepDetail, StepRowWidgets, elapsed_text
-from .snapshot import RunSnapshot, SnapshotReader, Waiting
+from .snapshot import RunSnapshot, SnapshotReader
 from .throttle import Throttle, Ticker
 
 if TYPE_CHECKING:
@@ -37,11 +35,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("wf_magic")
 
-_JUDGE_TITLES = {
-    "human": "Waiting for your decision",
-    "exhausted": "Gate exhausted — approve the last artifact, or abandon or fork the run",
-    "failed": "The judge could not answer — decide yourself",
-}
 FINAL = ("completed", "failed", "abandoned")
 """Run statuses a view shows as static HTML once its drive ended (no button is left to use)."""
 STALE_AFTER_S = 5
@@ -59,9 +52,9 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
     journal and assigns widget traits — safe from any thread, at most ~10 redraws a second,
     always with a trailing redraw. While a drive is live, a clock ticks about once a second
     (elapsed times, no journal read); while a gate waits, it polls the run's events so a
-    decision taken elsewhere reaches the view. Its buttons record a person's decision and
-    hand the run to ``continue_drive`` (a background drive); they never write the journal
-    themselves.
+    decision taken elsewhere reaches the view. Its review panel (``review.py``) records a
+    person's decision and hands the run to ``continue_drive`` (a background drive); it never
+    writes the journal itself.
 
     Args:
         engine: the engine holding the run.
@@ -97,8 +90,6 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         self.warnings: list[str] = list(warnings or [])
         self._warn_lock = threading.Lock()
         self._unsubscribe: Callable[[], None] | None = None
-        self._decision_key: tuple[str, int, str] | None = None
-        self._acted: str | None = None
         self.display_handle: Any = None
         self.origin: str | None = None
         """How the last drive began (``resumed: 6/8 already done, 2 dispatched``)."""
@@ -173,44 +164,31 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
             layout=w.Layout(align_items="center", grid_gap="8px"),
         )
         self.warning_box = w.HTML(layout=w.Layout(display="none"))
-        self.summary = w.HTML()
-        self.feedback = w.Textarea(
-            placeholder="Feedback for the step (required to reject)",
-            layout=w.Layout(width="100%", height="4em"),
+        self.message = w.HTML()
+        self.review = ReviewPanel(
+            self.engine,
+            self.run_id,
+            waiting=lambda: self.snapshot.waiting if self.snapshot else None,
+            message=self.message,
+            poke=self.poke,
+            continue_drive=self.continue_drive,
         )
-        self.approve_button = w.Button(description="Approve", button_style="success", icon="check")
-        self.reject_button = w.Button(description="Reject", button_style="danger", icon="times")
-        self.abandon_button = w.Button(
-            description="Abandon", icon="ban", layout=w.Layout(display="none")
+        # The panel's widgets under the names the view has always had.
+        self.decision_box = self.review
+        self.summary, self.feedback = self.review.summary, self.review.feedback
+        self.approve_button, self.reject_button = (
+            self.review.approve_button,
+            self.review.reject_button,
         )
-        self.fork_button = w.Button(
-            description="Fork from here", icon="code-branch", layout=w.Layout(display="none")
-        )
-        self.approve_button.on_click(lambda _b: self.decide(approve=True))
-        self.reject_button.on_click(lambda _b: self.decide(approve=False))
-        self.abandon_button.on_click(lambda _b: self.abandon())
-        self.fork_button.on_click(lambda _b: self.fork())
-        self.decision_box = w.VBox(
-            [
-                self.summary,
-                self.feedback,
-                w.HBox(
-                    [
-                        self.approve_button,
-                        self.reject_button,
-                        self.abandon_button,
-                        self.fork_button,
-                    ]
-                ),
-            ],
-            layout=w.Layout(display="none", border="1px solid #bf8700", padding="6px"),
+        self.abandon_button, self.fork_button = (
+            self.review.abandon_button,
+            self.review.fork_button,
         )
         self.stop_button = w.Button(
             description="Stop", icon="stop", layout=w.Layout(display="none")
         )
         self.stop_button.on_click(lambda _b: self.stop())
         self.status_line = w.HTML()
-        self.message = w.HTML()
         self.footer = w.HBox(
             [self.stop_button, self.status_line, self.message],
             layout=w.Layout(align_items="center", grid_gap="12px"),
@@ -285,78 +263,15 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
     # -- acting -----------------------------------------------------------------------------
     def decide(self, *, approve: bool) -> None:
         """Record Approve/Reject for the waiting gate, then hand the run to a drive."""
-        waiting = self.snapshot.waiting if self.snapshot else None
-        if waiting is None:
-            self._say("nothing is waiting for a decision", error=True)
-            return
-        text = self.feedback.value.strip()
-        if not approve and not text:
-            self._say(
-                "a rejection needs feedback: write what to change in the box above, then Reject",
-                error=True,
-            )
-            return
-        try:
-            if approve:
-                self.engine.approve(
-                    self.run_id, waiting.step_id, feedback=text or None, loop=waiting.loop
-                )
-            else:
-                self.engine.reject(self.run_id, waiting.step_id, feedback=text, loop=waiting.loop)
-        except WorkflowError as exc:
-            self._say(str(exc), error=True)
-            self.poke()  # the run moved on elsewhere: show where it is now
-            return
-        verb = "approved" if approve else "rejected"
-        self.approve_button.disabled = self.reject_button.disabled = True
-        self.feedback.value = ""
-        self._acted = f"{verb} step {waiting.step_id} (loop {waiting.loop})"
-        self._say(f"{self._acted}; continuing…")
-        if self.continue_drive is not None:
-            try:
-                self.continue_drive(self.run_id)
-            except WorkflowError as exc:
-                self._say(f"{verb}, but the run could not continue here: {exc}", error=True)
-        self.poke()
+        self.review.decide(approve=approve)
 
     def abandon(self) -> None:
         """Give up the run (an exhausted gate's way out): it becomes ``abandoned``."""
-        try:
-            self.engine.abandon(self.run_id, reason="abandoned from the run view")
-        except WorkflowError as exc:
-            self._say(str(exc), error=True)
-        else:
-            self._hide_decision_buttons()
-            self._say("run abandoned")
-        self.poke()
+        self.review.abandon()
 
     def fork(self) -> None:
-        """Start a new run of the same plan from the waiting step, reusing what came before
-        (this run is superseded). The fork is created, not driven: the message says how."""
-        waiting = self.snapshot.waiting if self.snapshot else None
-        if waiting is None:
-            self._say("nothing is waiting for a decision", error=True)
-            return
-        try:
-            forked = self.engine.fork(self.run_id, from_step=waiting.step_id)
-        except WorkflowError as exc:
-            self._say(str(exc), error=True)
-        else:
-            self._hide_decision_buttons()
-            self._say(
-                f"forked as run {forked.run_id} from step {waiting.step_id} (this run is "
-                f"superseded); `%workflow resume {forked.run_id}` drives it"
-            )
-        self.poke()
-
-    def _hide_decision_buttons(self) -> None:
-        for button in (
-            self.approve_button,
-            self.reject_button,
-            self.abandon_button,
-            self.fork_button,
-        ):
-            button.disabled = True
+        """Fork a new run from the waiting step (see :meth:`ReviewPanel.fork`)."""
+        self.review.fork()
 
     def stop(self) -> None:
         """Ask this run's driver to stop between units (the run stays active)."""
@@ -369,11 +284,7 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         self.poke()
 
     def _say(self, text: str, *, error: bool = False) -> None:
-        if not text:
-            self.message.value = ""
-            return
-        colour = STATUS_COLOURS["failed"] if error else "#57606a"
-        self.message.value = f'<span style="color:{colour}">{html.escape(text)}</span>'
+        say(self.message, text, error=error)
 
     # -- drawing ----------------------------------------------------------------------------
     def _redraw_safely(self) -> None:
@@ -402,14 +313,14 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         self._draw_gates(snap)
         self._draw_budget(snap)
         self._draw_warnings(snap)
-        self._draw_decision(snap.waiting)
+        self.review.draw(snap.waiting, is_retired=bool(self.retired))
         self.stop_button.layout.display = (
             "" if self._is_live and snap.status == "active" and not self.retired else "none"
         )
         self.status_line.value = self._status_line(snap, elsewhere=elsewhere)
-        if self._acted is not None and not driving:
-            self._say(f"{self._acted}.")
-            self._acted = None
+        if self.review.acted is not None and not driving:
+            self._say(f"{self.review.acted}.")
+            self.review.acted = None
         if self._is_stopping and not self._is_live and self._stop_said:
             self._stop_said = False  # the status line now says how the drive ended
             self._say("")
@@ -526,50 +437,6 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
             )
         self.warning_box.value = "".join(items)
         self.warning_box.layout.display = "" if items else "none"
-
-    def _draw_decision(self, waiting: Waiting | None) -> None:
-        if waiting is None or self.retired:
-            self.decision_box.layout.display = "none"
-            return
-        if waiting.decided is not None and self._acted is None:
-            # Decided from code, another cell or the CLI: no button left to press here.
-            self.decision_box.layout.display = "none"
-            self._say(
-                f"step {waiting.step_id} (loop {waiting.loop}) was {waiting.decided} "
-                "elsewhere; re-run the cell or `%workflow resume` to continue"
-            )
-            return
-        key = (waiting.step_id, waiting.loop, waiting.judge)
-        # An exhausted gate has no loop left to re-execute: the engine refuses a rejection;
-        # the ways out are approving the last artifact, abandoning, or forking from the step.
-        can_reject = waiting.judge != "exhausted"
-        if self._decision_key != key:
-            self._decision_key = key  # a new question: re-arm the buttons
-            self.approve_button.disabled = False
-            self.reject_button.disabled = not can_reject
-            self.abandon_button.disabled = self.fork_button.disabled = can_reject
-        self.reject_button.layout.display = "" if can_reject else "none"
-        for button in (self.abandon_button, self.fork_button):
-            button.layout.display = "none" if can_reject else ""
-        self.feedback.placeholder = (
-            "Feedback for the step (required to reject)"
-            if can_reject
-            else "A note recorded with your approval (optional)"
-        )
-        title = _JUDGE_TITLES.get(waiting.judge, "Waiting for a decision")
-        if waiting.units:
-            artifact = artifact_cards_html(waiting.units, loop=waiting.loop)
-        else:  # nothing journaled to show unit by unit: the judge's summary
-            artifact = (
-                "<pre style='max-height:12em;overflow:auto;white-space:pre-wrap'>"
-                f"{html.escape(waiting.summary)}</pre>"
-            )
-        self.summary.value = (
-            f"<b>{html.escape(title)}</b>: step <code>"
-            f"{html.escape(waiting.step_id)}</code>, loop {waiting.loop}"
-            f"{criteria_html(waiting.criteria)}{artifact}"
-        )
-        self.decision_box.layout.display = ""
 
     def _handle(self) -> Run:
         handle = self.engine.status(self.run_id)

@@ -1,4 +1,4 @@
-"""The offline ``scripted`` runner: deterministic replies from a rule table or a function.
+r"""The offline ``scripted`` runner: deterministic replies from a rule table or a function.
 
 ``replies`` maps an exact prompt (surrounding whitespace ignored) to its reply; then
 rules are tried in order; the first whose ``match`` (a regex searched in the rendered prompt,
@@ -25,15 +25,26 @@ and ``groups`` (the regex groups). With no matching rule the reply is derived fr
 an instance of the output schema when one is set, an accepting verdict for a judge, else the
 text ``scripted reply <hash>: <first line>``. Tokens are counted by a simple tokenizer (words
 and punctuation marks), so the same prompt always costs the same.
+
+A ``match`` regex is checked when the plan is frozen, because Python's ``re`` backtracks and
+holds the GIL while it does: no timeout can stop a search once it started. A pattern whose
+search could take exponential time (a repeat or alternatives inside a repeat: ``(a+)+``,
+``(a|aa)*``) or time growing faster than the text's length squared (``a*a*b``, unanchored
+``.*a.*b``) is refused, naming the rule. A pattern whose search may take quadratic time
+(``\w+\W``, ``(?s)Judge.*better``) searches texts of up to :data:`QUADRATIC_TEXT_CHARS`
+characters (fewer with alternatives or optional parts); a longer prompt fails the attempt
+(permanent). Anchoring at the start (``^``, ``\A``) takes one power off.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from re import _parser  # type: ignore[attr-defined]  # the parser re.compile itself uses
 from typing import Any
 
 from ..errors import RunnerError
@@ -47,6 +58,15 @@ _UNIT_KINDS = ("prompt", "exec", "python", "judge")
 MAX_RULE_TOKENS = 10**12
 """A rule's fixed token count; sums of many still fit SQLite's 64-bit integers."""
 MAX_SLEEP_S = 86_400.0
+MAX_MATCH_DEGREE = 2
+"""A ``match`` search may take time growing at most as the text's length squared."""
+MAX_MATCH_CHOICES = 64
+"""A ``match`` pattern may combine at most this many ways of alternatives and optional parts."""
+QUADRATIC_TEXT_CHARS = 10_000
+"""The longest text a quadratic ``match`` searches (about a second at the very worst); a
+pattern with alternatives or optional parts searches less, so that its work stays as bounded."""
+_SMALL_COUNT = 16
+"""A fixed count (``x{3}``) up to this is unrolled like written-out copies of ``x``."""
 
 
 def count_tokens(text: str) -> int:
@@ -66,6 +86,8 @@ class Rule:
     sleep_s: float = 0.0
     model: str | None = None
     kind: str | None = None
+    text_limit: int | None = None
+    """The longest text ``match`` searches (None: any); set at parse for a quadratic pattern."""
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any], index: int) -> Rule:
@@ -84,6 +106,7 @@ class Rule:
             pattern = re.compile(str(raw["match"]))
         except (re.error, RecursionError, OverflowError) as exc:
             raise ValueError(f"{where}: invalid regex: {exc}") from None
+        degree, choices = match_cost(pattern, where=where)
         error = raw.get("error")
         if error is not None and error not in ("transient", "permanent"):
             raise ValueError(f"{where}: error must be transient or permanent")
@@ -106,7 +129,96 @@ class Rule:
             sleep_s=float(sleep_s),
             model=model,
             kind=kind,
+            text_limit=(
+                int(QUADRATIC_TEXT_CHARS / math.sqrt(choices))
+                if degree == MAX_MATCH_DEGREE
+                else None
+            ),
         )
+
+
+def match_cost(pattern: re.Pattern[str], *, where: str) -> tuple[int, int]:
+    """A search's worst-case work on a text of length n: (degree, choices), about choices
+    times n to the power degree.
+
+    Each unbounded repeat (``*``, ``+``, ``{m,}``, ``{m,n}`` with a large n) can be retried at
+    every length, and an unanchored search starts at every position; optional parts and
+    alternatives multiply the work by a constant (at most :data:`MAX_MATCH_CHOICES`).
+
+    Raises:
+        ValueError: naming ``where`` when the search could take exponential time or time
+            growing faster than n squared.
+    """
+    shown = pattern.pattern if len(pattern.pattern) <= 60 else pattern.pattern[:57] + "..."
+    items = list(_parser.parse(pattern.pattern))
+    try:
+        degree, choices = _cost(items)
+    except _Nested as exc:
+        raise ValueError(
+            f"{where}: match {shown!r} may take exponential time ({exc} inside a repeat, as "
+            "in (a+)+ or (a|aa)*); repeat a plain character class instead"
+        ) from None
+    except RecursionError:
+        raise ValueError(f"{where}: match {shown!r} nests its groups too deeply") from None
+    anchored = (
+        bool(items)
+        and str(items[0][0]) == "AT"
+        and (
+            str(items[0][1]) == "AT_BEGINNING_STRING"
+            or (str(items[0][1]) == "AT_BEGINNING" and not pattern.flags & re.MULTILINE)
+        )
+    )
+    degree += 0 if anchored else 1
+    if degree > MAX_MATCH_DEGREE:
+        raise ValueError(
+            f"{where}: match {shown!r} may take time growing as the prompt's length to the "
+            f"power {degree} (repeats such as *, + or {{m,n}}, and an unanchored start, add one "
+            f"each; at most {MAX_MATCH_DEGREE}): anchor it with ^ or \\A, or use fewer repeats"
+        )
+    if choices > MAX_MATCH_CHOICES:
+        raise ValueError(
+            f"{where}: match {shown!r} combines more than {MAX_MATCH_CHOICES} ways of its "
+            "alternatives (|) and optional parts (?); split it into several rules"
+        )
+    return degree, choices
+
+
+class _Nested(Exception):
+    """A repeat holds a repeat or alternatives (its text says which)."""
+
+
+def _cost(items: Iterable[tuple[Any, Any]]) -> tuple[int, int]:
+    """(degree, choices) of a parsed sequence: degrees add up, choices multiply."""
+    degree, choices = 0, 1
+    for op, av in items:
+        d, c = _item_cost(str(op), av)
+        degree, choices = degree + d, min(choices * c, MAX_MATCH_CHOICES + 1)
+    return degree, choices
+
+
+def _item_cost(op: str, av: Any) -> tuple[int, int]:
+    if op in ("SUBPATTERN", "ATOMIC_GROUP", "ASSERT", "ASSERT_NOT"):
+        return _cost(av if op == "ATOMIC_GROUP" else av[-1])
+    if op in ("BRANCH", "GROUPREF_EXISTS"):
+        ways = [
+            _cost(b) if b is not None else (0, 1) for b in (av[1] if op == "BRANCH" else av[1:])
+        ]
+        return max(d for d, _ in ways), sum(c for _, c in ways)
+    if op == "GROUPREF":
+        return 1, 1  # compares as many characters as the group holds
+    if op not in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+        return 0, 1  # one character, a class or an anchor
+    low, high, body = av
+    degree, choices = _cost(body)
+    if low == high <= _SMALL_COUNT:
+        return degree * high, min(choices**high, MAX_MATCH_CHOICES + 1)
+    if high <= 1:
+        return degree, choices + 1  # tried once, or skipped
+    if degree:
+        raise _Nested("a repeat")
+    if choices > 1:
+        raise _Nested("alternatives or an optional part")
+    return 1, 1
 
 
 def _is_number(value: Any) -> bool:
@@ -229,6 +341,12 @@ class ScriptedRunner(BaseRunner):
         for rule in self.rules:
             if rule.kind is not None and rule.kind != request.kind:
                 continue
+            if rule.text_limit is not None and len(text) > rule.text_limit:
+                raise RunnerError(
+                    f"scripted rule /{rule.match.pattern}/ may take time quadratic in the "
+                    f"text's length, and this one has {len(text):,} characters (over "
+                    f"{rule.text_limit:,}); anchor the pattern with ^ or \\A, or drop a repeat"
+                )
             found = rule.match.search(text)
             if found:
                 return rule, found

@@ -39,9 +39,7 @@ def _map(units: int, concurrency: int, runner: str) -> str:
 
 
 @pytest.mark.parametrize("durability", ["normal", "full"])
-def test_each_finish_is_durable_before_the_next_unit_runs(
-    engine: Engine, durability: str
-) -> None:
+def test_each_finish_is_durable_before_the_next_unit_runs(engine: Engine, durability: str) -> None:
     seen: list[tuple[int, int]] = []
 
     def body(request: UnitRequest) -> str:
@@ -167,9 +165,7 @@ def test_a_read_through_the_same_store_sees_a_deferred_finish(engine: Engine) ->
     store = engine.store
     attempt = store.reserve_attempts([(_key(run_id, "u1"), True)])[0]
     store.defer_finish(attempt, Finish(status="succeeded", output_json='"a"'))
-    assert [(a.unit_id, a.status) for a in store.attempts_of(run_id, "s")] == [
-        ("u1", "succeeded")
-    ]
+    assert [(a.unit_id, a.status) for a in store.attempts_of(run_id, "s")] == [("u1", "succeeded")]
     assert not store.has_deferred
 
 

@@ -65,6 +65,12 @@ _LAZY = {
 }
 
 
+_READY = {"Engine": (".lifecycle", ".drive.root")}
+"""Modules loaded with a public name: ``wf_magic.Engine`` arrives ready to start and drive,
+so a first drive pays no imports. (``wf status`` imports ``wf_magic.engine`` itself and
+loads only what it reads.)"""
+
+
 def __getattr__(name: str) -> Any:
     if name == "__version__":
         return _version()
@@ -72,6 +78,8 @@ def __getattr__(name: str) -> Any:
     if target is None:
         raise AttributeError(f"module 'wf_magic' has no attribute {name!r}")
     value = getattr(importlib.import_module(target, __name__), name)
+    for module in _READY.get(name, ()):
+        importlib.import_module(module, __name__)
     globals()[name] = value  # later lookups are plain attribute reads
     return value
 

@@ -76,6 +76,10 @@ def _drive(
             max_concurrency=getattr(args, "max_concurrency", None),
             max_retries=getattr(args, "max_retries", 0) or 0,
             live_source=live_source,
+            # `wf resume/fork --param`: secret params are never stored (`wf run` started the
+            # run in this engine, which still holds them).
+            params=parse_params(args.param or ()) if live_source is None else None,
+            params_from_strings=True,
         )
     finally:
         for sig, handler in previous.items():
@@ -95,9 +99,36 @@ def _importable(directory: Path) -> None:
         sys.path.insert(0, str(directory))
 
 
+def _load_run_source(engine: Engine, args: argparse.Namespace) -> Workflow:
+    """The workflow ``wf run`` names: a file, else a library name (docs/library.md).
+
+    Children ``workflow: NAME`` resolve through the same library. A library workflow's run
+    records its origin (file path or URL) as ``source_path``; ``source_hash`` is its sha256.
+    """
+    from dataclasses import replace
+
+    from .library import Library
+    from .library_index import NAME_PATTERN
+
+    ttl_s = 0.0 if args.refresh else None
+    with Library.from_environ(store=engine.store, ttl_s=ttl_s) as library, library.using():
+        target = Path(args.file)
+        if target.is_file() or not NAME_PATTERN.match(args.file):
+            _importable(target.resolve().parent)
+            return engine.load(target)
+        found = library.find(args.file)
+        if not getattr(args, "quiet", False):
+            print(f"workflow {found.name}: {found.origin_text}", file=sys.stderr)
+        if found.path is not None:
+            _importable(found.path.parent)
+            return engine.load(found.path)
+        return replace(
+            engine.load(found.source, source_name=found.origin), source_path=found.origin
+        )
+
+
 def cmd_run(engine: Engine, args: argparse.Namespace) -> int:
-    _importable(Path(args.file).resolve().parent)
-    wf = engine.load(Path(args.file))
+    wf = _load_run_source(engine, args)
     if args.dry_run:
         from .display import plan_text
 
@@ -122,7 +153,7 @@ def cmd_resume(engine: Engine, args: argparse.Namespace) -> int:
     if row.status == "abandoned":
         raise RunAbandoned(row.run_id, reason=row.status_reason, verb="resume")
     source_path = row.source_path
-    if source_path:
+    if source_path and "://" not in source_path:  # a library workflow's URL is no folder
         _importable(Path(source_path).parent)
     return _drive(engine, args.run, args)
 
@@ -135,7 +166,11 @@ def cmd_status(engine: Engine, args: argparse.Namespace) -> int:
     run = engine.status(args.run)
     header, *rest = repr(run).split("\n")
     shown = params_text(run.row.params_json)  # tells two scopes of one workflow apart
-    print("\n".join([header, *([f"  params: {shown}"] if shown else []), *rest]))
+    origin = run.row.source_path or ""
+    fetched = (  # a library workflow fetched from a URL: where from, and what was verified
+        [f"  source: {origin} (sha256 {run.row.source_hash})"] if "://" in origin else []
+    )
+    print("\n".join([header, *([f"  params: {shown}"] if shown else []), *fetched, *rest]))
     return run.exit_code
 
 

@@ -7,13 +7,16 @@ import html
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from .drive.context import DriveStats
-from .drive.units import StepInputError, expand_items
-from .spec.kinds import KINDS
-from .spec.plan import Plan, PlanStep
 from .store.records import AttemptRow, BudgetUse, RunRow, StepRow
+from .store.summary import RunTally, StepTally
+
+# The plan models (pydantic), the drive and Jinja load on first use, not here: `wf status`
+# renders a run from its rows and the plan's JSON, and counts a map's items only if it has one.
+if TYPE_CHECKING:
+    from .drive.context import DriveStats
+    from .spec.plan import Plan, PlanStep
 
 
 class Run(Protocol):
@@ -29,7 +32,7 @@ class Run(Protocol):
     @property
     def steps(self) -> list[StepRow]: ...
 
-    def attempts(self) -> list[AttemptRow]: ...
+    def tally(self) -> RunTally: ...
 
     def budget_use(self) -> BudgetUse: ...
 
@@ -158,20 +161,29 @@ def unit_counts(step: StepRow, attempts: Iterable[AttemptRow]) -> tuple[int, int
     return sum(a.status in _DONE for a in current), len(current)
 
 
-def unit_total(plan_step: PlanStep, params: dict[str, Any], rows: Sequence[StepRow]) -> int | None:
+class MapStep(Protocol):
+    """What counting a step's units reads (a ``PlanStep`` is one)."""
+
+    @property
+    def map(self) -> str | None: ...
+
+
+def unit_total(plan_step: MapStep, params: dict[str, Any], rows: Sequence[StepRow]) -> int | None:
     """How many work units the step has: 1, a map's expansion, or None while its input is owed."""
     if plan_step.map is None:
         return 1
+    from .drive.units import StepInputError, map_items
+
     outputs = {
         r.step_id: json.loads(r.output_json) if r.output_json else None
         for r in rows
         if r.status in ("completed", "skipped")
     }
     try:
-        items = expand_items(plan_step, params, outputs)
+        items = map_items(plan_step.map, params, outputs)
     except StepInputError:
         return None  # an earlier step has not produced the map's input yet
-    return len(items or [])
+    return len(items)
 
 
 def result_text(result_json: str | None, *, limit: int = RESULT_CHARS) -> str | None:
@@ -201,11 +213,14 @@ def _limit(value: float | None) -> str:
 def reuse_text(attempts: Iterable[AttemptRow]) -> str | None:
     """``reused 4 results from earlier runs (60 tokens saved)``, or None when nothing was."""
     reused = [a for a in attempts if a.status == "reused"]
-    if not reused:
+    return _reuse_line(len(reused), sum(a.saved_tokens for a in reused))
+
+
+def _reuse_line(count: int, saved: int) -> str | None:
+    if not count:
         return None
-    saved = sum(a.saved_tokens for a in reused)
-    plural = "s" if len(reused) != 1 else ""
-    return f"reused {len(reused)} result{plural} from earlier runs ({saved:,} tokens saved)"
+    plural = "s" if count != 1 else ""
+    return f"reused {count} result{plural} from earlier runs ({saved:,} tokens saved)"
 
 
 def origin_text(
@@ -389,32 +404,54 @@ class _Facts:
     result: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class _PlanStepView:
+    """The two fields of a frozen plan step a run view reads, straight from the plan's JSON."""
+
+    map: str | None
+    has_gate: bool
+
+
+def _plan_steps(plan_json: str) -> dict[str, _PlanStepView]:
+    # The stored plan is our own canonical JSON (its hash is verified before every drive):
+    # reading two fields needs no pydantic validation of the whole plan.
+    try:
+        steps = json.loads(plan_json)["steps"]
+        return {s["id"]: _PlanStepView(s.get("map"), s.get("gate") is not None) for s in steps}
+    except (ValueError, LookupError, TypeError, AttributeError):
+        pass  # not the shape we froze: the plan models say what is wrong with it
+    from .spec.plan import Plan
+
+    plan = Plan.model_validate_json(plan_json)
+    return {s.id: _PlanStepView(s.map, s.gate is not None) for s in plan.steps}
+
+
 def _facts(run: Run) -> _Facts:
     row = run.row
-    plan = Plan.model_validate_json(row.plan_json)
+    plan = _plan_steps(row.plan_json)
     params: dict[str, Any] = json.loads(row.params_json)
     rows = run.steps
-    attempts = run.attempts()
+    tally = run.tally()  # counted in SQL: a 10 000-unit run is not read row by row
     lines = []
     for step in rows:
-        mine = [a for a in attempts if a.step_id == step.step_id]
-        done, seen = unit_counts(step, mine)
-        plan_step = plan.step(step.step_id)
+        counts = tally.steps.get(step.step_id, StepTally())
+        plan_step = plan[step.step_id]
+        seen = counts.seen
         total = seen if step.status == "skipped" else unit_total(plan_step, params, rows)
         lines.append(
             _StepLine(
                 row=step,
-                done=done,
+                done=counts.done,
                 total=seen if total is None and seen else total,
-                tokens=sum(a.tokens_in + a.tokens_out for a in mine),
-                saved_tokens=sum(a.saved_tokens for a in mine if a.status == "reused"),
-                loop=loop_text(step, has_gate=plan_step.gate is not None),
+                tokens=counts.tokens,
+                saved_tokens=counts.saved_tokens,
+                loop=loop_text(step, has_gate=plan_step.has_gate),
             )
         )
     return _Facts(
         steps=lines,
-        rejections=gate_rejections(attempts),
-        reuse=reuse_text(attempts),
+        rejections=gate_rejections(tally.gate_attempts),
+        reuse=_reuse_line(tally.reused, tally.reused_saved_tokens),
         result=result_text(row.result_json) if row.status == "completed" else None,
     )
 
@@ -554,6 +591,8 @@ def run_html(run: Run) -> str:
 
 
 def _target(step: PlanStep) -> str:
+    from .spec.kinds import KINDS  # plan views have the plan models loaded already
+
     return KINDS[step.kind].describe(step)
 
 

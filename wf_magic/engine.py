@@ -10,26 +10,27 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Executor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import lifecycle
 from .bus import EventBus, Observer
-from .drive.context import DriveOptions
-from .drive.integrity import verified_plan
-from .drive.root import drive_locked_run
 from .errors import RunAbandoned, RunLockHeld, UsageError
-from .locking import RunLock, is_locked
 from .redact import Redactor
 from .run import Run, RunRef, run_ref
-from .spec.freeze import Workflow, load_workflow
 from .store import Store
 from .store.db import DB_FILENAME, default_state_dir
 from .store.records import AttemptRow, RunRow, StepRow
 
+# The verbs that freeze, drive or lock a run import lifecycle, the drive, the spec (the plan
+# models, Jinja, YAML) and the run locks when called: `wf status` and the other read-only
+# verbs build an Engine and a Run without them.
 if TYPE_CHECKING:
+    from concurrent.futures import Executor
+
     import pandas as pd
+
+    from . import lifecycle
+    from .spec.freeze import Workflow
 
 GC_STATUSES: tuple[str, ...] = ("completed", "failed", "abandoned")
 """The run statuses gc deletes (finished ones); ``wf gc --status`` picks among them."""
@@ -68,6 +69,9 @@ class Engine:
         self.executor = executor
         self.bus = EventBus()
         self.redactor = Redactor.from_environ()
+        self._secrets: dict[str, Any] = {}
+        """Seal → value of every secret param this engine was handed: kept in memory only, so
+        a run started here can be driven here; another process must pass them again."""
         self.store = Store(self.db_path, durability=durability)
         """Named queries over the state database (the only way to its rows)."""
 
@@ -88,6 +92,8 @@ class Engine:
     # -- workflows and runs -----------------------------------------------------------------
     def load(self, source: str | Path, *, source_name: str | None = None) -> Workflow:
         """Freeze a workflow source (text or path) with this engine's library and namespace."""
+        from .spec.freeze import load_workflow
+
         wf = load_workflow(
             source, library=self.library, namespace=self.namespace, source_name=source_name
         )
@@ -142,6 +148,9 @@ class Engine:
             UsageError: params are undeclared or invalid; ``key`` launched another request.
             RunLockHeld: the run to supersede is being driven.
         """
+        from . import lifecycle
+        from .spec.freeze import Workflow
+
         wf = workflow if isinstance(workflow, Workflow) else self.load(workflow)
         started = lifecycle.start(
             self.store,
@@ -153,6 +162,7 @@ class Engine:
             params_from_strings=params_from_strings,
             key=key,
         )
+        self._secrets.update(started.secrets)
         return self._handle(started)
 
     def run(
@@ -169,6 +179,8 @@ class Engine:
         key: str | None = None,
     ) -> Run:
         """Start (or find) the run for ``source`` and drive it; see :meth:`start`, :meth:`drive`."""
+        from .spec.freeze import Workflow
+
         wf = source if isinstance(source, Workflow) else self.load(source)
         started = self.start(
             wf,
@@ -196,6 +208,8 @@ class Engine:
         executor: Executor | None = None,
         live_source: Workflow | None = None,
         max_retries: int = 0,
+        params: Mapping[str, Any] | None = None,
+        params_from_strings: bool = False,
     ) -> Run:
         """Drive a run until it completes, blocks, fails or is stopped.
 
@@ -204,20 +218,39 @@ class Engine:
         unit that really ran is re-opened and its failed step retried, up to that many times
         (never after a gate outcome, a budget stop, a stop/abort or a unit that ran nothing).
 
+        A run's secret params are stored only as keyed hashes, so their values come from
+        ``params`` (checked against those hashes), from this engine if it started the run,
+        or from ``WF_PARAM_<NAME>`` environment variables. Other ``params`` must equal the
+        run's own.
+
         Raises:
             RunLockHeld: another driver holds the run.
             PlanIntegrityError: the stored plan or params were edited.
             PlanVersionError: the plan was written by a newer wf_magic.
+            UsageError: a secret param is missing or differs from the run's.
         """
+        from . import lifecycle
+        from .drive.context import DriveOptions
+        from .drive.root import drive_locked_run
+
         _at_least(max_steps=(max_steps, 1), max_concurrency=(max_concurrency, 1))
         _at_least(max_retries=(max_retries, 0))
+        rid = self.resolve_run_id(run_id)
+        secrets = lifecycle.drive_secrets(
+            self.store,
+            self.get_run(rid),
+            given=params,
+            known=self._secrets,
+            from_strings=params_from_strings,
+        )
+        self._secrets.update(secrets)
         options = DriveOptions(
             max_steps=max_steps,
             signal=signal,
             max_concurrency=max_concurrency or self.max_concurrency,
             executor=executor or self.executor,
+            secrets=secrets,
         )
-        rid = self.resolve_run_id(run_id)
         stats, warnings = drive_locked_run(
             self.store,
             self.bus,
@@ -264,6 +297,8 @@ class Engine:
             UsageError: the run already completed.
             RunAbandoned: the run was already abandoned (its reason is kept).
         """
+        from .locking import RunLock
+
         rid = self.resolve_run_id(run_id)
         with RunLock(self.lock_dir, rid):
             row = self.get_run(rid)
@@ -284,6 +319,9 @@ class Engine:
             UsageError: ``from_step`` is not a step of the run's plan.
             RunLockHeld: the unfinished source is being driven.
         """
+        from . import lifecycle
+        from .drive.integrity import verified_plan
+
         source = self.get_run(self.resolve_run_id(run_id))
         plan, params = verified_plan(self.store, self.bus, source)
         started = lifecycle.fork(self.store, self.bus, source, plan, params, from_step=from_step)
@@ -327,6 +365,8 @@ class Engine:
 
     def is_driving(self, run_id: RunRef) -> bool:
         """Whether a driver holds the run now."""
+        from .locking import is_locked
+
         return is_locked(self.lock_dir, run_ref(run_id))
 
     def gc(
@@ -379,6 +419,8 @@ class Engine:
     def _delete_finished(
         self, candidates: list[str], *, cutoff: float, statuses: Sequence[str]
     ) -> list[str]:
+        from .locking import RunLock
+
         deleted = []
         for rid in candidates:
             lock = RunLock(self.lock_dir, rid)

@@ -1,8 +1,11 @@
-"""Run lifecycles: find or create a scope's run (superseding an unfinished one), fork a run."""
+"""Run lifecycles: find or create a scope's run (superseding an unfinished one), fork a run,
+and hand a drive the secret params its run stores only as seals."""
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,8 +15,10 @@ from .drive.runrows import new_run_id, new_run_row, plan_steps, scope_key
 from .errors import UsageError
 from .hashing import hash_value
 from .locking import RunLock
+from .redact import is_secret_key
+from .sealing import Sealed, Sealer, env_name, has_secrets, missing_secret, seals_of
 from .spec.freeze import Workflow
-from .spec.params import resolve_params
+from .spec.params import coerce_param, normalise, resolve_params
 from .spec.plan import Plan
 from .store import Store
 from .store.records import RunRow, ScopeChoice
@@ -32,6 +37,8 @@ class Started:
     run_id: str
     created: bool
     warnings: list[str] = field(default_factory=list)
+    secrets: dict[str, Any] = field(default_factory=dict, repr=False)
+    """Seal → value of the secret params of this start (for the drive; never stored)."""
 
 
 def start(
@@ -51,6 +58,9 @@ def start(
     start with the key and the same request (plan hash + params hash) returns that run,
     whatever ``new`` says, and one with another request is refused.
 
+    Secret params (:mod:`wf_magic.sealing`) are stored, and scoped, by their seals; one not
+    given is read from ``WF_PARAM_<NAME>`` when set. ``Started.secrets`` keeps the values.
+
     Raises:
         UsageError: params are undeclared or invalid; ``key`` launched another request.
         RunLockHeld: the run to supersede is being driven.
@@ -60,7 +70,24 @@ def start(
             f"expected a non-empty launch key of at most {MAX_KEY_LENGTH} characters "
             f"(got {len(key)})"
         )
-    resolved = resolve_params(wf.plan, params, from_strings=params_from_strings)
+    given = _with_secret_env(wf, params, os.environ)
+    sealed = _sealed(store, resolve_params(wf.plan, given, from_strings=params_from_strings))
+    started = _start(store, bus, wf, sealed.params, new=new, no_cache=no_cache, key=key)
+    started.secrets.update(sealed.vault)
+    return started
+
+
+def _start(
+    store: Store,
+    bus: EventBus,
+    wf: Workflow,
+    resolved: dict[str, Any],
+    *,
+    new: bool,
+    no_cache: bool,
+    key: str | None,
+) -> Started:
+    """:func:`start` once the params are resolved and their secrets sealed."""
     scope = scope_key(wf.name, resolved)
     if key is None:
         latest = store.latest_in_scope(scope)  # the common case (continue a run) writes nothing
@@ -176,3 +203,116 @@ def _created(bus: EventBus, row: RunRow, *, superseded: str | None) -> Started:
     bus.notify("run_status", run_id=superseded, status="abandoned", reason=reason)
     warning = f"run {superseded} was unfinished and is now abandoned ({reason})"
     return Started(run_id=row.run_id, created=True, warnings=[warning])
+
+
+# -- secret params: sealed at rest, handed back by the caller to every drive ----------------
+def drive_secrets(
+    store: Store,
+    run: RunRow,
+    *,
+    given: Mapping[str, Any] | None,
+    known: Mapping[str, Any],
+    from_strings: bool = False,
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Seal → value of the secret params of ``run`` for a drive (empty when it has none).
+
+    A run stores its secret params only as seals (:mod:`wf_magic.sealing`), so each one is
+    taken, in order, from ``given`` (``--param`` / ``params=``), from ``known`` (values this
+    engine saw at the start) or from the environment (``WF_PARAM_<NAME>``), and checked
+    against its seal. A given non-secret param must equal the run's own.
+
+    Raises:
+        UsageError: a secret param is missing, differs from the value the run started with,
+            or the state dir's key file is gone; a given param the run does not have or
+            whose value differs.
+    """
+    stored: dict[str, Any] = json.loads(run.params_json)
+    given = dict(given or {})
+    env = os.environ if environ is None else environ
+    _check_plain_params(run, stored, given, from_strings=from_strings)
+    vault: dict[str, Any] = {}
+    schemas: dict[str, Any] | None = None
+    for name, value in stored.items():
+        seals = seals_of(value, name=name)
+        if not seals:
+            continue
+        if name not in given and all(s in known for s in seals):
+            vault.update((s, known[s]) for s in seals)
+            continue
+        text = given.get(name, env.get(env_name(name)))
+        if text is None:
+            raise missing_secret(run.run_id, name)
+        if isinstance(text, str) and (from_strings or name not in given):
+            schemas = schemas if schemas is not None else _param_schemas(run)
+            text = coerce_param(schemas.get(name, {}), text, name=name)
+        sealed = _sealed(store, {name: normalise(text)}, run_id=run.run_id)
+        if sealed.params[name] != value:
+            raise UsageError(
+                f"Run {run.run_id}: the secret param {name!r} differs from the value the run "
+                "started with (its keyed hash does not match). Pass the original value, or "
+                f"start a new run for the new one (`wf run FILE --new --param {name}=...`).",
+                run_id=run.run_id,
+            )
+        vault.update(sealed.vault)
+    return vault
+
+
+def _sealed(store: Store, params: dict[str, Any], *, run_id: str | None = None) -> Sealed:
+    """``params`` with their secret values sealed under the state dir's key.
+
+    A new run (no ``run_id``) creates the key when missing; a run's check needs its own.
+    """
+    if not has_secrets(params):
+        return Sealed(params=params, vault={})
+    state_dir = store.db_path.parent
+    sealer = Sealer.ensure(state_dir) if run_id is None else Sealer.existing(state_dir)
+    if sealer is None:
+        raise UsageError(
+            f"Run {run_id}: its secret params were sealed with {store.db_path.parent}/"
+            "secret.key, which is gone, so no value can be checked against them. Restore the "
+            "file, or start a new run (`wf run FILE --new`).",
+            run_id=run_id,
+        )
+    return sealer.seal_params(params)
+
+
+def _with_secret_env(
+    wf: Workflow, params: Mapping[str, Any] | None, environ: Mapping[str, str]
+) -> dict[str, Any]:
+    """``params`` plus each secret param not given, from ``WF_PARAM_<NAME>`` when set."""
+    out = dict(params or {})
+    for name, schema in wf.plan.params.items():
+        text = environ.get(env_name(name))
+        if name not in out and text is not None and is_secret_key(name):
+            out[name] = coerce_param(schema, text, name=name)
+    return out
+
+
+def _check_plain_params(
+    run: RunRow, stored: dict[str, Any], given: dict[str, Any], *, from_strings: bool
+) -> None:
+    """A param handed to a drive must be one of the run's, and a non-secret one its value."""
+    schemas: dict[str, Any] | None = None
+    for name, value in given.items():
+        if name not in stored:
+            raise UsageError(
+                f"Run {run.run_id} has no param {name!r}; its params: {sorted(stored) or 'none'}",
+                run_id=run.run_id,
+            )
+        if seals_of(stored[name], name=name):
+            continue
+        if from_strings and isinstance(value, str):
+            schemas = schemas if schemas is not None else _param_schemas(run)
+            value = coerce_param(schemas.get(name, {}), value, name=name)
+        if normalise(value) != stored[name]:
+            raise UsageError(
+                f"Run {run.run_id} started with another value of param {name!r}; a run's "
+                "params are fixed. Start a new run for other params.",
+                run_id=run.run_id,
+            )
+
+
+def _param_schemas(run: RunRow) -> dict[str, Any]:
+    """The param schemas of ``run``'s frozen plan (read only when a value needs coercing)."""
+    return dict(json.loads(run.plan_json).get("params") or {})

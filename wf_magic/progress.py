@@ -55,6 +55,8 @@ class ProgressPrinter:
             self._step_line(event)
         elif event.kind == "gate_rejected":
             self._line(f"  ↺ {event.step_id} loop {event.data.get('loop')} rejected")
+        elif event.kind == "warning" and event.data.get("message"):
+            self._line(f"  ! {event.step_id}: {event.data['message']}")
 
     def _count(self, key: tuple[str, str], event: Event) -> None:
         units = self._units.setdefault(key, _StepUnits())

@@ -7,19 +7,23 @@ from typing import TYPE_CHECKING, Any, Union
 
 from .bus import EventBus
 from .display import plan_html, plan_text, run_html, run_text
-from .drive.context import DriveStats
 from .errors import UsageError
 from .exits import status_exit_code
 from .gates.human import record_human_verdict
 from .gates.verdict import Verdict
 from .inspection import AttemptRecord, UnitDiff, attempt_record, loop_diff
-from .spec.plan import Plan
 from .store import Store
 from .store.records import AttemptRow, BudgetUse, RunRow, RunStatus, StepRow
+from .store.summary import RunTally
 
+# The plan models (pydantic) load in `plan`, the one place that parses a plan: `wf status`
+# builds a Run and prints it from rows and the plan's JSON alone.
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
+
+    from .drive.context import DriveStats
+    from .spec.plan import Plan
 
 RunRef = Union[str, "Run"]
 """A run id, or a ``Run`` handle: every Engine method taking a run accepts both."""
@@ -105,12 +109,15 @@ class Run:
     @property
     def plan(self) -> FrozenPlan:
         """The frozen plan this run executes (renders as a table + Mermaid graph)."""
+        from .spec.plan import Plan
+
         row = self.row
         return FrozenPlan(Plan.model_validate_json(row.plan_json), plan_hash=row.plan_hash)
 
     @property
     def params(self) -> dict[str, Any]:
-        """The run's params after defaults."""
+        """The run's params after defaults; a secret one as its seal (``wf-sealed:…``), since
+        its value is never stored (README "Secrets")."""
         return dict(json.loads(self.row.params_json))
 
     @property
@@ -121,6 +128,10 @@ class Run:
     def attempts(self) -> list[AttemptRow]:
         """The run's journal rows, in order."""
         return self.store.attempts_of(self.run_id)
+
+    def tally(self) -> RunTally:
+        """Per-step unit and token counts, gate verdicts and reuse, counted in the database."""
+        return self.store.run_tally(self.run_id)
 
     def output(self, step_id: str) -> Any:
         """The output of a completed step (KeyError when it has none)."""

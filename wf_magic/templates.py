@@ -98,6 +98,9 @@ def _spend() -> _Budget:
     return _budget.get() or _Budget()
 
 
+_PLAIN_SCALARS = frozenset({int, float, bool, type(None)})
+
+
 def _weight(value: Any) -> int:
     """Characters or items of ``value``; shared sublists count each time (stops past the bound)."""
     memo: dict[int, int] = {}
@@ -113,7 +116,15 @@ def _weight(value: Any) -> int:
             raise TemplateError("template builds values nested deeper than 64 levels")
         total = 0
         for item in v.values() if isinstance(v, dict) else v:
-            total += max(1, walk(item, depth + 1))
+            # Scalars inline: a map's 10 000 items are weighed without a call each.
+            if type(item) in _PLAIN_SCALARS:
+                total += 1
+            elif isinstance(item, str | bytes):
+                total += len(item) or 1
+            elif isinstance(item, list | tuple | dict):
+                total += max(1, walk(item, depth + 1))
+            else:
+                total += 1
             if total > MAX_ITEMS:
                 break
         memo[id(v)] = total
@@ -421,6 +432,14 @@ class References:
     params: frozenset[str]
     step_fields: frozenset[tuple[str, str]] = frozenset()
     """``(step id, field)`` for every ``steps.<id>.<field>`` (only ``output`` exists)."""
+    filters: frozenset[str] = frozenset()
+    """The filters the template applies, ``map('name')`` included (``random`` makes a
+    render nondeterministic)."""
+    steps_dynamic: bool = False
+    """``steps`` is used other than as ``steps.<literal id>`` (``steps[x]``, ``steps | f``):
+    ``steps`` lists only the literal ids, so any step's output may be read."""
+    params_dynamic: bool = False
+    """The same for ``params``: any param may be read."""
 
 
 def references(source: str, *, expression: bool = False) -> References:
@@ -439,10 +458,12 @@ def references(source: str, *, expression: bool = False) -> References:
     except RecursionError as exc:
         raise TemplateError("template nests too deeply to parse; flatten it") from exc
     assigned = {n.name for n in ast.find_all(nodes.Name) if n.ctx in ("store", "param")}
-    names = {n.name for n in ast.find_all(nodes.Name) if n.ctx == "load"} - assigned
+    loads = [n for n in ast.find_all(nodes.Name) if n.ctx == "load"]
+    names = {n.name for n in loads} - assigned
     steps: set[str] = set()
     params: set[str] = set()
     fields: set[tuple[str, str]] = set()
+    literal: dict[str, int] = {"steps": 0, "params": 0}
     for node in ast.find_all((nodes.Getattr, nodes.Getitem)):
         if not isinstance(node, (nodes.Getattr, nodes.Getitem)):
             continue
@@ -451,12 +472,41 @@ def references(source: str, *, expression: bool = False) -> References:
             key = _attr_key(node)
             if key is not None:
                 (steps if base.name == "steps" else params).add(key)
+                # ``params.items()`` reads every param when none is named ``items``.
+                is_method = isinstance(node, nodes.Getattr) and key in _MAPPING_METHODS
+                literal[base.name] += not is_method
         inner = base.node if isinstance(base, (nodes.Getattr, nodes.Getitem)) else None
         if isinstance(inner, nodes.Name) and inner.name == "steps":
             step_id, field = _attr_key(base), _attr_key(node)  # type: ignore[arg-type]
             if step_id is not None and field is not None:
                 fields.add((step_id, field))
-    return References(frozenset(names), frozenset(steps), frozenset(params), frozenset(fields))
+    filters: set[str] = set()
+    for node in ast.find_all(nodes.Filter):
+        if isinstance(node, nodes.Filter):
+            filters.add(node.name)
+            first = node.args[0] if node.args else None  # ``map('upper')`` applies a filter
+            if (
+                node.name == "map"
+                and isinstance(first, nodes.Const)
+                and isinstance(first.value, str)
+            ):
+                filters.add(first.value)
+    dynamic = {
+        name: name in assigned or count < sum(n.name == name for n in loads)
+        for name, count in literal.items()
+    }
+    return References(
+        frozenset(names),
+        frozenset(steps),
+        frozenset(params),
+        frozenset(fields),
+        filters=frozenset(filters),
+        steps_dynamic=dynamic["steps"],
+        params_dynamic=dynamic["params"],
+    )
+
+
+_MAPPING_METHODS = frozenset(name for name in dir(dict) if not name.startswith("_"))
 
 
 def _attr_key(node: nodes.Getattr | nodes.Getitem) -> str | None:

@@ -154,6 +154,13 @@ MAX_RETRIES = Option(
     help="re-open the run up to N times after a unit failure",
     faces=CLI,
 )
+RESUPPLY_PARAM = Option(
+    flag="--param",
+    action="append",
+    metavar="K=V",
+    help="a secret param of the run again (its value is never stored; repeatable)",
+    faces=CLI,
+)
 BACKGROUND = Option(
     flag="--background",
     action="store_true",
@@ -177,10 +184,15 @@ GLOBAL_OPTIONS: tuple[Option, ...] = (
 VERBS: tuple[Verb, ...] = (
     Verb(
         name="run",
-        help="run a workflow file (resumes its unfinished run if unchanged)",
+        help="run a workflow file or library name (resumes its unfinished run if unchanged)",
         faces=CLI,  # the notebook runs a workflow with the %%workflow cell magic
         options=(
-            Option(flag="file", help="the workflow's YAML file"),
+            Option(
+                flag="file",
+                metavar="FILE|NAME",
+                help="the workflow's YAML file, or a name in the workflow library "
+                "($WF_MAGIC_PATH folders, ./workflows, the $WF_MAGIC_INDEX index)",
+            ),
             Option(
                 flag="--param",
                 action="append",
@@ -199,6 +211,11 @@ VERBS: tuple[Verb, ...] = (
             MAX_RETRIES,
             QUIET,
             Option(flag="--dry-run", action="store_true", help="freeze and show the plan only"),
+            Option(
+                flag="--refresh",
+                action="store_true",
+                help="refetch the workflow library's index now (ignore its cache TTL)",
+            ),
         ),
     ),
     Verb(
@@ -220,7 +237,7 @@ VERBS: tuple[Verb, ...] = (
     Verb(
         name="resume",
         help="drive an existing run",
-        options=(RUN, MAX_STEPS, MAX_CONCURRENCY, MAX_RETRIES, QUIET, BACKGROUND),
+        options=(RUN, MAX_STEPS, MAX_CONCURRENCY, MAX_RETRIES, QUIET, BACKGROUND, RESUPPLY_PARAM),
     ),
     Verb(
         name="fork",
@@ -230,6 +247,7 @@ VERBS: tuple[Verb, ...] = (
             Option(flag="--from", dest="from_step", required=True, metavar="STEP"),
             MAX_STEPS,
             BACKGROUND,
+            RESUPPLY_PARAM,
         ),
     ),
     Verb(
@@ -367,6 +385,19 @@ VERBS: tuple[Verb, ...] = (
                 action="store_true",
                 help="afterwards rebuild the file to return freed space",
                 faces=CLI,
+            ),
+        ),
+    ),
+    Verb(
+        name="use",
+        help="load a workflow from the library by name: cells may then call it as a child "
+        "(`workflow: NAME`), and a workflow cell holding just NAME runs it",
+        faces=NOTEBOOK,
+        options=(
+            Option(
+                flag="run",  # the positional lands on LineArgs.run, as every verb's first one
+                metavar="NAME",
+                help="a workflow name ($WF_MAGIC_PATH folders, ./workflows, $WF_MAGIC_INDEX)",
             ),
         ),
     ),

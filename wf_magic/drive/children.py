@@ -6,10 +6,13 @@ The loop drives the child in place (``drive_run(ctx.child(redactor), child)``) b
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 from ..errors import RunnerError, UsageError
 from ..hashing import sha256_text
 from ..runners.base import UnitResult
+from ..sealing import Sealer, has_secrets
 from ..spec.freeze import Workflow
 from ..spec.params import resolve_params
 from ..spec.plan import PlanStep
@@ -36,14 +39,19 @@ def publish(ctx: DriveContext, state: RunState, step: PlanStep, unit: UnitPlan) 
     Raises:
         RunnerError: the child's params are invalid.
     """
-    existing = ctx.store.child_run(state.run_id, unit.unit_id)
-    if existing is not None:
-        return existing
     plan = state.plan.children[step.workflow or ""]
+    existing = ctx.store.child_run(state.run_id, unit.unit_id)
     try:
         params = resolve_params(plan, unit.kwargs or {})
     except UsageError as exc:
+        if existing is not None:
+            return existing
         raise RunnerError(f"child workflow {plan.name!r}: {exc}") from None
+    # A child's secret params are sealed like a root run's; their values reach the child's
+    # drive through this drive's secrets, which a re-driven parent fills again here.
+    params = _sealed(ctx, params)
+    if existing is not None:
+        return existing
     plan_json = plan.to_json()
     wf = Workflow(
         name=plan.name,
@@ -65,6 +73,15 @@ def publish(ctx: DriveContext, state: RunState, step: PlanStep, unit: UnitPlan) 
         invocation_key=unit.unit_id,
     )
     return ctx.store.publish_child(row, plan_steps(wf))
+
+
+def _sealed(ctx: DriveContext, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with secret values sealed; the values join the drive's secrets."""
+    if not has_secrets(params):
+        return params
+    sealed = Sealer.ensure(Path(ctx.store.db_path).parent).seal_params(params)
+    ctx.options.secrets.update(sealed.vault)
+    return sealed.params
 
 
 def child_result(store: Store, child: RunRow) -> UnitResult:

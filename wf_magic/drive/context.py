@@ -17,6 +17,7 @@ from ..errors import RunnerError
 from ..redact import Redactor, is_secret_key
 from ..runners.base import Runner, RunnerContext
 from ..runners.registry import runner_factory
+from ..sealing import unseal
 from ..spec.plan import Plan, PlanStep
 from ..store import Store
 from ..store.records import RunRow, StepRow
@@ -36,6 +37,9 @@ class DriveOptions:
     signal: threading.Event | None = None
     max_concurrency: int | None = None
     executor: Executor | None = None
+    secrets: dict[str, Any] = field(default_factory=dict, repr=False)
+    """Seal → value of the secret params the caller handed to this drive, plus those of the
+    child runs it publishes (never stored)."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -155,12 +159,16 @@ class RunState:
         """The state a drive of ``run`` starts from."""
         positions = {s.id: i for i, s in enumerate(plan.steps)}
         fork_index = positions[run.fork_step] if run.fork_step else None
+        params = unseal(params, ctx.options.secrets, run_id=run.run_id)  # values never stored
         return cls(
             run=run,
             plan=plan,
             params=params,
             redactor=ctx.redactor.with_secrets(
-                v for k, v in params.items() if isinstance(v, str) and is_secret_key(k)
+                [
+                    *(v for k, v in params.items() if isinstance(v, str) and is_secret_key(k)),
+                    *(v for v in ctx.options.secrets.values() if isinstance(v, str)),
+                ]
             ),
             executors=UnitExecutors(
                 plan_limit=plan.execution.max_concurrency,

@@ -15,11 +15,12 @@ from typing import Any
 
 from ..errors import BudgetExceeded, RunnerError
 from ..runners.base import UnitRequest, UnitResult
+from ..runners.orphans import reap_orphan
 from ..runners.process import minimal_env
 from ..spec.kinds import KINDS
 from ..spec.plan import PlanStep
 from ..store.records import AttemptRow
-from . import attempts
+from . import attempts, resume
 from .children import ChildBlocked, ChildBudgetStop
 from .context import DriveContext, RunState
 from .executors import InlineExecutor
@@ -61,16 +62,9 @@ def run_units(
     exactly as it was judged, so its tolerated failures (``on_error: continue``) stay failures.
     """
     work = LoopWork.empty(len(units))
-    # Resume reads (unit, input hash, output) of the done attempts only; whole attempt rows
-    # are read just for the units still owed (running, failed or never tried).
-    done = ctx.store.done_outputs(state.run_id, step.id)
-    owed: list[int] = []
-    for i, unit in enumerate(units):
-        outputs = done.get(unit.unit_id)
-        if outputs is not None and unit.input_hash in outputs:
-            work.outputs[i] = _load(outputs[unit.input_hash])
-        else:
-            owed.append(i)
+    # Resume fills in what the journal already answers, rendering only the units it must
+    # (drive/resume.py); whole attempt rows are read just for the units still owed.
+    owed = resume.settle(ctx, state, step, units, work)
     history = _history(ctx, state, step, [units[i].unit_id for i in owed])
     jobs: deque[_Job] = deque()
     for i in owed:
@@ -256,6 +250,10 @@ def _start_batch(
                 unit_id=job.unit.unit_id,
                 dispatch_id=attempt.dispatch_id,
             )
+            # An exec unit of the dead driver may still run: stop its process group first.
+            note = reap_orphan(ctx.runners.state_dir, attempt.dispatch_id)
+            if note is not None:
+                ctx.emit("warning", run_id=state.run_id, step_id=step.id, message=note)
         out.append((job, attempt))
     return out
 

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..hashing import hash_value
-from ..spec.kinds import KINDS, UnitSource
-from ..spec.plan import Plan, PlanStep
 from ..templates import TemplateError, evaluate, references
+from .loopcontext import context_hash
+
+if TYPE_CHECKING:
+    from ..spec.kinds import KindSpec
+    from ..spec.plan import Plan, PlanStep
 
 MAX_MAP_UNITS = 10_000
 
@@ -30,27 +34,104 @@ class Feedback:
     missing: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
 class UnitPlan:
-    """One unit of one loop, fully resolved: what to send and how to recognise it again."""
+    """One unit of one loop: what to send and how to recognise it again.
 
-    step_id: str
-    unit_id: str
-    kind: str
-    phase: str
-    loop: int
-    item_index: int | None
-    item: Any
-    runner: str
-    model: str | None
+    Its identity (step, unit id, item) is set when it is built; its rendered input, request
+    fields and ``input_hash`` are computed on first use and kept. A resumed map of 10 000
+    units whose journal proves most of them done (``LoopUnits.context_hash``) renders only
+    the few still owed. A plain slotted class, not a frozen dataclass: building one costs a
+    tenth as much, and a loop builds one per map item. Treat it as immutable.
+    """
+
+    __slots__ = ("_loop", "_rendered", "item", "item_index", "unit_id")
+
+    def __init__(self, loop: LoopUnits, unit_id: str, item_index: int | None, item: Any) -> None:
+        self._loop = loop
+        self.unit_id = unit_id
+        self.item_index = item_index
+        self.item = item
+        self._rendered: _Rendered | None = None
+
+    def __repr__(self) -> str:
+        return f"UnitPlan({self.unit_id!r}, loop={self.loop})"
+
+    @property
+    def step_id(self) -> str:
+        return self._loop.step.id
+
+    @property
+    def kind(self) -> str:
+        return self._loop.step.kind
+
+    @property
+    def phase(self) -> str:
+        return "work"
+
+    @property
+    def loop(self) -> int:
+        return self._loop.loop
+
+    @property
+    def runner(self) -> str:
+        return self._loop.step.runner
+
+    @property
+    def model(self) -> str | None:
+        return self._loop.step.model
+
+    @property
+    def charged(self) -> bool:
+        return _kind(self._loop.step.kind).charged
+
+    @property
+    def cacheable(self) -> bool:
+        return self._loop.step.cache and _kind(self._loop.step.kind).cacheable
+
+    @property
+    def input(self) -> dict[str, Any]:
+        """The resolved input (what is hashed): kind, model, item, feedback and the kind's part.
+
+        Raises:
+            StepInputError: a template of the step cannot be rendered for this unit.
+        """
+        return self.rendered.input
+
+    @property
+    def input_hash(self) -> str:
+        """sha256 of the canonical resolved input (DESIGN.md §3, invariant 4)."""
+        return self.rendered.input_hash
+
+    @property
+    def prompt(self) -> str | None:
+        return self.rendered.fields.get("prompt")
+
+    @property
+    def argv(self) -> tuple[str, ...] | None:
+        return self.rendered.fields.get("argv")
+
+    @property
+    def target(self) -> str | None:
+        return self.rendered.fields.get("target")
+
+    @property
+    def kwargs(self) -> dict[str, Any] | None:
+        return self.rendered.fields.get("kwargs")
+
+    @property
+    def rendered(self) -> _Rendered:
+        """This unit's input, rendered now if it was not yet (see ``input``)."""
+        if self._rendered is None:
+            self._rendered = self._loop.render(self)
+        return self._rendered
+
+
+@dataclass(frozen=True, slots=True)
+class _Rendered:
+    fields: dict[str, Any]
+    """The unit request's fields (``prompt`` / ``argv`` / ``target`` + ``kwargs``)."""
     input: dict[str, Any]
     input_hash: str
-    prompt: str | None = None
-    argv: tuple[str, ...] | None = None
-    target: str | None = None
-    kwargs: dict[str, Any] | None = None
-    charged: bool = True
-    cacheable: bool = True
 
 
 class StepOutputs(dict[str, Any]):
@@ -120,10 +201,17 @@ def expand_items(
     Raises:
         StepInputError: the map template fails or yields no list, or too many items.
     """
-    if step.map is None:
-        return None
+    return None if step.map is None else map_items(step.map, params, outputs)
+
+
+def map_items(source: str, params: Mapping[str, Any], outputs: Mapping[str, Any]) -> list[Any]:
+    """The items a ``map:`` template expands to over ``params`` and step ``outputs``.
+
+    Raises:
+        StepInputError: the template fails or yields no list, or too many items.
+    """
     try:
-        value = evaluate(step.map, template_context(params, outputs))
+        value = evaluate(source, template_context(params, outputs))
     except TemplateError as exc:
         raise StepInputError(f"map template failed: {exc}") from exc
     if isinstance(value, tuple):
@@ -148,64 +236,98 @@ def build_units(
     outputs: Mapping[str, Any],
     loop: int,
     feedback: Feedback | None,
-) -> list[UnitPlan]:
-    """The work units of ``step`` at ``loop``.
+) -> LoopUnits:
+    """The work units of ``step`` at ``loop``, in item order (rendered on first use).
 
     Raises:
-        StepInputError: a template cannot be rendered.
+        StepInputError: the map template fails or yields no list, or too many items. A unit
+            whose own template fails raises it when its input is first used.
     """
     items = expand_items(step, params, outputs)
-    pairs: list[tuple[int | None, Any]] = (
-        [(None, None)] if items is None else list(enumerate(items))
-    )
-    return [
-        _unit(plan, step, idx, item, params=params, outputs=outputs, loop=loop, feedback=feedback)
-        for idx, item in pairs
-    ]
+    units = LoopUnits(plan, step, params=params, outputs=outputs, loop=loop, feedback=feedback)
+    if items is None:
+        units.append(UnitPlan(units, step.id, None, None))
+    else:
+        count = len(items)
+        ids = [f"{step.id}[{i}]" for i in range(count)]
+        units.extend(map(UnitPlan, itertools.repeat(units, count), ids, range(count), items))
+    return units
 
 
-def _unit(
-    plan: Plan,
-    step: PlanStep,
-    idx: int | None,
-    item: Any,
-    *,
-    params: Mapping[str, Any],
-    outputs: Mapping[str, Any],
-    loop: int,
-    feedback: Feedback | None,
-) -> UnitPlan:
-    unit_id = step.id if idx is None else f"{step.id}[{idx}]"
-    ctx = template_context(params, outputs, item=item, index=idx, feedback=feedback)
-    model = step.model
-    fb = {"feedback": feedback.feedback, "missing": list(feedback.missing)} if feedback else None
-    kind = KINDS[step.kind]
-    block = None
-    if feedback and step.kind == "prompt" and not _places_feedback(step.prompt or ""):
-        block = feedback_block(feedback)
-    source = UnitSource(
-        plan=plan, step=step, context=ctx, item=item, index=idx, feedback_block=block
-    )
-    try:
-        fields, resolved_kind = kind.build(source)
-    except TemplateError as exc:
-        raise StepInputError(f"unit {unit_id}: template failed: {exc}") from exc
-    resolved: dict[str, Any] = {"kind": step.kind, "model": model, "item": item, "feedback": fb}
-    resolved.update(resolved_kind)
-    input_hash = hash_value(resolved)
-    return UnitPlan(
-        step_id=step.id,
-        unit_id=unit_id,
-        kind=step.kind,
-        phase="work",
-        loop=loop,
-        item_index=idx,
-        item=item,
-        runner=step.runner,
-        model=model,
-        input=resolved,
-        input_hash=input_hash,
-        charged=kind.charged,
-        cacheable=step.cache and kind.cacheable,
-        **fields,
-    )
+class LoopUnits(list[UnitPlan]):
+    """The units of one loop of one step, with everything rendering them reads."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        step: PlanStep,
+        *,
+        params: Mapping[str, Any],
+        outputs: Mapping[str, Any],
+        loop: int,
+        feedback: Feedback | None,
+    ) -> None:
+        super().__init__()
+        self.plan = plan
+        self.step = step
+        self.params = params
+        self.outputs = outputs
+        self.loop = loop
+        self.feedback = feedback
+        self._context_hash: tuple[str | None] | None = None
+
+    def render(self, unit: UnitPlan) -> _Rendered:
+        """``unit``'s request fields, resolved input and input hash.
+
+        Raises:
+            StepInputError: a template of the step cannot be rendered for this unit.
+        """
+        step, feedback, idx = self.step, self.feedback, unit.item_index
+        block = None
+        if feedback and step.kind == "prompt" and not _places_feedback(step.prompt or ""):
+            block = feedback_block(feedback)
+        from ..spec.kinds import UnitSource  # on first use: see _kind
+
+        source = UnitSource(
+            plan=self.plan,
+            step=step,
+            context=template_context(
+                self.params, self.outputs, item=unit.item, index=idx, feedback=feedback
+            ),
+            item=unit.item,
+            index=idx,
+            feedback_block=block,
+        )
+        try:
+            fields, resolved_kind = _kind(step.kind).build(source)
+        except TemplateError as exc:
+            raise StepInputError(f"unit {unit.unit_id}: template failed: {exc}") from exc
+        fb = (
+            {"feedback": feedback.feedback, "missing": list(feedback.missing)} if feedback else None
+        )
+        resolved: dict[str, Any] = {
+            "kind": step.kind,
+            "model": step.model,
+            "item": unit.item,
+            "feedback": fb,
+        }
+        resolved.update(resolved_kind)
+        return _Rendered(fields, resolved, hash_value(resolved))
+
+    @property
+    def context_hash(self) -> str | None:
+        """A hash of everything rendering these units reads (``drive/loopcontext.py``): two
+        loops with equal hashes give every unit the same ``input_hash``. None when that
+        cannot be proven (a small map, a single step, ``random``): every unit is compared.
+        """
+        if self._context_hash is None:
+            self._context_hash = (context_hash(self),)
+        return self._context_hash[0]
+
+
+def _kind(name: str) -> KindSpec:
+    """The kind named ``name``. ``spec.kinds`` is imported on first use: ``wf status`` counts
+    a map's items through this module without loading the plan models (pydantic)."""
+    from ..spec.kinds import KINDS
+
+    return KINDS[name]

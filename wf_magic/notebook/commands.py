@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import html
 import json
@@ -21,6 +22,7 @@ from ..inspection import (
     record_text,
     run_changes,
 )
+from ..library_index import NAME_PATTERN
 from ..run import Run
 from ..runners.registry import known_runners
 from ..spec.freeze import Workflow
@@ -28,6 +30,7 @@ from .args import CellArgs, LineArgs
 from .drives import driver_text
 
 if TYPE_CHECKING:
+    from ..library import Library, LibraryWorkflow
     from ..store.records import EventRow
     from .magics import WorkflowMagics
 
@@ -145,6 +148,8 @@ def load_cell(ctx: WorkflowMagics, source: str, name: str | None) -> Workflow:
     stripped = source.strip()
     if "\n" not in stripped and stripped.endswith((".yaml", ".yml")):
         return _load_file(ctx, Path(stripped).expanduser())
+    if "\n" not in stripped and NAME_PATTERN.match(stripped) and name in (None, stripped):
+        return _library_cell(ctx, stripped)  # a bare scalar is no workflow: it names one
     if name is not None:
         first_document = re.split(r"^---\s*$", text, maxsplit=1, flags=re.MULTILINE)[0]
         declared = _NAME_LINE.search(first_document)
@@ -156,7 +161,8 @@ def load_cell(ctx: WorkflowMagics, source: str, name: str | None) -> Workflow:
                 f"name: {declared.group(1)}; make them agree or drop one"
             )
     try:
-        wf = ctx.engine.load(text, source_name=CELL_SOURCE_NAME)
+        with _library(ctx) as library, library.using():
+            wf = ctx.engine.load(text, source_name=CELL_SOURCE_NAME)
     except DefinitionError as exc:
         where = f" (cell line {exc.line + offset})" if exc.line is not None else ""
         head = f"{exc.field}: " if exc.field else ""
@@ -167,11 +173,33 @@ def load_cell(ctx: WorkflowMagics, source: str, name: str | None) -> Workflow:
 
 def _load_file(ctx: WorkflowMagics, path: Path) -> Workflow:
     try:
-        wf = ctx.engine.load(path)
+        with _library(ctx) as library, library.using():
+            wf = ctx.engine.load(path)
     except DefinitionError as exc:
         raise UsageError(f"workflow definition error — {exc}") from None
     ctx.library[wf.name] = wf.source
     return wf
+
+
+def _library(ctx: WorkflowMagics) -> Library:
+    """The workflow library the environment describes, caching in this notebook's state DB."""
+    from ..library import Library
+
+    return Library.from_environ(store=ctx.engine.store)
+
+
+def _library_cell(ctx: WorkflowMagics, name: str) -> Workflow:
+    """A cell holding just a library NAME: the copy ``%workflow use`` pinned, else the
+    library's (then pinned, so re-running the cell runs the same source)."""
+    if name not in ctx.library_origins:
+        use_workflow(ctx, name)
+    origin = ctx.library_origins[name]
+    try:
+        with _library(ctx) as library, library.using():
+            wf = ctx.engine.load(ctx.library[name], source_name=origin)
+    except DefinitionError as exc:
+        raise UsageError(f"workflow definition error — {exc}") from None
+    return dataclasses.replace(wf, source_path=origin)
 
 
 def run_cell(
@@ -430,8 +458,39 @@ def cmd_gc(ctx: WorkflowMagics, args: LineArgs) -> None:
     )
 
 
+def cmd_use(ctx: WorkflowMagics, args: LineArgs) -> None:
+    """Load a workflow from the library: later cells call it as a child or run it by name."""
+    if not args.run:
+        raise UsageError("%workflow use needs a workflow name, e.g. `%workflow use review`")
+    found, wf = use_workflow(ctx, args.run)
+    print(
+        f"using {found.name} from {found.origin_text}; cells may call it "
+        f"(`workflow: {found.name}`), and a %%workflow cell holding just `{found.name}` runs it"
+    )
+    show_plan(ctx, wf)
+
+
+def use_workflow(ctx: WorkflowMagics, name: str) -> tuple[LibraryWorkflow, Workflow]:
+    """Resolve ``name`` through the library, freeze it, and pin it in the notebook's library.
+
+    Raises:
+        LibraryError: the library cannot provide it (not found, fetch, sha256, index).
+        UsageError: its definition is invalid.
+    """
+    try:
+        with _library(ctx) as library, library.using():
+            found = library.find(name)
+            wf = ctx.engine.load(found.source, source_name=found.origin)
+    except DefinitionError as exc:
+        raise UsageError(f"workflow definition error — {exc}") from None
+    ctx.library[name] = wf.source
+    ctx.library_origins[name] = found.origin
+    return found, wf
+
+
 def cmd_config(ctx: WorkflowMagics, args: LineArgs) -> None:
     engine = ctx.engine
+    shelf = _library(ctx)  # only described: nothing is read or fetched
     lines = [
         f"state dir        {engine.state_dir}",
         f"database         {engine.db_path}",
@@ -441,6 +500,9 @@ def cmd_config(ctx: WorkflowMagics, args: LineArgs) -> None:
         "default runner   scripted (a plan's `runner:` overrides it)",
         f"runners          {', '.join(known_runners())}",
         f"library          {', '.join(sorted(ctx.library)) or '(no cells run yet)'}",
+        f"library folders  {', '.join(str(f) for f in shelf.folders)} ($WF_MAGIC_PATH first)",
+        f"library index    {shelf.index or '(none: set $WF_MAGIC_INDEX)'} "
+        f"(fresh for {shelf.ttl_s:g} s: $WF_MAGIC_LIBRARY_TTL)",
         "settings         %config WorkflowMagics.state_dir = '...' (also durability, "
         "max_concurrency, widgets, watch_poll_s)",
     ]
@@ -531,5 +593,6 @@ COMMANDS: dict[str, Callable[[WorkflowMagics, LineArgs], Any]] = {
     "watch": cmd_watch,
     "stop": cmd_stop,
     "gc": cmd_gc,
+    "use": cmd_use,
     "config": cmd_config,
 }

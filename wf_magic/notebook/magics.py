@@ -100,6 +100,8 @@ class WorkflowMagics(Magics):
     def __init__(self, shell: Any = None, **kwargs: Any):
         super().__init__(shell, **kwargs)
         self.library: dict[str, str] = {}
+        self.library_origins: dict[str, str] = {}
+        """Name → where ``%workflow use`` found it (a run of it records this as source_path)."""
         self._engine: Engine | None = None
         self.drives = Drives(lambda: self.engine)
         self.views: dict[str, RunView] = {}

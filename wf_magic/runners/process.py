@@ -16,6 +16,10 @@ Limits hold whatever the child does with its pipes:
 Limit: a descendant that leaves the group (``setsid``, a daemonising double fork) escapes
 the kill. It is not waited for: a timeout or cap failure returns at once and the threads
 still reading its pipes end when it closes them.
+
+While a unit runs, its process group is recorded in ``<state dir>/procs/<dispatch_id>.json``
+(see :mod:`wf_magic.runners.orphans`), so a group that outlives a killed driver can be
+reaped when the unit is reclaimed.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import IO
 
 from ..errors import RunnerError
 from .base import BaseRunner, RunnerContext, UnitRequest, UnitResult
+from .orphans import forget_unit_process, record_unit_process
 
 OUTPUT_CAP_BYTES = 1_048_576
 STDERR_TAIL = 2000
@@ -117,13 +122,18 @@ class ExecRunner(BaseRunner):
     descendant escapes the group and is not killed).
     """
 
-    def __init__(self, *, output_cap: int = OUTPUT_CAP_BYTES):
+    def __init__(self, *, output_cap: int = OUTPUT_CAP_BYTES, state_dir: str | None = None):
         self.output_cap = output_cap
+        self.state_dir = state_dir
+        """Where running units' process groups are recorded (None: not recorded)."""
 
     @classmethod
     def from_context(cls, ctx: RunnerContext) -> ExecRunner:
         """Factory (``runners: {exec: {output_cap: N}}`` sets the byte cap)."""
-        return cls(output_cap=int(ctx.options.get("output_cap", OUTPUT_CAP_BYTES)))
+        return cls(
+            output_cap=int(ctx.options.get("output_cap", OUTPUT_CAP_BYTES)),
+            state_dir=ctx.state_dir,
+        )
 
     def run(self, request: UnitRequest) -> UnitResult:
         argv = list(request.argv or ())
@@ -139,6 +149,29 @@ class ExecRunner(BaseRunner):
             )
         except OSError as exc:
             raise RunnerError(f"cannot start {argv[0]!r}: {exc.strerror}", executed=False) from exc
+        try:
+            return self._finish(proc, request, deadline)
+        finally:
+            if self.state_dir is not None:
+                forget_unit_process(self.state_dir, request.dispatch_id)
+
+    def _finish(
+        self, proc: subprocess.Popen[bytes], request: UnitRequest, deadline: float | None
+    ) -> UnitResult:
+        """Record the unit's group, wait for the child within the limits, read its output."""
+        argv = list(request.argv or ())
+        if self.state_dir is not None:
+            try:
+                record_unit_process(
+                    self.state_dir,
+                    dispatch_id=request.dispatch_id,
+                    run_id=request.run_id,
+                    unit_id=request.unit_id,
+                    pid=proc.pid,
+                    argv0=argv[0],
+                )
+            except (OSError, ValueError):
+                pass  # a read-only state dir: the unit runs, only an orphan goes unrecorded
         if proc.stdout is None or proc.stderr is None:  # pragma: no cover - PIPE was requested
             raise RunnerError(f"cannot read the output of {argv[0]!r}")
         wake = threading.Event()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path as FsPath
 from typing import Any, cast
@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from ..errors import DefinitionError, clip
 from ..hashing import sha256_text
+from ..library import child_source
 from ..redact import is_secret_key
 from ..runners import functions
 from ..store.records import StepKind
@@ -227,8 +228,8 @@ class _Freezer:
                 raise src.error(
                     f"duplicate step id {step.id!r} (first at steps[{seen[step.id]}])", (*at, "id")
                 )
+            _check_step_templates(spec, step, i, src, earlier=seen.keys())
             seen[step.id] = i
-            _check_step_templates(spec, step, i, src, earlier=set(list(seen)[:-1]))
             if step.workflow is not None and step.workflow not in children:
                 children[step.workflow] = self._child(step.workflow, src, (*at, "workflow"), depth)
             if step.workflow is not None:
@@ -324,10 +325,13 @@ class _Freezer:
         text = self.library.get(name)
         if text is None and self.search_dir is not None:
             text = _child_file(self.search_dir, name, src, at)
+        if text is None and (found := child_source(name)) is not None:
+            text, self.origins[name] = found.text, found.origin  # errors name the URL or file
         if text is None:
             raise src.error(
                 f"unknown child workflow {name!r}: define it in the same file (a further YAML "
-                f"document), in an earlier %%workflow cell, or as {name}.yaml beside this file",
+                f"document), in an earlier %%workflow cell, as {name}.yaml beside this file, "
+                "or in the workflow library (docs/library.md)",
                 at,
             )
         return self.freeze(
@@ -553,7 +557,7 @@ def _strings(value: Any, path: Path = ()) -> list[tuple[str, Path]]:
 
 
 def _check_step_templates(
-    spec: WorkflowSpec, step: StepSpec, i: int, src: _Source, *, earlier: set[str]
+    spec: WorkflowSpec, step: StepSpec, i: int, src: _Source, *, earlier: Collection[str]
 ) -> None:
     for text, rel, bare in _templates_of(step):
         at: Path = ("steps", i, *rel)

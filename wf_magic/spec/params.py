@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..errors import UsageError
+from ..redact import is_secret_key
 from .plan import Plan
 
 _JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?P<frac>\.[0-9]+)?(?P<exp>[eE][+-]?[0-9]+)?")
@@ -96,10 +97,7 @@ def resolve_params(
         if name in given:
             value = given[name]
             if from_strings and isinstance(value, str):
-                try:
-                    value = coerce(schema, value)
-                except UsageError as exc:
-                    raise UsageError(f"param {name}: {exc}") from None
+                value = coerce_param(schema, value, name=name)
         elif "default" in schema:
             value = schema["default"]
         else:
@@ -109,15 +107,49 @@ def resolve_params(
         try:
             json.dumps(value, allow_nan=False)
         except (TypeError, ValueError):
+            got = _unechoed(name, value) or repr(value)
             raise UsageError(
-                f"param {name}: expected a JSON value with finite numbers (got {value!r})"
+                f"param {name}: expected a JSON value with finite numbers (got {got})"
             ) from None
         value = normalise(value)
         problem = _schema_problem(value, schema)
         if problem is not None:
+            hidden = _unechoed(name, value)
+            if hidden is not None:  # a schema message quotes the value: say less
+                problem = f"does not match its schema {_schema_text(schema)} (got {hidden})"
             raise UsageError(f"param {name}: {problem}")
         out[name] = value
     return out
+
+
+def coerce_param(schema: Mapping[str, Any], text: str, *, name: str) -> Any:
+    """:func:`coerce` for the param ``name``; a secret param's value is never echoed.
+
+    Raises:
+        UsageError: ``text`` is not a value of the declared type.
+    """
+    try:
+        return coerce(schema, text)
+    except UsageError as exc:
+        hidden = _unechoed(name, text)
+        if hidden is None:
+            raise UsageError(f"param {name}: {exc}") from None
+        raise UsageError(
+            f"param {name}: expected type {schema.get('type')} (got {hidden})"
+        ) from None
+
+
+def _unechoed(name: str, value: Any) -> str | None:
+    """What an error says instead of a secret param's value (None: not secret, echo it)."""
+    if not is_secret_key(name):
+        return None
+    size = f"{len(value)} characters" if isinstance(value, str) else type(value).__name__
+    return f"a secret value ({size}), not shown"
+
+
+def _schema_text(schema: Mapping[str, Any]) -> str:
+    """The schema without its default (a secret param has none worth showing)."""
+    return json.dumps({k: v for k, v in schema.items() if k != "default"}, sort_keys=True)
 
 
 _JSON_TYPES: dict[str, Callable[[Any], bool]] = {

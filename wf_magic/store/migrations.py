@@ -306,3 +306,58 @@ def apply_migrations(conn: sqlite3.Connection) -> list[str]:
             )
             applied.append(step.__name__)
         return applied
+
+
+@migration
+def m007_library_cache(conn: sqlite3.Connection) -> None:
+    # The workflow library's last good copy of each remote document, by URL: an index is
+    # refreshed after its TTL (a failed refresh falls back to it), a workflow source is
+    # content-addressed by the sha256 its index promises.
+    _script(
+        conn,
+        """
+        CREATE TABLE library_cache (
+            url TEXT PRIMARY KEY,
+            kind TEXT NOT NULL CHECK (kind IN ('index','workflow')),
+            body TEXT NOT NULL,
+            sha256 TEXT NOT NULL,
+            fetched_at REAL NOT NULL
+        );
+        """,
+    )
+
+
+@migration
+def m008_reuse_index_without_status(conn: sqlite3.Connection) -> None:
+    # A finish flips an attempt's status; with the status in the reuse index every finish
+    # moved its entry too (a delete and an insert on a random page). The lookup still
+    # narrows to the few attempts of one (workflow, input_hash) and filters the status there.
+    _script(
+        conn,
+        """
+        DROP INDEX attempts_reuse;
+        CREATE INDEX attempts_reuse ON attempts(workflow, input_hash);
+        """,
+    )
+
+
+@migration
+def m009_loop_contexts(conn: sqlite3.Connection) -> None:
+    # The context hash a map step's loop first dispatched under (and a mark once it also
+    # dispatched under another): a resume trusts the loop's succeeded attempts without
+    # rendering their units while the first is the only one (drive/resume.py). Deleted
+    # with its run.
+    _script(
+        conn,
+        """
+        CREATE TABLE loop_contexts (
+            run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+            step_id TEXT NOT NULL,
+            loop INTEGER NOT NULL,
+            which TEXT NOT NULL CHECK (which IN ('first','mixed')),
+            context_hash TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            PRIMARY KEY (run_id, step_id, loop, which)
+        ) WITHOUT ROWID;
+        """,
+    )

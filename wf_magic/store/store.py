@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import StateDBError, WorkflowError
-from . import journal, recordings, runs
+from . import journal, recordings, resume, runs, summary
 from .db import connect_reader, immediate
 from .faults import integrity_summary, state_db_fault, unreadable_row
 from .journal import Finish, UnitKey
@@ -37,6 +37,8 @@ from .runs import LaunchKey
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from .library_cache import LibraryCopy
 
 T = TypeVar("T")
 
@@ -567,3 +569,51 @@ class Store:
     def run_recordings(self, run_id: str) -> list[RecordingRow]:
         """The succeeded and reused attempts of a run and its children, in journal order."""
         return self._read(lambda c: recordings.run_recordings(c, run_id), run_id)
+
+    # -- workflow library cache ------------------------------------------------------------
+    def library_copy(self, url: str) -> LibraryCopy | None:
+        """The library cache's copy of ``url`` (an index or a workflow source), if any."""
+        from . import library_cache
+
+        return self._read(lambda c: library_cache.library_copy(c, url))
+
+    def keep_library_copy(self, copy: LibraryCopy) -> None:
+        """Write a fetched, verified copy into the library cache (over an older one)."""
+        from . import library_cache
+
+        self._write(lambda c: library_cache.keep_library_copy_txn(c, copy))
+
+    # -- resume of one loop (drive/resume.py) ----------------------------------------------
+    def loop_context(self, run_id: str, step_id: str, loop: int) -> resume.LoopContext:
+        """The context hash recorded for a loop of a map step, and whether it is mixed."""
+        return self._read(lambda c: resume.loop_context(c, run_id, step_id, loop), run_id)
+
+    def record_loop_context(
+        self, run_id: str, step_id: str, *, loop: int, context_hash: str | None
+    ) -> str:
+        """Record the context a loop of a map step dispatches under (see store/resume.py)."""
+        return self._write(
+            lambda c: resume.record_loop_context_txn(
+                c, run_id, step_id, loop=loop, context_hash=context_hash
+            ),
+            run_id,
+        )
+
+    def loop_outputs(
+        self, run_id: str, step_id: str, loop: int, *, grouped: bool = False
+    ) -> resume.LoopOutputs:
+        """The succeeded outputs of a loop's units as two JSON arrays (``grouped``: newest)."""
+        return self._read(
+            lambda c: resume.loop_outputs(c, run_id, step_id, loop, grouped=grouped), run_id
+        )
+
+    def done_outputs_of_units(
+        self, run_id: str, unit_ids: list[str]
+    ) -> dict[str, dict[str, str | None]]:
+        """unit_id → input_hash → output JSON of its succeeded attempts, for a few units."""
+        return self._read(lambda c: resume.done_outputs_of_units(c, run_id, unit_ids), run_id)
+
+    # -- run views (display.py) ------------------------------------------------------------
+    def run_tally(self, run_id: str) -> summary.RunTally:
+        """Per-step unit and token counts, gate verdicts and reuse of a run, counted in SQL."""
+        return self._read(lambda c: summary.run_tally(c, run_id), run_id)

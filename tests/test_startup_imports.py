@@ -1,0 +1,73 @@
+"""Start-up: `wf --help` and `wf status RUN` load none of the heavy libraries.
+
+Each command runs in-process in a fresh interpreter, which then reports which of the heavy
+modules it imported. Modules, not timings: a timing test is flaky on a shared machine, while
+an import that sneaks into the start-up path shows up here every time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from wf_magic import Engine
+
+NEVER = ("pandas", "IPython", "ipywidgets", "jsonschema", "matplotlib")
+"""Never loaded by `wf --help` or `wf status`."""
+PLAN_MODELS = ("pydantic", "yaml", "wf_magic.spec.plan", "wf_magic.drive.loop")
+"""The spec and the drive: `wf status` renders a run from its rows and its plan's JSON."""
+HEAVY = (*NEVER, *PLAN_MODELS, "jinja2")
+
+REPORT = """
+import json, sys
+from wf_magic.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+heavy = {heavy!r}
+print(json.dumps(sorted(m for m in heavy if m in sys.modules)))
+"""
+
+
+def imported_by(state_dir: Path, *argv: str) -> list[str]:
+    """The heavy modules a fresh interpreter holds after running ``wf *argv`` in-process."""
+    out = subprocess.run(
+        [sys.executable, "-c", REPORT.format(heavy=HEAVY), *argv],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "WF_MAGIC_HOME": str(state_dir)},
+        check=True,
+    )
+    loaded: list[str] = json.loads(out.stdout.strip().splitlines()[-1])
+    return loaded
+
+
+@pytest.fixture
+def single_steps(tmp_path: Path) -> str:
+    """A finished run without a map step."""
+    with Engine(tmp_path) as engine:
+        return engine.run("name: plain\nsteps:\n  - id: a\n    prompt: hi\n").run_id
+
+
+def test_help_loads_no_heavy_module(tmp_path: Path) -> None:
+    assert imported_by(tmp_path, "--help") == []
+
+
+def test_status_loads_neither_the_plan_models_nor_jinja(tmp_path: Path, single_steps: str) -> None:
+    assert imported_by(tmp_path, "status", single_steps) == []
+
+
+def test_status_of_a_map_loads_jinja_only_to_count_its_items(tmp_path: Path) -> None:
+    with Engine(tmp_path) as engine:
+        run = engine.run("name: m\nsteps:\n  - id: m\n    map: '{{ [1, 2] }}'\n    prompt: x\n")
+    assert imported_by(tmp_path, "status", run.run_id) == ["jinja2"]
+
+
+def test_list_loads_no_heavy_module(tmp_path: Path, single_steps: str) -> None:
+    assert imported_by(tmp_path, "list") == []

@@ -1,0 +1,226 @@
+"""Secret params at rest: stored as a keyed hash under the state dir's own key, never the value.
+
+A param is secret when its name says so (:func:`wf_magic.redact.is_secret_key`: ``api_key``,
+``db_password``, ``gh_token``), at any depth of the params, the same rule that masks it for
+display. Before a run's row is written, each secret value is replaced by its *seal*:
+
+    wf-sealed:hmac-sha256:<key id>:<HMAC-SHA256 of the value's canonical JSON>
+
+keyed by 32 random bytes in ``<state dir>/secret.key`` (created on first need, mode 0600).
+Why a keyed hash and not a plain one or a mask: a plain sha256 of a short password in a copied
+``state.db`` can be guessed offline and matched across databases, and a mask (``***``) would
+put every secret value in one scope and could not tell a resumed run's value from another.
+The seal is deterministic under one key, so the same secret keeps its scope (re-running a cell
+resumes its run) and a value handed to a resumed run can be checked against the one the run
+started with. The key lives beside the database, not in it: the database, its WAL, a backup
+or an exported frame carry nothing a secret can be read or guessed from without the key.
+
+The value itself is never stored, so a drive needs it from its caller (see
+:func:`unseal`); ``key id`` (a hash of the key) tells a replaced key file apart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import UsageError
+from .hashing import canonical_json
+from .redact import is_secret_key
+
+KEY_FILENAME = "secret.key"
+KEY_BYTES = 32
+SEAL_PREFIX = "wf-sealed:hmac-sha256:"
+ENV_PREFIX = "WF_PARAM_"
+"""A secret param may come from the environment: ``api_token`` from ``WF_PARAM_API_TOKEN``."""
+
+
+def env_name(param: str) -> str:
+    """The environment variable a secret param may be read from (``WF_PARAM_API_TOKEN``)."""
+    return ENV_PREFIX + "".join(c if c.isalnum() else "_" for c in param).upper()
+
+
+def is_seal(value: Any) -> bool:
+    """Whether ``value`` is a seal (a stored secret param)."""
+    return isinstance(value, str) and value.startswith(SEAL_PREFIX)
+
+
+@dataclass(frozen=True, slots=True)
+class Sealed:
+    """Params with their secret values sealed, and what each seal stands for."""
+
+    params: dict[str, Any]
+    vault: dict[str, Any] = field(repr=False)
+    """Seal → the secret value (kept in memory only, for the drive)."""
+
+
+class Sealer:
+    """Seals secret values with HMAC-SHA256 under one state dir's key.
+
+    Args:
+        key: the key bytes (see :meth:`ensure` and :meth:`existing`).
+    """
+
+    __slots__ = ("_key", "key_id")
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+        self.key_id = hashlib.sha256(key).hexdigest()[:12]
+        """Names the key in every seal, so a replaced key file is told apart from a new value."""
+
+    @classmethod
+    def ensure(cls, state_dir: str | Path) -> Sealer:
+        """The sealer of ``state_dir``, its key file created (0600) when missing.
+
+        Raises:
+            UsageError: the key file is unreadable or not a key, or cannot be created.
+        """
+        path = Path(state_dir) / KEY_FILENAME
+        if not path.exists():
+            try:
+                _create_key(path)
+            except OSError as exc:
+                raise _unusable(path, exc) from None
+        sealer = cls.existing(state_dir)
+        if sealer is None:  # deleted the moment it was made
+            raise _unusable(path, FileNotFoundError("deleted while being created"))
+        return sealer
+
+    @classmethod
+    def existing(cls, state_dir: str | Path) -> Sealer | None:
+        """The sealer of ``state_dir``; None when it has no key file.
+
+        Raises:
+            UsageError: the key file is unreadable or not a key.
+        """
+        path = Path(state_dir) / KEY_FILENAME
+        try:
+            key = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise _unusable(path, exc) from None
+        if len(key) != KEY_BYTES:
+            raise UsageError(
+                f"{path} is not a secret key file (expected {KEY_BYTES} bytes, got {len(key)}); "
+                "move it aside: runs sealed with it cannot be resumed, new runs get a new key"
+            )
+        return cls(key)
+
+    def seal(self, value: Any) -> str:
+        """The seal of a secret value (any JSON value)."""
+        digest = hmac.new(self._key, canonical_json(value).encode("utf-8"), hashlib.sha256)
+        return f"{SEAL_PREFIX}{self.key_id}:{digest.hexdigest()}"
+
+    def seal_params(self, params: Mapping[str, Any]) -> Sealed:
+        """``params`` with every value under a secret-looking name (at any depth) sealed."""
+        vault: dict[str, Any] = {}
+
+        def walk(value: Any, *, secret: bool) -> Any:
+            if secret:
+                sealed = self.seal(value)
+                vault[sealed] = value
+                return sealed
+            if isinstance(value, dict):
+                return {k: walk(v, secret=is_secret_key(str(k))) for k, v in value.items()}
+            if isinstance(value, list):
+                return [walk(v, secret=False) for v in value]
+            return value
+
+        return Sealed(params=walk(dict(params), secret=False), vault=vault)
+
+
+def has_secrets(params: Mapping[str, Any]) -> bool:
+    """Whether ``params`` hold a value under a secret-looking name, at any depth."""
+    return any(_holds_secret(v, secret=is_secret_key(str(n))) for n, v in params.items())
+
+
+def seals_of(value: Any, *, name: str) -> list[str]:
+    """The seals stored in the param ``name`` with value ``value``."""
+    return _seals(value, secret=is_secret_key(name))
+
+
+def unseal(params: Mapping[str, Any], vault: Mapping[str, Any], *, run_id: str) -> dict[str, Any]:
+    """``params`` with each seal (under a secret-looking name) replaced by its value.
+
+    Params without seals come back as they are (the same dict's contents).
+
+    Raises:
+        UsageError: a seal's value was not handed to this drive.
+    """
+
+    def walk(value: Any, *, secret: bool, name: str) -> Any:
+        if secret and is_seal(value):
+            if value not in vault:
+                raise missing_secret(run_id, name)
+            return vault[value]
+        if isinstance(value, dict):
+            return {k: walk(v, secret=is_secret_key(str(k)), name=name) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v, secret=False, name=name) for v in value]
+        return value
+
+    return {k: walk(v, secret=is_secret_key(str(k)), name=k) for k, v in params.items()}
+
+
+def missing_secret(run_id: str, name: str) -> UsageError:
+    """The error for a resumed run whose secret param ``name`` was not handed back."""
+    return UsageError(
+        f"Run {run_id} has the secret param {name!r}, whose value is never stored; pass it "
+        f"again to drive the run: `--param {name}=VALUE`, params={{{name!r}: ...}} in "
+        f"Python, or the environment variable {env_name(name)}",
+        run_id=run_id,
+    )
+
+
+def _holds_secret(value: Any, *, secret: bool) -> bool:
+    if secret:
+        return True
+    if isinstance(value, dict):
+        return any(_holds_secret(v, secret=is_secret_key(str(k))) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_holds_secret(v, secret=False) for v in value)
+    return False
+
+
+def _seals(value: Any, *, secret: bool) -> list[str]:
+    if secret:
+        return [value] if is_seal(value) else []
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in _seals(v, secret=is_secret_key(str(k)))]
+    if isinstance(value, list):
+        return [s for v in value for s in _seals(v, secret=False)]
+    return []
+
+
+def _unusable(path: Path, exc: OSError) -> UsageError:
+    return UsageError(
+        f"cannot use the secret key file {path} ({exc.strerror or exc}); secret params are "
+        "sealed with it. Fix its permissions, or point --db / WF_MAGIC_HOME at a writable "
+        "directory."
+    )
+
+
+def _create_key(path: Path) -> None:
+    """Write a new random key to ``path`` (0600), unless another process just did."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{KEY_FILENAME}.{os.urandom(6).hex()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, os.urandom(KEY_BYTES))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.link(tmp, path)  # fails if another start created the key meanwhile: use theirs
+    except FileExistsError:
+        pass
+    except OSError:  # no hard links on this filesystem: the last of racing creators wins
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -191,3 +191,28 @@ def test_a_deferred_finish_that_cannot_commit_stays_queued_and_close_drops_it(
         engine.db_path, "SELECT status FROM attempts WHERE dispatch_id = ?", (attempt.dispatch_id,)
     )
     assert rows == [("succeeded",)]
+
+
+def test_the_wal_is_checkpointed_beside_the_drive_and_the_thread_ends_with_the_store(
+    tmp_path: Path,
+) -> None:
+    """The writer's own checkpoint is only a backstop: a daemon thread copies the WAL."""
+    import threading
+
+    from wf_magic.store.checkpoint import BACKSTOP_PAGES
+
+    engine = Engine(tmp_path / "state")
+    engine.store.open()
+    db = engine.db_path
+    before = db.stat().st_size
+    run = engine.run(_map(300, 1, "scripted"))
+    assert run.status == "completed"
+    wal_pages = (db.with_name(db.name + "-wal").stat().st_size) // 4096
+    assert wal_pages < BACKSTOP_PAGES  # the writer never reached its own threshold
+    deadline = time.monotonic() + 10
+    while db.stat().st_size == before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert db.stat().st_size > before  # pages reached the database file: a checkpoint ran
+    assert any(t.name == "wf-checkpoint" for t in threading.enumerate())
+    engine.close()
+    assert not any(t.name == "wf-checkpoint" for t in threading.enumerate())

@@ -9,8 +9,9 @@ import json
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from queue import Empty, SimpleQueue
 from typing import Any
 
 from ..errors import BudgetExceeded, RunnerError
@@ -137,6 +138,8 @@ def _schedule(
     """
     executor, limit = state.executors.for_step(is_map=step.map is not None)
     in_flight: dict[Future[UnitResult], tuple[_Job, AttemptRow]] = {}
+    finished: SimpleQueue[Future[UnitResult]] = SimpleQueue()
+    """Futures as they complete (a done-callback each): no per-wait scan of those in flight."""
     halt = False
     try:
         while jobs or in_flight:
@@ -150,11 +153,11 @@ def _schedule(
                         halt = halt or work.budget_error is not None or bool(work.blocked)
                         continue
                     in_flight[launched] = (job, attempt)
+                    launched.add_done_callback(finished.put)
                 halt = halt or work.stopped or work.budget_error is not None
             if in_flight:
                 ctx.store.flush()  # nothing finished may wait on what is in flight
-                done, _ = wait(list(in_flight), timeout=0.5, return_when=FIRST_COMPLETED)
-                for future in done:
+                for future in _completed(finished, timeout=0.5):
                     job, attempt = in_flight.pop(future)
                     if not _finish(ctx, state, step, job, attempt, future, work, jobs):
                         halt = halt or step.on_error == "fail"
@@ -175,6 +178,21 @@ def _schedule(
         raise
     finally:
         ctx.store.flush()
+
+
+def _completed(
+    finished: SimpleQueue[Future[UnitResult]], *, timeout: float
+) -> list[Future[UnitResult]]:
+    """The futures that completed: waits up to ``timeout`` for one, then takes all there are."""
+    try:
+        done = [finished.get(timeout=timeout)]
+    except Empty:
+        return []
+    while True:
+        try:
+            done.append(finished.get_nowait())
+        except Empty:
+            return done
 
 
 def _next_ready(jobs: deque[_Job]) -> _Job | None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import StateDBError, WorkflowError
 from . import journal, recordings, resume, runs, summary
+from .checkpoint import BACKSTOP_PAGES, Checkpointer
 from .db import connect_reader, immediate
 from .faults import integrity_summary, state_db_fault, unreadable_row
 from .journal import Finish, UnitKey
@@ -64,6 +65,7 @@ class Store:
         self._deferred: list[tuple[AttemptRow, Finish]] = []
         """Finishes waiting for the next write transaction (group commit; see defer_finish)."""
         self._sync_full = durability == "full"
+        self._checkpointer: Checkpointer | None = None
 
     @property
     def lock_dir(self) -> Path:
@@ -83,7 +85,13 @@ class Store:
     def _write_conn(self) -> sqlite3.Connection:
         with self._write_lock:
             if self._writer is None:
-                self._writer = open_state_db(self.db_path, durability=self.durability)
+                writer = open_state_db(self.db_path, durability=self.durability)
+                if str(writer.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal":
+                    # Checkpoints move to a thread of their own (store/checkpoint.py); the
+                    # writer's automatic one stays as a backstop.
+                    writer.execute(f"PRAGMA wal_autocheckpoint = {BACKSTOP_PAGES}")
+                    self._checkpointer = Checkpointer(self.db_path)
+                self._writer = writer
                 self._migrated = True
             return self._writer
 
@@ -125,6 +133,8 @@ class Store:
                 # transaction keeps them for the next write or flush).
                 if deferred:
                     self._deferred = []
+                if self._checkpointer is not None:
+                    self._checkpointer.poke()
                 return result
         except sqlite3.Error as exc:
             raise self._fault(exc, run_id) from exc
@@ -169,6 +179,9 @@ class Store:
             conn.close()
         self._local = threading.local()
         with self._write_lock:
+            if self._checkpointer is not None:
+                self._checkpointer.close()
+                self._checkpointer = None
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None

@@ -201,6 +201,7 @@ def test_the_wal_is_checkpointed_beside_the_drive_and_the_thread_ends_with_the_s
 
     from wf_magic.store.checkpoint import BACKSTOP_PAGES
 
+    others = {t for t in threading.enumerate() if t.name == "wf-checkpoint"}  # other stores'
     engine = Engine(tmp_path / "state")
     engine.store.open()
     db = engine.db_path
@@ -213,6 +214,20 @@ def test_the_wal_is_checkpointed_beside_the_drive_and_the_thread_ends_with_the_s
     while db.stat().st_size == before and time.monotonic() < deadline:
         time.sleep(0.02)
     assert db.stat().st_size > before  # pages reached the database file: a checkpoint ran
-    assert any(t.name == "wf-checkpoint" for t in threading.enumerate())
+    [mine] = [t for t in threading.enumerate() if t.name == "wf-checkpoint" and t not in others]
     engine.close()
-    assert not any(t.name == "wf-checkpoint" for t in threading.enumerate())
+    assert not mine.is_alive()
+
+
+def test_a_store_dropped_without_close_stops_its_checkpoint_thread(tmp_path: Path) -> None:
+    import gc
+    import threading
+
+    others = {t for t in threading.enumerate() if t.name == "wf-checkpoint"}
+    engine = Engine(tmp_path / "state")
+    assert engine.run(_map(3, 1, "scripted")).status == "completed"
+    [mine] = [t for t in threading.enumerate() if t.name == "wf-checkpoint" and t not in others]
+    del engine
+    gc.collect()
+    mine.join(timeout=10)
+    assert not mine.is_alive()

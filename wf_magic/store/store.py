@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -91,6 +92,8 @@ class Store:
                     # writer's automatic one stays as a backstop.
                     writer.execute(f"PRAGMA wal_autocheckpoint = {BACKSTOP_PAGES}")
                     self._checkpointer = Checkpointer(self.db_path)
+                    # A Store dropped without close() still stops its thread.
+                    weakref.finalize(self, self._checkpointer.close)
                 self._writer = writer
                 self._migrated = True
             return self._writer

@@ -12,7 +12,6 @@ import pytest
 
 from tests.openai_server import FakeChatServer, RecordedRequest, ScriptedResponse, completion_body
 from wf_magic.errors import RunnerError
-from wf_magic.runners import builtin as _builtin  # noqa: F401  (registers openai and replay)
 from wf_magic.runners.base import RunnerContext, UnitRequest
 from wf_magic.runners.openai_chat import OpenAIChatRunner
 from wf_magic.runners.registry import runner_factory

@@ -86,5 +86,10 @@ def seed_budget(store: Store, run: RunRow, plan: Plan) -> Budget:
     if run.root_run_id != run.run_id:
         root = store.get_run(run.root_run_id)
         spec = Plan.model_validate_json(root.plan_json).budget if root else spec
-    units, tokens, cost = store.budget_usage(run.root_run_id)
+    if spec.max_units is None and spec.max_tokens is None and spec.max_cost is None:
+        # No ceiling to check: the counts would never be read (a resume of a big run skips
+        # a scan of its whole journal).
+        units, tokens, cost = 0, 0, 0.0
+    else:
+        units, tokens, cost = store.budget_usage(run.root_run_id)
     return Budget(root_run_id=run.root_run_id, spec=spec, units=units, tokens=tokens, cost=cost)

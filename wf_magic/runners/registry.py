@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import threading
 from collections.abc import Callable
 from importlib.metadata import entry_points
@@ -12,7 +13,31 @@ from .base import Runner, RunnerContext
 RunnerFactory = Callable[[RunnerContext], Runner]
 ENTRY_POINT_GROUP = "wf_magic.runners"
 
-_factories: dict[str, RunnerFactory] = {}
+
+
+def _builtin(module: str, cls: str) -> RunnerFactory:
+    """A built-in runner's factory that imports its module on first use (the ``openai``
+    package and the exec machinery load only for plans that use them)."""
+
+    def factory(ctx: RunnerContext) -> Runner:
+        runner_class = getattr(importlib.import_module(module, __package__), cls)
+        made: Runner = runner_class.from_context(ctx)
+        return made
+
+    factory.__qualname__ = f"{cls}.from_context"
+    return factory
+
+
+BUILTINS: dict[str, RunnerFactory] = {
+    "scripted": _builtin(".scripted", "ScriptedRunner"),
+    "exec": _builtin(".process", "ExecRunner"),
+    "python": _builtin(".function", "FunctionRunner"),
+    "openai": _builtin(".openai_chat", "OpenAIChatRunner"),
+    "replay": _builtin(".replay", "ReplayRunner"),
+}
+"""The runners every plan may name; registered like plugins' (``replace=True`` overrides)."""
+
+_factories: dict[str, RunnerFactory] = dict(BUILTINS)
 _lock = threading.Lock()
 _loaded_entry_points = False
 
@@ -46,20 +71,14 @@ def _load_entry_points() -> None:
                 warnings.warn(f"runner plugin {ep.name!r} failed to load: {exc}", stacklevel=2)
 
 
-def _load_builtins() -> None:
-    from . import builtin  # noqa: F401  (registers through register_runner)
-
-
 def known_runners() -> list[str]:
     """Sorted names of every runner that can be used."""
-    _load_builtins()
     _load_entry_points()
     return sorted(_factories)
 
 
 def runner_factory(name: str) -> RunnerFactory | None:
     """The factory for ``name``, or None when no such runner is known."""
-    _load_builtins()
     if name not in _factories:
         _load_entry_points()
     return _factories.get(name)

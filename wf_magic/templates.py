@@ -70,6 +70,9 @@ class _Budget:
         self.steps = 0
         self.written = 0
         self.deadline = time.monotonic() + MAX_RENDER_S
+        self.weighed: Any = None
+        """The last value this render found within bounds (a filter's result is often the
+        expression's value too: a map's 10 000 items are weighed once, not twice)."""
 
     def tick(self) -> None:
         self.steps += 1
@@ -134,8 +137,13 @@ def _weight(value: Any) -> int:
 
 
 def _check_size(value: Any, what: str) -> Any:
+    budget = _budget.get()
+    if budget is not None and value is budget.weighed:
+        return value  # weighed already in this render (the sandbox cannot mutate it)
     if _weight(value) > MAX_ITEMS:
         raise TemplateError(f"{what} is more than {MAX_ITEMS} characters or items")
+    if budget is not None:
+        budget.weighed = value
     return value
 
 

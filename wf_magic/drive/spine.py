@@ -136,7 +136,12 @@ def _decide(
         partial = _partial_note(units, work)
     if step.kind == "route":
         return _route(step, work.outputs[0])
-    ok = [i for i, u in enumerate(units) if u.unit_id not in work.failures]
+    failures = work.failures
+    ok = (
+        [i for i, u in enumerate(units) if u.unit_id not in failures]
+        if failures
+        else list(range(len(units)))
+    )
     artifact = _reduce(step, work.outputs, ok=ok)
     if isinstance(artifact, StepOutcome):
         return _with_note(artifact, partial)

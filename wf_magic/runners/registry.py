@@ -14,7 +14,6 @@ RunnerFactory = Callable[[RunnerContext], Runner]
 ENTRY_POINT_GROUP = "wf_magic.runners"
 
 
-
 def _builtin(module: str, cls: str) -> RunnerFactory:
     """A built-in runner's factory that imports its module on first use (the ``openai``
     package and the exec machinery load only for plans that use them)."""

@@ -16,8 +16,13 @@ import sqlite3
 import threading
 from pathlib import Path
 
-BACKSTOP_PAGES = 10_000
-"""The writer checkpoints itself past this many WAL pages (~40 MB) if the thread lags."""
+BACKSTOP_PAGES = 4_000
+"""The writer checkpoints itself past this many WAL pages (~16 MB with 4 KiB pages).
+
+A passive checkpoint beside a busy writer rarely catches up with it, and the WAL only
+rewinds after one that did: the writer's own checkpoint, mostly backfilled already by the
+thread, bounds the file. Measured: 1 000 pages (SQLite's default) kept ~130 µs of COMMIT
+per sequential unit, 4 000 pages ~88 µs, 10 000 pages ~85 µs."""
 INTERVAL_S = 0.05
 """How long commits gather before a checkpoint: a hot page is copied once per interval."""
 

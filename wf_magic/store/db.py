@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -106,11 +107,32 @@ def connect(
     conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
     conn.execute("PRAGMA foreign_keys = ON")
     if not read_only:
-        mode = choose_journal_mode(db_path.parent)
-        conn.execute(f"PRAGMA journal_mode = {mode}")
+        _set_journal_mode(conn, choose_journal_mode(db_path.parent))
         sync = "FULL" if durability == "full" else "NORMAL"
         conn.execute(f"PRAGMA synchronous = {sync}")
     return conn
+
+
+def _set_journal_mode(conn: sqlite3.Connection, mode: str) -> None:
+    """Set the journal mode, waiting out other openers doing the same.
+
+    Switching a new database to WAL takes an exclusive lock, and SQLite reports a
+    conflict with another connection switching it (or recovering its WAL) as "database
+    is locked" at once, without calling the busy handler: fifty threads opening one new
+    state dir met it. Retry until the busy timeout, as any other wait on the lock would.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    delay = 0.001
+    while True:
+        try:
+            conn.execute(f"PRAGMA journal_mode = {mode}").fetchall()
+            return
+        except sqlite3.OperationalError as exc:
+            code = getattr(exc, "sqlite_errorcode", None) or sqlite3.SQLITE_BUSY
+            if code & 0xFF != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
 
 
 def read_only_uri(db_path: Path) -> str:

@@ -29,38 +29,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from wf_magic import Engine
+from peers import floor_us  # bench/ is sys.path[0] when run as a script
+from peers import workflow as bench_workflow
 
-BARE_SCHEMA = (
-    "CREATE TABLE attempts (id INTEGER PRIMARY KEY, unit_key TEXT NOT NULL, state TEXT NOT NULL,"
-    " started_at REAL NOT NULL, finished_at REAL, result BLOB)"
-)
+from wf_magic import Engine
 
 
 def bare_floor_per_unit(state_dir: Path, units: int) -> float:
     """sqlite_floor.py's reserve + finish (WAL + NORMAL), in seconds per unit."""
-    conn = sqlite3.connect(state_dir / "floor.db", isolation_level=None)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=NORMAL")
-    conn.execute(BARE_SCHEMA)
-    payload = b"x" * 64
-    start = time.perf_counter()
-    for i in range(units):
-        conn.execute("BEGIN IMMEDIATE")
-        cur = conn.execute(
-            "INSERT INTO attempts (unit_key, state, started_at) VALUES (?, 'running', ?)",
-            (f"u{i}", time.time()),
-        )
-        conn.execute("COMMIT")
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute(
-            "UPDATE attempts SET state='done', finished_at=?, result=? WHERE id=?",
-            (time.time(), payload, cur.lastrowid),
-        )
-        conn.execute("COMMIT")
-    elapsed = time.perf_counter() - start
-    conn.close()
-    return elapsed / units
+    del state_dir  # floor_us makes its own temp dir
+    return floor_us(units) / 1e6
 
 
 def schema_connection(state_dir: Path) -> sqlite3.Connection:
@@ -133,13 +111,7 @@ def schema_floor_per_unit(state_dir: Path, units: int) -> float:
 
 def engine_per_unit(state_dir: Path, units: int) -> float:
     """One map step of ``units`` scripted no-op units, whole run, in seconds per unit."""
-    source = (
-        "name: bench\nexecution:\n  max_concurrency: 1\n"
-        "runners:\n  scripted:\n    rules:\n      - match: '.'\n        reply: ok\n"
-        "steps:\n  - id: s\n"
-        f"    map: '{{{{ range({units}) | list }}}}'\n"
-        "    prompt: 'unit {{ item }}'\n"
-    )
+    source = bench_workflow(units, 1)
     with Engine(state_dir) as engine:
         engine.store.open()  # open + migrate outside the timed region, like the floors
         workflow = engine.load(source)

@@ -16,7 +16,7 @@ import pytest
 from tests.helpers_notebook import JUDGED, driven_view, engine_at
 from wf_magic import Engine
 from wf_magic.display import STATUS_COLOURS
-from wf_magic.notebook.rows import MAP_BUTTONS, StepDetail
+from wf_magic.notebook.detail import MAP_BUTTONS, StepDetail
 from wf_magic.notebook.widgets import RunView
 
 SHORT_FIRST = JUDGED.replace(

@@ -32,7 +32,7 @@ from .drives import driver_text
 if TYPE_CHECKING:
     from ..library import Library, LibraryWorkflow
     from ..store.records import EventRow
-    from .magics import WorkflowMagics
+    from .context import CommandContext
 
 CELL_SOURCE_NAME = "%%workflow cell"
 _NAME_LINE = re.compile(r"^name\s*:\s*['\"]?([^'\"\s#]+)", re.MULTILINE)
@@ -135,7 +135,7 @@ def _decided_loop(
 
 
 # -- the cell ---------------------------------------------------------------------------------
-def load_cell(ctx: WorkflowMagics, source: str, name: str | None) -> Workflow:
+def load_cell(ctx: CommandContext, source: str, name: str | None) -> Workflow:
     """Freeze a cell's YAML, or the ``.yaml`` file its one line names; the library learns it.
 
     NAME fills a missing ``name:`` (and must match a present one).
@@ -171,7 +171,7 @@ def load_cell(ctx: WorkflowMagics, source: str, name: str | None) -> Workflow:
     return wf
 
 
-def _load_file(ctx: WorkflowMagics, path: Path) -> Workflow:
+def _load_file(ctx: CommandContext, path: Path) -> Workflow:
     try:
         with _library(ctx) as library, library.using():
             wf = ctx.engine.load(path)
@@ -181,14 +181,14 @@ def _load_file(ctx: WorkflowMagics, path: Path) -> Workflow:
     return wf
 
 
-def _library(ctx: WorkflowMagics) -> Library:
+def _library(ctx: CommandContext) -> Library:
     """The workflow library the environment describes, caching in this notebook's state DB."""
     from ..library import Library
 
     return Library.from_environ(store=ctx.engine.store)
 
 
-def _library_cell(ctx: WorkflowMagics, name: str) -> Workflow:
+def _library_cell(ctx: CommandContext, name: str) -> Workflow:
     """A cell holding just a library NAME: the copy ``%workflow use`` pinned, else the
     library's (then pinned, so re-running the cell runs the same source)."""
     if name not in ctx.library_origins:
@@ -203,7 +203,7 @@ def _library_cell(ctx: WorkflowMagics, name: str) -> Workflow:
 
 
 def run_cell(
-    ctx: WorkflowMagics, args: CellArgs, source: str, *, key: str | None = None
+    ctx: CommandContext, args: CellArgs, source: str, *, key: str | None = None
 ) -> Run | None:
     """``%%workflow``: freeze, find or start the run (DESIGN §4), drive it, return the handle.
 
@@ -251,7 +251,7 @@ def run_cell(
     return handle
 
 
-def show_plan(ctx: WorkflowMagics, wf: Workflow) -> None:
+def show_plan(ctx: CommandContext, wf: Workflow) -> None:
     """Display the frozen plan: an HTML table and a Mermaid graph JupyterLab draws locally."""
     from IPython.display import display
 
@@ -264,7 +264,7 @@ def show_plan(ctx: WorkflowMagics, wf: Workflow) -> None:
 
 
 def launch(
-    ctx: WorkflowMagics,
+    ctx: CommandContext,
     run_id: str,
     *,
     max_steps: int | None = None,
@@ -312,7 +312,7 @@ def launch(
 
 
 # -- line commands ------------------------------------------------------------------------------
-def cmd_list(ctx: WorkflowMagics, args: LineArgs) -> Any:
+def cmd_list(ctx: CommandContext, args: LineArgs) -> Any:
     """Root runs, newest first, shown in a few columns (``--all``: every run and column).
 
     The compact view shows each run's params (secret ones masked) beside its workflow, so
@@ -347,7 +347,7 @@ def _scoped_runs_frame() -> type:
     return ScopedRunsFrame
 
 
-def cmd_status(ctx: WorkflowMagics, args: LineArgs) -> Run:
+def cmd_status(ctx: CommandContext, args: LineArgs) -> Run:
     handle = ctx.engine.status(_run(ctx, args))
     if not ctx.use_widgets:
         return handle
@@ -355,23 +355,23 @@ def cmd_status(ctx: WorkflowMagics, args: LineArgs) -> Run:
     return LiveRun(handle, view)
 
 
-def cmd_resume(ctx: WorkflowMagics, args: LineArgs) -> Run:
+def cmd_resume(ctx: CommandContext, args: LineArgs) -> Run:
     return launch(ctx, _run(ctx, args), max_steps=args.max_steps, background=args.background)
 
 
-def cmd_fork(ctx: WorkflowMagics, args: LineArgs) -> Run:
+def cmd_fork(ctx: CommandContext, args: LineArgs) -> Run:
     run_id = ctx.engine.fork(_run(ctx, args), from_step=args.from_step or "").run_id
     print(f"run {run_id}: fork of {args.run} from step {args.from_step}")
     return launch(ctx, run_id, max_steps=args.max_steps, background=args.background, created=True)
 
 
-def cmd_abandon(ctx: WorkflowMagics, args: LineArgs) -> None:
+def cmd_abandon(ctx: CommandContext, args: LineArgs) -> None:
     run_id = _run(ctx, args)
     ctx.engine.abandon(run_id, reason=args.reason or "abandoned by user")
     print(f"run {run_id} abandoned")
 
 
-def cmd_approve(ctx: WorkflowMagics, args: LineArgs) -> None:
+def cmd_approve(ctx: CommandContext, args: LineArgs) -> None:
     run_id = _run(ctx, args)
     loop = ctx.engine.approve(run_id, args.step or "", feedback=args.feedback, loop=args.loop)
     print(
@@ -380,7 +380,7 @@ def cmd_approve(ctx: WorkflowMagics, args: LineArgs) -> None:
     )
 
 
-def cmd_reject(ctx: WorkflowMagics, args: LineArgs) -> None:
+def cmd_reject(ctx: CommandContext, args: LineArgs) -> None:
     run_id = _run(ctx, args)
     loop = ctx.engine.reject(run_id, args.step or "", feedback=args.feedback or "", loop=args.loop)
     print(
@@ -389,7 +389,7 @@ def cmd_reject(ctx: WorkflowMagics, args: LineArgs) -> None:
     )
 
 
-def cmd_journal(ctx: WorkflowMagics, args: LineArgs) -> Any:
+def cmd_journal(ctx: CommandContext, args: LineArgs) -> Any:
     """The run's journal frame, shown in a compact column set (``--all``: every column)."""
     from .frames import JournalFrame
 
@@ -397,13 +397,13 @@ def cmd_journal(ctx: WorkflowMagics, args: LineArgs) -> Any:
     return frame if args.all else JournalFrame(frame)
 
 
-def cmd_show(ctx: WorkflowMagics, args: LineArgs) -> Any:
+def cmd_show(ctx: CommandContext, args: LineArgs) -> Any:
     """One attempt of a unit: what it was sent (input), answered (output) and cost."""
     record = ctx.engine.handle(_run(ctx, args)).attempt(args.unit or "", args.attempt)
     return AttemptView(record)
 
 
-def cmd_diff(ctx: WorkflowMagics, args: LineArgs) -> Any:
+def cmd_diff(ctx: CommandContext, args: LineArgs) -> Any:
     """Units whose input differs between two runs, as a coloured diff."""
     run_a = _run(ctx, args)
     run_b = ctx.engine.resolve_run_id(args.other or "")
@@ -426,29 +426,29 @@ class AttemptView:
         )
 
 
-def cmd_tokens(ctx: WorkflowMagics, args: LineArgs) -> Any:
+def cmd_tokens(ctx: CommandContext, args: LineArgs) -> Any:
     return ctx.engine.tokens(_run(ctx, args), by=args.by)
 
 
-def cmd_events(ctx: WorkflowMagics, args: LineArgs) -> Any:
+def cmd_events(ctx: CommandContext, args: LineArgs) -> Any:
     return ctx.engine.events(_run(ctx, args))
 
 
-def cmd_budget(ctx: WorkflowMagics, args: LineArgs) -> Any:
+def cmd_budget(ctx: CommandContext, args: LineArgs) -> Any:
     """The budget frame, shown with whole counts and "no limit" for an unset ceiling."""
     from .frames import BudgetFrame
 
     return BudgetFrame(ctx.engine.budget(_run(ctx, args)))
 
 
-def cmd_stop(ctx: WorkflowMagics, args: LineArgs) -> None:
+def cmd_stop(ctx: CommandContext, args: LineArgs) -> None:
     run_id = _run(ctx, args)
     ctx.drives.stop(run_id)
     ctx.engine.stop(run_id)
     print(f"stop requested for {run_id}; its driver stops after the units in flight")
 
 
-def cmd_gc(ctx: WorkflowMagics, args: LineArgs) -> None:
+def cmd_gc(ctx: CommandContext, args: LineArgs) -> None:
     seconds = args.older_than_s
     if seconds is None:
         seconds = (args.older_than_days or 0) * 86400
@@ -458,7 +458,7 @@ def cmd_gc(ctx: WorkflowMagics, args: LineArgs) -> None:
     )
 
 
-def cmd_use(ctx: WorkflowMagics, args: LineArgs) -> None:
+def cmd_use(ctx: CommandContext, args: LineArgs) -> None:
     """Load a workflow from the library: later cells call it as a child or run it by name."""
     if not args.run:
         raise UsageError("%workflow use needs a workflow name, e.g. `%workflow use review`")
@@ -470,7 +470,7 @@ def cmd_use(ctx: WorkflowMagics, args: LineArgs) -> None:
     show_plan(ctx, wf)
 
 
-def use_workflow(ctx: WorkflowMagics, name: str) -> tuple[LibraryWorkflow, Workflow]:
+def use_workflow(ctx: CommandContext, name: str) -> tuple[LibraryWorkflow, Workflow]:
     """Resolve ``name`` through the library, freeze it, and pin it in the notebook's library.
 
     Raises:
@@ -488,7 +488,7 @@ def use_workflow(ctx: WorkflowMagics, name: str) -> tuple[LibraryWorkflow, Workf
     return found, wf
 
 
-def cmd_config(ctx: WorkflowMagics, args: LineArgs) -> None:
+def cmd_config(ctx: CommandContext, args: LineArgs) -> None:
     engine = ctx.engine
     shelf = _library(ctx)  # only described: nothing is read or fetched
     lines = [
@@ -509,7 +509,7 @@ def cmd_config(ctx: WorkflowMagics, args: LineArgs) -> None:
     print("\n".join(lines))
 
 
-def cmd_watch(ctx: WorkflowMagics, args: LineArgs) -> Run:
+def cmd_watch(ctx: CommandContext, args: LineArgs) -> Run:
     """Follow a run driven elsewhere by polling its events until it is no longer active."""
     engine = ctx.engine
     run_id = _run(ctx, args)
@@ -552,20 +552,20 @@ def cmd_watch(ctx: WorkflowMagics, args: LineArgs) -> Run:
     return LiveRun(handle, view)
 
 
-def _run(ctx: WorkflowMagics, args: LineArgs) -> str:
+def _run(ctx: CommandContext, args: LineArgs) -> str:
     if not args.run:
         raise UsageError(f"%workflow {args.command} needs a run id (`%workflow list`)")
     return ctx.engine.resolve_run_id(args.run)
 
 
-def _last_event_id(ctx: WorkflowMagics, run_id: str) -> int:
+def _last_event_id(ctx: CommandContext, run_id: str) -> int:
     after = 0
     while rows := _events_after(ctx, run_id, after):
         after = rows[-1].event_id
     return after
 
 
-def _events_after(ctx: WorkflowMagics, run_id: str, after: int) -> list[EventRow]:
+def _events_after(ctx: CommandContext, run_id: str, after: int) -> list[EventRow]:
     return ctx.engine.store.events_after(run_id, after)
 
 
@@ -576,7 +576,7 @@ def _event_line(row: EventRow) -> str:
     return f"{stamp}  {row.kind:<14} {where}{data}"
 
 
-COMMANDS: dict[str, Callable[[WorkflowMagics, LineArgs], Any]] = {
+COMMANDS: dict[str, Callable[[CommandContext, LineArgs], Any]] = {
     "list": cmd_list,
     "status": cmd_status,
     "resume": cmd_resume,

@@ -24,9 +24,10 @@ from ..display import (
     shown_reason,
 )
 from ..run import Run
+from .detail import StepDetail
 from .drives import driver_text
 from .review import ReviewPanel, say
-from .rows import COLUMNS, LiveTexts, StepDetail, StepRowWidgets, elapsed_text
+from .rows import COLUMNS, LiveTexts, StepRowWidgets, elapsed_text
 from .snapshot import RunSnapshot, SnapshotReader
 from .throttle import Throttle, Ticker
 

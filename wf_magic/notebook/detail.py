@@ -1,0 +1,208 @@
+"""A step's drill-down panel: its units coloured by status, and one unit loop by loop."""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Iterable
+
+import ipywidgets as w
+
+from ..display import STATUS_COLOURS, UNKNOWN_STATUS_COLOUR
+from ..inspection import AttemptRecord, diff_html, input_text, record_of, unit_diff
+from ..store import Store
+from ..store.records import AttemptRow
+
+MAP_BUTTONS = 200
+"""A map's units shown as buttons in its drill-down; past this, a box finds the others."""
+
+
+def status_colour(status: str) -> str:
+    return STATUS_COLOURS.get(status, UNKNOWN_STATUS_COLOUR)
+
+
+def unit_statuses(attempts: Iterable[AttemptRow]) -> dict[str, str]:
+    """Each work unit's latest attempt status, in unit order (a map's items by index)."""
+    latest: dict[str, AttemptRow] = {}
+    for a in attempts:
+        if a.phase == "work":
+            latest[a.unit_id] = a
+    ordered = sorted(latest.values(), key=lambda a: (a.item_index is None, a.item_index or 0))
+    return {a.unit_id: a.status for a in ordered}
+
+
+def statuses_html(statuses: dict[str, str]) -> str:
+    """``3 units: 2 succeeded · 1 failed`` with each count in its status colour."""
+    counts: dict[str, int] = {}
+    for status in statuses.values():
+        counts[status] = counts.get(status, 0) + 1
+    parts = " · ".join(
+        f"<span style='color:{status_colour(k)}'>{n:,} {html.escape(k)}</span>"
+        for k, n in sorted(counts.items())
+    )
+    count = f"{len(statuses):,} unit{'s' if len(statuses) != 1 else ''}"
+    return f"<div class='wf-unit-counts'><b>{count}</b>{': ' if parts else ''}{parts}</div>"
+
+
+def verdict_html(verdict: object) -> str:
+    """A journaled gate verdict: passed or rejected, by which judge, its feedback and what
+    it found missing."""
+    if not isinstance(verdict, dict):
+        return ""
+    passed = bool(verdict.get("complete"))
+    status = "completed" if passed else "failed"
+    word = "passed" if passed else "rejected"
+    judge = html.escape(str(verdict.get("judge") or "gate"))
+    feedback = html.escape(str(verdict.get("feedback") or ""))
+    missing = [html.escape(str(m)) for m in verdict.get("missing") or ()]
+    gone = f"<div>missing: {', '.join(missing)}</div>" if missing else ""
+    return (
+        f"<div class='wf-verdict'><b style='color:{status_colour(status)}'>gate {word}</b> "
+        f"({judge}){': ' + feedback if feedback else ''}{gone}</div>"
+    )
+
+
+def _value_html(record: AttemptRecord) -> str:
+    if record.failure:
+        colour = status_colour("failed")
+        return (
+            f"<pre style='color:{colour};white-space:pre-wrap'>{html.escape(record.failure)}</pre>"
+        )
+    if record.status == "running":
+        return "<i>in flight</i>"
+    value = record.output
+    text = value if isinstance(value, str) else json.dumps(value, indent=2, default=str)
+    return f"<pre style='white-space:pre-wrap'>{html.escape(text, quote=False)}</pre>"
+
+
+def unit_loops_html(records: list[AttemptRecord], verdicts: dict[int, object]) -> str:
+    """One unit loop by loop (its newest attempt of each): input, output, the gate's verdict
+    on the loop and the diff to the previous loop."""
+    sections = []
+    previous: AttemptRecord | None = None
+    for record in records:
+        model = f"/{record.model}" if record.model else ""
+        head = (
+            f"<b>loop {record.loop}</b> · attempt {record.attempt} · "
+            f"<span style='color:{status_colour(record.status)}'>{record.status}</span> · "
+            f"{html.escape(record.runner + model)} · "
+            f"{record.tokens_in + record.tokens_out:,} tokens"
+        )
+        diff = ""
+        if previous is not None:
+            text = unit_diff(previous, record)
+            diff = (
+                f"<details class='wf-loop-diff' open><summary>changes since loop "
+                f"{previous.loop}</summary>{diff_html(text)}</details>"
+                if text
+                else f"<div><small>unchanged since loop {previous.loop}</small></div>"
+            )
+        sections.append(
+            f"<div class='wf-loop' style='border-top:1px solid #d0d7de;padding:4px 0'>{head}"
+            "<details class='wf-input'><summary>input</summary><pre style='white-space:pre-wrap'>"
+            f"{html.escape(input_text(record.input), quote=False)}</pre></details>"
+            f"<div><small>output</small>{_value_html(record)}</div>"
+            f"{verdict_html(verdicts.get(record.loop))}{diff}</div>"
+        )
+        previous = record
+    return "".join(sections) or "<i>no attempt journaled yet</i>"
+
+
+class StepDetail:
+    """A step's drill-down: its units (a map's as a list coloured by status), and one unit
+    loop by loop. It reads the journal only when opened, refreshed or a unit is picked."""
+
+    def __init__(self, store: Store, run_id: str, step_id: str, *, is_map: bool):
+        self.store = store
+        self.run_id = run_id
+        self.step_id = step_id
+        self.is_map = is_map
+        self.unit_id: str | None = None
+        """The unit shown loop by loop (a map's pick; the step's only unit otherwise)."""
+        self.loads = 0
+        self.counts = w.HTML()
+        self.units = w.HBox(layout=w.Layout(flex_flow="row wrap", display="none"))
+        self.finder = w.Combobox(
+            placeholder="unit id", ensure_option=True, layout=w.Layout(display="none")
+        )
+        self.finder.observe(self._found, "value")
+        self.unit_view = w.HTML()
+        self.refresh_button = w.Button(
+            icon="refresh", tooltip="read the journal again", layout=w.Layout(width="32px")
+        )
+        self.refresh_button.on_click(lambda _b: self.load())
+        self.widget = w.VBox(
+            [w.HBox([self.refresh_button, self.counts]), self.units, self.finder, self.unit_view],
+            layout=w.Layout(
+                display="none", grid_column="1 / -1", border="1px solid #d0d7de", padding="4px"
+            ),
+        )
+        self.widget.add_class("wf-step-detail")
+
+    @property
+    def is_open(self) -> bool:
+        return bool(self.widget.layout.display != "none")
+
+    def open(self) -> None:
+        """Show the panel, read fresh from the journal."""
+        self.widget.layout.display = ""
+        self.load()
+
+    def close(self) -> None:
+        self.widget.layout.display = "none"
+
+    def load(self) -> None:
+        """Read the step's attempts and draw its units (and the open unit)."""
+        self.loads += 1
+        attempts = self.store.attempts_of(self.run_id, self.step_id)
+        statuses = unit_statuses(attempts)
+        self.counts.value = statuses_html(statuses)
+        if self.is_map:
+            self._draw_units(statuses)
+        elif self.unit_id is None and statuses:
+            self.unit_id = next(iter(statuses))
+        self._draw_unit(attempts)
+
+    def open_unit(self, unit_id: str) -> None:
+        """Show ``unit_id`` loop by loop (a click on a map's unit)."""
+        self.unit_id = unit_id
+        self._draw_unit(self.store.attempts_of(self.run_id, self.step_id))
+
+    def _found(self, change: dict[str, object]) -> None:
+        if change["new"]:
+            self.open_unit(str(change["new"]))
+
+    def _draw_units(self, statuses: dict[str, str]) -> None:
+        buttons = []
+        for unit_id, status in list(statuses.items())[:MAP_BUTTONS]:
+            button = w.Button(
+                description=unit_id,
+                tooltip=f"{unit_id}: {status}",
+                layout=w.Layout(width="auto", height="22px", margin="1px"),
+            )
+            button.style.button_color = status_colour(status)
+            button.style.text_color = "white"
+            button.on_click(lambda _b, u=unit_id: self.open_unit(u))
+            buttons.append(button)
+        self.units.children = buttons
+        self.units.layout.display = ""
+        more = len(statuses) > MAP_BUTTONS
+        self.finder.options = tuple(statuses) if more else ()
+        self.finder.layout.display = "" if more else "none"
+
+    def _draw_unit(self, attempts: list[AttemptRow]) -> None:
+        unit_id = self.unit_id
+        if unit_id is None:
+            self.unit_view.value = "<i>no unit has run yet</i>" if not self.is_map else ""
+            return
+        newest: dict[int, AttemptRow] = {}
+        verdicts: dict[int, object] = {}
+        for a in attempts:
+            if a.unit_id == unit_id and a.phase == "work":
+                newest[a.loop] = a
+            elif a.phase == "gate" and a.status in ("succeeded", "reused") and a.output_json:
+                verdicts[a.loop] = json.loads(a.output_json)
+        records = [record_of(self.store, newest[loop]) for loop in sorted(newest)]
+        self.unit_view.value = (
+            f"<div><code>{html.escape(unit_id)}</code></div>{unit_loops_html(records, verdicts)}"
+        )

@@ -1,4 +1,4 @@
-"""Per-unit engine cost against two floors: the bare SQLite journal and our own schema.
+"""Per-unit engine cost against two floors: the bare SQLite journal and our own journal's SQL.
 
 Runs, in one process, interleaved rep by rep, each in a fresh temp dir:
 
@@ -6,11 +6,10 @@ Runs, in one process, interleaved rep by rep, each in a fresh temp dir:
   synchronous=NORMAL — one table without an index; per unit one row INSERTed in one
   ``BEGIN IMMEDIATE ... COMMIT`` and UPDATEd in another. The cost of the journal contract
   itself (issue 11's target: engine <= 3x this);
-* schema floor: the same two transactions on wf_magic's own schema (as ``Engine`` creates
-  it), writing what the journal wrote per unit before the lean-journal work: an attempt
-  row + unit row + event, then an update of both + another event. Dispatch ids are
-  time-ordered like the engine's. Engine / schema floor shows what the Python around the
-  journal costs; schema floor / bare floor what the schema costs;
+* journal replay: the statements a real engine run of the same workflow issued (recorded
+  with their parameters, reads and BEGIN/COMMIT included), replayed in order without the
+  engine on a fresh migrated state dir. Engine / replay shows what the Python around the
+  journal costs; replay / bare floor what our schema and group commit cost;
 * engine: one map step of N no-op ``scripted`` units (``max_concurrency: 1``), whole run
   (``Engine.run`` of a loaded workflow: start + drive; opening the database and freezing
   the plan are outside the clock, as for the floors).
@@ -23,16 +22,19 @@ Prints the best of R reps of each and the ratios::
 from __future__ import annotations
 
 import argparse
-import secrets
+import functools
 import sqlite3
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from peers import floor_us  # bench/ is sys.path[0] when run as a script
 from peers import workflow as bench_workflow
 
 from wf_magic import Engine
+from wf_magic.store.checkpoint import BACKSTOP_PAGES
 
 
 def bare_floor_per_unit(state_dir: Path, units: int) -> float:
@@ -41,71 +43,101 @@ def bare_floor_per_unit(state_dir: Path, units: int) -> float:
     return floor_us(units) / 1e6
 
 
-def schema_connection(state_dir: Path) -> sqlite3.Connection:
-    """A connection to a state DB that ``Engine`` created and migrated, with its pragmas."""
-    engine = Engine(state_dir)
-    engine.store.open()
-    engine.close()
-    conn = sqlite3.connect(engine.db_path, isolation_level=None)
-    conn.execute("PRAGMA busy_timeout = 5000")
-    conn.execute("PRAGMA foreign_keys = ON")
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute("PRAGMA synchronous = NORMAL")
-    return conn
+class _Recording(sqlite3.Connection):
+    """A connection that notes every statement and its parameters, in order, with its own id."""
+
+    log: list[tuple[int, str, Any]] = []
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        self.log.append((id(self), sql, parameters))
+        return super().execute(sql, parameters)
+
+    def executemany(self, sql: str, parameters: Any, /) -> sqlite3.Cursor:
+        rows = list(parameters)
+        self.log.append((id(self), sql, ("many", rows)))
+        return super().executemany(sql, rows)
 
 
-def schema_floor_per_unit(state_dir: Path, units: int) -> float:
-    """Reserve + finish on wf_magic's schema (3 writes each), in seconds per unit."""
-    conn = schema_connection(state_dir)
-    now = time.time()
-    conn.execute(
-        "INSERT INTO runs (run_id, workflow, plan_json, plan_hash, plan_version, source_hash,"
-        " params_json, params_hash, status, scope_key, root_run_id, created_at, updated_at)"
-        " VALUES ('r', 'w', '{}', 'h', 1, 's', '{}', 'p', 'active', 'k', 'r', ?, ?)",
-        (now, now),
+STATEMENTS_PER_UNIT: Counter[str] = Counter()
+"""The last replay's statements per unit by verb (``INSERT events``, ``COMMIT``, ...)."""
+
+
+def _verb(sql: str) -> str:
+    words = sql.split()
+    verb = words[0].upper() if words else "?"
+    table = next(
+        (words[i + 1] for i, w in enumerate(words[:-1]) if w.upper() in ("INTO", "UPDATE", "FROM")),
+        "",
     )
+    return f"{verb} {table}".strip() if verb in ("INSERT", "UPDATE", "SELECT", "DELETE") else verb
+
+
+def record_run(state_dir: Path, units: int) -> list[tuple[int, str, Any]]:
+    """Every statement wf_magic's connections issue while running a ``units``-unit map (c=1)."""
+    real_connect = sqlite3.connect
+
+    def connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        return real_connect(*args, **kwargs, factory=_Recording)
+
+    sqlite3.connect = connect  # type: ignore[assignment]
+    try:
+        with Engine(state_dir) as engine:
+            engine.store.open()
+            workflow = engine.load(bench_workflow(units, 1))
+            _Recording.log = []  # from here on: the run, as engine_per_unit times it
+            run = engine.run(workflow)
+    finally:
+        sqlite3.connect = real_connect  # type: ignore[assignment]
+    if run.status != "completed":
+        raise SystemExit(f"recorded run ended {run.status}: {run.reason}")
+    return _Recording.log
+
+
+def journal_replay_per_unit(state_dir: Path, units: int, *, core: bool = False) -> float:
+    """The SQL of a real engine run, replayed without the engine: seconds per unit.
+
+    The statements (writes, reads, BEGIN/COMMIT, with their recorded parameters) run in the
+    same order on as many connections, opened with the engine's pragmas, against a fresh
+    migrated state dir. The checkpoint thread's statements are left out (it runs beside the
+    driver); the writer keeps its backstop. What the engine costs above this is Python.
+
+    ``core``: leave out the writes DESIGN.md §3/§7 add to the attempt journal itself — the
+    ``unit_started``/``unit_finished`` event rows and the ``units`` projection — to show
+    what they cost.
+    """
+    log = record_run(state_dir / "record", units)
+    target = state_dir / "replay"
+    with Engine(target) as engine:
+        engine.store.open()
+    conns: dict[int, sqlite3.Connection] = {}
+    for conn_id, _sql, _params in log:
+        if conn_id not in conns:
+            conn = sqlite3.connect(target / "state.db", isolation_level=None)
+            conn.execute("PRAGMA busy_timeout = 30000")
+            conn.execute("PRAGMA foreign_keys = ON")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute(f"PRAGMA wal_autocheckpoint = {BACKSTOP_PAGES}")
+            conns[conn_id] = conn
+    global STATEMENTS_PER_UNIT
+    STATEMENTS_PER_UNIT = Counter(_verb(sql) for _c, sql, _p in log)
+    for verb in STATEMENTS_PER_UNIT:
+        STATEMENTS_PER_UNIT[verb] /= units  # type: ignore[assignment]
+    steps = [
+        (conns[conn_id], sql, params)
+        for conn_id, sql, params in log
+        if "wal_checkpoint" not in sql
+        and "journal_mode" not in sql
+        and not (core and _verb(sql) in ("INSERT events", "INSERT units", "UPDATE units"))
+    ]
     start = time.perf_counter()
-    for i in range(units):
-        did = f"{time.time_ns() // 1000:014x}{secrets.token_hex(9)}"  # time-ordered
-        uid = f"s[{i}]"
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute(
-            "INSERT INTO attempts (run_id, workflow, step_id, unit_id, attempt, dispatch_id, phase,"
-            " loop, item_index, runner, status, input_hash, charged, started_at) VALUES"
-            " ('r', 'w', 's', ?, 1, ?, 'work', 1, ?, 'scripted', 'running', 'h', 1, ?)",
-            (uid, did, i, time.time()),
-        )
-        conn.execute(
-            "INSERT INTO units (run_id, unit_id, step_id, phase, item_index, loop, status,"
-            " input_hash, attempts, updated_at) VALUES ('r', ?, 's', 'work', ?, 1,"
-            " 'running', 'h', 1, ?)",
-            (uid, i, time.time()),
-        )
-        conn.execute(
-            "INSERT INTO events (run_id, at, kind, unit_id, dispatch_id) VALUES"
-            " ('r', ?, 'unit_started', ?, ?)",
-            (time.time(), uid, did),
-        )
-        conn.execute("COMMIT")
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute(
-            "UPDATE attempts SET status = 'succeeded', output_json = '\"x\"', tokens_in = 1,"
-            " tokens_out = 1, finished_at = ? WHERE dispatch_id = ? AND status = 'running'",
-            (time.time(), did),
-        )
-        conn.execute(
-            "UPDATE units SET status = 'succeeded', updated_at = ? WHERE run_id = 'r' AND"
-            " unit_id = ?",
-            (time.time(), uid),
-        )
-        conn.execute(
-            "INSERT INTO events (run_id, at, kind, unit_id, dispatch_id) VALUES"
-            " ('r', ?, 'unit_finished', ?, ?)",
-            (time.time(), uid, did),
-        )
-        conn.execute("COMMIT")
+    for conn, sql, params in steps:
+        if isinstance(params, tuple) and len(params) == 2 and params[0] == "many":
+            conn.executemany(sql, params[1])
+        else:
+            conn.execute(sql, params).fetchall()
     elapsed = time.perf_counter() - start
-    conn.close()
+    for conn in conns.values():
+        conn.close()
     return elapsed / units
 
 
@@ -130,7 +162,8 @@ def main() -> None:
     args = parser.parse_args()
     measures = {
         "bare": bare_floor_per_unit,
-        "schema": schema_floor_per_unit,
+        "replay": journal_replay_per_unit,
+        "core": functools.partial(journal_replay_per_unit, core=True),
         "engine": engine_per_unit,
     }
     samples: dict[str, list[float]] = {name: [] for name in measures}
@@ -138,14 +171,18 @@ def main() -> None:
         for name, measure in measures.items():
             with tempfile.TemporaryDirectory() as tmp:
                 samples[name].append(measure(Path(tmp), args.units))
-    bare, schema, eng = (min(samples[name]) for name in measures)
+    bare, replay, core, eng = (min(samples[name]) for name in measures)
     print(f"units per run:                  {args.units} (best of {args.repeat})")
     print(f"bare floor (sqlite_floor.py):   {bare * 1e6:8.1f} us/unit")
-    print(f"schema floor (our tables):      {schema * 1e6:8.1f} us/unit")
+    print(f"journal replay (our SQL):       {replay * 1e6:8.1f} us/unit")
+    print(f"  without unit events and units: {core * 1e6:8.1f} us/unit")
     print(f"engine (scripted no-op, c=1):   {eng * 1e6:8.1f} us/unit")
     print(f"ratio engine/bare floor:        {eng / bare:8.2f}x  (target <= 3x)")
-    print(f"ratio engine/schema floor:      {eng / schema:8.2f}x")
-    print(f"ratio schema floor/bare floor:  {schema / bare:8.2f}x")
+    print(f"ratio engine/journal replay:    {eng / replay:8.2f}x  (the Python around the journal)")
+    per_unit = ", ".join(f"{v:.2f} {k}" for k, v in STATEMENTS_PER_UNIT.most_common())
+    print(f"journal statements per unit:    {sum(STATEMENTS_PER_UNIT.values()):.2f} ({per_unit})")
+    print(f"ratio journal replay/bare:      {replay / bare:8.2f}x  (our schema and commits)")
+    print(f"  without unit events and units: {core / bare:8.2f}x")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -93,10 +94,12 @@ def looks_secret(name: str) -> bool:
     return bool(_SECRET_NAME.search(name))
 
 
+@functools.lru_cache(maxsize=4096)
 def is_secret_key(name: str) -> bool:
     """Whether a param or JSON key names a secret: it ends in one (``api_key``, ``db_password``).
 
     Stricter than :func:`looks_secret`, so ``keywords``, ``author`` or ``max_tokens`` do not.
+    Cached: every journaled value's keys are asked, and they are mostly the same few.
     """
     return bool(_SECRET_KEY.search(name))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from ..errors import RunnerError
 from ..hashing import canonical_json
@@ -38,8 +39,15 @@ def unit_key(
         runner=runner or unit.runner,
         model=model if runner else unit.model,
         input_hash=input_hash or unit.input_hash,
-        input_json=canonical_json(state.redactor.redact_value(unit.input)),
+        input_json=_input_json(state, unit),
     )
+
+
+def _input_json(state: RunState, unit: UnitPlan) -> str:
+    """The unit's resolved input as journaled: canonical JSON, redacted."""
+    rendered = unit.rendered
+    redacted = state.redactor.redact_value(rendered.input)
+    return rendered.input_json if redacted is rendered.input else canonical_json(redacted)
 
 
 def attempts_by_unit(
@@ -52,7 +60,7 @@ def attempts_by_unit(
     return out
 
 
-def reserve_many(ctx: DriveContext, state: RunState, units: list[UnitPlan]) -> list[AttemptRow]:
+def reserve_many(ctx: DriveContext, state: RunState, units: Sequence[UnitPlan]) -> list[AttemptRow]:
     """New ``running`` attempts of ``units`` in one transaction (with any deferred finishes).
 
     The caller has checked the budget and counted each charged unit (``Budget.charge_unit``)

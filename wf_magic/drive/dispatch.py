@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from queue import Empty, SimpleQueue
@@ -52,7 +52,7 @@ def run_units(
     ctx: DriveContext,
     state: RunState,
     step: PlanStep,
-    units: list[UnitPlan],
+    units: Sequence[UnitPlan],
     *,
     inline: InlineRun,
     judged: bool = False,

@@ -11,11 +11,12 @@ value without a faithful repr) yields None instead.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import hashing as hashing_module
 from .. import templates as templates_module
@@ -23,14 +24,42 @@ from ..hashing import sha256_text
 from ..templates import TemplateError, references
 
 if TYPE_CHECKING:
-    from ..spec.plan import PlanStep
-    from .units import LoopUnits
+    from ..spec.plan import Plan, PlanStep
 
 CONTEXT_MIN_UNITS = 100
 """Maps smaller than this render every unit on resume (cheap) and record no context hash."""
 
 
-def context_hash(units: LoopUnits) -> str | None:
+class FeedbackInputs(Protocol):
+    """A gate rejection carried into the loop (``drive.units.Feedback``)."""
+
+    @property
+    def loop(self) -> int: ...
+    @property
+    def feedback(self) -> str: ...
+    @property
+    def missing(self) -> tuple[str, ...]: ...
+
+
+class LoopInputs(Protocol):
+    """What a loop's units are rendered from (``drive.units.LoopUnits``)."""
+
+    @property
+    def plan(self) -> Plan: ...
+    @property
+    def step(self) -> PlanStep: ...
+    @property
+    def params(self) -> Mapping[str, Any]: ...
+    @property
+    def outputs(self) -> Mapping[str, Any]: ...
+    @property
+    def loop(self) -> int: ...
+    @property
+    def feedback(self) -> FeedbackInputs | None: ...
+    def __len__(self) -> int: ...
+
+
+def context_hash(units: LoopInputs) -> str | None:
     """The hash of everything rendering ``units`` reads; None when not provable."""
     step = units.step
     code = _code_fingerprint()
@@ -126,13 +155,23 @@ def _code_fingerprint() -> str | None:
     old hash)."""
     import jinja2
 
-    from ..spec import kinds
-    from . import units
-
     parts = [sys.version, jinja2.__version__]
     try:
-        for module in (units, sys.modules[__name__], kinds, templates_module, hashing_module):
-            parts.append(Path(str(module.__file__)).read_text(encoding="utf-8"))
-    except (OSError, TypeError, UnicodeDecodeError):
+        for name in _CODE_MODULES:
+            spec = importlib.util.find_spec(name)
+            origin = spec.origin if spec is not None else None
+            parts.append(Path(str(origin)).read_text(encoding="utf-8"))
+    except (OSError, ImportError, UnicodeDecodeError):
         return None
     return sha256_text("\0".join(parts))
+
+
+_CODE_MODULES = (
+    "wf_magic.drive.units",
+    __name__,
+    "wf_magic.spec.kinds",
+    templates_module.__name__,
+    hashing_module.__name__,
+)
+"""The modules whose source the fingerprint covers, by name: found, not imported here (the
+units module imports this one)."""

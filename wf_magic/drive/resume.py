@@ -15,6 +15,7 @@ marked mixed first, and is compared unit by unit from then on.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from ..spec.plan import PlanStep
@@ -28,7 +29,7 @@ OWED_LOOKUP_MAX = 500
 
 
 def settle(
-    ctx: DriveContext, state: RunState, step: PlanStep, units: list[UnitPlan], work: LoopWork
+    ctx: DriveContext, state: RunState, step: PlanStep, units: Sequence[UnitPlan], work: LoopWork
 ) -> list[int]:
     """Fill in ``work.outputs`` of the units already answered; the indexes of those owed.
 
@@ -99,7 +100,7 @@ def _compare(
     ctx: DriveContext,
     state: RunState,
     step: PlanStep,
-    units: list[UnitPlan],
+    units: Sequence[UnitPlan],
     indexes: range | list[int],
     work: LoopWork,
 ) -> list[int]:

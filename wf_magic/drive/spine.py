@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -78,7 +79,7 @@ def complete_step(
     step: PlanStep,
     *,
     loop: int,
-    units: list[UnitPlan],
+    units: Sequence[UnitPlan],
     work: LoopWork,
 ) -> StepOutcome:
     """Decide and record a step's status after one loop of work."""
@@ -118,7 +119,7 @@ def _decide(
     step: PlanStep,
     *,
     loop: int,
-    units: list[UnitPlan],
+    units: Sequence[UnitPlan],
     work: LoopWork,
 ) -> StepOutcome:
     if work.input_error:
@@ -179,7 +180,7 @@ def _with_note(outcome: StepOutcome, extra: str | None) -> StepOutcome:
     )
 
 
-def _partial_note(units: list[UnitPlan], work: LoopWork) -> str:
+def _partial_note(units: Sequence[UnitPlan], work: LoopWork) -> str:
     failed = [u.unit_id for u in units if u.unit_id in work.failures]
     first = failed[0]
     return f"{len(failed)} of {len(units)} units failed; first: {first}: {work.failures[first]}"
@@ -189,7 +190,7 @@ def _failed(step: PlanStep, note: str) -> StepOutcome:
     return StepOutcome(status="failed", note=note, run_failed=step.on_error == "fail")
 
 
-def _unit_failures(step: PlanStep, units: list[UnitPlan], work: LoopWork) -> StepOutcome:
+def _unit_failures(step: PlanStep, units: Sequence[UnitPlan], work: LoopWork) -> StepOutcome:
     failed = [u.unit_id for u in units if u.unit_id in work.failures] or list(work.failures)
     first_id, count = failed[0], len(failed)
     note = f"unit {first_id} failed: {work.failures[first_id]}" + (

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import functools
-import itertools
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
-from ..hashing import hash_value
+from ..hashing import canonical_json, sha256_text
 from ..templates import TemplateError, evaluate, references
 from .loopcontext import context_hash
 
@@ -132,6 +131,8 @@ class _Rendered:
     """The unit request's fields (``prompt`` / ``argv`` / ``target`` + ``kwargs``)."""
     input: dict[str, Any]
     input_hash: str
+    input_json: str
+    """``input``'s canonical JSON (what ``input_hash`` hashes)."""
 
 
 class StepOutputs(dict[str, Any]):
@@ -244,18 +245,18 @@ def build_units(
             whose own template fails raises it when its input is first used.
     """
     items = expand_items(step, params, outputs)
-    units = LoopUnits(plan, step, params=params, outputs=outputs, loop=loop, feedback=feedback)
-    if items is None:
-        units.append(UnitPlan(units, step.id, None, None))
-    else:
-        count = len(items)
-        ids = [f"{step.id}[{i}]" for i in range(count)]
-        units.extend(map(UnitPlan, itertools.repeat(units, count), ids, range(count), items))
-    return units
+    return LoopUnits(
+        plan, step, params=params, outputs=outputs, loop=loop, feedback=feedback, items=items
+    )
 
 
-class LoopUnits(list[UnitPlan]):
-    """The units of one loop of one step, with everything rendering them reads."""
+class LoopUnits(Sequence[UnitPlan]):
+    """The units of one loop of one step, with everything rendering them reads.
+
+    A unit's ``UnitPlan`` is built on first access: a resume of a 10 000-unit map that the
+    journal answers (``drive/resume.py``) touches only the units still owed, and building
+    them all cost a fifth of such a resume.
+    """
 
     def __init__(
         self,
@@ -266,15 +267,46 @@ class LoopUnits(list[UnitPlan]):
         outputs: Mapping[str, Any],
         loop: int,
         feedback: Feedback | None,
+        items: list[Any] | None,
     ) -> None:
-        super().__init__()
         self.plan = plan
         self.step = step
         self.params = params
         self.outputs = outputs
         self.loop = loop
         self.feedback = feedback
+        self._items = items
+        self._built: list[UnitPlan | None] = [None] * (1 if items is None else len(items))
         self._context_hash: tuple[str | None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._built)
+
+    @overload
+    def __getitem__(self, index: int) -> UnitPlan: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[UnitPlan]: ...
+
+    def __getitem__(self, index: int | slice) -> UnitPlan | list[UnitPlan]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self._built)))]
+        unit = self._built[index]  # IndexError as a list would raise it
+        if unit is None:
+            i = index + len(self._built) if index < 0 else index
+            if self._items is None:
+                unit = UnitPlan(self, self.step.id, None, None)
+            else:
+                unit = UnitPlan(self, f"{self.step.id}[{i}]", i, self._items[i])
+            self._built[i] = unit
+        return unit
+
+    def __iter__(self) -> Iterator[UnitPlan]:
+        for i in range(len(self._built)):
+            yield self[i]
+
+    def __repr__(self) -> str:
+        return f"LoopUnits({self.step.id!r}, loop={self.loop}, units={len(self)})"
 
     def render(self, unit: UnitPlan) -> _Rendered:
         """``unit``'s request fields, resolved input and input hash.
@@ -312,7 +344,8 @@ class LoopUnits(list[UnitPlan]):
             "feedback": fb,
         }
         resolved.update(resolved_kind)
-        return _Rendered(fields, resolved, hash_value(resolved))
+        text = canonical_json(resolved)
+        return _Rendered(fields, resolved, sha256_text(text), text)
 
     @property
     def context_hash(self) -> str | None:
@@ -328,6 +361,14 @@ class LoopUnits(list[UnitPlan]):
 def _kind(name: str) -> KindSpec:
     """The kind named ``name``. ``spec.kinds`` is imported on first use: ``wf status`` counts
     a map's items through this module without loading the plan models (pydantic)."""
-    from ..spec.kinds import KINDS
+    try:
+        return _KINDS[name]
+    except KeyError:
+        from ..spec.kinds import KINDS
 
-    return KINDS[name]
+        _KINDS.update(KINDS)
+        return _KINDS[name]
+
+
+_KINDS: dict[str, KindSpec] = {}
+"""``spec.kinds.KINDS`` once imported (a function-level import per call cost ~10 µs a unit)."""

@@ -131,54 +131,30 @@ def _next_attempt_txn(conn: sqlite3.Connection, run_id: str, unit_id: str) -> in
     return int(row[0] or 0) + 1
 
 
+def _insert_attempt_sql(columns: Sequence[str], *, status: str = "?") -> str:
+    """``INSERT INTO attempts`` of ``columns``, all bound but ``status`` (given as SQL)."""
+    values = ", ".join(status if c == "status" else "?" for c in columns)
+    return f"INSERT INTO attempts ({', '.join(columns)}) VALUES ({values})"
+
+
+_KEY_COLUMNS = (
+    "run_id, workflow, step_id, unit_id, attempt, dispatch_id, phase, loop, item_index, runner,"
+    " model, status, input_hash, charged"
+).split(", ")
+"""What every new attempt binds first, in this order: its key, number, dispatch id, status."""
+_OUTCOME_COLUMNS = (
+    "tokens_in, tokens_out, cost, saved_tokens, reused_from, session_id, output_json, failure,"
+    " transient"
+).split(", ")
+_RESERVE_SQL = _insert_attempt_sql([*_KEY_COLUMNS, "started_at"], status="'running'")
+"""A reservation: status ``running``; its outcome columns keep their defaults until finished."""
+_TERMINAL_SQL = _insert_attempt_sql([*_KEY_COLUMNS, *_OUTCOME_COLUMNS, "started_at", "finished_at"])
+"""An attempt terminal at once: its outcome is written with it."""
+
+
 def reserve_attempt_txn(conn: sqlite3.Connection, key: UnitKey, *, charged: bool) -> AttemptRow:
     """Insert a ``running`` attempt with a fresh dispatch_id and its ``unit_started`` event."""
-    number = _next_attempt_txn(conn, key.run_id, key.unit_id)
-    dispatch_id = new_dispatch_id()
-    now = time.time()
-    cur = conn.execute(
-        "INSERT INTO attempts (run_id, workflow, step_id, unit_id, attempt, dispatch_id, phase,"
-        " loop, item_index, runner, model, status, input_hash, charged, started_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?)",
-        (
-            key.run_id,
-            key.workflow,
-            key.step_id,
-            key.unit_id,
-            number,
-            dispatch_id,
-            key.phase,
-            key.loop,
-            key.item_index,
-            key.runner,
-            key.model,
-            key.input_hash,
-            int(charged),
-            now,
-        ),
-    )
-    _keep_input_txn(conn, key, now)
-    _upsert_unit_txn(conn, key, "running", number)
-    append_event_txn(
-        conn,
-        key.run_id,
-        "unit_started",
-        step_id=key.step_id,
-        unit_id=key.unit_id,
-        dispatch_id=dispatch_id,
-        data={"attempt": number, "loop": key.loop, "phase": key.phase},
-    )
-    return _row(
-        key,
-        attempt_pk=int(cur.lastrowid or 0),
-        attempt=number,
-        dispatch_id=dispatch_id,
-        charged=charged,
-        started_at=now,
-        status="running",
-        finish=_NO_OUTCOME,
-        finished_at=None,
-    )
+    return _journal_attempt_txn(conn, key, None, charged=charged, event="unit_started")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -265,45 +241,48 @@ def record_terminal_attempt_txn(
     event: str = "unit_finished",
 ) -> AttemptRow:
     """Insert an attempt that is terminal at once (a reused result or a recorded verdict)."""
+    return _journal_attempt_txn(
+        conn,
+        key,
+        finish,
+        charged=charged,
+        event=event,
+        reused_from=reused_from,
+        saved_tokens=saved_tokens,
+    )
+
+
+def _journal_attempt_txn(
+    conn: sqlite3.Connection,
+    key: UnitKey,
+    finish: Finish | None,
+    *,
+    charged: bool,
+    event: str,
+    reused_from: str | None = None,
+    saved_tokens: int = 0,
+) -> AttemptRow:
+    """Journal a new attempt of ``key``: ``running`` (``finish`` None) or terminal at once.
+
+    In the caller's transaction, with it: its input kept, its unit row moved, ``event``.
+    """
     number = _next_attempt_txn(conn, key.run_id, key.unit_id)
     dispatch_id = new_dispatch_id()
     now = time.time()
-    cur = conn.execute(
-        "INSERT INTO attempts (run_id, workflow, step_id, unit_id, attempt, dispatch_id, phase,"
-        " loop, item_index, runner, model, status, input_hash, charged, tokens_in, tokens_out,"
-        " cost, saved_tokens, reused_from, session_id, output_json, failure, transient,"
-        " started_at, finished_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
-        " ?, ?, ?, ?, ?, ?, ?)",
-        (
-            key.run_id,
-            key.workflow,
-            key.step_id,
-            key.unit_id,
-            number,
-            dispatch_id,
-            key.phase,
-            key.loop,
-            key.item_index,
-            key.runner,
-            finish.model or key.model,
-            finish.status,
-            key.input_hash,
-            int(charged),
-            finish.tokens_in,
-            finish.tokens_out,
-            finish.cost,
-            saved_tokens,
-            reused_from,
-            finish.session_id,
-            finish.output_json,
-            finish.failure,
-            None if finish.transient is None else int(finish.transient),
-            now,
-            now,
-        ),
+    attempt_pk = _insert_attempt_txn(
+        conn,
+        key,
+        finish,
+        number=number,
+        dispatch_id=dispatch_id,
+        now=now,
+        charged=charged,
+        reused_from=reused_from,
+        saved_tokens=saved_tokens,
     )
+    status: AttemptStatus = "running" if finish is None else finish.status
     _keep_input_txn(conn, key, now)
-    _upsert_unit_txn(conn, key, finish.status, number)
+    _upsert_unit_txn(conn, key, status, number)
     append_event_txn(
         conn,
         key.run_id,
@@ -311,28 +290,88 @@ def record_terminal_attempt_txn(
         step_id=key.step_id,
         unit_id=key.unit_id,
         dispatch_id=dispatch_id,
-        data={
-            "status": finish.status,
-            "attempt": number,
-            "phase": key.phase,
-            "loop": key.loop,
-            "reused_from": reused_from,
-            "saved_tokens": saved_tokens,
-        },
+        data=_event_data(
+            key, finish, attempt=number, reused_from=reused_from, saved_tokens=saved_tokens
+        ),
     )
     return _row(
         key,
-        attempt_pk=int(cur.lastrowid or 0),
+        attempt_pk=attempt_pk,
         attempt=number,
         dispatch_id=dispatch_id,
         charged=charged,
         started_at=now,
-        status=finish.status,
-        finish=finish,
-        finished_at=now,
+        status=status,
+        finish=finish or _NO_OUTCOME,
+        finished_at=None if finish is None else now,
         saved_tokens=saved_tokens,
         reused_from=reused_from,
     )
+
+
+def _insert_attempt_txn(
+    conn: sqlite3.Connection,
+    key: UnitKey,
+    finish: Finish | None,
+    *,
+    number: int,
+    dispatch_id: str,
+    now: float,
+    charged: bool,
+    reused_from: str | None,
+    saved_tokens: int,
+) -> int:
+    """Insert attempt ``number`` of ``key`` (``finish`` None: ``running``); its ``attempt_pk``."""
+    key_values = (
+        key.run_id,
+        key.workflow,
+        key.step_id,
+        key.unit_id,
+        number,
+        dispatch_id,
+        key.phase,
+        key.loop,
+        key.item_index,
+        key.runner,
+    )
+    if finish is None:
+        values: tuple[Any, ...] = (*key_values, key.model, key.input_hash, int(charged), now)
+        return int(conn.execute(_RESERVE_SQL, values).lastrowid or 0)
+    values = (
+        *key_values,
+        finish.model or key.model,
+        finish.status,
+        key.input_hash,
+        int(charged),
+        finish.tokens_in,
+        finish.tokens_out,
+        finish.cost,
+        saved_tokens,
+        reused_from,
+        finish.session_id,
+        finish.output_json,
+        finish.failure,
+        None if finish.transient is None else int(finish.transient),
+        now,
+        now,
+    )
+    return int(conn.execute(_TERMINAL_SQL, values).lastrowid or 0)
+
+
+def _event_data(
+    key: UnitKey, finish: Finish | None, *, attempt: int, reused_from: str | None, saved_tokens: int
+) -> dict[str, Any]:
+    """The data of a new attempt's event: which attempt of which loop, and any outcome."""
+    if finish is None:
+        return {"attempt": attempt, "phase": key.phase, "loop": key.loop}
+    return {
+        "attempt": attempt,
+        "phase": key.phase,
+        "loop": key.loop,
+        "status": finish.status,
+        "reused_from": reused_from,
+        "saved_tokens": saved_tokens,
+    }
 
 
 _NO_OUTCOME = Finish(status="succeeded")

@@ -1,0 +1,26 @@
+"""The two doors of the Store (a read, a write) that its query mixins go through."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class StoreAccess:
+    """Base of the Store's query mixins: each named query or write calls ``_read`` or ``_write``.
+
+    The Store (store/store.py) overrides both; the mixins (``queries_*.py``) only need to
+    know that they exist, so the connections, the write lock and group commit stay in one
+    class.
+    """
+
+    def _read(self, fn: Callable[[sqlite3.Connection], T], run_id: str | None = None) -> T:
+        """Run ``fn`` on a reader connection (``run_id``: the run named by its errors)."""
+        raise NotImplementedError
+
+    def _write(self, fn: Callable[[sqlite3.Connection], T], run_id: str | None = None) -> T:
+        """Run ``fn`` in one ``BEGIN IMMEDIATE`` transaction of the writer."""
+        raise NotImplementedError

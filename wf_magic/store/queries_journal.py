@@ -1,0 +1,189 @@
+"""The Store's named queries and writes over the journal: attempts, inputs, events, loops.
+
+SQL in store/journal.py (attempts, inputs, events, budget) and store/resume.py (a loop's
+recorded context and done outputs). Deferred finishes (group commit) live with the
+connections in store/store.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from . import journal, resume, runs
+from .access import StoreAccess
+from .journal import Finish, UnitKey
+from .records import AttemptRow, BudgetUse, EventRow, StepRow
+
+
+class JournalQueries(StoreAccess):
+    """Attempts and their inputs, events and budget use; reservations, finishes, verdicts."""
+
+    # -- reads -----------------------------------------------------------------------------
+    def attempts_of(self, run_id: str, step_id: str | None = None) -> list[AttemptRow]:
+        """A run's attempts (optionally of one step), in journal order."""
+        return self._read(lambda c: journal.attempts_of(c, run_id, step_id), run_id)
+
+    def done_outputs(self, run_id: str, step_id: str) -> dict[str, dict[str, Any]]:
+        """unit_id → input_hash → output JSON of a step's newest succeeded/reused attempts."""
+        return self._read(lambda c: journal.done_outputs(c, run_id, step_id), run_id)
+
+    def attempts_of_units(self, run_id: str, unit_ids: Sequence[str]) -> list[AttemptRow]:
+        """The attempts of the given units of a run, in journal order."""
+        ids = list(unit_ids)
+        if not ids:
+            return []
+        return self._read(lambda c: journal.attempts_of_units(c, run_id, ids), run_id)
+
+    def find_reusable(
+        self,
+        *,
+        workflow: str,
+        input_hash: str,
+        runner: str,
+        exclude_run_id: str,
+        phase: str = "work",
+        unit_id: str | None = None,
+    ) -> AttemptRow | None:
+        """The newest succeeded attempt of another run of ``workflow`` with the same input."""
+        return self._read(
+            lambda c: journal.find_reusable(
+                c,
+                workflow=workflow,
+                input_hash=input_hash,
+                runner=runner,
+                exclude_run_id=exclude_run_id,
+                phase=phase,
+                unit_id=unit_id,
+            )
+        )
+
+    def input_of(self, input_hash: str) -> dict[str, Any] | None:
+        """The journaled (redacted) input of ``input_hash``; None when it was never recorded."""
+        text = self._read(lambda c: journal.input_of(c, input_hash))
+        return None if text is None else dict(json.loads(text))
+
+    def inputs_of(self, input_hashes: set[str]) -> dict[str, str]:
+        """The journaled inputs (JSON text) of the given hashes that have one."""
+        return self._read(lambda c: journal.inputs_of(c, input_hashes))
+
+    def find_in_run(self, *, run_id: str, input_hash: str, unit_id: str) -> AttemptRow | None:
+        """The newest succeeded/reused attempt of ``unit_id`` in ``run_id`` with that input."""
+        return self._read(
+            lambda c: journal.find_in_run(c, run_id=run_id, input_hash=input_hash, unit_id=unit_id),
+            run_id,
+        )
+
+    def budget_usage(self, root_run_id: str) -> tuple[int, int, float]:
+        """(charged attempts, their tokens, their cost) over a root run and its descendants."""
+        return self._read(lambda c: journal.budget_usage(c, root_run_id), root_run_id)
+
+    def budget_use(self, run_id: str) -> BudgetUse:
+        """Charged use of ``run_id``'s root (and its descendants) against the root's ceilings.
+
+        Raises:
+            UsageError: no such run.
+        """
+        return self._read(lambda c: journal.budget_use(c, run_id), run_id)
+
+    def events_after(self, run_id: str, after_id: int = 0, limit: int = 10_000) -> list[EventRow]:
+        """Events of ``run_id`` newer than ``after_id`` (watch/tail)."""
+        return self._read(lambda c: journal.events_after(c, run_id, after_id, limit), run_id)
+
+    # -- writes ----------------------------------------------------------------------------
+    def reserve_attempt(self, key: UnitKey, *, charged: bool) -> AttemptRow:
+        """Insert a ``running`` attempt with a fresh dispatch_id."""
+        return self._write(
+            lambda c: journal.reserve_attempt_txn(c, key, charged=charged), key.run_id
+        )
+
+    def reserve_attempts(self, keys: Sequence[tuple[UnitKey, bool]]) -> list[AttemptRow]:
+        """Reserve several ``(key, charged)`` attempts in one transaction (a dispatch batch).
+
+        Each unit is still reserved before it is dispatched: the batch is the units about to
+        be handed to the executor together, and the transaction commits before any of them.
+        """
+        if not keys:
+            return []
+        return self._write(lambda c: journal.reserve_attempts_txn(c, keys), keys[0][0].run_id)
+
+    def finish_attempt(self, attempt: AttemptRow, finish: Finish) -> bool:
+        """Finish a running attempt; False (nothing written) when it was already finished."""
+        return self._write(lambda c: journal.finish_attempt_txn(c, attempt, finish), attempt.run_id)
+
+    def record_terminal_attempt(
+        self,
+        key: UnitKey,
+        finish: Finish,
+        *,
+        reused_from: str | None = None,
+        saved_tokens: int = 0,
+        event: str = "unit_finished",
+    ) -> AttemptRow:
+        """Insert an attempt that is terminal at once (a reused result or a verdict)."""
+        return self._write(
+            lambda c: journal.record_terminal_attempt_txn(
+                c, key, finish, reused_from=reused_from, saved_tokens=saved_tokens, event=event
+            ),
+            key.run_id,
+        )
+
+    def record_decision(
+        self,
+        run_id: str,
+        step_id: str,
+        decide: Callable[[StepRow | None, Callable[[str, str], AttemptRow | None]], UnitKey],
+        finish: Finish,
+    ) -> UnitKey:
+        """Compare-and-set a person's verdict in one transaction.
+
+        ``decide(step_row, latest_verdict)`` sees the step row and a lookup of the newest
+        verdict of ``(unit_id, input_hash)``; it returns the key to journal, or raises to
+        refuse (nothing is written).
+        """
+
+        def txn(conn: sqlite3.Connection) -> UnitKey:
+            row = next((s for s in runs.steps_of(conn, run_id) if s.step_id == step_id), None)
+
+            def latest(unit_id: str, input_hash: str) -> AttemptRow | None:
+                return journal.latest_verdict(
+                    conn, run_id=run_id, unit_id=unit_id, input_hash=input_hash
+                )
+
+            key = decide(row, latest)
+            journal.record_terminal_attempt_txn(conn, key, finish, event="human_verdict")
+            return key
+
+        return self._write(txn, run_id)
+
+    # -- resume of one loop (drive/resume.py) ----------------------------------------------
+    def loop_context(self, run_id: str, step_id: str, loop: int) -> resume.LoopContext:
+        """The context hash recorded for a loop of a map step, and whether it is mixed."""
+        return self._read(lambda c: resume.loop_context(c, run_id, step_id, loop), run_id)
+
+    def record_loop_context(
+        self, run_id: str, step_id: str, *, loop: int, context_hash: str | None
+    ) -> str:
+        """Record the context a loop of a map step dispatches under (see store/resume.py)."""
+        return self._write(
+            lambda c: resume.record_loop_context_txn(
+                c, run_id, step_id, loop=loop, context_hash=context_hash
+            ),
+            run_id,
+        )
+
+    def loop_outputs(
+        self, run_id: str, step_id: str, loop: int, *, grouped: bool = False
+    ) -> resume.LoopOutputs:
+        """The succeeded outputs of a loop's units as two JSON arrays (``grouped``: newest)."""
+        return self._read(
+            lambda c: resume.loop_outputs(c, run_id, step_id, loop, grouped=grouped), run_id
+        )
+
+    def done_outputs_of_units(
+        self, run_id: str, unit_ids: list[str]
+    ) -> dict[str, dict[str, str | None]]:
+        """unit_id → input_hash → output JSON of its succeeded attempts, for a few units."""
+        return self._read(lambda c: resume.done_outputs_of_units(c, run_id, unit_ids), run_id)

@@ -1,0 +1,186 @@
+"""The Store's named queries and writes over runs and steps (SQL in store/runs.py)."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Sequence
+
+from . import runs
+from .access import StoreAccess
+from .records import RunRow, RunStatus, ScopeChoice, StepRow, StepStatus
+from .runs import LaunchKey
+
+
+class RunQueries(StoreAccess):
+    """Runs and their steps: find, list, create (once per scope or child), status writes, gc."""
+
+    # -- reads -----------------------------------------------------------------------------
+    def get_run(self, run_id: str) -> RunRow | None:
+        """The run row of ``run_id`` (None when there is none)."""
+        return self._read(lambda c: runs.get_run(c, run_id), run_id)
+
+    def find_run_prefix(self, prefix: str) -> list[str]:
+        """Run ids starting with ``prefix`` (close matches for a mistyped id)."""
+        return self._read(lambda c: runs.find_run_prefix(c, prefix))
+
+    def latest_in_scope(self, scope_key: str) -> RunRow | None:
+        """The newest root run of a scope."""
+        return self._read(lambda c: runs.latest_in_scope(c, scope_key))
+
+    def list_runs(
+        self, *, include_children: bool = False, limit: int | None = None
+    ) -> list[RunRow]:
+        """Runs, newest first."""
+        return self._read(
+            lambda c: runs.list_runs(c, include_children=include_children, limit=limit)
+        )
+
+    def child_run(self, parent_run_id: str, invocation_key: str) -> RunRow | None:
+        """The child run a parent published for one invocation."""
+        return self._read(lambda c: runs.child_run(c, parent_run_id, invocation_key))
+
+    def steps_of(self, run_id: str) -> list[StepRow]:
+        """A run's step rows in plan order."""
+        return self._read(lambda c: runs.steps_of(c, run_id), run_id)
+
+    def is_stop_requested(self, run_id: str) -> bool:
+        """Whether someone asked the run's driver to stop."""
+        return self._read(lambda c: runs.is_stop_requested(c, run_id), run_id)
+
+    def finished_runs_before(self, cutoff: float) -> list[str]:
+        """Finished root runs older than ``cutoff`` (gc candidates)."""
+        return self._read(lambda c: runs.finished_runs_before(c, cutoff))
+
+    # -- writes ----------------------------------------------------------------------------
+    def create_run(
+        self,
+        row: RunRow,
+        steps: Sequence[tuple[str, int, str, int]],
+        *,
+        supersede: str | None = None,
+    ) -> None:
+        """Insert a run and its steps; with ``supersede`` abandon that run in the same write.
+
+        Raises:
+            sqlite3.IntegrityError: a child with the same (parent, invocation key) exists.
+        """
+
+        self._write(lambda c: runs.create_run_txn(c, row, steps, supersede=supersede), row.run_id)
+
+    def start_in_scope(
+        self,
+        row: RunRow,
+        steps: Sequence[tuple[str, int, str, int]],
+        *,
+        decide: Callable[[RunRow | None], ScopeChoice],
+        launch_key: str | None = None,
+        check_key: Callable[[LaunchKey], None] | None = None,
+    ) -> RunRow:
+        """Find the scope's run or insert ``row``, as one atomic step; returns the run kept.
+
+        ``decide(latest)`` sees the newest root run of ``row.scope_key`` inside the write
+        transaction, so two starts at the same instant (threads or processes) cannot both
+        insert: the second sees the first's run. It returns what to do (``ScopeChoice``), or
+        raises to refuse (nothing is written).
+
+        With ``launch_key``, a key already recorded is checked by ``check_key`` (which raises
+        to refuse) and its run is returned; otherwise the key is recorded for the run kept,
+        in the same transaction.
+        """
+
+        def txn(conn: sqlite3.Connection) -> RunRow:
+            if launch_key is not None:
+                prior = runs.launch_key(conn, launch_key)
+                keyed = runs.get_run(conn, prior.run_id) if prior is not None else None
+                if prior is not None and keyed is not None:
+                    if check_key is not None:
+                        check_key(prior)
+                    return keyed
+            choice = decide(runs.latest_in_scope(conn, row.scope_key))
+            kept = choice.keep
+            if kept is None:
+                runs.create_run_txn(conn, row, steps, supersede=choice.supersede)
+                kept = row
+            if launch_key is not None:
+                runs.insert_launch_key_txn(conn, launch_key, kept)
+            return kept
+
+        return self._write(txn, row.run_id)
+
+    def publish_child(self, row: RunRow, steps: Sequence[tuple[str, int, str, int]]) -> RunRow:
+        """Insert a child run once per ``(parent_run_id, invocation_key)``; returns the row kept.
+
+        A child published meanwhile (the pair is unique) is returned instead of ``row``.
+        """
+        try:
+            self.create_run(row, steps)
+        except sqlite3.IntegrityError:
+            existing = self.child_run(row.parent_run_id or "", row.invocation_key or "")
+            if existing is None:
+                raise
+            return existing
+        return row
+
+    def set_run_status(
+        self,
+        run_id: str,
+        status: RunStatus,
+        *,
+        reason: str | None = None,
+        result_json: str | None = None,
+    ) -> None:
+        """Write a run's status (with its ``run_status`` event)."""
+        self._write(
+            lambda c: runs.set_run_status_txn(
+                c, run_id, status, reason=reason, result_json=result_json
+            ),
+            run_id,
+        )
+
+    def write_step(
+        self,
+        run_id: str,
+        step_id: str,
+        *,
+        status: StepStatus,
+        loop: int,
+        note: str | None,
+        output_json: str | None,
+        stops_run: bool = False,
+    ) -> None:
+        """Write a step's state (the spine is the only caller)."""
+        self._write(
+            lambda c: runs.write_step_txn(
+                c,
+                run_id,
+                step_id,
+                status=status,
+                loop=loop,
+                note=note,
+                output_json=output_json,
+                stops_run=stops_run,
+            ),
+            run_id,
+        )
+
+    def set_stop_requested(self, run_id: str, value: bool) -> None:
+        """Ask a run's driver to stop between units (or clear the request)."""
+        self._write(lambda c: runs.set_stop_requested(c, run_id, value), run_id)
+
+    def delete_run_tree(self, run_id: str) -> None:
+        """Delete a finished root run and its descendants."""
+        self._write(lambda c: runs.delete_run_tree_txn(c, run_id), run_id)
+
+    def delete_finished_tree(
+        self, run_id: str, *, cutoff: float, statuses: Sequence[str] = runs.FINISHED
+    ) -> list[str]:
+        """Delete a root run and its descendants only if it is still finished before ``cutoff``.
+
+        The status is checked inside the delete's transaction (a failed run resumed since it
+        was listed is kept), and each deleted run leaves a receipt (``run_receipts``) written
+        in that same transaction. Returns the deleted run ids, root first (empty: nothing
+        deleted).
+        """
+        return self._write(
+            lambda c: runs.delete_finished_tree_txn(c, run_id, cutoff, statuses), run_id
+        )

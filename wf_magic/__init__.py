@@ -30,7 +30,8 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
     from .runners.functions import register_function
     from .runners.registry import register_runner
     from .runners.scripted import ScriptedRunner
-    from .spec.freeze import Workflow, load_workflow
+    from .spec.freeze import load_workflow
+    from .spec.workflow import Workflow
 
 # Public names are imported on first use (PEP 562): `wf --help` and `import wf_magic` stay
 # fast, and pydantic, Jinja and the engine load only when something needs them.
@@ -60,7 +61,7 @@ _LAZY = {
     "register_function": ".runners.functions",
     "register_runner": ".runners.registry",
     "ScriptedRunner": ".runners.scripted",
-    "Workflow": ".spec.freeze",
+    "Workflow": ".spec.workflow",
     "load_workflow": ".spec.freeze",
 }
 

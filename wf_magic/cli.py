@@ -22,7 +22,7 @@ from .verbs import add_global_options, add_verb_parsers, parse_params
 if TYPE_CHECKING:
     from .engine import Engine
     from .run import Run
-    from .spec.freeze import Workflow
+    from .spec.workflow import Workflow
     from .store import Store
     from .store.records import RunRow
 

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from . import lifecycle
-    from .spec.freeze import Workflow
+    from .spec.workflow import Workflow
 
 GC_STATUSES: tuple[str, ...] = ("completed", "failed", "abandoned")
 """The run statuses gc deletes (finished ones); ``wf gc --status`` picks among them."""
@@ -149,7 +149,7 @@ class Engine:
             RunLockHeld: the run to supersede is being driven.
         """
         from . import lifecycle
-        from .spec.freeze import Workflow
+        from .spec.workflow import Workflow
 
         wf = workflow if isinstance(workflow, Workflow) else self.load(workflow)
         started = lifecycle.start(
@@ -179,7 +179,7 @@ class Engine:
         key: str | None = None,
     ) -> Run:
         """Start (or find) the run for ``source`` and drive it; see :meth:`start`, :meth:`drive`."""
-        from .spec.freeze import Workflow
+        from .spec.workflow import Workflow
 
         wf = source if isinstance(source, Workflow) else self.load(source)
         started = self.start(

@@ -17,9 +17,9 @@ from .hashing import hash_value
 from .locking import RunLock
 from .redact import is_secret_key
 from .sealing import Sealed, Sealer, env_name, has_secrets, missing_secret, seals_of
-from .spec.freeze import Workflow
 from .spec.params import coerce_param, normalise, resolve_params
 from .spec.plan import Plan
+from .spec.workflow import Workflow
 from .store import Store
 from .store.records import RunRow, ScopeChoice
 from .store.runs import LaunchKey

@@ -13,9 +13,9 @@ from ..errors import RunnerError, UsageError
 from ..hashing import sha256_text
 from ..runners.base import UnitResult
 from ..sealing import Sealer, has_secrets
-from ..spec.freeze import Workflow
 from ..spec.params import resolve_params
 from ..spec.plan import PlanStep
+from ..spec.workflow import Workflow
 from ..store import Store
 from ..store.records import RunRow
 from .context import DriveContext, RunState

@@ -16,7 +16,7 @@ from ..store import Store
 from ..store.records import RunRow
 
 if TYPE_CHECKING:
-    from ..spec.freeze import Workflow
+    from ..spec.workflow import Workflow
 
 
 class UndecodablePlan(Exception):

@@ -12,8 +12,8 @@ from ..bus import EventBus
 from ..errors import StateDBError, UsageError
 from ..locking import RunLock
 from ..redact import Redactor
-from ..spec.freeze import Workflow
 from ..spec.plan import Plan
+from ..spec.workflow import Workflow
 from ..store import Store
 from ..store.records import RunRow
 from .budget import seed_budget

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..hashing import canonical_json, sha256_text
-from ..spec.freeze import Workflow
+from ..spec.workflow import Workflow
 from ..store.records import RunRow
 
 

@@ -25,7 +25,7 @@ from ..inspection import (
 from ..library_index import NAME_PATTERN
 from ..run import Run
 from ..runners.registry import known_runners
-from ..spec.freeze import Workflow
+from ..spec.workflow import Workflow
 from .args import CellArgs, LineArgs
 from .drives import driver_text
 

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ..engine import Engine
-    from ..spec.freeze import Workflow
+    from ..spec.workflow import Workflow
     from .drives import Drives
     from .widgets import RunView
 

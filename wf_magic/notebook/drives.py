@@ -14,7 +14,7 @@ from ..engine import Engine
 from ..errors import UsageError, WorkflowError
 from ..locking import RunLock
 from ..run import Run
-from ..spec.freeze import Workflow
+from ..spec.workflow import Workflow
 
 log = logging.getLogger("wf_magic")
 

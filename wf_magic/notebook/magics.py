@@ -22,7 +22,7 @@ from traitlets import Bool, CaselessStrEnum, Float, Integer, Unicode
 from ..engine import Engine
 from ..errors import RunLockHeld, WorkflowError
 from ..run import Run
-from ..spec.freeze import Workflow
+from ..spec.workflow import Workflow
 from ..store.db import default_state_dir
 from . import commands
 from .args import COMMANDS, cell_args, line_args, line_help

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path as FsPath
 from typing import Any, cast
 
@@ -30,23 +29,11 @@ from .kinds import KINDS
 from .models import ENV_NAME_PATTERN, ID_PATTERN, StepSpec, WorkflowSpec
 from .plan import Plan, PlanStep
 from .source import Source, read_source, split_documents
+from .workflow import Workflow
 from .yamlload import Path
 
 MAX_PLAN_BYTES = 5_000_000
 MAX_CHILD_DEPTH = 8
-
-
-@dataclass(frozen=True, slots=True)
-class Workflow:
-    """A loaded workflow: its source, and the plan it freezes into."""
-
-    name: str
-    source: str
-    source_hash: str
-    source_path: str | None
-    plan: Plan
-    plan_json: str
-    plan_hash: str
 
 
 def load_workflow(

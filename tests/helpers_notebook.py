@@ -122,6 +122,21 @@ def view_of(engine: Engine, run_id: str, drives: Drives | None = None, **kw: Any
     )
 
 
+def redraw_bound(view: RunView, elapsed_s: float) -> float:
+    """The most redraws ``view`` can make over a drive of ``elapsed_s`` seconds and the flush
+    after it: timed redraws start at least ``throttle.min_interval_s`` apart (so the first
+    one and ``elapsed_s / min_interval_s`` more during the drive), one trailing redraw may
+    start after the drive returned, then the flush."""
+    return elapsed_s / view.throttle.min_interval_s + 3
+
+
+def tick_bound(view: RunView, elapsed_s: float) -> float:
+    """The most clock ticks of ``view`` over a drive of ``elapsed_s`` seconds: at least
+    ``clock.interval_s`` apart from a start inside the drive, plus one between the drive's
+    end and the flush that stops the clock."""
+    return elapsed_s / view.clock.interval_s + 1
+
+
 def driven_view(engine: Engine, source: str) -> tuple[str, RunView]:
     """Start ``source``, drive it to its end under a view, and return both, redrawn."""
     run_id = engine.start(source).run_id

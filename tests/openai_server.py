@@ -1,4 +1,5 @@
-"""A real OpenAI-compatible chat server on loopback, scripted by tests (stdlib only).
+"""A real OpenAI-compatible chat server on loopback, scripted by tests, and the setup the
+openai test modules share (the environment, a runner on the server, a unit request).
 
 Usage::
 
@@ -15,6 +16,9 @@ A request with ``"stream": true`` gets its 200 completion as server-sent events:
 ``chat.completion.chunk`` per word of the content (``chunk_delay_s`` apart), a final chunk
 with ``usage`` and no choices when ``stream_options.include_usage`` asks for it, then
 ``data: [DONE]``. ``streams = False`` plays a server that ignores ``stream`` and answers JSON.
+
+The helpers at the end isolate the environment and build wf_magic objects pointed at the
+server.
 """
 
 from __future__ import annotations
@@ -25,8 +29,16 @@ import threading
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tests.helpers_http import LoopbackHTTPServer, isolate_loopback_env
+from wf_magic.runners.base import RunnerContext, UnitRequest
+from wf_magic.runners.openai_chat import OpenAIChatRunner
+
+if TYPE_CHECKING:
+    import pytest
 
 CHAT_PATH = "/v1/chat/completions"
 
@@ -122,8 +134,7 @@ class FakeChatServer:
         self._script: deque[ScriptedResponse] = deque()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        self._httpd: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._httpd: LoopbackHTTPServer | None = None
 
     @property
     def url(self) -> str:
@@ -151,23 +162,15 @@ class FakeChatServer:
 
     def start(self) -> FakeChatServer:
         """Bind a free port and serve in a background thread."""
-        handler = _handler_for(self)
-        self._httpd = _QuietServer(("127.0.0.1", 0), handler)
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, args=(0.02,), name="fake-chat-server"
-        )
-        self._thread.start()
+        self._httpd = LoopbackHTTPServer(_handler_for(self), name="fake-chat-server")
         return self
 
     def stop(self) -> None:
         """Stop serving, wake delayed handlers, close the socket and join every thread."""
         self._stopping.set()
         if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()  # joins the handler threads
-        if self._thread is not None:
-            self._thread.join()
-        self._httpd, self._thread = None, None
+            self._httpd.stop()
+        self._httpd = None
 
     def __enter__(self) -> FakeChatServer:
         return self.start()
@@ -182,15 +185,6 @@ class FakeChatServer:
         if request.path != CHAT_PATH:
             return ScriptedResponse(404, {"error": {"message": f"no route {request.path}"}})
         return scripted if scripted is not None else self.default(request)
-
-
-class _QuietServer(ThreadingHTTPServer):
-    daemon_threads = False  # server_close() joins them: no thread outlives a test
-    block_on_close = True
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # A client that gave up (timeout tests) leaves a broken pipe behind: expected.
-        return None
 
 
 def _handler_for(server: FakeChatServer) -> type[BaseHTTPRequestHandler]:
@@ -277,3 +271,33 @@ def _is_completion(response: ScriptedResponse) -> bool:
         and isinstance(body, dict)
         and body.get("object") == "chat.completion"
     )
+
+
+# -- setup shared by the openai test modules ----------------------------------------------------
+OPENAI_ENV = (
+    "OPENAI_BASE_URL",
+    "WF_MAGIC_OPENAI_BASE_URL",
+    "WF_MAGIC_OPENAI_MODEL",
+    "OPENAI_API_KEY",
+)
+
+
+def isolate_openai_env(monkeypatch: pytest.MonkeyPatch, key_env: str, key: str) -> None:
+    """``key`` in ``key_env``; no OpenAI endpoint, model, key or proxy setting leaks in."""
+    monkeypatch.setenv(key_env, key)
+    for name in OPENAI_ENV:
+        monkeypatch.delenv(name, raising=False)
+    isolate_loopback_env(monkeypatch)
+
+
+def chat_runner(options: Mapping[str, Any], state_dir: str | Path) -> OpenAIChatRunner:
+    """An openai runner made as a workflow ``wf`` would make it from ``runners.openai``."""
+    context = RunnerContext(
+        name="openai", options=dict(options), state_dir=str(state_dir), workflow="wf"
+    )
+    return OpenAIChatRunner.from_context(context)
+
+
+def unit_request(**fields: Any) -> UnitRequest:
+    """A first-attempt prompt unit of run ``r-1``; ``fields`` give (or replace) the rest."""
+    return UnitRequest(**{"run_id": "r-1", "attempt": 1, "kind": "prompt", **fields})

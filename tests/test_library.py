@@ -13,11 +13,10 @@ import os
 import re
 import sqlite3
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import redirect_stdout
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import ROOT, db_rows, wf_inproc, write_file
+from tests.helpers_http import LoopbackHTTPServer, isolate_loopback_env
 from wf_magic import DefinitionError, Engine
 from wf_magic.exits import EXIT_FAILED, EXIT_USAGE, error_exit_code
 from wf_magic.library import (
@@ -97,14 +97,10 @@ class Site:
             def log_message(self, format: str, *args: Any) -> None:
                 pass  # quiet: the test reads `hits`
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-        self.is_up = True
+        self.server = LoopbackHTTPServer(Handler, name="library-site")
 
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
+        return f"http://127.0.0.1:{self.server.port}{path}"
 
     def publish(self, path: str, text: str) -> str:
         self.files[path] = text.encode("utf-8")
@@ -115,11 +111,7 @@ class Site:
 
     def stop(self) -> None:
         """Take the server away: later requests are refused."""
-        if self.is_up:
-            self.server.shutdown()
-            self.server.server_close()
-            self.thread.join(5)
-            self.is_up = False
+        self.server.stop()
 
 
 @pytest.fixture(autouse=True)
@@ -127,9 +119,7 @@ def _isolated_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No user library leaks in; ./workflows is the test's own; loopback never uses a proxy."""
     for name in ("WF_MAGIC_PATH", "WF_MAGIC_INDEX", "WF_MAGIC_LIBRARY_TTL"):
         monkeypatch.delenv(name, raising=False)
-    for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    isolate_loopback_env(monkeypatch)
     monkeypatch.chdir(tmp_path)
 
 

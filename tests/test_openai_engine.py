@@ -23,7 +23,13 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT, db_rows, run_wf, wf_cmd
-from tests.openai_server import FakeChatServer, RecordedRequest, ScriptedResponse, completion_body
+from tests.openai_server import (
+    FakeChatServer,
+    RecordedRequest,
+    ScriptedResponse,
+    completion_body,
+    isolate_openai_env,
+)
 from wf_magic import DefinitionError, Engine, load_workflow
 from wf_magic.cli import main as wf_main
 from wf_magic.runners.openai_chat import OpenAIChatRunner
@@ -43,21 +49,7 @@ VERDICT_OK = '{"complete": true, "feedback": "", "missing": []}'
 @pytest.fixture(autouse=True)
 def openai_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """The canary key in the environment; no proxy or base-URL setting leaks in."""
-    monkeypatch.setenv(KEY_ENV, CANARY)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    for name in (
-        "OPENAI_BASE_URL",
-        "WF_MAGIC_OPENAI_BASE_URL",
-        "WF_MAGIC_OPENAI_MODEL",
-        "OPENAI_API_KEY",
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "ALL_PROXY",
-        "http_proxy",
-        "https_proxy",
-        "all_proxy",
-    ):
-        monkeypatch.delenv(name, raising=False)
+    isolate_openai_env(monkeypatch, KEY_ENV, CANARY)
 
 
 @pytest.fixture

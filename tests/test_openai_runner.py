@@ -10,9 +10,17 @@ from typing import Any
 
 import pytest
 
-from tests.openai_server import FakeChatServer, RecordedRequest, ScriptedResponse, completion_body
+from tests.openai_server import (
+    FakeChatServer,
+    RecordedRequest,
+    ScriptedResponse,
+    chat_runner,
+    completion_body,
+    isolate_openai_env,
+    unit_request,
+)
 from wf_magic.errors import RunnerError
-from wf_magic.runners.base import RunnerContext, UnitRequest
+from wf_magic.runners.base import UnitRequest
 from wf_magic.runners.openai_chat import OpenAIChatRunner
 from wf_magic.runners.registry import runner_factory
 
@@ -33,25 +41,13 @@ def server() -> Iterator[FakeChatServer]:
 def make_runner(
     server: FakeChatServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> Iterator[MakeRunner]:
-    monkeypatch.setenv(KEY_ENV, CANARY)
-    for name in ("OPENAI_BASE_URL", "WF_MAGIC_OPENAI_BASE_URL", "WF_MAGIC_OPENAI_MODEL"):
-        monkeypatch.delenv(name, raising=False)
-    for name in (
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "ALL_PROXY",
-        "http_proxy",
-        "https_proxy",
-        "all_proxy",
-    ):
-        monkeypatch.delenv(name, raising=False)
+    isolate_openai_env(monkeypatch, KEY_ENV, CANARY)
     made: list[OpenAIChatRunner] = []
 
     def make(**options: Any) -> OpenAIChatRunner:
         merged = {"base_url": server.url, "api_key_env": KEY_ENV, "model": "default-model"}
         merged.update(options)
-        ctx = RunnerContext(name="openai", options=merged, state_dir=str(tmp_path), workflow="wf")
-        runner = OpenAIChatRunner.from_context(ctx)
+        runner = chat_runner(merged, tmp_path)
         made.append(runner)
         return runner
 
@@ -60,19 +56,17 @@ def make_runner(
         runner.close()
 
 
+OUTLINE: dict[str, Any] = {
+    "step_id": "outline",
+    "unit_id": "outline",
+    "dispatch_id": "d-123",
+    "input_hash": "h" * 64,
+    "prompt": "Outline a digest of tides.",
+}
+
+
 def unit(**overrides: Any) -> UnitRequest:
-    fields: dict[str, Any] = {
-        "run_id": "r-1",
-        "step_id": "outline",
-        "unit_id": "outline",
-        "dispatch_id": "d-123",
-        "input_hash": "h" * 64,
-        "attempt": 1,
-        "kind": "prompt",
-        "prompt": "Outline a digest of tides.",
-    }
-    fields.update(overrides)
-    return UnitRequest(**fields)
+    return unit_request(**{**OUTLINE, **overrides})
 
 
 def failure_of(runner: OpenAIChatRunner, request: UnitRequest) -> RunnerError:
@@ -358,13 +352,7 @@ def test_a_missing_key_for_the_default_endpoint_is_permanent(
 ) -> None:
     for name in ("OPENAI_BASE_URL", "WF_MAGIC_OPENAI_BASE_URL", "WF_TEST_MISSING_KEY"):
         monkeypatch.delenv(name, raising=False)
-    ctx = RunnerContext(
-        name="openai",
-        options={"api_key_env": "WF_TEST_MISSING_KEY", "model": "m"},
-        state_dir=str(tmp_path),
-        workflow="wf",
-    )
-    runner = OpenAIChatRunner.from_context(ctx)
+    runner = chat_runner({"api_key_env": "WF_TEST_MISSING_KEY", "model": "m"}, tmp_path)
     err = failure_of(runner, unit())
     runner.close()
     assert err.transient is False

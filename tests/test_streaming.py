@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from tests.openai_server import FakeChatServer
+from tests.openai_server import FakeChatServer, chat_runner, isolate_openai_env, unit_request
 from wf_magic import Engine
 from wf_magic.bus import Event
 from wf_magic.notebook.widgets import RunView
-from wf_magic.runners.base import RunnerContext, UnitRequest
+from wf_magic.runners.base import UnitRequest
 from wf_magic.runners.openai_chat import OpenAIChatRunner
 from wf_magic.runners.scripted import ScriptedRunner
 
@@ -27,11 +27,7 @@ REPLY = " ".join(f"word{i}" for i in range(30))
 
 @pytest.fixture(autouse=True)
 def openai_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(KEY_ENV, "sk-test-streaming-0000")
-    for name in ("OPENAI_BASE_URL", "WF_MAGIC_OPENAI_BASE_URL", "WF_MAGIC_OPENAI_MODEL"):
-        monkeypatch.delenv(name, raising=False)
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"):
-        monkeypatch.delenv(name, raising=False)
+    isolate_openai_env(monkeypatch, KEY_ENV, "sk-test-streaming-0000")
 
 
 @pytest.fixture
@@ -42,33 +38,21 @@ def server() -> Iterator[FakeChatServer]:
 
 @pytest.fixture
 def runner(server: FakeChatServer, tmp_path: Path) -> Iterator[OpenAIChatRunner]:
-    options = {"base_url": server.url, "api_key_env": KEY_ENV, "model": "m1"}
-    made = OpenAIChatRunner.from_context(
-        RunnerContext(name="openai", options=options, state_dir=str(tmp_path), workflow="wf")
-    )
+    made = chat_runner({"base_url": server.url, "api_key_env": KEY_ENV, "model": "m1"}, tmp_path)
     yield made
     made.close()
 
 
-@pytest.fixture
-def engine(tmp_path: Path) -> Iterator[Engine]:
-    eng = Engine(tmp_path / "state")
-    yield eng
-    eng.close()
+ESSAY: dict[str, Any] = {
+    "step_id": "essay",
+    "unit_id": "essay",
+    "dispatch_id": "d-1",
+    "prompt": "Write an essay",
+}
 
 
 def request(**overrides: Any) -> UnitRequest:
-    fields: dict[str, Any] = {
-        "run_id": "r-1",
-        "step_id": "essay",
-        "unit_id": "essay",
-        "dispatch_id": "d-1",
-        "attempt": 1,
-        "kind": "prompt",
-        "prompt": "Write an essay",
-    }
-    fields.update(overrides)
-    return UnitRequest(**fields)
+    return unit_request(**{**ESSAY, **overrides})
 
 
 def workflow(url: str) -> str:

@@ -24,6 +24,7 @@ from tests.helpers_notebook import (
     engine_at,
     ipython_shell,
     magics_in,
+    redraw_bound,
     view_of,
 )
 from wf_magic import Engine
@@ -286,8 +287,8 @@ steps:
     elapsed = time.monotonic() - started
     view.flush()
     assert view.events_seen >= 4000
-    assert view.redraws <= 10 * elapsed + 3  # ~10 a second at most, plus the final flush
-    assert view.redraws < 100
+    # ~10 a second at most (by the clock, however long a loaded machine takes), plus the flush
+    assert view.redraws <= redraw_bound(view, elapsed)
     assert _cells(view, "fan")["units"] == "2000/2000"
 
 

@@ -53,6 +53,9 @@ class Throttle:
             self._timer = None
             if self._closed:
                 return
+            # Marked started under the same lock that clears the timer: a poke landing before
+            # ``_call`` records its own start waits a full interval, not none.
+            self._last_start = time.monotonic()
         self._call()
 
     def _call(self) -> None:

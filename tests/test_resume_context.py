@@ -107,6 +107,44 @@ def test_resume_renders_only_the_units_still_owed(tmp_path: Path, renders: list[
     assert len(recorded(tmp_path)) == 1  # the fast path writes nothing
 
 
+def test_resume_builds_only_the_units_still_owed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = Engine(tmp_path)
+    run = engine.run(mapped(), signal=stop_after(engine, 9))
+    assert run.status == "active"
+    built: list[str] = []
+    original = units_module.UnitPlan.__init__
+
+    def counting(self: units_module.UnitPlan, loop: LoopUnits, unit_id: str, *args: object) -> None:
+        built.append(unit_id)
+        original(self, loop, unit_id, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(units_module.UnitPlan, "__init__", counting)
+
+    resumed = Engine(tmp_path).drive(run.run_id)
+
+    assert resumed.status == "completed"
+    assert resumed.result == expected_output()
+    assert built == ["s[9]", "s[10]", "s[11]"]  # each once; none of the nine done
+
+
+def test_a_loops_units_behave_as_a_sequence_built_on_demand() -> None:
+    plan = load_workflow(mapped()).plan
+    units = build_units(plan, plan.steps[0], params={}, outputs={}, loop=1, feedback=None)
+
+    assert len(units) == ITEMS
+    assert units[-1] is units[ITEMS - 1]  # one object per unit, however it is reached
+    assert [u.unit_id for u in units[2:4]] == ["s[2]", "s[3]"]
+    assert [u.item_index for u in units] == list(range(ITEMS))
+    assert units[5].prompt == "unit 5"
+    with pytest.raises(IndexError):
+        units[ITEMS]
+    single = load_workflow("name: one\nsteps:\n  - id: only\n    prompt: hi\n").plan
+    alone = build_units(single, single.steps[0], params={}, outputs={}, loop=1, feedback=None)
+    assert [(u.unit_id, u.item_index, u.item) for u in alone] == [("only", None, None)]
+
+
 def test_a_loops_context_record_is_deleted_with_its_run(tmp_path: Path) -> None:
     engine = Engine(tmp_path)
     run = engine.run(mapped())

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,38 @@ def test_status_of_a_map_loads_jinja_only_to_count_its_items(tmp_path: Path) -> 
 
 def test_list_loads_no_heavy_module(tmp_path: Path, single_steps: str) -> None:
     assert imported_by(tmp_path, "list") == []
+
+
+RESUME = """
+import json, sys
+from wf_magic import Engine
+with Engine(sys.argv[1]) as engine:
+    print(engine.resume(sys.argv[2]).status)
+watched = ("yaml", "wf_magic.spec.freeze", "wf_magic.spec.checks", "wf_magic.display",
+           "wf_magic.inspection", "wf_magic.library", *{never!r})
+print(json.dumps(sorted(m for m in watched if m in sys.modules)))
+"""
+
+
+def test_a_resume_loads_neither_the_yaml_loader_nor_the_renderings(tmp_path: Path) -> None:
+    # A resume drives the stored plan: the freezer (YAML, static checks, the library) and the
+    # run views are for loading workflows and showing runs.
+    with Engine(tmp_path) as engine:
+        run = engine.run("name: r\nsteps:\n  - id: a\n    prompt: hi\n", signal=_stopped())
+    assert run.status == "active"
+    out = subprocess.run(
+        [sys.executable, "-c", RESUME.format(never=NEVER), str(tmp_path), run.run_id],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    status, loaded = out.stdout.strip().splitlines()[-2:]
+    assert status == "completed"
+    assert json.loads(loaded) == []
+
+
+def _stopped() -> threading.Event:
+    """A stop signal already raised: the run starts and stops before its first unit."""
+    signal = threading.Event()
+    signal.set()
+    return signal

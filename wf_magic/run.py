@@ -6,23 +6,22 @@ import json
 from typing import TYPE_CHECKING, Any, Union
 
 from .bus import EventBus
-from .display import plan_html, plan_text, run_html, run_text
 from .errors import UsageError
 from .exits import status_exit_code
-from .gates.human import record_human_verdict
-from .gates.verdict import Verdict
-from .inspection import AttemptRecord, UnitDiff, attempt_record, loop_diff
 from .store import Store
 from .store.records import AttemptRow, BudgetUse, RunRow, RunStatus, StepRow
 from .store.summary import RunTally
 
 # The plan models (pydantic) load in `plan`, the one place that parses a plan: `wf status`
-# builds a Run and prints it from rows and the plan's JSON alone.
+# builds a Run and prints it from rows and the plan's JSON alone. The renderings, the gate
+# decisions and the inspection load where they are used: a drive or a resume needs none.
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
     from .drive.context import DriveStats
+    from .gates.verdict import Verdict
+    from .inspection import AttemptRecord, UnitDiff
     from .spec.plan import Plan
 
 RunRef = Union[str, "Run"]
@@ -45,9 +44,13 @@ class FrozenPlan:
         return getattr(self.model, name)
 
     def __repr__(self) -> str:
+        from .display import plan_text
+
         return plan_text(self.model, plan_hash=self.plan_hash)
 
     def _repr_html_(self) -> str:
+        from .display import plan_html
+
         return plan_html(self.model, plan_hash=self.plan_hash)
 
 
@@ -164,6 +167,8 @@ class Run:
         Raises:
             GateDecisionRefused: the step is not waiting (or not at ``loop``), or was decided.
         """
+        from .gates.verdict import Verdict
+
         verdict = Verdict(complete=True, feedback=feedback or "", judge="human")
         return self._decide(step_id, verdict, loop=loop)
 
@@ -183,10 +188,14 @@ class Run:
         """
         if not feedback or not feedback.strip():
             raise UsageError("a rejection needs feedback: say what to change (--feedback TEXT)")
+        from .gates.verdict import Verdict
+
         verdict = Verdict(complete=False, feedback=feedback, missing=tuple(missing), judge="human")
         return self._decide(step_id, verdict, loop=loop)
 
     def _decide(self, step_id: str, verdict: Verdict, *, loop: int | None) -> int:
+        from .gates.human import record_human_verdict
+
         decided = record_human_verdict(
             self.store, self.run_id, step_id, workflow=self.workflow, verdict=verdict, loop=loop
         )
@@ -223,6 +232,8 @@ class Run:
         Raises:
             UsageError: the run has no such unit or attempt.
         """
+        from .inspection import attempt_record
+
         return attempt_record(self.store, self.run_id, unit, attempt=attempt)
 
     def diff(self, unit: str, loop_a: int, loop_b: int) -> UnitDiff:
@@ -233,6 +244,8 @@ class Run:
         Raises:
             UsageError: the unit has no attempt in one of the loops.
         """
+        from .inspection import UnitDiff, loop_diff
+
         return UnitDiff(loop_diff(self.store, self.run_id, unit, loop_a, loop_b))
 
     def tokens(self, by: str = "step") -> pd.DataFrame:
@@ -272,7 +285,11 @@ class Run:
 
     # -- display ----------------------------------------------------------------------------
     def __repr__(self) -> str:
+        from .display import run_text
+
         return run_text(self)
 
     def _repr_html_(self) -> str:
+        from .display import run_html
+
         return run_html(self)

@@ -22,7 +22,7 @@ from tests.helpers_flow import use_runner
 from wf_magic import Engine
 from wf_magic.errors import UsageError
 from wf_magic.hashing import canonical_json
-from wf_magic.sealing import KEY_FILENAME, SEAL_PREFIX
+from wf_magic.sealing import KEY_FILENAME, SEAL_PREFIX, is_seal
 
 CANARY = "canary-7d41c0b9e2f5a86"  # 22 characters
 
@@ -320,3 +320,130 @@ def test_a_childs_secret_param_is_sealed_and_reaches_the_child_after_a_resume(
     assert json.loads(child.scope_key)["params"]["db_token"].startswith(SEAL_PREFIX)
     assert seen.prompts() == [f"draft with {CANARY}", f"final with {CANARY}"]
     assert _files_holding(state_dir, CANARY) == []
+
+
+CHILD_PLAIN_WF = """
+name: hands-plain
+params:
+  api_token: {type: string}
+steps:
+  - id: sub
+    workflow: quoter
+    with: {header: "Bearer {{ params.api_token }}", topic: cats}
+---
+name: quoter
+runner: RUNNER
+params:
+  header: {type: string}
+  topic: {type: string}
+steps:
+  - id: draft
+    prompt: "call with {{ params.header }} about {{ params.topic }}"
+    gate: {judge: human}
+  - id: final
+    prompt: "final with {{ params.header }}"
+"""
+
+
+@pytest.mark.parametrize("secret", [CANARY, "s3cr"])  # masked inside text / too short to be
+def test_a_secret_handed_to_a_child_under_a_plain_name_is_sealed_whole(
+    state_dir: Path, secret: str
+) -> None:
+    seen = use_runner("plain-child", lambda r: "ok")
+    source = CHILD_PLAIN_WF.replace("RUNNER", "plain-child")
+    if secret != CANARY:  # a short secret is sealed when it is the whole value
+        source = source.replace('"Bearer {{ params.api_token }}"', '"{{ params.api_token }}"')
+    value = f"Bearer {secret}" if secret == CANARY else secret
+    with Engine(state_dir) as engine:
+        run_id = engine.run(source, params={"api_token": secret}).run_id
+        [child] = [r for r in engine.list_runs(include_children=True) if r.parent_run_id]
+    with Engine(state_dir) as engine:  # another process: approve, then resume the parent
+        engine.approve(child.run_id, "draft")
+        with pytest.raises(UsageError, match="has the secret param 'header'"):
+            engine.drive(child.run_id)  # the child alone: its header is not at hand
+        assert engine.drive(run_id, params={"api_token": secret}).status == "completed"
+        shown = _everything_shown(engine, child.run_id)
+
+    stored = json.loads(child.params_json)
+    assert stored["header"].startswith(SEAL_PREFIX)
+    assert stored["topic"] == "cats"  # a plain value without a secret stays as it is
+    assert json.loads(child.scope_key)["params"]["header"] == stored["header"]
+    assert engine.handle(child.run_id).params["header"] == stored["header"]
+    assert seen.prompts() == [f"call with {value} about cats", f"final with {value}"]
+    if secret == CANARY:
+        assert CANARY not in shown
+        assert _files_holding(state_dir, CANARY) == []
+    else:
+        assert db_rows(
+            state_dir, "SELECT COUNT(*) FROM runs WHERE params_json LIKE ?", (f'%"{secret}"%',)
+        ) == [(0,)]
+
+
+def test_a_child_param_sealed_whole_can_be_handed_back_by_name(state_dir: Path) -> None:
+    use_runner("plain-child", lambda r: "ok")
+    source = CHILD_PLAIN_WF.replace("RUNNER", "plain-child")
+    with Engine(state_dir) as engine:
+        engine.run(source, params={"api_token": CANARY})
+        [child] = [r for r in engine.list_runs(include_children=True) if r.parent_run_id]
+        engine.approve(child.run_id, "draft")
+    with Engine(state_dir) as engine:
+        with pytest.raises(UsageError, match="differs from the value the run started with"):
+            engine.drive(child.run_id, params={"header": "Bearer something-else-entirely"})
+        done = engine.drive(child.run_id, params={"header": f"Bearer {CANARY}"})
+    assert done.status == "completed"
+    status = run_wf(state_dir, "status", child.run_id)
+    assert status.returncode == 0, status.stderr
+    assert "header=*** topic=cats" in status.stdout  # shown masked, like a secret name
+    assert SEAL_PREFIX not in status.stdout
+
+
+CHILD_ECHO_WF = (
+    """
+name: hands-echo
+params:
+  api_token: {type: string}
+steps:
+  - id: sub
+    workflow: echoer
+    with: {header: "Bearer {{ params.api_token }}", note: "{{ params.api_token }}"}
+---
+name: echoer
+params:
+  header: {type: string}
+  note: {type: string}
+steps:
+  - id: say
+    prompt: "send {{ params.header }} and {{ params.note }}"
+"""
+    + ECHO_RULES
+)
+
+
+@settings(
+    max_examples=6,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    secret=st.text(
+        alphabet=st.characters(blacklist_categories=("Cs", "Cc")), min_size=0, max_size=40
+    )
+)
+def test_a_canary_handed_to_a_child_under_plain_names_appears_nowhere_at_rest(
+    secret: str,
+) -> None:
+    canary = f"⟪canary{secret}⟫"
+    with tempfile.TemporaryDirectory() as tmp:
+        state_dir = Path(tmp) / "state"
+        with Engine(state_dir) as engine:
+            run = engine.run(CHILD_ECHO_WF, params={"api_token": canary})
+            assert run.status == "completed"
+            [child] = [r for r in engine.list_runs(include_children=True) if r.parent_run_id]
+            stored = json.loads(child.params_json)
+            assert all(is_seal(v) for v in stored.values()), stored
+            outputs = [a.output_json or "" for a in engine.attempts(child.run_id)]
+            # A param sealed whole is a secret of the child's drive as a whole.
+            assert outputs == ['"echo: send *** and ***"']
+            shown = _everything_shown(engine, child.run_id)
+            assert all(f.decode("utf-8") not in shown for f in _forms(canary))
+        assert _files_holding(state_dir, canary) == []

@@ -16,7 +16,15 @@ from .errors import UsageError
 from .hashing import hash_value
 from .locking import RunLock
 from .redact import is_secret_key
-from .sealing import Sealed, Sealer, env_name, has_secrets, missing_secret, seals_of
+from .sealing import (
+    Sealed,
+    Sealer,
+    env_name,
+    has_secrets,
+    is_seal,
+    missing_secret,
+    seals_of,
+)
 from .spec.params import coerce_param, normalise, resolve_params
 from .spec.plan import Plan
 from .spec.workflow import Workflow
@@ -246,7 +254,8 @@ def drive_secrets(
         if isinstance(text, str) and (from_strings or name not in given):
             schemas = schemas if schemas is not None else _param_schemas(run)
             text = coerce_param(schemas.get(name, {}), text, name=name)
-        sealed = _sealed(store, {name: normalise(text)}, run_id=run.run_id)
+        whole = (name,) if is_seal(value) and not is_secret_key(name) else ()
+        sealed = _sealed(store, {name: normalise(text)}, run_id=run.run_id, whole=whole)
         if sealed.params[name] != value:
             raise UsageError(
                 f"Run {run.run_id}: the secret param {name!r} differs from the value the run "
@@ -258,12 +267,15 @@ def drive_secrets(
     return vault
 
 
-def _sealed(store: Store, params: dict[str, Any], *, run_id: str | None = None) -> Sealed:
-    """``params`` with their secret values sealed under the state dir's key.
+def _sealed(
+    store: Store, params: dict[str, Any], *, run_id: str | None = None, whole: tuple[str, ...] = ()
+) -> Sealed:
+    """``params`` with their secret values (and the params in ``whole``) sealed under the
+    state dir's key.
 
     A new run (no ``run_id``) creates the key when missing; a run's check needs its own.
     """
-    if not has_secrets(params):
+    if not whole and not has_secrets(params):
         return Sealed(params=params, vault={})
     state_dir = store.db_path.parent
     sealer = Sealer.ensure(state_dir) if run_id is None else Sealer.existing(state_dir)
@@ -274,7 +286,7 @@ def _sealed(store: Store, params: dict[str, Any], *, run_id: str | None = None) 
             "file, or start a new run (`wf run FILE --new`).",
             run_id=run_id,
         )
-    return sealer.seal_params(params)
+    return sealer.seal_params(params, whole=whole)
 
 
 def _with_secret_env(

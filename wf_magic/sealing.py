@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,8 +117,12 @@ class Sealer:
         digest = hmac.new(self._key, canonical_json(value).encode("utf-8"), hashlib.sha256)
         return f"{SEAL_PREFIX}{self.key_id}:{digest.hexdigest()}"
 
-    def seal_params(self, params: Mapping[str, Any]) -> Sealed:
-        """``params`` with every value under a secret-looking name (at any depth) sealed."""
+    def seal_params(self, params: Mapping[str, Any], *, whole: Collection[str] = ()) -> Sealed:
+        """``params`` with every value under a secret-looking name (at any depth) sealed.
+
+        ``whole``: params sealed as one value whatever their name: a child's param that
+        carries its parent's secret under a plain name (``text: "Bearer {{ params.token }}"``).
+        """
         vault: dict[str, Any] = {}
 
         def walk(value: Any, *, secret: bool) -> Any:
@@ -132,7 +136,8 @@ class Sealer:
                 return [walk(v, secret=False) for v in value]
             return value
 
-        return Sealed(params=walk(dict(params), secret=False), vault=vault)
+        sealed = {k: walk(v, secret=k in whole or is_secret_key(str(k))) for k, v in params.items()}
+        return Sealed(params=sealed, vault=vault)
 
 
 def has_secrets(params: Mapping[str, Any]) -> bool:
@@ -141,12 +146,14 @@ def has_secrets(params: Mapping[str, Any]) -> bool:
 
 
 def seals_of(value: Any, *, name: str) -> list[str]:
-    """The seals stored in the param ``name`` with value ``value``."""
-    return _seals(value, secret=is_secret_key(name))
+    """The seals stored in the param ``name`` with value ``value`` (a param sealed whole
+    counts whatever its name)."""
+    return _seals(value, secret=is_seal(value) or is_secret_key(name))
 
 
 def unseal(params: Mapping[str, Any], vault: Mapping[str, Any], *, run_id: str) -> dict[str, Any]:
-    """``params`` with each seal (under a secret-looking name) replaced by its value.
+    """``params`` with each seal (under a secret-looking name, or a param sealed whole)
+    replaced by its value.
 
     Params without seals come back as they are (the same dict's contents).
 
@@ -165,7 +172,9 @@ def unseal(params: Mapping[str, Any], vault: Mapping[str, Any], *, run_id: str) 
             return [walk(v, secret=False, name=name) for v in value]
         return value
 
-    return {k: walk(v, secret=is_secret_key(str(k)), name=k) for k, v in params.items()}
+    return {
+        k: walk(v, secret=is_seal(v) or is_secret_key(str(k)), name=k) for k, v in params.items()
+    }
 
 
 def missing_secret(run_id: str, name: str) -> UsageError:

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..errors import RunnerError, UsageError
 from ..hashing import sha256_text
+from ..redact import is_secret_key
 from ..runners.base import UnitResult
 from ..sealing import Sealer, has_secrets
 from ..spec.params import resolve_params
@@ -49,7 +50,7 @@ def publish(ctx: DriveContext, state: RunState, step: PlanStep, unit: UnitPlan) 
         raise RunnerError(f"child workflow {plan.name!r}: {exc}") from None
     # A child's secret params are sealed like a root run's; their values reach the child's
     # drive through this drive's secrets, which a re-driven parent fills again here.
-    params = _sealed(ctx, params)
+    params = _sealed(ctx, state, params)
     if existing is not None:
         return existing
     plan_json = plan.to_json()
@@ -75,13 +76,27 @@ def publish(ctx: DriveContext, state: RunState, step: PlanStep, unit: UnitPlan) 
     return ctx.store.publish_child(row, plan_steps(wf))
 
 
-def _sealed(ctx: DriveContext, params: dict[str, Any]) -> dict[str, Any]:
-    """``params`` with secret values sealed; the values join the drive's secrets."""
-    if not has_secrets(params):
+def _sealed(ctx: DriveContext, state: RunState, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with secret values sealed; the values join the drive's secrets.
+
+    A param under a plain name that carries one of this drive's secrets (a secret param's
+    value, a secret from the environment, a credential-looking string) is sealed whole: the
+    child's row never holds it, and its drive gets the value from this one's.
+    """
+    whole = [k for k, v in params.items() if not is_secret_key(k) and _carries(ctx, state, v)]
+    if not whole and not has_secrets(params):
         return params
-    sealed = Sealer.ensure(Path(ctx.store.db_path).parent).seal_params(params)
+    sealed = Sealer.ensure(Path(ctx.store.db_path).parent).seal_params(params, whole=whole)
     ctx.options.secrets.update(sealed.vault)
     return sealed.params
+
+
+def _carries(ctx: DriveContext, state: RunState, value: Any) -> bool:
+    """Whether ``value`` holds a secret this drive knows (masked by its redactor, or equal to
+    a secret too short to be masked inside text)."""
+    if state.redactor.redact_value(value) is not value:
+        return True
+    return any(value == secret for secret in ctx.options.secrets.values())
 
 
 def child_result(store: Store, child: RunRow) -> UnitResult:

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..hashing import canonical_json
 from ..redact import is_secret_key
+from ..sealing import is_seal
 from .journal import append_event_txn
 from .records import RunRow, StepRow, from_row
 
@@ -304,7 +305,10 @@ PARAMS_TEXT_CHARS = 80
 
 
 def masked(value: Any) -> Any:
-    """``value`` with the value under every secret-looking key (``api_key``, ...) as ``***``."""
+    """``value`` with the value under every secret-looking key (``api_key``, ...) and every
+    sealed value as ``***``."""
+    if is_seal(value):
+        return "***"
     if isinstance(value, dict):
         return {k: "***" if is_secret_key(str(k)) else masked(v) for k, v in value.items()}
     if isinstance(value, list):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 
 from wf_magic import Engine, GateDecisionRefused
 from wf_magic.store import Store
+from wf_magic.store.db import _set_journal_mode
 
 HUMAN = """
 name: review
@@ -90,3 +92,61 @@ def test_a_reader_sees_each_committed_write_at_once(tmp_path: Path) -> None:
         assert engine.list_runs()[0].status == "completed"
     finally:
         engine.close()
+
+
+class _Flaky:
+    """A connection whose journal-mode switch meets ``busy`` lock conflicts first."""
+
+    def __init__(self, busy: int, error: str = "database is locked") -> None:
+        self.busy, self.error, self.tries = busy, error, 0
+
+    def execute(self, sql: str) -> _Flaky:
+        assert sql == "PRAGMA journal_mode = WAL"
+        self.tries += 1
+        if self.tries <= self.busy:
+            exc = sqlite3.OperationalError(self.error)
+            exc.sqlite_errorcode = (  # type: ignore[attr-defined]
+                sqlite3.SQLITE_BUSY if "locked" in self.error else sqlite3.SQLITE_ERROR
+            )
+            raise exc
+        return self
+
+    def fetchall(self) -> list[tuple[str]]:
+        return [("wal",)]
+
+
+def test_the_journal_mode_switch_waits_out_other_openers() -> None:
+    # SQLite reports a conflicting switch (another opener switching a new database to WAL)
+    # at once, without the busy handler: fifty threads opening one new state dir met it.
+    flaky = _Flaky(busy=3)
+    _set_journal_mode(flaky, "WAL")  # type: ignore[arg-type]
+    assert flaky.tries == 4
+
+
+def test_any_other_journal_mode_failure_is_raised_at_once() -> None:
+    flaky = _Flaky(busy=1, error="disk I/O error")
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O error"):
+        _set_journal_mode(flaky, "WAL")  # type: ignore[arg-type]
+    assert flaky.tries == 1
+
+
+def test_threads_opening_one_new_state_dir_all_get_a_store(tmp_path: Path) -> None:
+    barrier = threading.Barrier(24)
+    errors: list[BaseException] = []
+
+    def opener() -> None:
+        store = Store(tmp_path / "state")
+        try:
+            barrier.wait(30)
+            store.open()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            store.close()
+
+    threads = [threading.Thread(target=opener) for _ in range(24)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []

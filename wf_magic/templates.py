@@ -16,7 +16,7 @@ import json
 import re
 import string
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -300,6 +300,12 @@ class _Sandbox(ImmutableSandboxedEnvironment):
 
     code_generator_class = _BoundedCodeGenerator
     intercepted_binops = frozenset({"*", "**", "+", "%"})
+
+    def make_globals(self, d: MutableMapping[str, Any] | None) -> dict[str, Any]:
+        # A flat dict rather than Jinja's ChainMap over the environment's globals: every
+        # render copies the globals into its context, and copying a ChainMap walks it in
+        # Python. Ours are set once at import, before any template is compiled.
+        return {**self.globals, **(d or {})}
 
     def getattr(self, obj: Any, attribute: str) -> Any:
         if isinstance(obj, dict) and attribute in obj:

@@ -151,21 +151,26 @@ def _kill_group(pgid: int, *, grace_s: float) -> str:
         return "already gone"
     except PermissionError:
         return "permission denied"
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if not _members(pgid):
-            return "SIGTERM"
-        time.sleep(_POLL_S)
+    if _gone_within(pgid, grace_s):
+        return "SIGTERM"
     try:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         return "SIGTERM"
     except PermissionError:
         return "SIGTERM, then SIGKILL: permission denied"
-    deadline = time.monotonic() + grace_s
-    while _members(pgid) and time.monotonic() < deadline:
-        time.sleep(_POLL_S)
+    _gone_within(pgid, grace_s)
     return f"SIGTERM, then SIGKILL after {grace_s:g}s"
+
+
+def _gone_within(pgid: int, grace_s: float) -> bool:
+    """Wait up to ``grace_s`` for the group to have no members; whether it has none."""
+    deadline = time.monotonic() + grace_s
+    while _members(pgid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(_POLL_S)
+    return True
 
 
 def _group_alive(record: UnitProcess) -> bool:

@@ -119,16 +119,18 @@ def test_non_secret_params_are_stored_as_before_and_no_key_is_made(state_dir: Pa
     assert not (state_dir / KEY_FILENAME).exists()
 
 
-@settings(
+CANARY_RUNS = settings(
     max_examples=6,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(
-    secret=st.text(
-        alphabet=st.characters(blacklist_categories=("Cs", "Cc")), min_size=0, max_size=40
-    )
-)
+"""A few whole runs per generated secret: each example starts engines in a fresh dir."""
+SECRETS = st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), max_size=40)
+"""Any printable text, the empty string included (the canary markers make it long enough)."""
+
+
+@CANARY_RUNS
+@given(secret=SECRETS)
 def test_a_canary_secret_appears_nowhere_at_rest_in_frames_or_handles(secret: str) -> None:
     # The markers keep an arbitrary value from matching by chance, and make it at least
     # MIN_SECRET_LEN long: shorter values are not masked inside outputs (by design).
@@ -419,16 +421,8 @@ steps:
 )
 
 
-@settings(
-    max_examples=6,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
-@given(
-    secret=st.text(
-        alphabet=st.characters(blacklist_categories=("Cs", "Cc")), min_size=0, max_size=40
-    )
-)
+@CANARY_RUNS
+@given(secret=SECRETS)
 def test_a_canary_handed_to_a_child_under_plain_names_appears_nowhere_at_rest(
     secret: str,
 ) -> None:

@@ -163,18 +163,19 @@ def run_fanout(n: int, state_dir: Path) -> dict[str, object]:
     return {"shape": "map", "max_concurrency": 8, **timed_run(map_source(n, 8), n, state_dir)}
 
 
+def _phase(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """This script run again as one phase of the resume workload, its output captured."""
+    me = str(Path(__file__).resolve())
+    return subprocess.run(
+        [sys.executable, me, *args], env=env, capture_output=True, text=True, check=False
+    )
+
+
 def run_resume(n: int, state_dir: Path) -> dict[str, object]:
     shape = os.environ.get("WF_BENCH_RESUME", "map")
-    me = str(Path(__file__).resolve())
     env = {**os.environ, CRASH_ENV: str(n), "WF_BENCH_RESUME": shape}
     ta = time.perf_counter()
-    first = subprocess.run(
-        [sys.executable, me, "_resume1", str(n), str(state_dir)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    first = _phase(env, "_resume1", str(n), str(state_dir))
     tb = time.perf_counter()
     if first.returncode != 137:
         raise SystemExit(f"phase 1 rc={first.returncode}: {first.stderr[-2000:]}")
@@ -184,13 +185,7 @@ def run_resume(n: int, state_dir: Path) -> dict[str, object]:
         raise SystemExit(f"phase 1 left {at_crash}, expected {n} succeeded and 1 running")
     env.pop(CRASH_ENV)
     tc = time.perf_counter()
-    second = subprocess.run(
-        [sys.executable, me, "_resume2", str(n), str(state_dir), run_id],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    second = _phase(env, "_resume2", str(n), str(state_dir), run_id)
     td = time.perf_counter()
     if second.returncode != 0:
         raise SystemExit(f"phase 2 rc={second.returncode}: {second.stderr[-2000:]}")

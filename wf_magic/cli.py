@@ -132,6 +132,7 @@ def cmd_run(engine: Engine, args: argparse.Namespace) -> int:
     if args.dry_run:
         from .display import plan_text
 
+        wf = engine.preview(wf, params=parse_params(args.param or ()), params_from_strings=True)
         print(plan_text(wf.plan, plan_hash=wf.plan_hash))
         return EXIT_OK
     started = engine.start(

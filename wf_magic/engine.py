@@ -95,7 +95,11 @@ class Engine:
         from .spec.freeze import load_workflow
 
         wf = load_workflow(
-            source, library=self.library, namespace=self.namespace, source_name=source_name
+            source,
+            library=self.library,
+            namespace=self.namespace,
+            source_name=source_name,
+            aliases_home=self.state_dir,
         )
         self.library.setdefault(wf.name, wf.source)
         return wf
@@ -164,6 +168,26 @@ class Engine:
         )
         self._secrets.update(started.secrets)
         return self._handle(started)
+
+    def preview(
+        self,
+        workflow: Workflow | str | Path,
+        *,
+        params: Mapping[str, Any] | None = None,
+        params_from_strings: bool = False,
+    ) -> Workflow:
+        """The workflow as :meth:`start` with ``params`` would freeze it, writing nothing
+        (dry runs): models templated from params rendered, aliases resolved.
+
+        Raises:
+            DefinitionError: the source is invalid.
+            UsageError: given params are invalid, or render an unusable model.
+        """
+        from . import lifecycle
+        from .spec.workflow import Workflow
+
+        wf = workflow if isinstance(workflow, Workflow) else self.load(workflow)
+        return lifecycle.preview(wf, params=params, params_from_strings=params_from_strings)
 
     def run(
         self,

@@ -17,6 +17,7 @@ from .hashing import hash_value
 from .locking import RunLock
 from .redact import is_secret_key
 from .sealing import (
+    SEAL_PREFIX,
     Sealed,
     Sealer,
     env_name,
@@ -25,6 +26,7 @@ from .sealing import (
     missing_secret,
     seals_of,
 )
+from .spec.models_resolve import workflow_for_params
 from .spec.params import coerce_param, normalise, resolve_params
 from .spec.plan import Plan
 from .spec.workflow import Workflow
@@ -69,8 +71,13 @@ def start(
     Secret params (:mod:`wf_magic.sealing`) are stored, and scoped, by their seals; one not
     given is read from ``WF_PARAM_<NAME>`` when set. ``Started.secrets`` keeps the values.
 
+    A ``model:`` templated from params is rendered here (``spec/models_resolve.py``): the run
+    stores, and hashes, the plan of its own params, so the plan hash compared with the scope's
+    latest run and promised to a launch key is that one.
+
     Raises:
-        UsageError: params are undeclared or invalid; ``key`` launched another request.
+        UsageError: params are undeclared or invalid, or render an unusable model; ``key``
+            launched another request.
         RunLockHeld: the run to supersede is being driven.
     """
     if key is not None and not 0 < len(key) <= MAX_KEY_LENGTH:
@@ -80,6 +87,7 @@ def start(
         )
     given = _with_secret_env(wf, params, os.environ)
     sealed = _sealed(store, resolve_params(wf.plan, given, from_strings=params_from_strings))
+    wf = workflow_for_params(wf, sealed.params)
     started = _start(store, bus, wf, sealed.params, new=new, no_cache=no_cache, key=key)
     started.secrets.update(sealed.vault)
     return started
@@ -133,6 +141,28 @@ def _start(
     if kept.run_id != row.run_id:
         return _continue(kept, wf)
     return _created(bus, row, superseded=superseded[0] if superseded else None)
+
+
+def preview(
+    wf: Workflow, *, params: Mapping[str, Any] | None, params_from_strings: bool = False
+) -> Workflow:
+    """``wf`` as a start with ``params`` would freeze it (dry runs), writing nothing.
+
+    Templated models are rendered when the params resolve; without params given, a workflow
+    whose params do not resolve (a required one) is shown as frozen, its templates pending.
+    Secret values are never rendered: a template reading one is refused, as at a start.
+
+    Raises:
+        UsageError: given params are invalid, or render an unusable model.
+    """
+    try:
+        resolved = resolve_params(wf.plan, params, from_strings=params_from_strings)
+    except UsageError:
+        if params:
+            raise
+        return wf
+    masked = {k: SEAL_PREFIX if is_secret_key(k) else v for k, v in resolved.items()}
+    return workflow_for_params(wf, masked)
 
 
 def request_hash(plan_hash: str, params_hash: str) -> str:

@@ -14,6 +14,7 @@ from ..hashing import sha256_text
 from ..redact import is_secret_key
 from ..runners.base import UnitResult
 from ..sealing import Sealer, has_secrets
+from ..spec.models_resolve import plan_for_params
 from ..spec.params import resolve_params
 from ..spec.plan import PlanStep
 from ..spec.workflow import Workflow
@@ -53,6 +54,10 @@ def publish(ctx: DriveContext, state: RunState, step: PlanStep, unit: UnitPlan) 
     params = _sealed(ctx, state, params)
     if existing is not None:
         return existing
+    try:
+        plan = plan_for_params(plan, params)  # a `model:` templated from the child's params
+    except UsageError as exc:
+        raise RunnerError(f"child workflow {plan.name!r}: {exc}") from None
     plan_json = plan.to_json()
     wf = Workflow(
         name=plan.name,

@@ -217,6 +217,7 @@ def run_cell(
     if args.dry_run:
         if wf is None:
             raise UsageError("--dry-run needs the workflow YAML in the cell")
+        wf = ctx.engine.preview(wf, params=args.params, params_from_strings=True)
         show_plan(ctx, wf)
         if args.as_var:
             ctx.user_ns[args.as_var] = wf

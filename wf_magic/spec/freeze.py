@@ -25,9 +25,12 @@ from .checks import (
     check_target,
     validate,
 )
+from .aliases import AliasTable, base_table, parse_table
 from .kinds import KINDS
-from .models import ENV_NAME_PATTERN, ID_PATTERN, StepSpec, WorkflowSpec
-from .plan import Plan, PlanStep
+from .literals import check_literals
+from .models import ENV_NAME_PATTERN, ID_PATTERN, GateSpec, StepSpec, WorkflowSpec
+from .models_resolve import ModelFieldError, ModelPick, freeze_model, judge_runner
+from .plan import Plan, PlanGate, PlanStep
 from .source import Source, read_source, split_documents
 from .workflow import Workflow
 from .yamlload import Path
@@ -42,6 +45,7 @@ def load_workflow(
     library: Mapping[str, str] | None = None,
     namespace: Mapping[str, Any] | None = None,
     source_name: str | None = None,
+    aliases_home: FsPath | None = None,
 ) -> Workflow:
     """Load and freeze a workflow from YAML text or a file path.
 
@@ -50,6 +54,9 @@ def load_workflow(
         library: child workflow sources by name (e.g. cells defined earlier in a notebook).
         namespace: where bare ``python:`` names are looked up (e.g. the notebook's namespace).
         source_name: how messages name the source (default: the file name or ``<workflow>``).
+        aliases_home: the folder of the user's ``models.yaml`` (default: the state dir,
+            ``$WF_MAGIC_HOME`` or ``./.wf_magic``); ``models.yaml`` beside a workflow file
+            and the workflow's ``models:`` win over it (``spec/aliases.py``).
 
     Raises:
         DefinitionError: the source is invalid (message names the line and the field).
@@ -63,8 +70,16 @@ def load_workflow(
         source_name = source_name or str(path)
     else:
         text = str(source)
+    if aliases_home is None:
+        from ..store.db import default_state_dir
+
+        aliases_home = default_state_dir()
+    aliases = base_table(home=aliases_home, beside=path.parent if path else None, exclude=path)
     freezer = _Freezer(
-        library=dict(library or {}), namespace=namespace, search_dir=path.parent if path else None
+        library=dict(library or {}),
+        namespace=namespace,
+        search_dir=path.parent if path else None,
+        aliases=aliases,
     )
     plan = freezer.freeze(text, source_name or "<workflow>", depth=0)
     plan_json = plan.to_json()
@@ -92,7 +107,10 @@ class _Freezer:
         library: dict[str, str],
         namespace: Mapping[str, Any] | None,
         search_dir: FsPath | None,
+        aliases: AliasTable,
     ):
+        self.aliases = aliases
+        """The alias table of the files (state dir, then beside the workflow)."""
         self.library = library
         self.namespace = namespace
         self.search_dir = search_dir
@@ -103,6 +121,7 @@ class _Freezer:
     def freeze(self, text: str, name: str, *, depth: int, child: str | None = None) -> Plan:
         first, docs = split_documents(text, name)
         src = Source(first, name, child=child)
+        check_literals(src.data, src)
         spec = validate(src)
         for child_name, child_text in docs.items():
             if child_name not in self.library:
@@ -121,6 +140,7 @@ class _Freezer:
     def _plan(self, spec: WorkflowSpec, src: Source, depth: int) -> Plan:
         check_params(spec, src)
         check_runners(spec, src)
+        aliases = {**self.aliases, **parse_table(spec.models, src, ("models",))}
         seen: dict[str, int] = {}
         steps: list[PlanStep] = []
         children: dict[str, Plan] = {}
@@ -136,8 +156,9 @@ class _Freezer:
                 children[step.workflow] = self._child(step.workflow, src, (*at, "workflow"), depth)
             if step.workflow is not None:
                 check_bindings(step, children[step.workflow], src, at)
-            steps.append(self._step(spec, step, i, src))
+            steps.append(self._step(spec, step, i, src, aliases))
         check_routes(spec, src)
+        pending = any(s.model_template or (s.gate and s.gate.model_template) for s in steps)
         return Plan(
             name=spec.name,
             description=spec.description,
@@ -146,14 +167,18 @@ class _Freezer:
             execution=spec.execution,
             runner=spec.runner,
             runners=spec.runners,
+            aliases=aliases if pending else {},
             steps=steps,
             children=children,
         )
 
-    def _step(self, spec: WorkflowSpec, step: StepSpec, i: int, src: Source) -> PlanStep:
+    def _step(
+        self, spec: WorkflowSpec, step: StepSpec, i: int, src: Source, aliases: AliasTable
+    ) -> PlanStep:
         at: Path = ("steps", i)
         kind = cast(StepKind, step.kind)
         runner = KINDS[kind].fixed_runner or step.runner or spec.runner
+        model = _model(spec, step.model, runner, aliases, src, (*at, "model"))
         target_hash = None
         if step.python is not None:
             check_target(step.python, src, (*at, "python"))
@@ -179,7 +204,7 @@ class _Freezer:
                 )
         if step.output is not None:
             check_schema(step.output, src, (*at, "output"))
-        gate = step.gate
+        gate = _gate(spec, step, runner, aliases, src, at)
         max_loops = gate.max_loops if gate else 1
         capped = not KINDS[kind].reads_feedback and max_loops > 1
         return PlanStep(
@@ -195,7 +220,9 @@ class _Freezer:
             map=step.map,
             reduce=step.reduce,
             runner=runner,
-            model=step.model,
+            model=model.id,
+            model_alias=model.alias,
+            model_template=model.template,
             timeout_s=step.timeout,
             retry=step.retry,
             on_error=step.on_error,
@@ -239,6 +266,34 @@ class _Freezer:
         return self.freeze(
             text, self.origins.get(name, f"workflow {name}"), depth=depth + 1, child=name
         )
+
+
+def _model(
+    spec: WorkflowSpec, written: str | None, runner: str, aliases: AliasTable, src: Source, at: Path
+) -> ModelPick:
+    """A ``model:`` field frozen for ``runner`` (the one path every kind's model takes)."""
+    try:
+        return freeze_model(
+            written, runner=runner, runners=spec.runners, aliases=aliases, params=spec.params
+        )
+    except ModelFieldError as exc:
+        raise src.error(str(exc), at) from None
+
+
+def _gate(
+    spec: WorkflowSpec, step: StepSpec, runner: str, aliases: AliasTable, src: Source, at: Path
+) -> PlanGate | None:
+    """The step's gate with its judge's model frozen."""
+    gate: GateSpec | None = step.gate
+    if gate is None:
+        return None
+    judge = judge_runner(step.kind, runner, gate.runner, spec.runner)
+    model = _model(spec, gate.model, judge, aliases, src, (*at, "gate", "model"))
+    return PlanGate(
+        **{**gate.model_dump(), "model": model.id},
+        model_alias=model.alias,
+        model_template=model.template,
+    )
 
 
 def _child_file(folder: FsPath, name: str, src: Source, at: Path) -> str | None:

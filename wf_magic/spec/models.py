@@ -41,7 +41,7 @@ class GateSpec(_Strict):
     runner: str | None = None
     """Runner of an ``llm`` judge (default: the step's runner)."""
     model: str | None = None
-    """Model of an ``llm`` judge (default: the step's model)."""
+    """Model of an ``llm`` judge (default: the step's model); an id, alias or params template."""
 
     @model_validator(mode="after")
     def _check_needs_expr(self) -> GateSpec:
@@ -84,7 +84,8 @@ class StepSpec(_Strict):
     runner: str | None = None
     """Runner for prompt units (default: the workflow's ``runner``)."""
     model: str | None = None
-    """Model name passed to the runner."""
+    """Model passed to the runner: an id, an alias (``models:``), or a template over params
+    rendered when the run starts (``"{{ params.model }}"``)."""
     timeout: float | None = Field(None, gt=0, le=86_400)
     """Seconds before an attempt is killed and failed."""
     retry: RetrySpec = RetrySpec()
@@ -161,4 +162,7 @@ class WorkflowSpec(_Strict):
     """Default runner of prompt steps and llm judges."""
     runners: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Runner configuration by name (``type:`` selects a registered runner, default the name)."""
+    models: dict[str, Any] = Field(default_factory=dict)
+    """Model aliases: alias → model id, or alias → {runner name or type, ``default``: id};
+    they win over ``models.yaml`` beside the file and in the state dir (``spec/aliases.py``)."""
     steps: list[StepSpec] = Field(min_length=1, max_length=10_000)

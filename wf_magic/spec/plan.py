@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from ..store.records import StepKind
 from .models import BudgetSpec, ExecutionSpec, GateSpec, RetrySpec, RouteSpec
@@ -15,6 +15,32 @@ PLAN_VERSION = 1
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+_OMITTED_WHEN_UNSET = frozenset({"model_alias", "model_template", "aliases"})
+"""Fields added after plan_version 1 shipped: left out of the JSON while unset, so a plan
+that does not use them keeps the hash it had before they existed."""
+
+
+def _omit_unset(data: Any) -> Any:
+    if isinstance(data, dict):
+        for key in _OMITTED_WHEN_UNSET & data.keys():
+            if not data[key]:
+                del data[key]
+    return data
+
+
+class PlanGate(GateSpec):
+    """A gate as frozen: its judge's ``model`` resolved (alias or params template)."""
+
+    model_alias: str | None = None
+    """The alias the judge's ``model:`` named, when it named one (``model`` holds the id)."""
+    model_template: str | None = None
+    """The authored ``model:`` template, when it was one (rendered from params at run start)."""
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _omit_unset(handler(self))
 
 
 class PlanStep(_Frozen):
@@ -37,11 +63,17 @@ class PlanStep(_Frozen):
     runner: str
     """Runner name for prompt units; ``exec``/``python``/``workflow``/``route`` otherwise."""
     model: str | None = None
+    """The model id sent to the runner: an alias resolved, a params template rendered."""
+    model_alias: str | None = None
+    """The alias the step's ``model:`` named, when it named one (``model`` holds the id)."""
+    model_template: str | None = None
+    """The authored ``model:`` template, when it was one; ``model`` is None until the run's
+    params render it (``spec/models_resolve.py``), so a run's stored plan holds the id."""
     timeout_s: float | None = None
     retry: RetrySpec = RetrySpec()
     on_error: Literal["fail", "continue"] = "fail"
     output: dict[str, Any] | None = None
-    gate: GateSpec | None = None
+    gate: PlanGate | None = None
     max_loops: int = 1
     """Effective loop cap (exec/workflow targets cannot read feedback: capped at 1)."""
     loops_capped: bool = False
@@ -49,6 +81,10 @@ class PlanStep(_Frozen):
     cache: bool = True
     """Reuse across runs allowed: the authored ``cache``, else the kind's default (exec: off)."""
     pass_env: list[str] = Field(default_factory=list)
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _omit_unset(handler(self))
 
 
 class Plan(_Frozen):
@@ -62,8 +98,15 @@ class Plan(_Frozen):
     execution: ExecutionSpec = ExecutionSpec()
     runner: str = "scripted"
     runners: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    aliases: dict[str, dict[str, str]] = Field(default_factory=dict)
+    """The model alias table (alias → runner → id), kept only while a step's ``model:``
+    template awaits params: a rendered value may name an alias."""
     steps: list[PlanStep]
     children: dict[str, Plan] = Field(default_factory=dict)
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _omit_unset(handler(self))
 
     def step(self, step_id: str) -> PlanStep:
         """The step named ``step_id`` (KeyError if none)."""

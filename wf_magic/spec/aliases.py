@@ -1,0 +1,152 @@
+"""Model aliases: the ``models:`` tables of a workflow, of ``models.yaml`` beside it and in the
+state dir, merged by precedence into one table of alias → runner → model id.
+
+An alias names a model id per runner. The YAML shape is the same in all three places (the
+files hold the mapping at their top level)::
+
+    fast: gpt-4o-mini                 # one id for every runner
+    reasoning:
+      openai: o3-mini                 # by runner name (a `runners:` entry) ...
+      scripted: scripted-big          # ... or by runner type
+      default: gpt-4o                 # any other runner
+
+Precedence, highest first: the workflow's ``models:``, ``models.yaml`` beside the workflow
+file, ``<state dir>/models.yaml`` (``$WF_MAGIC_HOME``). A higher source replaces a whole
+alias entry, it does not merge runner keys into a lower one. A ``model:`` that names no alias
+is an exact model id; an alias's id is never looked up again (no chains).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path as FsPath
+from typing import Any
+
+from ..errors import DefinitionError
+from .literals import is_templated
+from .source import Source, read_source
+from .yamlload import Path
+
+ALIASES_FILENAME = "models.yaml"
+DEFAULT_RUNNER = "default"
+"""The runner key of an alias entry that serves every runner not named in it."""
+MAX_MODEL_CHARS = 200
+
+AliasTable = dict[str, dict[str, str]]
+"""Alias → runner name or type (or ``default``) → model id."""
+
+
+class AliasError(ValueError):
+    """An alias cannot serve the runner asking for it (the caller names the field)."""
+
+
+def model_id_problem(text: str) -> str | None:
+    """Why ``text`` cannot be a model id (None when it can)."""
+    if not text.strip():
+        return "expected a model id or alias (got an empty string)"
+    if "\n" in text or "\r" in text or text != text.strip():
+        return f"expected a model id on one line without surrounding spaces (got {text!r:.80})"
+    if len(text) > MAX_MODEL_CHARS:
+        return f"expected a model id of at most {MAX_MODEL_CHARS} characters (got {len(text)})"
+    if is_templated(text):
+        return f"expected a model id, not a template (got {text!r:.80})"
+    return None
+
+
+def parse_table(data: Any, src: Source, at: Path) -> AliasTable:
+    """The alias table written at ``at`` of ``src``, each entry as runner → id.
+
+    Raises:
+        DefinitionError: naming the line and field of the first bad alias or id.
+    """
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise src.error(
+            "expected a mapping of alias → model id, or alias → {runner: model id} "
+            f"(got {type(data).__name__})",
+            at,
+        )
+    table: AliasTable = {}
+    for alias, entry in data.items():
+        where: Path = (*at, alias)
+        if not isinstance(alias, str) or model_id_problem(alias):
+            raise src.error(
+                f"expected an alias name on one line, without spaces around it or `{{{{` "
+                f"(got {alias!r:.80})",
+                where,
+            )
+        if isinstance(entry, str):
+            entry = {DEFAULT_RUNNER: entry}
+        if not isinstance(entry, dict) or not entry:
+            raise src.error(
+                "expected a model id, or a non-empty mapping of runner → model id "
+                f"(got {type(entry).__name__})",
+                where,
+            )
+        ids: dict[str, str] = {}
+        for runner, model in entry.items():
+            if not isinstance(model, str):
+                raise src.error(
+                    f"expected a model id (got {type(model).__name__})", (*where, runner)
+                )
+            problem = model_id_problem(model)
+            if problem:
+                raise src.error(problem, (*where, runner) if len(entry) > 1 else where)
+            ids[str(runner)] = model
+        table[alias] = ids
+    return table
+
+
+def read_table(path: FsPath) -> AliasTable:
+    """The alias table of a ``models.yaml`` file (empty when there is none).
+
+    Raises:
+        DefinitionError: the file is unreadable, not YAML, or holds a bad entry (its line).
+    """
+    if not path.is_file():
+        return {}
+    src = Source(read_source(path), str(path))
+    return parse_table(src.data, src, ())
+
+
+def base_table(*, home: FsPath | None, beside: FsPath | None, exclude: FsPath | None) -> AliasTable:
+    """The aliases every workflow of one load sees: the state dir's, then the folder's.
+
+    ``exclude`` is the workflow file itself (a workflow named ``models.yaml`` is no table).
+    """
+    table: AliasTable = {}
+    for folder in (home, beside):
+        if folder is None:
+            continue
+        path = folder / ALIASES_FILENAME
+        if exclude is not None and path.resolve() == exclude.resolve():
+            continue
+        try:
+            table.update(read_table(path))
+        except DefinitionError as exc:
+            raise DefinitionError(
+                f"model aliases: {exc.problem}",
+                field=exc.field,
+                line=exc.line,
+                source_name=str(path),
+            ) from None
+    return table
+
+
+def lookup(table: Mapping[str, Mapping[str, str]], name: str, *, runner: str, runner_type: str) -> str | None:
+    """The model id alias ``name`` gives ``runner`` (None: ``name`` is no alias, an exact id).
+
+    Raises:
+        AliasError: the alias names no model for this runner and has no ``default``.
+    """
+    entry = table.get(name)
+    if entry is None:
+        return None
+    for key in (runner, runner_type, DEFAULT_RUNNER):
+        if key in entry:
+            return entry[key]
+    raise AliasError(
+        f"model alias {name!r} names no model for runner {runner!r} (it names: "
+        f"{', '.join(sorted(entry))}); add `{runner}: MODEL` or `default: MODEL` to the alias"
+    )

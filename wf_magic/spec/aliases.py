@@ -11,13 +11,15 @@ files hold the mapping at their top level)::
       default: gpt-4o                 # any other runner
 
 Precedence, highest first: the workflow's ``models:``, ``models.yaml`` beside the workflow
-file, ``<state dir>/models.yaml`` (``$WF_MAGIC_HOME``). A higher source replaces a whole
+file, the user's ``models.yaml``: in the state dir (``--db``, ``Engine(state_dir)``), then in
+``$WF_MAGIC_HOME`` when that is another folder. A higher source replaces a whole
 alias entry, it does not merge runner keys into a lower one. A ``model:`` that names no alias
 is an exact model id; an alias's id is never looked up again (no chains).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path as FsPath
 from typing import Any
@@ -111,17 +113,21 @@ def read_table(path: FsPath) -> AliasTable:
 
 
 def base_table(*, home: FsPath | None, beside: FsPath | None, exclude: FsPath | None) -> AliasTable:
-    """The aliases every workflow of one load sees: the state dir's, then the folder's.
+    """The aliases every workflow of one load sees: ``$WF_MAGIC_HOME``'s, the state dir
+    ``home``'s, then the workflow folder ``beside``'s, each later one winning.
 
     ``exclude`` is the workflow file itself (a workflow named ``models.yaml`` is no table).
     """
+    env_home = os.environ.get("WF_MAGIC_HOME")
+    folders = [FsPath(env_home)] if env_home else []
+    folders += [f for f in (home, beside) if f is not None]
     table: AliasTable = {}
-    for folder in (home, beside):
-        if folder is None:
+    seen: set[FsPath] = set()
+    for folder in folders:
+        path = (folder / ALIASES_FILENAME).resolve()
+        if path in seen or (exclude is not None and path == exclude.resolve()):
             continue
-        path = folder / ALIASES_FILENAME
-        if exclude is not None and path.resolve() == exclude.resolve():
-            continue
+        seen.add(path)
         try:
             table.update(read_table(path))
         except DefinitionError as exc:

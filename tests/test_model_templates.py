@@ -11,8 +11,8 @@ from wf_magic import Engine
 from wf_magic.errors import DefinitionError, UsageError
 from wf_magic.spec.freeze import load_workflow
 
-from .helpers_flow import children_of
 from .conftest import table_counts, wf_inproc, write_file
+from .helpers_flow import children_of
 
 SWEEP = """
 name: sweep
@@ -31,9 +31,7 @@ steps:
 
 def _work(engine: Engine, run_id: str) -> list[tuple[str, str | None, str]]:
     return [
-        (a.step_id, a.model, a.input_hash)
-        for a in engine.attempts(run_id)
-        if a.phase == "work"
+        (a.step_id, a.model, a.input_hash) for a in engine.attempts(run_id) if a.phase == "work"
     ]
 
 
@@ -54,9 +52,7 @@ def test_a_sweep_over_two_models_journals_two_models_two_input_hashes_two_plans(
     assert [p["steps"][0]["model"] for p in plans] == ["small-1", "large-2"]
     assert all(p["steps"][0]["model_template"] == "{{ params.model }}" for p in plans)
     assert [p["steps"][1]["gate"]["model"] for p in plans] == ["small-1-judge", "large-2-judge"]
-    judges = [
-        a.model for r in runs for a in engine.attempts(r.run_id) if a.phase == "gate"
-    ]
+    judges = [a.model for r in runs for a in engine.attempts(r.run_id) if a.phase == "gate"]
     assert judges == ["small-1-judge", "large-2-judge"]
 
 
@@ -69,7 +65,9 @@ def test_the_cli_sweep_journals_the_rendered_model(
         assert done.returncode == 0, done.stderr
     with Engine(state_dir) as engine:
         models = sorted(
-            a.model or "" for r in engine.list_runs() for a in engine.attempts(r.run_id)
+            a.model or ""
+            for r in engine.list_runs()
+            for a in engine.attempts(r.run_id)
             if a.step_id == "ask"
         )
     assert models == ["large-2", "small-1"]
@@ -128,7 +126,7 @@ def test_a_model_template_reading_more_than_params_is_a_definition_error(
         "name: bad\nparams:\n  model: {type: string}\n  api_key: {type: string}\n"
         "steps:\n  - id: first\n    prompt: hi\n  - id: fan\n"
         "    map: \"{{ ['a', 'b'] }}\"\n"
-        f"    prompt: \"{{{{ item }}}}\"\n    model: {json.dumps(template)}\n"
+        f'    prompt: "{{{{ item }}}}"\n    model: {json.dumps(template)}\n'
     )
     with pytest.raises(DefinitionError) as caught:
         load_workflow(source)
@@ -139,8 +137,8 @@ def test_a_model_template_reading_more_than_params_is_a_definition_error(
 
 def test_a_gate_model_template_reading_the_item_names_the_gate_field() -> None:
     source = (
-        "name: bad\nsteps:\n  - id: fan\n    map: \"{{ [1] }}\"\n    prompt: \"{{ item }}\"\n"
-        "    gate: {judge: llm, model: \"{{ item }}\"}\n"
+        'name: bad\nsteps:\n  - id: fan\n    map: "{{ [1] }}"\n    prompt: "{{ item }}"\n'
+        '    gate: {judge: llm, model: "{{ item }}"}\n'
     )
     with pytest.raises(DefinitionError) as caught:
         load_workflow(source)
@@ -163,7 +161,7 @@ def test_a_param_rendering_an_unusable_model_is_refused_before_anything_is_writt
 def test_a_model_rendered_from_a_param_holding_a_secret_is_refused(engine: Engine) -> None:
     source = (
         "name: nested\nparams:\n  cfg: {type: object}\nsteps:\n"
-        "  - id: a\n    prompt: hi\n    model: \"{{ params.cfg }}\"\n"
+        '  - id: a\n    prompt: hi\n    model: "{{ params.cfg }}"\n'
     )
     with pytest.raises(UsageError) as caught:
         engine.start(source, params={"cfg": {"api_key": "hunter2-hunter2"}})
@@ -222,7 +220,7 @@ def test_a_dry_run_without_the_required_param_shows_the_pending_template(
         tmp_path,
         "req.yaml",
         "name: req\nparams:\n  model: {type: string}\nsteps:\n"
-        "  - id: a\n    prompt: hi\n    model: \"{{ params.model }}\"\n",
+        '  - id: a\n    prompt: hi\n    model: "{{ params.model }}"\n',
     )
     shown = wf_inproc(capsys, state_dir, "run", str(path), "--dry-run")
     assert shown.returncode == 0, shown.stderr

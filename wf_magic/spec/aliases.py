@@ -140,7 +140,9 @@ def base_table(*, home: FsPath | None, beside: FsPath | None, exclude: FsPath | 
     return table
 
 
-def lookup(table: Mapping[str, Mapping[str, str]], name: str, *, runner: str, runner_type: str) -> str | None:
+def lookup(
+    table: Mapping[str, Mapping[str, str]], name: str, *, runner: str, runner_type: str
+) -> str | None:
     """The model id alias ``name`` gives ``runner`` (None: ``name`` is no alias, an exact id).
 
     Raises:

@@ -15,6 +15,7 @@ from ..hashing import sha256_text
 from ..library import child_source
 from ..runners import functions
 from ..store.records import StepKind
+from .aliases import AliasTable, base_table, parse_table
 from .checks import (
     check_bindings,
     check_params,
@@ -25,7 +26,6 @@ from .checks import (
     check_target,
     validate,
 )
-from .aliases import AliasTable, base_table, parse_table
 from .kinds import KINDS
 from .literals import check_literals
 from .models import ENV_NAME_PATTERN, ID_PATTERN, GateSpec, StepSpec, WorkflowSpec

@@ -100,9 +100,7 @@ def _walk(value: Any, path: Path, src: Source) -> None:
     elif isinstance(value, dict):
         for key, sub in value.items():
             if isinstance(key, str) and is_templated(key):
-                raise src.error(
-                    "a key is not a template; write it without `{{`/`{%`", (*path, key)
-                )
+                raise src.error("a key is not a template; write it without `{{`/`{%`", (*path, key))
             _walk(sub, (*path, key), src)
     elif isinstance(value, list):
         for i, sub in enumerate(value):

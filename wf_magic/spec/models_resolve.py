@@ -191,7 +191,11 @@ def _step_for_params(plan: Plan, step: PlanStep, params: Mapping[str, Any]) -> P
     common = {"runners": plan.runners, "aliases": plan.aliases}
     if step.model_template is not None and step.model is None:
         pick = render_model(
-            step.model_template, params, runner=step.runner, where=f"steps.{step.id}.model", **common
+            step.model_template,
+            params,
+            runner=step.runner,
+            where=f"steps.{step.id}.model",
+            **common,
         )
         update.update(model=pick.id, model_alias=pick.alias)
     gate = step.gate

@@ -38,7 +38,7 @@ MODEL_FIELDS: tuple[tuple[str, ...], ...] = (
 )
 """Fields rendered from params when a run starts (``spec/models_resolve.py``)."""
 RUNNER_OWNED: tuple[tuple[str, ...], ...] = (("runners", ANY, ANY, REST),)
-"""Values passed to a runner as written (their keys are still checked)."""
+"""Values passed to a runner as written (their keys are still checked, and ``type``)."""
 RUNNER_FIELDS: tuple[tuple[str, ...], ...] = (
     ("runner",),
     ("steps", ANY, "runner"),
@@ -62,6 +62,8 @@ def _matches(pattern: tuple[str, ...], path: Path) -> bool:
 
 
 def _rendered(path: Path) -> bool:
+    if _matches(("runners", ANY, "type"), path):
+        return False
     patterns = (*TEMPLATE_FIELDS, *MODEL_FIELDS, *RUNNER_OWNED)
     return any(_matches(p, path) for p in patterns)
 

@@ -1,0 +1,208 @@
+"""Every string field that is not a template refuses `{{`/`{%` at freeze time (spec/literals.py)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import typing
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel
+
+from wf_magic.errors import DefinitionError
+from wf_magic.spec.freeze import load_workflow
+from wf_magic.spec.literals import MODEL_FIELDS, TEMPLATE_FIELDS
+from wf_magic.spec.models import WorkflowSpec
+
+KID = "name: kid\nsteps:\n  - id: k\n    prompt: k\n"
+BASE: dict[str, Any] = {
+    "name": "lit",
+    "description": "plain words",
+    "params": {"topic": {"type": "string", "default": "owls", "description": "what"}},
+    "budget": {"max_units": 50, "max_tokens": 10000, "max_cost": 5.0},
+    "execution": {"max_concurrency": 2, "durability": "normal"},
+    "runner": "scripted",
+    "runners": {"local": {"type": "scripted", "replies": {"x": "{{ groups[0] }}"}}},
+    "models": {"fast": {"scripted": "tiny"}},
+    "steps": [
+        {
+            "id": "ask",
+            "prompt": "about {{ params.topic }}",
+            "runner": "local",
+            "model": "fast",
+            "timeout": 30,
+            "retry": {"max_attempts": 2, "backoff_s": 0},
+            "on_error": "fail",
+            "output": {"type": "string", "description": "text"},
+            "gate": {
+                "criteria": ["short {{ params.topic }}"],
+                "judge": "llm",
+                "max_loops": 2,
+                "runner": "scripted",
+                "model": "{{ params.topic }}",
+            },
+            "cache": True,
+        },
+        {"id": "lint", "exec": ["python", "-c", "print(1)"], "pass_env": ["LANG"]},
+        {
+            "id": "fan",
+            "map": "{{ ['a'] }}",
+            "reduce": "collect",
+            "python": "fn",
+            "with": {"x": "{{ item }}"},
+            "gate": {"judge": "expr", "check": "output | length > 0"},
+        },
+        {"id": "pick", "route": {"on": "{{ steps.ask.output }}", "cases": {"ok": "kid"}}},
+        {"id": "kid", "workflow": "kid"},
+    ],
+}
+T = "{{ params.topic }}"
+KEY = "__key__"
+"""In a case path: rename the key before it to the template instead of setting a value."""
+
+# (path to set, the field the error names, a phrase of the message)
+CASES: list[tuple[tuple[Any, ...], str, str]] = [
+    (("name",), "name", "not a template"),
+    (("description",), "description", "not a template"),
+    (("params", "topic", "default"), "params.topic.default", "not a template"),
+    (("params", "topic", "description"), "params.topic.description", "not a template"),
+    (("params", "topic", KEY), "params.{{ params.topic }}", "a key is not a template"),
+    (("budget", "max_units"), "budget.max_units", "not a template"),
+    (("budget", "max_tokens"), "budget.max_tokens", "not a template"),
+    (("budget", "max_cost"), "budget.max_cost", "not a template"),
+    (("execution", "max_concurrency"), "execution.max_concurrency", "not a template"),
+    (("execution", "durability"), "execution.durability", "not a template"),
+    (("runner",), "runner", "`runner:` is not a template"),
+    (("runners", "local", KEY), "runners.{{ params.topic }}", "a key is not a template"),
+    (("runners", "local", "type"), "runners.local.type", "not a template"),
+    (("runners", "local", "replies", KEY), "runners.local.{{ params.topic }}", "a key"),
+    (("models", "fast", "scripted"), "models.fast.scripted", "not a template"),
+    (("models", "fast", KEY), "models.{{ params.topic }}", "a key is not a template"),
+    (("steps", 0, "id"), "steps[0].id", "not a template"),
+    (("steps", 0, "runner"), "steps[0].runner", "`runner:` is not a template"),
+    (("steps", 0, "timeout"), "steps[0].timeout", "not a template"),
+    (("steps", 0, "retry", "max_attempts"), "steps[0].retry.max_attempts", "not a template"),
+    (("steps", 0, "retry", "backoff_s"), "steps[0].retry.backoff_s", "not a template"),
+    (("steps", 0, "on_error"), "steps[0].on_error", "not a template"),
+    (("steps", 0, "output", "description"), "steps[0].output.description", "not a template"),
+    (("steps", 0, "output", "type"), "steps[0].output.type", "not a template"),
+    (("steps", 0, "gate", "judge"), "steps[0].gate.judge", "not a template"),
+    (("steps", 0, "gate", "max_loops"), "steps[0].gate.max_loops", "not a template"),
+    (("steps", 0, "gate", "runner"), "steps[0].gate.runner", "`runner:` is not a template"),
+    (("steps", 0, "cache"), "steps[0].cache", "not a template"),
+    (("steps", 1, "exec", 2), "steps[1].exec[2]", "never templated"),
+    (("steps", 1, "pass_env", 0), "steps[1].pass_env[0]", "not a template"),
+    (("steps", 2, "python"), "steps[2].python", "not a template"),
+    (("steps", 2, "reduce"), "steps[2].reduce", "not a template"),
+    (("steps", 2, "with", "x", KEY), "steps[2].with.{{ params.topic }}", "a key is not a template"),
+    (("steps", 3, "route", "cases", "ok"), "steps[3].route.cases.ok", "not a template"),
+    (("steps", 3, "route", "cases", "ok", KEY), "steps[3].route.cases.{{ params.topic }}", "a key"),
+    (("steps", 4, "workflow"), "steps[4].workflow", "not a template"),
+]
+
+
+def _with(path: tuple[Any, ...], value: str) -> dict[str, Any]:
+    data = copy.deepcopy(BASE)
+    *parents, last = path
+    holder: Any = data
+    if last == KEY:  # rename the key at the end of ``parents``
+        *parents, last = parents
+        for part in parents:
+            holder = holder[part]
+        holder[value] = holder.pop(last)
+        return data
+    for part in parents:
+        holder = holder[part]
+    holder[last] = value
+    return data
+
+
+def _freeze(data: dict[str, Any], *, as_json: bool = False) -> None:
+    # JSON is YAML 1.2 and quotes every string (PyYAML's dumper leaves `0E0` bare, a float
+    # to YAML 1.2); block YAML gives the line numbers the table checks.
+    text = (
+        json.dumps(data, ensure_ascii=False) if as_json else yaml.safe_dump(data, sort_keys=False)
+    )
+    load_workflow(
+        text,
+        library={"kid": KID},
+        namespace={"fn": lambda x=None: x},
+    )
+
+
+def test_the_base_workflow_freezes_with_templates_where_they_are_read() -> None:
+    _freeze(BASE)
+
+
+@pytest.mark.parametrize(("path", "field", "phrase"), CASES, ids=[c[1] for c in CASES])
+def test_a_template_in_a_field_that_is_not_one_is_refused_naming_the_field(
+    path: tuple[Any, ...], field: str, phrase: str
+) -> None:
+    with pytest.raises(DefinitionError) as caught:
+        _freeze(_with(path, T))
+    assert caught.value.field == field
+    assert caught.value.line is not None
+    assert phrase in caught.value.problem
+
+
+def _leaves(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every field path of the authoring models (``*`` for a list index)."""
+    out: list[tuple[str, ...]] = []
+    for name, info in model.model_fields.items():
+        key = (info.alias or name,)
+        nested, listed = _model_of(info.annotation)
+        if nested is None:
+            out.append((*prefix, *key))
+        else:
+            out.extend(_leaves(nested, (*prefix, *key, *(("*",) if listed else ()))))
+    return out
+
+
+def _model_of(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, False
+    origin = typing.get_origin(annotation)
+    for arg in typing.get_args(annotation):
+        found, _ = _model_of(arg)
+        if found is not None:
+            return found, origin is list
+    return None, False
+
+
+def test_every_authoring_field_is_a_template_a_model_or_a_refusing_case() -> None:
+    covered = {tuple("*" if isinstance(x, int) else x for x in c[0]) for c in CASES}
+    missing = []
+    for leaf in _leaves(WorkflowSpec):
+        if any(leaf == p[: len(leaf)] for p in (*TEMPLATE_FIELDS, *MODEL_FIELDS)):
+            continue
+        if not any(c[: len(leaf)] == leaf for c in covered):
+            missing.append(".".join(leaf))
+    assert missing == [], f"classify these fields in spec/literals.py and CASES: {missing}"
+
+
+_TEXT = st.text(st.characters(blacklist_categories=("Cs", "Cc")), max_size=20)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    case=st.sampled_from([c for c in CASES if c[0][-1] != KEY]),
+    before=_TEXT,
+    marker=st.sampled_from(["{{", "{%"]),
+    after=_TEXT,
+)
+def test_any_text_with_jinja_syntax_is_refused_in_any_literal_field(
+    case: tuple[tuple[Any, ...], str, str], before: str, marker: str, after: str
+) -> None:
+    with pytest.raises(DefinitionError) as caught:
+        _freeze(_with(case[0], before + marker + after), as_json=True)
+    assert caught.value.field == case[1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=_TEXT.filter(lambda t: "{{" not in t and "{%" not in t))
+def test_text_without_jinja_syntax_is_kept_in_a_description(text: str) -> None:
+    _freeze(_with(("description",), text), as_json=True)

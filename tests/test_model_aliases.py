@@ -291,3 +291,15 @@ def test_a_cell_dry_run_shows_the_alias_resolution_and_the_rendered_template(
             assert magics.engine.list_runs() == []
     finally:
         next(shells, None)
+
+
+def test_the_readme_models_example_runs_offline_as_a_sweep(engine: Engine) -> None:
+    from .conftest import ROOT
+
+    section = (ROOT / "README.md").read_text().split("### Models: params templates and aliases")[1]
+    source = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    fast, exact = (engine.run(source, params=p) for p in ({}, {"model": "gpt-4o"}))
+    assert [r.status for r in (fast, exact)] == ["completed", "completed"]
+    assert [_models(engine, r.run_id)["ask"] for r in (fast, exact)] == ["scripted-1", "gpt-4o"]
+    judged = [a.model for a in engine.attempts(fast.run_id) if a.phase == "gate"]
+    assert judged == ["o3-mini"]

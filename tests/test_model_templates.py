@@ -225,3 +225,11 @@ def test_a_dry_run_without_the_required_param_shows_the_pending_template(
     shown = wf_inproc(capsys, state_dir, "run", str(path), "--dry-run")
     assert shown.returncode == 0, shown.stderr
     assert "model: {{ params.model }} (rendered from params at run start)" in shown.stdout
+
+
+def test_a_previewed_workflow_cannot_be_started_with_other_params(engine: Engine) -> None:
+    shown = engine.preview(SWEEP, params={"model": "m-1"})
+    assert shown.plan.steps[0].model == "m-1"
+    with pytest.raises(UsageError, match="already rendered for some params"):
+        engine.start(shown, params={"model": "m-2"})
+    assert engine.list_runs() == []

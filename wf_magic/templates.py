@@ -59,6 +59,12 @@ _RENDER_ERRORS = (
 )
 
 
+GLOBAL_NAMES = frozenset(
+    {"range", "dict", "lipsum", "cycler", "joiner", "namespace", "true", "false", "none"}
+)
+"""Names every template may read besides its context (Jinja's globals and constants)."""
+
+
 class TemplateError(Exception):
     """A template failed to parse or render; the caller adds run/step context."""
 

@@ -20,39 +20,18 @@ is an exact model id; an alias's id is never looked up again (no chains).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from pathlib import Path as FsPath
 from typing import Any
 
 from ..errors import DefinitionError
-from .literals import is_templated
+from .models_resolve import DEFAULT_RUNNER, model_id_problem
 from .source import Source, read_source
 from .yamlload import Path
 
 ALIASES_FILENAME = "models.yaml"
-DEFAULT_RUNNER = "default"
-"""The runner key of an alias entry that serves every runner not named in it."""
-MAX_MODEL_CHARS = 200
 
 AliasTable = dict[str, dict[str, str]]
 """Alias → runner name or type (or ``default``) → model id."""
-
-
-class AliasError(ValueError):
-    """An alias cannot serve the runner asking for it (the caller names the field)."""
-
-
-def model_id_problem(text: str) -> str | None:
-    """Why ``text`` cannot be a model id (None when it can)."""
-    if not text.strip():
-        return "expected a model id or alias (got an empty string)"
-    if "\n" in text or "\r" in text or text != text.strip():
-        return f"expected a model id on one line without surrounding spaces (got {text!r:.80})"
-    if len(text) > MAX_MODEL_CHARS:
-        return f"expected a model id of at most {MAX_MODEL_CHARS} characters (got {len(text)})"
-    if is_templated(text):
-        return f"expected a model id, not a template (got {text!r:.80})"
-    return None
 
 
 def parse_table(data: Any, src: Source, at: Path) -> AliasTable:
@@ -138,23 +117,3 @@ def base_table(*, home: FsPath | None, beside: FsPath | None, exclude: FsPath | 
                 source_name=str(path),
             ) from None
     return table
-
-
-def lookup(
-    table: Mapping[str, Mapping[str, str]], name: str, *, runner: str, runner_type: str
-) -> str | None:
-    """The model id alias ``name`` gives ``runner`` (None: ``name`` is no alias, an exact id).
-
-    Raises:
-        AliasError: the alias names no model for this runner and has no ``default``.
-    """
-    entry = table.get(name)
-    if entry is None:
-        return None
-    for key in (runner, runner_type, DEFAULT_RUNNER):
-        if key in entry:
-            return entry[key]
-    raise AliasError(
-        f"model alias {name!r} names no model for runner {runner!r} (it names: "
-        f"{', '.join(sorted(entry))}); add `{runner}: MODEL` or `default: MODEL` to the alias"
-    )

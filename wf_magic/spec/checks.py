@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from ..errors import clip
 from ..redact import is_secret_key
-from ..templates import TemplateError, references
+from ..templates import GLOBAL_NAMES, TemplateError, references
 from .models import StepSpec, WorkflowSpec
 from .plan import Plan
 from .source import Source
@@ -47,17 +47,7 @@ SCHEMA_KEYWORDS = {
     "minProperties",
     "maxProperties",
 }
-_JINJA_GLOBALS = {
-    "range",
-    "dict",
-    "lipsum",
-    "cycler",
-    "joiner",
-    "namespace",
-    "true",
-    "false",
-    "none",
-}
+_JINJA_GLOBALS = GLOBAL_NAMES
 
 
 def check_target(target: str, src: Source, at: Path) -> None:

@@ -13,10 +13,11 @@ written: the scripted runner's ``reply:`` is its own template over the match gro
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .source import Source
-from .yamlload import Path
+if TYPE_CHECKING:  # a resume renders models without loading the YAML reader
+    from .source import Source
+    from .yamlload import Path
 
 ANY = "*"
 """Matches one path element (a key or an index)."""

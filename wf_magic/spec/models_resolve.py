@@ -19,12 +19,51 @@ from ..errors import UsageError, clip
 from ..hashing import sha256_text
 from ..redact import is_secret_key
 from ..sealing import SEAL_PREFIX
-from ..templates import TemplateError, references, render_text
-from .aliases import AliasError, lookup, model_id_problem
-from .checks import _JINJA_GLOBALS
+from ..templates import GLOBAL_NAMES, TemplateError, references, render_text
 from .literals import is_templated
 from .plan import Plan, PlanStep
 from .workflow import Workflow
+
+DEFAULT_RUNNER = "default"
+"""The runner key of an alias entry that serves every runner not named in it."""
+MAX_MODEL_CHARS = 200
+
+
+class AliasError(ValueError):
+    """An alias cannot serve the runner asking for it (the caller names the field)."""
+
+
+def model_id_problem(text: str) -> str | None:
+    """Why ``text`` cannot be a model id (None when it can)."""
+    if not text.strip():
+        return "expected a model id or alias (got an empty string)"
+    if "\n" in text or "\r" in text or text != text.strip():
+        return f"expected a model id on one line without surrounding spaces (got {text!r:.80})"
+    if len(text) > MAX_MODEL_CHARS:
+        return f"expected a model id of at most {MAX_MODEL_CHARS} characters (got {len(text)})"
+    if is_templated(text):
+        return f"expected a model id, not a template (got {text!r:.80})"
+    return None
+
+
+def lookup(
+    table: Mapping[str, Mapping[str, str]], name: str, *, runner: str, runner_type: str
+) -> str | None:
+    """The model id alias ``name`` gives ``runner`` (None: ``name`` is no alias, an exact id).
+
+    Raises:
+        AliasError: the alias names no model for this runner and has no ``default``.
+    """
+    entry = table.get(name)
+    if entry is None:
+        return None
+    for key in (runner, runner_type, DEFAULT_RUNNER):
+        if key in entry:
+            return entry[key]
+    raise AliasError(
+        f"model alias {name!r} names no model for runner {runner!r} (it names: "
+        f"{', '.join(sorted(entry))}); add `{runner}: MODEL` or `default: MODEL` to the alias"
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,7 +139,7 @@ def _check_template(text: str, params: Mapping[str, Any]) -> None:
         refs = references(text)
     except TemplateError as exc:
         raise ModelFieldError(str(exc)) from None
-    beyond = sorted(refs.names - {"params"} - _JINJA_GLOBALS)
+    beyond = sorted(refs.names - {"params"} - GLOBAL_NAMES)
     if beyond:
         raise ModelFieldError(
             "a `model:` template is rendered once, when the run starts, from params only; "
@@ -171,6 +210,14 @@ def is_pending(plan: Plan) -> bool:
     return False
 
 
+def _has_templates(plan: Plan) -> bool:
+    return any(
+        step.model_template is not None
+        or (step.gate is not None and step.gate.model_template is not None)
+        for step in plan.steps
+    )
+
+
 def plan_for_params(plan: Plan, params: Mapping[str, Any]) -> Plan:
     """``plan`` with its templated models rendered (the same object when none awaits params).
 
@@ -181,6 +228,11 @@ def plan_for_params(plan: Plan, params: Mapping[str, Any]) -> Plan:
         UsageError: see :func:`render_model`.
     """
     if not is_pending(plan):
+        if _has_templates(plan):
+            raise UsageError(
+                f"workflow {plan.name!r} was already rendered for some params (a preview); "
+                "start the workflow as loaded, so its models render from this start's params"
+            )
         return plan
     steps = [_step_for_params(plan, step, params) for step in plan.steps]
     return plan.model_copy(update={"steps": steps, "aliases": {}})

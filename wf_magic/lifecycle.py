@@ -26,7 +26,7 @@ from .sealing import (
     missing_secret,
     seals_of,
 )
-from .spec.models_resolve import workflow_for_params
+from .spec.models_resolve import is_pending, workflow_for_params
 from .spec.params import coerce_param, normalise, resolve_params
 from .spec.plan import Plan
 from .spec.workflow import Workflow
@@ -155,6 +155,8 @@ def preview(
     Raises:
         UsageError: given params are invalid, or render an unusable model.
     """
+    if not is_pending(wf.plan):
+        return wf  # nothing waits for params: a dry run reads no param at all
     try:
         resolved = resolve_params(wf.plan, params, from_strings=params_from_strings)
     except UsageError:

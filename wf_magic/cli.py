@@ -9,7 +9,7 @@ import signal as signals
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, Protocol, TextIO
 
@@ -35,6 +35,11 @@ class _RunLister(Protocol):
     def list_runs(
         self, *, include_children: bool = False, limit: int | None = None
     ) -> list[RunRow]: ...
+
+
+def _warn(warnings: Iterable[str]) -> None:
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def _print_run(run: Run, out: Callable[[str], None]) -> int:
@@ -164,6 +169,8 @@ def cmd_status(engine: Engine, args: argparse.Namespace) -> int:
     from .store.runs import params_text
 
     run = engine.status(args.run)
+    _warn(run.warnings)  # why its plan cannot be driven: once, on stderr, not in the summary
+    run.warnings.clear()
     header, *rest = repr(run).split("\n")
     shown = params_text(run.row.params_json)  # tells two scopes of one workflow apart
     origin = run.row.source_path or ""
@@ -180,8 +187,10 @@ def cmd_list(engine: _RunLister, args: argparse.Namespace) -> int:
     )
     if not runs:
         print(f"no runs in {engine.db_path}")
+    from .spec.stored import plan_warning
     from .store.runs import params_text
 
+    _warn(filter(None, map(plan_warning, runs)))
     for row in runs:
         shown = params_text(row.params_json)  # tells two scopes of one workflow apart
         params = f"  {shown}" if shown else ""
@@ -220,6 +229,7 @@ def cmd_events(engine: Engine, args: argparse.Namespace) -> int:
 
 
 def cmd_abandon(engine: Engine, args: argparse.Namespace) -> int:
+    _warn(engine.handle(args.run).warnings)  # abandoning never decodes the plan
     engine.abandon(args.run)
     print(f"run {args.run} abandoned")
     return EXIT_OK
@@ -268,7 +278,9 @@ def cmd_gc(engine: Engine, args: argparse.Namespace) -> int:
 def cmd_show(engine: Engine, args: argparse.Namespace) -> int:
     from .inspection import record_text
 
-    record = engine.handle(args.run).attempt(args.unit, args.attempt)
+    handle = engine.handle(args.run)
+    _warn(handle.warnings)
+    record = handle.attempt(args.unit, args.attempt)
     if args.format == "json":
         print(json.dumps(record.to_json(), indent=2, default=str))
     else:

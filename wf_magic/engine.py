@@ -269,8 +269,17 @@ class Engine:
 
     # -- verbs ------------------------------------------------------------------------------
     def handle(self, run_id: RunRef) -> Run:
-        """A handle on the run (status, steps, result, decisions, frames)."""
-        return Run(self.store, self.resolve_run_id(run_id), bus=self.bus)
+        """A handle on the run (status, steps, result, decisions, frames).
+
+        The handle reads the run's rows and never decodes its plan, so it works on a run this
+        version cannot drive; its ``warnings`` then hold one line saying why.
+        """
+        from .spec.stored import plan_warning
+
+        handle = Run(self.store, self.resolve_run_id(run_id), bus=self.bus)
+        warning = plan_warning(handle.row)
+        handle.warnings.extend([warning] if warning else [])
+        return handle
 
     status = handle
     """``wf status RUN`` in Python: the run's handle (``engine.status(r).status`` is its word)."""

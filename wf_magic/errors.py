@@ -7,6 +7,7 @@
     ├── UsageError (ValueError)          a call or command line is wrong
     ├── PlanIntegrityError               a stored plan or params were edited
     │   └── PlanVersionError             a plan from a newer/older plan_version
+    │       └── PlanVersionTooNew        a newer wf_magic froze it: left untouched (CLI exit 2)
     ├── RunLockHeld                      another driver holds the run (CLI exit 75)
     ├── RunAbandoned                     the run was given up: nothing to resume or abandon
     ├── BudgetExceeded                   a ceiling would be passed
@@ -72,6 +73,10 @@ class PlanIntegrityError(WorkflowError):
 
 class PlanVersionError(PlanIntegrityError):
     """A run's plan was written by another plan_version than this one can drive."""
+
+
+class PlanVersionTooNew(PlanVersionError):
+    """A newer wf_magic froze the run's plan: it is left untouched until an upgrade."""
 
 
 class RunLockHeld(WorkflowError):

@@ -6,7 +6,7 @@ import json
 from typing import TYPE_CHECKING, Any, Union
 
 from .bus import EventBus
-from .errors import UsageError
+from .errors import PlanIntegrityError, PlanVersionTooNew, UsageError
 from .exits import status_exit_code
 from .store import Store
 from .store.records import AttemptRow, BudgetUse, RunRow, RunStatus, StepRow
@@ -111,11 +111,30 @@ class Run:
 
     @property
     def plan(self) -> FrozenPlan:
-        """The frozen plan this run executes (renders as a table + Mermaid graph)."""
+        """The frozen plan this run executes (renders as a table + Mermaid graph).
+
+        Raises:
+            PlanVersionTooNew: a newer wf_magic froze it.
+            PlanIntegrityError: the stored plan does not decode (edited outside wf_magic).
+        """
+        from pydantic import ValidationError
+
         from .spec.plan import Plan
+        from .spec.stored import version_problem
 
         row = self.row
-        return FrozenPlan(Plan.model_validate_json(row.plan_json), plan_hash=row.plan_hash)
+        version = version_problem(row)
+        if version is not None and version.is_newer:
+            raise PlanVersionTooNew(f"Run {row.run_id} was {version.text}.", run_id=row.run_id)
+        try:
+            plan = Plan.model_validate_json(row.plan_json)
+        except ValidationError as exc:
+            raise PlanIntegrityError(
+                f"Run {row.run_id}: its stored plan does not decode ({exc.error_count()} "
+                "problem(s)); it was edited outside wf_magic.",
+                run_id=row.run_id,
+            ) from None
+        return FrozenPlan(plan, plan_hash=row.plan_hash)
 
     @property
     def params(self) -> dict[str, Any]:

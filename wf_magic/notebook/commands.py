@@ -349,8 +349,8 @@ def _scoped_runs_frame() -> type:
 
 def cmd_status(ctx: CommandContext, args: LineArgs) -> Run:
     handle = ctx.engine.status(_run(ctx, args))
-    if not ctx.use_widgets:
-        return handle
+    if not ctx.use_widgets or handle.warnings:
+        return handle  # a plan this version cannot drive: its text view, with the warning
     view = ctx.open_view(handle.run_id)
     return LiveRun(handle, view)
 
@@ -367,6 +367,8 @@ def cmd_fork(ctx: CommandContext, args: LineArgs) -> Run:
 
 def cmd_abandon(ctx: CommandContext, args: LineArgs) -> None:
     run_id = _run(ctx, args)
+    for warning in ctx.engine.handle(run_id).warnings:  # abandoning never decodes the plan
+        print(f"warning: {warning}")
     ctx.engine.abandon(run_id, reason=args.reason or "abandoned by user")
     print(f"run {run_id} abandoned")
 

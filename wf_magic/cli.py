@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, Protocol, TextIO
 
-from .errors import RunAbandoned, WorkflowError
+from .errors import RunAbandoned, RunLockHeld, WorkflowError
 from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, error_exit_code
 from .verbs import add_global_options, add_verb_parsers, parse_params
 
@@ -374,12 +374,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: the run stays active; `wf resume` continues it", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except RunLockHeld as exc:
+        if not getattr(args, "skip_if_locked", False):
+            return _error(args, exc)
+        # A cron job firing while the previous one still drives the run is not an error.
+        print(f"run {exc.run_id} is being driven by {exc.holder}; skipped (--skip-if-locked)")
+        return EXIT_OK
     except WorkflowError as exc:
-        if args.debug:
-            raise
-        code = error_exit_code(exc)
-        print(f"error: {exc}", file=sys.stderr)
-        return code
+        return _error(args, exc)
     except Exception as exc:  # noqa: BLE001 - a row no layer could read: one line, not a wall
         if args.debug:
             raise
@@ -387,6 +389,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
     finally:
         store.close()
+
+
+def _error(args: argparse.Namespace, exc: WorkflowError) -> int:
+    if args.debug:
+        raise exc
+    print(f"error: {exc}", file=sys.stderr)
+    return error_exit_code(exc)
 
 
 def _unreadable(store: Store, args: argparse.Namespace, exc: Exception) -> str:

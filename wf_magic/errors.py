@@ -90,6 +90,8 @@ class RunLockHeld(WorkflowError):
         if host:
             who += f" on {host}"
         when = f" since {since}" if since else ""
+        self.holder = f"{who}{when}"
+        """Who holds the run: ``pid 4242 on HOST since 10:31:02`` (or ``another driver``)."""
         super().__init__(
             f"Run {run_id} is being driven by {who}{when}; wait for it or stop that process "
             f"(`wf stop {run_id}`).",

@@ -161,6 +161,11 @@ RESUPPLY_PARAM = Option(
     help="a secret param of the run again (its value is never stored; repeatable)",
     faces=CLI,
 )
+SKIP_IF_LOCKED = Option(
+    flag="--skip-if-locked",
+    action="store_true",
+    help="when another driver holds the run, say who and exit 0 instead of 75 (for cron)",
+)
 BACKGROUND = Option(
     flag="--background",
     action="store_true",
@@ -210,6 +215,7 @@ VERBS: tuple[Verb, ...] = (
             MAX_CONCURRENCY,
             MAX_RETRIES,
             QUIET,
+            replace(SKIP_IF_LOCKED, faces=CLI),
             Option(flag="--dry-run", action="store_true", help="freeze and show the plan only"),
             Option(
                 flag="--refresh",
@@ -237,7 +243,16 @@ VERBS: tuple[Verb, ...] = (
     Verb(
         name="resume",
         help="drive an existing run",
-        options=(RUN, MAX_STEPS, MAX_CONCURRENCY, MAX_RETRIES, QUIET, BACKGROUND, RESUPPLY_PARAM),
+        options=(
+            RUN,
+            MAX_STEPS,
+            MAX_CONCURRENCY,
+            MAX_RETRIES,
+            QUIET,
+            BACKGROUND,
+            RESUPPLY_PARAM,
+            SKIP_IF_LOCKED,
+        ),
     ),
     Verb(
         name="fork",

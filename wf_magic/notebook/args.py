@@ -100,6 +100,8 @@ class LineArgs:
     unit: str | None = None
     attempt: int | None = None
     other: str | None = None
+    skip_if_locked: bool = False
+    """``resume --skip-if-locked``: another driver holding the run is said, not raised."""
 
 
 class _Parser(argparse.ArgumentParser):

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..display import origin_text, plan_html, plan_mermaid, plan_text
-from ..errors import DefinitionError, GateDecisionRefused, UsageError
+from ..errors import DefinitionError, GateDecisionRefused, RunLockHeld, UsageError
 from ..inspection import (
     AttemptRecord,
     UnitDiff,
@@ -355,8 +355,14 @@ def cmd_status(ctx: CommandContext, args: LineArgs) -> Run:
     return LiveRun(handle, view)
 
 
-def cmd_resume(ctx: CommandContext, args: LineArgs) -> Run:
-    return launch(ctx, _run(ctx, args), max_steps=args.max_steps, background=args.background)
+def cmd_resume(ctx: CommandContext, args: LineArgs) -> Run | None:
+    try:
+        return launch(ctx, _run(ctx, args), max_steps=args.max_steps, background=args.background)
+    except RunLockHeld as exc:
+        if not args.skip_if_locked:
+            raise
+        print(f"run {exc.run_id} is being driven by {exc.holder}; skipped (--skip-if-locked)")
+        return None
 
 
 def cmd_fork(ctx: CommandContext, args: LineArgs) -> Run:

@@ -82,16 +82,20 @@ def version_problem(run: RunRow) -> VersionProblem | None:
     return None
 
 
-def shape_problem(plan_json: str, *, where: str = "") -> str | None:
+def shape_problem(plan_json: str) -> str | None:
     """What is wrong with the plan's shape, as far as ``json`` can tell (None: looks like a plan).
 
     This checks what a run view reads (steps, their ids, kinds and runners) and the types of
     the top-level containers; the plan models check everything else when a drive decodes it.
     """
     try:
-        value: Any = json.loads(plan_json) if isinstance(plan_json, str) else plan_json
-    except ValueError as exc:
-        return f"{where}not JSON ({exc.msg} at character {exc.pos})"
+        value = json.loads(plan_json)
+    except json.JSONDecodeError as exc:
+        return f"not JSON ({exc.msg} at character {exc.pos})"
+    return _plan_problem(value, "")
+
+
+def _plan_problem(value: Any, where: str) -> str | None:
     if not isinstance(value, dict):
         return f"{where}expected a JSON object (got {type(value).__name__})"
     if not isinstance(value.get("name"), str):
@@ -107,7 +111,7 @@ def shape_problem(plan_json: str, *, where: str = "") -> str | None:
         if key in value and not isinstance(value[key], kind):
             return f"{where}{key}: expected an object (got {_got(value[key])})"
     for name, child in value.get("children", {}).items():
-        problem = shape_problem(child, where=f"{where}children.{name}.")  # type: ignore[arg-type]
+        problem = _plan_problem(child, f"{where}children.{name}.")
         if problem:
             return problem
     return None

@@ -12,7 +12,7 @@ from typing import Any
 
 from .bus import EventBus
 from .drive.runrows import new_run_id, new_run_row, plan_steps, scope_key
-from .errors import UsageError
+from .errors import PlanVersionTooNew, UsageError
 from .hashing import hash_value
 from .locking import RunLock
 from .redact import is_secret_key
@@ -27,6 +27,7 @@ from .sealing import (
 )
 from .spec.params import coerce_param, normalise, resolve_params
 from .spec.plan import Plan
+from .spec.stored import version_problem
 from .spec.workflow import Workflow
 from .store import Store
 from .store.records import RunRow, ScopeChoice
@@ -113,6 +114,7 @@ def _start(
             old = current if current is not None and current.status in UNFINISHED else None
             if old is None:
                 return ScopeChoice()
+            _refuse_newer(old)
             held.enter_context(RunLock(store.lock_dir, old.run_id))  # refuses at once
             superseded[:] = [old.run_id]
             return ScopeChoice(supersede=old.run_id)
@@ -133,6 +135,17 @@ def _start(
     if kept.run_id != row.run_id:
         return _continue(kept, wf)
     return _created(bus, row, superseded=superseded[0] if superseded else None)
+
+
+def _refuse_newer(old: RunRow) -> None:
+    """A run frozen by a newer wf_magic is never superseded here: its row stays as it is."""
+    version = version_problem(old)
+    if version is not None and version.is_newer:
+        raise PlanVersionTooNew(
+            f"Run {old.run_id} of this scope was {version.text}, or `wf abandon {old.run_id}` "
+            "and run again. Nothing was changed.",
+            run_id=old.run_id,
+        )
 
 
 def request_hash(plan_hash: str, params_hash: str) -> str:

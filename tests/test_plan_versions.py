@@ -57,7 +57,8 @@ class Corruption:
         )[0]
         new_json = str(plan_json)
         if self.plan is not None:
-            new_json = json.dumps(self.plan(json.loads(new_json)))
+            edited = self.plan(json.loads(new_json))
+            new_json = edited.text if isinstance(edited, Raw) else json.dumps(edited)
         sets, args = ["plan_json = ?"], [new_json]
         if self.rehash:
             sets.append("plan_hash = ?")
@@ -66,6 +67,13 @@ class Corruption:
             sets.append("plan_version = ?")
             args.append(str(self.version))
         tamper(engine, f"UPDATE runs SET {', '.join(sets)} WHERE run_id = ?", (*args, run_id))  # noqa: S608
+
+
+@dataclass(frozen=True)
+class Raw:
+    """plan_json text as is (not JSON at all)."""
+
+    text: str
 
 
 def _step0(**change: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
@@ -91,6 +99,7 @@ UNDECODABLE = [
     Corruption("an unknown step kind", _step0(kind="teleport"), needle='(got "teleport")'),
     Corruption("a step id is a list", _step0(id=["a"]), needle="steps[0].id: expected a string"),
     Corruption("budget is a list", lambda p: {**p, "budget": []}, needle="budget: expected an"),
+    Corruption("not JSON", lambda p: Raw('{"name": "s", "steps": ['), needle="not JSON ("),
 ]
 """JSON the plan models reject, of the shapes a run view can tell without decoding."""
 REHASHED = [
@@ -125,8 +134,9 @@ def test_every_undecodable_edit_in_the_tables_is_rejected_by_the_plan_models(
     plan = json.loads(engine.get_run(engine.start(FLOW).run_id).plan_json)
     for corruption in [*UNDECODABLE, *VALUE_LEVEL]:
         assert corruption.plan is not None
+        edited = corruption.plan(plan)
         with pytest.raises(ValidationError):
-            Plan.model_validate_json(json.dumps(corruption.plan(plan)))
+            Plan.model_validate_json(edited.text if isinstance(edited, Raw) else json.dumps(edited))
 
 
 # -- fixtures ------------------------------------------------------------------------------------

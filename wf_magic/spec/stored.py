@@ -57,24 +57,32 @@ def unsupported_reason(version: int) -> str:
     return f"plan version {version} is no longer supported; start afresh with `wf run FILE --new`"
 
 
-def _json_version(plan_json: str) -> int | None:
+class _NotJSON:
+    def __init__(self, error: json.JSONDecodeError):
+        self.text = f"not JSON ({error.msg} at character {error.pos})"
+
+
+def _parse(plan_json: str) -> Any:
+    """The plan's JSON value, or a ``_NotJSON`` saying why it is none (parsed once per check)."""
     try:
-        value = json.loads(plan_json)
-    except ValueError:
-        return None
-    version = value.get("plan_version") if isinstance(value, dict) else None
-    return version if isinstance(version, int) and not isinstance(version, bool) else None
+        return json.loads(plan_json)
+    except json.JSONDecodeError as exc:
+        return _NotJSON(exc)
 
 
-def version_problem(run: RunRow) -> VersionProblem | None:
+def version_problem(run: RunRow, *, parsed: Any = None) -> VersionProblem | None:
     """The run's plan version problem, from its ``plan_version`` column and the plan's own key.
 
     A newer wf_magic writes both; a hand edit of either one counts (the newer wins).
+    ``parsed`` is the plan's JSON value when the caller has it already.
     """
-    versions = [run.plan_version]
-    own = _json_version(run.plan_json)
-    if own is not None:
-        versions.append(own)
+    value = _parse(run.plan_json) if parsed is None else parsed
+    own = value.get("plan_version") if isinstance(value, dict) else None
+    versions = [
+        v for v in (run.plan_version, own) if isinstance(v, int) and not isinstance(v, bool)
+    ]
+    if not versions:
+        return None  # no readable version anywhere: the shape check or the decode says more
     if max(versions) > PLAN_VERSION:
         return VersionProblem(version=max(versions), is_newer=True)
     if min(versions) < OLDEST_PLAN_VERSION:
@@ -82,17 +90,14 @@ def version_problem(run: RunRow) -> VersionProblem | None:
     return None
 
 
-def shape_problem(plan_json: str) -> str | None:
+def shape_problem(plan_json: str, *, parsed: Any = None) -> str | None:
     """What is wrong with the plan's shape, as far as ``json`` can tell (None: looks like a plan).
 
     This checks what a run view reads (steps, their ids, kinds and runners) and the types of
     the top-level containers; the plan models check everything else when a drive decodes it.
     """
-    try:
-        value = json.loads(plan_json)
-    except json.JSONDecodeError as exc:
-        return f"not JSON ({exc.msg} at character {exc.pos})"
-    return _plan_problem(value, "")
+    value = _parse(plan_json) if parsed is None else parsed
+    return value.text if isinstance(value, _NotJSON) else _plan_problem(value, "")
 
 
 def _plan_problem(value: Any, where: str) -> str | None:
@@ -152,11 +157,12 @@ def plan_warning(run: RunRow) -> str | None:
 
     Reads only the row: the plan is never decoded, and nothing is written.
     """
-    version = version_problem(run)
+    parsed = _parse(run.plan_json)
+    version = version_problem(run, parsed=parsed)
     if version is not None:
         head = f"Run {run.run_id} was " if version.is_newer else f"Run {run.run_id}: "
         return f"{head}{version.text} (shown from its row)"
-    shape = shape_problem(run.plan_json)
+    shape = shape_problem(run.plan_json, parsed=parsed)
     if shape is not None:
         return (
             f"Run {run.run_id}: its stored plan does not decode ({shape}); it was edited outside "

@@ -1,18 +1,13 @@
 """A run's stored plan read without decoding it: its plan version, its hashes and its shape.
 
-The read verbs (``wf status``, ``wf list``, ``wf abandon``, ``Engine.handle``) report a run from
-its row and never decode its plan, so they work on a plan this version cannot drive; they use
-:func:`plan_warning` to say, in one line, why it cannot be driven. The drive runs the same
-checks first (``drive/integrity.py``), in this order:
-
-1. the plan version (the row's ``plan_version`` and the plan's own ``plan_version`` key):
-   a newer one is left untouched, an older unsupported one abandons the run. It comes first
-   because another version may hash or shape its plan differently, so a hash mismatch says
-   nothing about a plan of another version, and a newer plan must stay byte-identical.
-2. the plan and params hashes (an edit outside wf_magic);
-3. the shape: the few fields a run view reads, checked with ``json`` alone (no pydantic).
-
-The drive then decodes the plan with the plan models; only it can see every rejection.
+The read verbs (``wf status``, ``wf list``, ``wf show``, ``wf abandon``, ``Engine.handle``)
+report a run from its row and never decode its plan, so they work on a plan this version
+cannot drive; :func:`plan_warning` says in one line why it cannot be driven, checking the
+version, then the shape (the few fields a run view reads, with ``json`` alone: no pydantic),
+then the hashes. A drive (``drive/integrity.py``) checks the version first too, then the
+hashes, then decodes the plan with the plan models (only that sees every rejection). The
+version comes first because another version may hash or shape its plan differently, so a
+hash mismatch says nothing about such a plan, and a newer run must stay byte-identical.
 """
 
 from __future__ import annotations

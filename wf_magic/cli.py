@@ -284,6 +284,15 @@ def cmd_diff(engine: Engine, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_compare(engine: Engine, args: argparse.Namespace) -> int:
+    comparison = engine.compare(args.run, args.other, show_all=args.all)
+    if args.format == "json":
+        print(comparison.frame().to_json(orient="records"))
+    else:
+        print(comparison.text())
+    return EXIT_OK
+
+
 def cmd_export_cassette(engine: Engine, args: argparse.Namespace) -> int:
     from .runners.replay import export_cassette
 
@@ -316,6 +325,7 @@ HANDLERS: dict[str, Callable[[Engine, argparse.Namespace], int]] = {
     "events": cmd_events,
     "show": cmd_show,
     "diff": cmd_diff,
+    "compare": cmd_compare,
     "gc": cmd_gc,
     "export-cassette": cmd_export_cassette,
 }

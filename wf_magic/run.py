@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
     from .drive.context import DriveStats
     from .gates.verdict import Verdict
+    from .comparison import RunComparison
     from .inspection import AttemptRecord, UnitDiff
     from .spec.plan import Plan
 
@@ -247,6 +248,16 @@ class Run:
         from .inspection import UnitDiff, loop_diff
 
         return UnitDiff(loop_diff(self.store, self.run_id, unit, loop_a, loop_b))
+
+    def compare(self, other: RunRef, *, show_all: bool = False) -> RunComparison:
+        """This run (the earlier) beside ``other`` (the later), unit by unit.
+
+        Per unit both outputs loop by loop, whether it is changed, new, removed, reused or
+        unchanged, and the token and cost deltas; prints as text, renders as HTML.
+        """
+        from .comparison import compare_runs
+
+        return compare_runs(self.store, self.run_id, run_ref(other), show_all=show_all)
 
     def tokens(self, by: str = "step") -> pd.DataFrame:
         """Token accounting of this run grouped ``by``."""

@@ -329,6 +329,23 @@ VERBS: tuple[Verb, ...] = (
         ),
     ),
     Verb(
+        name="compare",
+        help="two runs side by side: per unit both outputs (every loop), changed/new/removed/"
+        "reused, token and cost deltas",
+        options=(
+            Option(flag="run", help="the earlier run (id, unique prefix or workflow name)"),
+            Option(flag="other", help="the later run (id, unique prefix or workflow name)"),
+            Option(flag="--all", action="store_true", help="list every unit, not only the ones that differ"),
+            Option(
+                flag="--format",
+                choices=("text", "json"),
+                default="text",
+                help="how to print the comparison",
+                faces=CLI,
+            ),
+        ),
+    ),
+    Verb(
         name="budget",
         help="a run's budget: used vs limit per ceiling",
         faces=NOTEBOOK,

@@ -28,7 +28,7 @@ from ..spec.models import GateSpec
 from ..spec.plan import PlanStep
 from ..store.journal import Finish, UnitKey
 from ..store.records import AttemptRow
-from ..templates import TemplateError
+from ..templates import TemplateError, references
 from . import attempts
 from .context import DriveContext, RunState
 from .units import template_context
@@ -89,6 +89,11 @@ def obtain_verdict(
         "check": gate.check,
         "model": model,
     }
+    if gate.judge == "expr" and gate.check:
+        read = _params_read(gate.check, state.params)
+        if read is not None:
+            # The check reads params: two runs with other values must not share a verdict.
+            hashed["params_read"] = read
     input_hash = hash_value(hashed)
     judge_input = dict(hashed)  # what is kept: the hashed input, plus what an LLM judge reads
     if gate.judge == "llm":
@@ -127,6 +132,22 @@ def obtain_verdict(
         )
     _announce(ctx, state, step.id, loop, verdict)
     return Judged(verdict=verdict, input_hash=input_hash, summary=summary)
+
+
+def _params_read(check: str, params: dict[str, Any]) -> str | None:
+    """The hash of the params an ``expr`` check reads (None when it reads none).
+
+    A hash rather than the values, so a secret param the check compares against is not kept
+    in the journaled judge input.
+    """
+    try:
+        refs = references(check, expression=True)
+    except TemplateError:
+        return None  # the check fails when judged; that failure is journaled there
+    if "params" not in refs.names:
+        return None
+    names = sorted(params) if refs.params_dynamic else sorted(refs.params & set(params))
+    return hash_value({name: params[name] for name in names})
 
 
 def _reuse_verdict(

@@ -65,13 +65,24 @@ def get_run(conn: sqlite3.Connection, run_id: str) -> RunRow | None:
     return from_row(RunRow, row) if row else None
 
 
-def find_run_prefix(conn: sqlite3.Connection, prefix: str) -> list[str]:
-    """Run ids starting with ``prefix`` (for friendly lookups)."""
+def find_run_prefix(conn: sqlite3.Connection, prefix: str, *, limit: int = 5) -> list[str]:
+    """Run ids starting with ``prefix`` (for friendly lookups), oldest first."""
+    escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     rows = conn.execute(
-        "SELECT run_id FROM runs WHERE run_id LIKE ? ORDER BY created_at LIMIT 5",
-        (prefix.replace("%", "") + "%",),
+        "SELECT run_id FROM runs WHERE run_id LIKE ? ESCAPE '\\' ORDER BY created_at LIMIT ?",
+        (escaped + "%", int(limit)),
     )
     return [r[0] for r in rows]
+
+
+def latest_of_workflow(conn: sqlite3.Connection, workflow: str) -> str | None:
+    """The id of the newest root run of the workflow named ``workflow``, if any."""
+    row = conn.execute(
+        "SELECT run_id FROM runs WHERE workflow = ? AND parent_run_id IS NULL"
+        " ORDER BY created_at DESC, rowid DESC LIMIT 1",
+        (workflow,),
+    ).fetchone()
+    return row[0] if row else None
 
 
 def latest_in_scope(conn: sqlite3.Connection, scope_key: str) -> RunRow | None:

@@ -226,6 +226,13 @@ def _judge_expr(
     return verdict
 
 
+def judge_is_charged(state: RunState, gate: GateSpec) -> bool:
+    """Whether this gate's judge calls count against the budget (``gate.charged`` wins)."""
+    if gate.judge != "llm":
+        return False
+    return state.plan.budget.charge_judges if gate.charged is None else gate.charged
+
+
 def _judge_llm(
     ctx: DriveContext,
     state: RunState,
@@ -234,7 +241,8 @@ def _judge_llm(
     criteria: list[str],
     summary: str,
 ) -> Verdict:
-    attempt = _reclaim_or_reserve(ctx, state, key)
+    charged = judge_is_charged(state, step.gate or GateSpec())
+    attempt = _reclaim_or_reserve(ctx, state, key, charged=charged)
     try:
         request = UnitRequest(
             run_id=state.run_id,
@@ -284,12 +292,21 @@ def _judge_failure(exc: Exception) -> RunnerError:
     return RunnerError(f"runner raised {type(exc).__name__}: {exc}")
 
 
-def _reclaim_or_reserve(ctx: DriveContext, state: RunState, key: UnitKey) -> AttemptRow:
-    """The judge attempt a dead driver left running for this input, else a new one."""
+def _reclaim_or_reserve(
+    ctx: DriveContext, state: RunState, key: UnitKey, *, charged: bool = False
+) -> AttemptRow:
+    """The judge attempt a dead driver left running for this input, else a new one.
+
+    A charged judge is checked against the budget and counted like a work unit first; a
+    reclaimed attempt was counted when it was reserved.
+    """
     latest = ctx.store.attempts_of_units(state.run_id, [key.unit_id])
     if latest and latest[-1].status == "running" and latest[-1].input_hash == key.input_hash:
         return latest[-1]
-    return ctx.store.reserve_attempt(key, charged=False)
+    if charged:
+        ctx.budget.check(run_id=state.run_id, step_id=key.step_id, unit_id=key.unit_id)
+        ctx.budget.charge_unit()
+    return ctx.store.reserve_attempt(key, charged=charged)
 
 
 def _record(ctx: DriveContext, state: RunState, key: UnitKey, verdict: Verdict) -> None:

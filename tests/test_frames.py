@@ -59,6 +59,9 @@ TOKENS_SUM_DTYPES = {
     "tokens": "Int64",
     "cost": "float64",
     "saved_tokens": "Int64",
+    "tokens_paid": "Int64",
+    "tokens_reused": "Int64",
+    "tokens_judge": "Int64",
 }
 RUNS_DTYPES = {
     "params": "string",
@@ -321,7 +324,7 @@ def test_tokens_frame_of_no_attempts_has_stable_columns_and_dtypes(
     frame = tokens_frame(conn, "r-missing", by=by)
 
     key_dtype = "Int64" if by == "loop" else "string"
-    assert frame.shape == (0, 7)
+    assert frame.shape == (0, 10)
     assert dtypes(frame) == {by: key_dtype, **TOKENS_SUM_DTYPES}
 
 

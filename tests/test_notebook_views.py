@@ -391,8 +391,8 @@ def test_judge_tokens_show_apart_from_the_charged_work_tokens(engine: Engine) ->
     state = next(s for s in view.snapshot.steps if s.step_id == "draft")  # type: ignore[union-attr]
     assert state.judge_tokens > 0
     assert state.tokens == engine.status(run_id).budget_use().tokens
-    assert view.rows["draft"].tokens.value == (
-        f"{state.tokens:,} + {state.judge_tokens:,} judge (not charged)"
+    assert (
+        view.rows["draft"].tokens.value == f"{state.tokens:,} paid · {state.judge_tokens:,} judge"
     )
     view.close()
 

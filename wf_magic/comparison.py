@@ -90,7 +90,7 @@ class RunComparison:
 
     def counts(self) -> dict[str, int]:
         """How many units of each kind, in ``CHANGE_ORDER``."""
-        out = {kind: 0 for kind in CHANGE_ORDER}
+        out: dict[str, int] = {kind: 0 for kind in CHANGE_ORDER}
         for unit in self.units:
             out[unit.change] += 1
         return out
@@ -333,7 +333,7 @@ def _clip(text: str) -> str:
     return flat if len(flat) <= _CLIP else flat[: _CLIP - 1] + "…"
 
 
-_CHANGE_BADGE: dict[ChangeKind, str] = {
+_CHANGE_BADGE: dict[str, str] = {
     kind: f"<span style='color:{colour};font-weight:600'>{kind}</span>"
     for kind, colour in (
         ("changed", "#9a6700"),

@@ -19,9 +19,9 @@ if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
+    from .comparison import RunComparison
     from .drive.context import DriveStats
     from .gates.verdict import Verdict
-    from .comparison import RunComparison
     from .inspection import AttemptRecord, UnitDiff
     from .spec.plan import Plan
 

@@ -335,7 +335,11 @@ VERBS: tuple[Verb, ...] = (
         options=(
             Option(flag="run", help="the earlier run (id, unique prefix or workflow name)"),
             Option(flag="other", help="the later run (id, unique prefix or workflow name)"),
-            Option(flag="--all", action="store_true", help="list every unit, not only the ones that differ"),
+            Option(
+                flag="--all",
+                action="store_true",
+                help="list every unit, not only the ones that differ",
+            ),
             Option(
                 flag="--format",
                 choices=("text", "json"),

@@ -92,6 +92,13 @@ _TOKENS_SUMS: _Spec = (
     ("tokens", "SUM(tokens_in + tokens_out)", "int"),
     ("cost", "SUM(cost)", "float"),
     ("saved_tokens", "SUM(saved_tokens)", "int"),
+    ("tokens_paid", "SUM(CASE WHEN charged THEN tokens_in + tokens_out ELSE 0 END)", "int"),
+    ("tokens_reused", "SUM(CASE WHEN status = 'reused' THEN saved_tokens ELSE 0 END)", "int"),
+    (
+        "tokens_judge",
+        "SUM(CASE WHEN phase = 'gate' AND NOT charged THEN tokens_in + tokens_out ELSE 0 END)",
+        "int",
+    ),
 )
 # The run and every run below it: children point at their root and at their parent.
 _TREE_CTE = (
@@ -249,6 +256,9 @@ def tokens_frame(
         - ``tokens`` (Int64): ``tokens_in + tokens_out``.
         - ``cost`` (float64): summed reported cost, NaN when no attempt reported one.
         - ``saved_tokens`` (Int64): tokens saved by reused attempts.
+        - ``tokens_paid``, ``tokens_reused``, ``tokens_judge`` (Int64): the one token story
+          every view tells — paid (charged attempts, what the budget counts), reused (what
+          reused answers first cost) and judge (LLM judges outside the budget).
 
     Raises:
         UsageError: ``by`` is not one of the keys above.

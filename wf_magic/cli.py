@@ -205,7 +205,14 @@ def _frame_out(frame: object, fmt: str) -> None:
 
 
 def cmd_journal(engine: Engine, args: argparse.Namespace) -> int:
-    _frame_out(engine.journal(args.run), args.format)
+    frame = engine.journal(args.run)
+    if args.format == "table" and not args.all:
+        from .store.frames import JOURNAL_COMPACT
+
+        frame = frame[list(JOURNAL_COMPACT)]
+        blanks = ("model", "reused_from_run", "reused_from_unit", "failure")
+        frame = frame.drop(columns=[c for c in blanks if frame[c].isna().all()])
+    _frame_out(frame, args.format)
     return EXIT_OK
 
 

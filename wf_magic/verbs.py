@@ -279,8 +279,8 @@ VERBS: tuple[Verb, ...] = (
             Option(
                 flag="--all",
                 action="store_true",
-                help="every column (the notebook shows a compact set by default)",
-                faces=NOTEBOOK,
+                help="every column (a table shows a compact set by default; csv and json "
+                "always have every column)",
             ),
         ),
     ),

@@ -38,13 +38,29 @@ _JOURNAL: _Spec = (
     ("loop", "loop", "int"),
     ("charged", "charged", "bool"),
     ("saved_tokens", "saved_tokens", "int"),
+    (
+        "reused_from_run",
+        "(SELECT src.run_id FROM attempts AS src WHERE src.dispatch_id = attempts.reused_from)",
+        "str",
+    ),
+    (
+        "reused_from_unit",
+        "(SELECT src.unit_id FROM attempts AS src WHERE src.dispatch_id = attempts.reused_from)",
+        "str",
+    ),
 )
 JOURNAL_COLUMNS: tuple[str, ...] = (
     "run", "step", "unit", "attempt", "dispatch_id", "phase", "runner", "model", "status",
     "input_hash", "tokens_in", "tokens_out", "cost", "reused_from", "started_at", "finished_at",
-    "duration_s", "failure", "loop", "charged", "saved_tokens",
+    "duration_s", "failure", "loop", "charged", "saved_tokens", "reused_from_run",
+    "reused_from_unit",
 )  # fmt: skip
 """The columns of :func:`journal_frame`, in order."""
+JOURNAL_COMPACT: tuple[str, ...] = (
+    "step", "unit", "attempt", "loop", "phase", "status", "runner", "model", "tokens_in",
+    "tokens_out", "duration_s", "started_at", "reused_from_run", "reused_from_unit", "failure",
+)  # fmt: skip
+"""The columns ``wf journal`` prints as a table by default (``--all``: every column)."""
 
 _RUNS: _Spec = (
     ("run", "run_id", "str"),
@@ -219,6 +235,8 @@ def journal_frame(
         - ``loop`` (Int64): the gate loop the attempt belongs to, from 1.
         - ``charged`` (boolean): counted in the budget (False for gate and reused attempts).
         - ``saved_tokens`` (Int64): tokens a reused attempt saved, 0 otherwise.
+        - ``reused_from_run``, ``reused_from_unit`` (string): the run and unit whose attempt
+          answered a reused one (<NA> otherwise, or when that run was deleted by gc).
     """
     cte, where, params = _run_filter(run_id, with_children=with_children)
     frame = _query(conn, _JOURNAL, f"FROM attempts {where} ORDER BY attempt_pk", params, cte=cte)

@@ -100,6 +100,11 @@ class Run:
         return self.row.status_reason
 
     @property
+    def superseded_by(self) -> str | None:
+        """The run that took this failed run's place (it keeps its failure), if any."""
+        return self.store.superseded_by(self.run_id) if self.row.status == "failed" else None
+
+    @property
     def workflow(self) -> str:
         """The workflow name."""
         return self.row.workflow

@@ -43,6 +43,9 @@ class Run(Protocol):
     def row(self) -> RunRow: ...
 
     @property
+    def superseded_by(self) -> str | None: ...
+
+    @property
     def steps(self) -> list[StepRow]: ...
 
     def tally(self) -> RunTally: ...
@@ -173,6 +176,9 @@ def run_text(run: Run) -> str:
     lines = [f"Run {row.run_id}  {row.workflow}  [{row.status}]"]
     if row.status_reason:
         lines.append(f"  reason: {row.status_reason}")
+    successor = run.superseded_by
+    if successor:
+        lines.append(f"  superseded by {successor}")
     for s in facts.steps:
         loop = f"  loop {s.loop}" if s.loop else ""
         note = f"  — {s.row.note}" if s.row.note else ""
@@ -222,6 +228,9 @@ def run_html(run: Run) -> str:
     reason = shown_reason(row.status_reason, (s.row.note for s in facts.steps))
     if reason:
         head += f"<div><i>{html.escape(reason)}</i></div>"
+    successor = run.superseded_by
+    if successor:
+        head += f"<div>superseded by <code>{html.escape(successor)}</code></div>"
     body = ""
     for s in facts.steps:
         note = shown_note(s.row.note, facts.rejections, s.row.step_id)

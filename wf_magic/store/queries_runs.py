@@ -27,6 +27,10 @@ class RunQueries(StoreAccess):
         """The id of the newest root run of ``workflow`` (a workflow name), if any."""
         return self._read(lambda c: runs.latest_of_workflow(c, workflow))
 
+    def superseded_by(self, run_id: str) -> str | None:
+        """The run that superseded the failed run ``run_id`` (it kept its failure), if any."""
+        return self._read(lambda c: runs.superseded_by(c, run_id), run_id)
+
     def latest_in_scope(self, scope_key: str) -> RunRow | None:
         """The newest root run of a scope."""
         return self._read(lambda c: runs.latest_in_scope(c, scope_key))

@@ -214,7 +214,14 @@ def _frame_out(frame: object, fmt: str) -> None:
 
 
 def cmd_journal(engine: Engine, args: argparse.Namespace) -> int:
-    _frame_out(engine.journal(args.run), args.format)
+    frame = engine.journal(args.run)
+    if args.format == "table" and not args.all:
+        from .store.frames import JOURNAL_COMPACT
+
+        frame = frame[list(JOURNAL_COMPACT)]
+        blanks = ("model", "reused_from_run", "reused_from_unit", "failure")
+        frame = frame.drop(columns=[c for c in blanks if frame[c].isna().all()])
+    _frame_out(frame, args.format)
     return EXIT_OK
 
 
@@ -296,6 +303,15 @@ def cmd_diff(engine: Engine, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_compare(engine: Engine, args: argparse.Namespace) -> int:
+    comparison = engine.compare(args.run, args.other, show_all=args.all)
+    if args.format == "json":
+        print(comparison.frame().to_json(orient="records"))
+    else:
+        print(comparison.text())
+    return EXIT_OK
+
+
 def cmd_export_cassette(engine: Engine, args: argparse.Namespace) -> int:
     from .runners.replay import export_cassette
 
@@ -328,6 +344,7 @@ HANDLERS: dict[str, Callable[[Engine, argparse.Namespace], int]] = {
     "events": cmd_events,
     "show": cmd_show,
     "diff": cmd_diff,
+    "compare": cmd_compare,
     "gc": cmd_gc,
     "export-cassette": cmd_export_cassette,
 }

@@ -30,7 +30,11 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from . import lifecycle
+    from .comparison import RunComparison
     from .spec.workflow import Workflow
+
+_AMBIGUOUS_SHOWN = 8
+"""How many matches an ambiguous run id prefix lists."""
 
 GC_STATUSES: tuple[str, ...] = ("completed", "failed", "abandoned")
 """The run statuses gc deletes (finished ones); ``wf gc --status`` picks among them."""
@@ -115,12 +119,30 @@ class Engine:
         return row
 
     def resolve_run_id(self, run_id: RunRef) -> str:
-        """The full id of ``run_id``: an id, a unique prefix of one, or a ``Run`` handle."""
+        """The full id of ``run_id``: an id, a workflow name (its newest root run), a unique
+        prefix of an id, or a ``Run`` handle.
+
+        Raises:
+            UsageError: no run matches, or the prefix matches several (they are listed).
+        """
         rid = run_ref(run_id)
         if self.store.get_run(rid) is not None:
             return rid
-        near = self.store.find_run_prefix(rid)
-        return near[0] if len(near) == 1 else self.get_run(rid).run_id
+        latest = self.store.latest_of_workflow(rid)
+        if latest is not None:
+            return latest
+        near = self.store.find_run_prefix(rid, limit=_AMBIGUOUS_SHOWN + 1) if rid else []
+        if len(near) == 1:
+            return near[0]
+        if len(near) > 1:
+            shown = ", ".join(near[:_AMBIGUOUS_SHOWN])
+            more = " and more" if len(near) > _AMBIGUOUS_SHOWN else ""
+            raise UsageError(
+                f"Run id prefix {rid!r} is ambiguous: it matches {shown}{more}; "
+                "give more characters of the id.",
+                run_id=rid,
+            )
+        return self.get_run(rid).run_id
 
     def start(
         self,
@@ -468,6 +490,20 @@ class Engine:
     def budget(self, run_id: RunRef) -> pd.DataFrame:
         """Used vs limit per ceiling, and what reuse saved (root run's ceilings)."""
         return self.store.budget_frame(self.resolve_run_id(run_id))
+
+    def compare(self, run_a: RunRef, run_b: RunRef, *, show_all: bool = False) -> RunComparison:
+        """Two runs unit by unit: both outputs (every loop), what changed, token/cost deltas.
+
+        ``run_a`` is the earlier run, ``run_b`` the later one. The result prints as text,
+        renders as HTML in a notebook and has a ``frame()`` (one row per unit).
+
+        Raises:
+            UsageError: either run does not exist.
+        """
+        from .comparison import compare_runs
+
+        a, b = self.resolve_run_id(run_a), self.resolve_run_id(run_b)
+        return compare_runs(self.store, a, b, show_all=show_all)
 
     # -- helpers ----------------------------------------------------------------------------
     def _handle(self, started: lifecycle.Started) -> Run:

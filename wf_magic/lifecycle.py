@@ -101,9 +101,9 @@ def _start(
     if key is None:
         latest = store.latest_in_scope(scope)  # the common case (continue a run) writes nothing
         if latest is not None and not new and latest.plan_hash == wf.plan_hash:
-            return _continue(latest, wf)
+            return _continue(latest, wf, no_cache=no_cache)
     row = new_run_row(wf, resolved, run_id=new_run_id(), scope=scope, use_cache=not no_cache)
-    superseded: list[str] = []
+    superseded: list[RunRow] = []
     with contextlib.ExitStack() as held:
 
         def decide(current: RunRow | None) -> ScopeChoice:
@@ -116,7 +116,7 @@ def _start(
                 return ScopeChoice()
             _refuse_newer(old)
             held.enter_context(RunLock(store.lock_dir, old.run_id))  # refuses at once
-            superseded[:] = [old.run_id]
+            superseded[:] = [old]
             return ScopeChoice(supersede=old.run_id)
 
         def check_key(prior: LaunchKey) -> None:
@@ -133,7 +133,7 @@ def _start(
             row, plan_steps(wf), decide=decide, launch_key=key, check_key=check_key
         )
     if kept.run_id != row.run_id:
-        return _continue(kept, wf)
+        return _continue(kept, wf, no_cache=no_cache)
     return _created(bus, row, superseded=superseded[0] if superseded else None)
 
 
@@ -194,9 +194,18 @@ def fork(
     return _create(store, bus, wf, row, supersede=source)
 
 
-def _continue(run: RunRow, wf: Workflow) -> Started:
-    """The scope's existing run of the same plan (``created=False``)."""
+def _continue(run: RunRow, wf: Workflow, *, no_cache: bool = False) -> Started:
+    """The scope's existing run of the same plan (``created=False``).
+
+    ``--no-cache`` cannot change a run that exists: it is said, with the way to re-run.
+    """
     warnings = []
+    if no_cache and run.use_cache:
+        shown = "the completed run is shown" if run.status == "completed" else "continuing it"
+        warnings.append(
+            f"--no-cache applies to new runs only: run {run.run_id} of this cell already "
+            f"exists ({run.status}); {shown}. Pass --new --no-cache to re-run it without reuse."
+        )
     if run.source_hash != wf.source_hash:
         warnings.append(
             "the source changed only in ways that do not change the plan; "
@@ -214,15 +223,22 @@ def _create(
     lock = RunLock(store.lock_dir, old.run_id) if old else contextlib.nullcontext()
     with lock:
         store.create_run(row, plan_steps(wf), supersede=old.run_id if old else None)
-    return _created(bus, row, superseded=old.run_id if old else None)
+    return _created(bus, row, superseded=old)
 
 
-def _created(bus: EventBus, row: RunRow, *, superseded: str | None) -> Started:
+def _created(bus: EventBus, row: RunRow, *, superseded: RunRow | None) -> Started:
     if superseded is None:
         return Started(run_id=row.run_id, created=True)
+    if superseded.status == "failed":
+        # Its failure stays visible: the run keeps its status and reason (store/runs.py).
+        warning = (
+            f"run {superseded.run_id} failed earlier ({superseded.status_reason or 'no reason'});"
+            f" it stays failed, superseded by {row.run_id}"
+        )
+        return Started(run_id=row.run_id, created=True, warnings=[warning])
     reason = f"superseded by {row.run_id}"
-    bus.notify("run_status", run_id=superseded, status="abandoned", reason=reason)
-    warning = f"run {superseded} was unfinished and is now abandoned ({reason})"
+    bus.notify("run_status", run_id=superseded.run_id, status="abandoned", reason=reason)
+    warning = f"run {superseded.run_id} was unfinished and is now abandoned ({reason})"
     return Started(run_id=row.run_id, created=True, warnings=[warning])
 
 

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
+    from .comparison import RunComparison
     from .drive.context import DriveStats
     from .gates.verdict import Verdict
     from .inspection import AttemptRecord, UnitDiff
@@ -97,6 +98,11 @@ class Run:
     def reason(self) -> str | None:
         """Why the run is blocked, failed or abandoned."""
         return self.row.status_reason
+
+    @property
+    def superseded_by(self) -> str | None:
+        """The run that took this failed run's place (it keeps its failure), if any."""
+        return self.store.superseded_by(self.run_id) if self.row.status == "failed" else None
 
     @property
     def workflow(self) -> str:
@@ -266,6 +272,16 @@ class Run:
         from .inspection import UnitDiff, loop_diff
 
         return UnitDiff(loop_diff(self.store, self.run_id, unit, loop_a, loop_b))
+
+    def compare(self, other: RunRef, *, show_all: bool = False) -> RunComparison:
+        """This run (the earlier) beside ``other`` (the later), unit by unit.
+
+        Per unit both outputs loop by loop, whether it is changed, new, removed, reused or
+        unchanged, and the token and cost deltas; prints as text, renders as HTML.
+        """
+        from .comparison import compare_runs
+
+        return compare_runs(self.store, self.run_id, run_ref(other), show_all=show_all)
 
     def tokens(self, by: str = "step") -> pd.DataFrame:
         """Token accounting of this run grouped ``by``."""

@@ -294,8 +294,8 @@ VERBS: tuple[Verb, ...] = (
             Option(
                 flag="--all",
                 action="store_true",
-                help="every column (the notebook shows a compact set by default)",
-                faces=NOTEBOOK,
+                help="every column (a table shows a compact set by default; csv and json "
+                "always have every column)",
             ),
         ),
     ),
@@ -341,6 +341,27 @@ VERBS: tuple[Verb, ...] = (
             Option(flag="run", help="the earlier run (id or unique prefix)"),
             Option(flag="other", help="the later run (id or unique prefix)"),
             Option(flag="--unit", metavar="UNIT", help="only this unit"),
+        ),
+    ),
+    Verb(
+        name="compare",
+        help="two runs side by side: per unit both outputs (every loop), changed/new/removed/"
+        "reused, token and cost deltas",
+        options=(
+            Option(flag="run", help="the earlier run (id, unique prefix or workflow name)"),
+            Option(flag="other", help="the later run (id, unique prefix or workflow name)"),
+            Option(
+                flag="--all",
+                action="store_true",
+                help="list every unit, not only the ones that differ",
+            ),
+            Option(
+                flag="--format",
+                choices=("text", "json"),
+                default="text",
+                help="how to print the comparison",
+                faces=CLI,
+            ),
         ),
     ),
     Verb(

@@ -419,6 +419,11 @@ def cmd_diff(ctx: CommandContext, args: LineArgs) -> Any:
     return UnitDiff(changes_text(run_a, run_b, changes))
 
 
+def cmd_compare(ctx: CommandContext, args: LineArgs) -> Any:
+    """Two runs side by side, unit by unit (renders as an HTML table)."""
+    return ctx.engine.compare(_run(ctx, args), args.other or "", show_all=args.all)
+
+
 class AttemptView:
     """An attempt record that prints as text and renders as HTML (input, then output)."""
 
@@ -595,6 +600,7 @@ COMMANDS: dict[str, Callable[[CommandContext, LineArgs], Any]] = {
     "journal": cmd_journal,
     "show": cmd_show,
     "diff": cmd_diff,
+    "compare": cmd_compare,
     "tokens": cmd_tokens,
     "events": cmd_events,
     "budget": cmd_budget,

@@ -506,6 +506,14 @@ def find_in_run(
     return _newest(conn, run_id, unit_id, input_hash, ("succeeded", "reused"))
 
 
+def attempt_by_dispatch(conn: sqlite3.Connection, dispatch_id: str) -> AttemptRow | None:
+    """The attempt with ``dispatch_id`` (the source a reused attempt points at), if any."""
+    row = conn.execute(
+        f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE dispatch_id = ?", (dispatch_id,)
+    ).fetchone()
+    return from_row(AttemptRow, row) if row else None
+
+
 def latest_verdict(
     conn: sqlite3.Connection, *, run_id: str, unit_id: str, input_hash: str
 ) -> AttemptRow | None:

@@ -11,8 +11,8 @@ The line format is stable, for editors and pre-commit hooks::
     FILE:LINE: error: FIELD: PROBLEM
     FILE: error: PROBLEM                 (no line: an unreadable file, a library failure)
 
-An error inside another file (a child workflow from the library) names that file after the
-problem: ``... (in OTHER_FILE)``.
+An error inside another source (a child workflow from the library) names it, and its line,
+after the problem: ``FILE: error: FIELD: PROBLEM (in workflow NAME, line N)``.
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ def check_file(path: str | Path) -> FileCheck:
             pseudo = exc.field is None or (exc.field.startswith("(") and exc.field != "(top level)")
             head = "" if pseudo else f"{exc.field}: "
             elsewhere = exc.source_name not in (None, name)
-            tail = f" (in {exc.source_name})" if elsewhere else ""
+            at = f", line {exc.line}" if exc.line is not None else ""
+            tail = f" (in {exc.source_name}{at})" if elsewhere else ""
             return FileCheck(
                 path=name,
                 line=None if elsewhere else exc.line,

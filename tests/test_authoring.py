@@ -289,7 +289,7 @@ def test_each_starter_is_written_checks_and_runs_offline_to_completion(
     assert (status, plan_hash) == ("completed", checked.stdout.split()[-1])
     assert json.loads(str(result))  # a real result, not an empty one
     attempts = db_rows(state, "SELECT runner, status FROM attempts WHERE phase = 'work'")
-    assert attempts and {a for a in attempts} == {("scripted", "succeeded")}
+    assert attempts and set(attempts) == {("scripted", "succeeded")}
 
 
 def test_the_gate_starter_loops_once_before_its_judge_accepts(tmp_path: Path) -> None:

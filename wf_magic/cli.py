@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import signal as signals
@@ -221,35 +220,20 @@ def cmd_tokens(engine: Engine, args: argparse.Namespace) -> int:
 
 def cmd_events(engine: Engine, args: argparse.Namespace) -> int:
     """A frame of the run's events, or (``--since``, ``--follow``, ``--format json``) one line
-    per event, its cursor first, then ``cursor: N`` on stderr: pass N to ``--since`` to resume."""
+    per event, its cursor first, then ``cursor: N`` on stderr (wf_magic.tail)."""
     if args.since is None and not args.follow and args.format != "json":
         _frame_out(engine.events(args.run), args.format)
         return EXIT_OK
-    from .display.events import EVENT_COLUMNS, event_csv_row, event_json, event_text
+    from .tail import print_events
 
-    cursor = args.since or 0
-    rows = (
-        engine.follow_events(args.run, cursor, idle_s=args.idle_s)
-        if args.follow
-        else iter(engine.events_after(args.run, cursor))
+    return print_events(
+        engine,
+        args.run,
+        since=args.since or 0,
+        follow=args.follow,
+        idle_s=args.idle_s,
+        fmt=args.format,
     )
-    writer = csv.writer(sys.stdout, lineterminator="\n") if args.format == "csv" else None
-    if writer is not None:
-        writer.writerow(EVENT_COLUMNS)
-    try:
-        for row in rows:
-            if writer is not None:
-                writer.writerow(event_csv_row(row))
-            else:
-                fmt = args.format == "json"
-                print(json.dumps(event_json(row)) if fmt else event_text(row))
-            sys.stdout.flush()  # a follower killed now has printed every cursor it passed
-            cursor = row.event_id
-    except KeyboardInterrupt:
-        print(f"cursor: {cursor}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    print(f"cursor: {cursor}", file=sys.stderr)
-    return EXIT_OK
 
 
 def cmd_check(args: argparse.Namespace) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -159,7 +160,8 @@ def quiet_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def _nothing_written(tmp_path: Path, work: Path, *keep: str) -> None:
     assert not (tmp_path / "state").exists()
     assert not (tmp_path / "home").exists()
-    assert sorted(p.name for p in work.iterdir()) == sorted(keep)
+    # (a python target's module may leave __pycache__: Python's, not wf_magic's)
+    assert sorted(p.name for p in work.iterdir() if p.name != "__pycache__") == sorted(keep)
 
 
 @pytest.mark.parametrize(("case", "source", "expected"), BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
@@ -372,3 +374,23 @@ def test_the_kind_choices_of_wf_new_are_the_starter_table() -> None:
     [new] = [v for v in VERBS if v.name == "new"]
     [kind] = [o for o in new.options if getattr(o, "flag", None) == "--kind"]
     assert kind.choices == tuple(STARTERS)  # type: ignore[union-attr]
+
+
+def test_check_pins_python_targets_beside_the_file_and_leaves_sys_path_as_it_was(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, quiet_dir: Path
+) -> None:
+    write_file(quiet_dir, "authoring_helpers_mod.py", "def shout(text):\n    return text.upper()\n")
+    write_file(
+        quiet_dir,
+        "py.yaml",
+        "name: py\nsteps:\n  - id: a\n    python: authoring_helpers_mod:shout\n"
+        "    with: {text: hi}\n  - id: b\n    python: authoring_helpers_mod:nope\n",
+    )
+    before = list(sys.path)
+
+    done = wf_inproc(capsys, tmp_path / "state", "check", "py.yaml")
+
+    assert done.returncode == 2
+    assert done.stdout.startswith("py.yaml:7: error: steps[1].python: ")
+    assert "nope" in done.stdout and sys.path == before
+    _nothing_written(tmp_path, quiet_dir, "authoring_helpers_mod.py", "py.yaml")

@@ -6,13 +6,14 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from tests.conftest import db_rows, run_wf, spawn_wf, wait_for, wf_inproc, write_file
+from tests.conftest import db_rows, spawn_wf, wait_for, wf_inproc, write_file
 from tests.helpers_flow import children_of
 from tests.helpers_notebook import ipython_shell, magics_in
 from wf_magic import Engine, follow
@@ -29,13 +30,30 @@ steps:
     prompt: three
 """
 
-SLOW_STEPS = 10
-SLOW = (
-    "name: slow\nrunner: scripted\nrunners:\n  scripted:\n    rules:\n"
-    "      - {match: '^step', reply: done, sleep_s: 0.5}\nsteps:\n"
-    + "".join(f"  - id: s{i}\n    prompt: step {i}\n" for i in range(SLOW_STEPS))
-)
-"""Ten sequential steps of half a second each: a run that takes seconds to drive."""
+SLOW_STEPS = 8
+
+
+def slow_workflow(release: Path) -> str:
+    """Eight prompt steps of a fifth of a second around an exec step that waits (up to a
+    minute) for the file ``release``: the test decides when the run goes on."""
+    wait = (
+        "import os, sys, time\n"
+        "deadline = time.monotonic() + 60\n"
+        f"while not os.path.exists({str(release)!r}):\n"
+        "    if time.monotonic() > deadline: sys.exit(1)\n"
+        "    time.sleep(0.02)\n"
+        "print('released')"
+    )
+    prompts = [f"  - id: s{i}\n    prompt: step {i}\n" for i in range(SLOW_STEPS)]
+    half = SLOW_STEPS // 2
+    return (
+        "name: slow\nrunner: scripted\nrunners:\n  scripted:\n    rules:\n"
+        "      - {match: '^step', reply: done, sleep_s: 0.2}\nsteps:\n"
+        + "".join(prompts[:half])
+        + f"  - id: wait\n    exec: {json.dumps([sys.executable, '-c', wait])}\n"
+        + "".join(prompts[half:])
+    )
+
 
 HUMAN_CHILD = """
 name: waits
@@ -125,7 +143,6 @@ class FakeTime:
     def __init__(self) -> None:
         self.now = 0.0
         self.sleeps = 0
-        self.on_sleep: list[object] = []
 
     def clock(self) -> float:
         return self.now
@@ -185,8 +202,7 @@ def test_a_held_lock_keeps_the_follower_on_a_settled_status_until_it_is_released
             lock.release()
 
     try:
-        for rid in (run.run_id,):
-            list(follow.follow_events(engine.store, engine.lock_dir, rid, sleep=sleep))
+        list(follow.follow_events(engine.store, engine.lock_dir, run.run_id, sleep=sleep))
         assert fake.sleeps == 3  # blocked, but driven: followed until the lock went
 
         lock.acquire()
@@ -287,8 +303,10 @@ def test_an_interrupted_follower_prints_the_cursor_to_resume_from(
 def test_follow_of_a_run_driven_by_another_process_sees_each_event_once_across_a_restart(
     tmp_path: Path, state_dir: Path
 ) -> None:
-    path = write_file(tmp_path, "slow.yaml", SLOW)
+    release = tmp_path / "release"
+    path = write_file(tmp_path, "slow.yaml", slow_workflow(release))
     driver = spawn_wf(state_dir, "run", str(path), "--quiet", cwd=tmp_path)
+    resumed: subprocess.Popen[str] | None = None
     try:
         wait_for(lambda: bool(db_rows(state_dir, "SELECT run_id FROM runs")), what="the run row")
         [(run_id,)] = db_rows(state_dir, "SELECT run_id FROM runs")
@@ -300,33 +318,32 @@ def test_follow_of_a_run_driven_by_another_process_sees_each_event_once_across_a
         seen += [json.loads(line) for line in rest.splitlines(keepends=True) if line.endswith("\n")]
         [(status_at_restart,)] = db_rows(state_dir, "SELECT status FROM runs")
 
-        resumed = run_wf(
-            state_dir,
-            "events",
-            str(run_id),
-            "--since",
-            str(seen[-1]["cursor"]),
-            "--follow",
-            "--format",
-            "json",
-            cwd=tmp_path,
-            timeout=120,
+        since = str(seen[-1]["cursor"])
+        resumed = spawn_wf(
+            state_dir, "events", str(run_id), "--since", since, "--follow", "--format", "json"
         )
+        assert resumed.stdout is not None
+        later = []
+        while not later or (later[-1]["kind"], later[-1]["unit"]) != ("unit_started", "wait"):
+            later.append(json.loads(resumed.stdout.readline()))
+        release.touch()  # the rest of the run happens while this follower follows it
+        out, err = resumed.communicate(timeout=120)
+        later += [json.loads(line) for line in out.splitlines()]
         [(status_at_end,)] = db_rows(state_dir, "SELECT status FROM runs")
         assert driver.wait(timeout=60) == 0
     finally:
-        _reap(driver)
+        for proc in (driver, resumed):
+            if proc is not None:
+                _reap(proc)
 
-    assert status_at_restart == "active"  # the second follower really followed the drive
-    assert (resumed.returncode, status_at_end) == (0, "completed"), resumed.stderr
-    later = [json.loads(line) for line in resumed.stdout.splitlines()]
-    assert later, "the restarted follower printed nothing"
+    assert status_at_restart == "active"
+    assert (resumed.returncode, status_at_end) == (0, "completed"), err
     union = [e["cursor"] for e in seen + later]
     assert union == event_ids(state_dir, str(run_id))  # all of them, each once, in order
-    assert cursor_line(resumed.stderr) == f"cursor: {union[-1]}"
+    assert cursor_line(err) == f"cursor: {union[-1]}"
     assert later[-1]["kind"] == "run_status" and later[-1]["data"]["status"] == "completed"
-    finished = [e for e in seen + later if e["kind"] == "unit_finished"]
-    assert len(finished) == SLOW_STEPS
+    finished = [e["unit"] for e in seen + later if e["kind"] == "unit_finished"]
+    assert sorted(finished) == sorted([*(f"s{i}" for i in range(SLOW_STEPS)), "wait"])
 
 
 def _reap(proc: subprocess.Popen[str]) -> None:

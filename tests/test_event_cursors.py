@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from tests.conftest import db_rows, spawn_wf, wait_for, wf_inproc, write_file
 from tests.helpers_flow import children_of
 from tests.helpers_notebook import ipython_shell, magics_in
 from wf_magic import Engine, follow
+from wf_magic.display.children import ChildRun, child_tree, children_lines, next_command
 from wf_magic.locking import RunLock
 
 THREE = """
@@ -426,3 +428,62 @@ def test_the_events_line_magic_takes_a_cursor(shell: InteractiveShell, tmp_path:
 
     assert list(frame["event_id"]) == ids[3:]
     assert list(whole["event_id"]) == ids
+
+
+def test_a_large_tree_is_cut_with_a_line_saying_how_to_list_every_run(engine: Engine) -> None:
+    run = engine.run(NESTED)
+
+    tree = child_tree(engine.store, run.run_id, limit=1)
+    lines = children_lines(tree, limit=1)
+
+    assert len(tree) == 2  # one past the limit: enough to know there are more
+    assert lines[0] == "  children:" and lines[1].startswith(f"    {tree[0].row.run_id}  mid")
+    assert lines[-1] == "    … more child runs: `wf list --all` lists every run"
+    assert len(lines) == 3
+
+
+@pytest.mark.parametrize(
+    ("status", "step", "judge", "below", "expected"),
+    [
+        (
+            "blocked",
+            "d",
+            "human",
+            False,
+            "next: wf approve C d (or wf reject C d --feedback TEXT), "
+            "then wf resume R (or wf resume C for the child alone)",
+        ),
+        (
+            "blocked",
+            "d",
+            "exhausted",
+            False,
+            "next: wf approve C d (or wf reject C d --feedback "
+            "TEXT), then wf resume R (or wf resume C for the child alone)",
+        ),
+        ("blocked", "d", "failed", False, "next: wf resume R (or wf resume C for the child alone)"),
+        ("blocked", None, None, False, "next: wf resume R (or wf resume C for the child alone)"),
+        ("blocked", None, None, True, None),  # a run further down says what to do
+        ("completed", None, None, False, None),
+        ("failed", None, None, False, None),
+        ("active", None, None, False, None),
+    ],
+)
+def test_the_next_command_of_a_child_follows_what_blocks_it(
+    engine: Engine,
+    status: str,
+    step: str | None,
+    judge: str | None,
+    below: bool,
+    expected: str | None,
+) -> None:
+    row = replace(engine.get_run(engine.run(THREE).run_id), run_id="C", root_run_id="R")
+    child = ChildRun(
+        row=replace(row, status=status),
+        depth=1,
+        waiting_step=step,
+        waiting_judge=judge,
+        blocked_below=below,
+    )
+
+    assert next_command(child) == expected

@@ -178,6 +178,10 @@ def cmd_status(engine: Engine, args: argparse.Namespace) -> int:
         [f"  source: {origin} (sha256 {run.row.source_hash})"] if "://" in origin else []
     )
     print("\n".join([header, *([f"  params: {shown}"] if shown else []), *fetched, *rest]))
+    from .display.children import child_tree, children_lines
+
+    for line in children_lines(child_tree(engine.store, run.run_id)):
+        print(line)
     return run.exit_code
 
 
@@ -231,7 +235,38 @@ def cmd_tokens(engine: Engine, args: argparse.Namespace) -> int:
 
 
 def cmd_events(engine: Engine, args: argparse.Namespace) -> int:
-    _frame_out(engine.events(args.run), args.format)
+    """A frame of the run's events, or (``--since``, ``--follow``, ``--format json``) one line
+    per event, its cursor first, then ``cursor: N`` on stderr (wf_magic.tail)."""
+    if args.since is None and not args.follow and args.format != "json":
+        _frame_out(engine.events(args.run), args.format)
+        return EXIT_OK
+    from .tail import print_events
+
+    return print_events(
+        engine,
+        args.run,
+        since=args.since or 0,
+        follow=args.follow,
+        idle_s=args.idle_s,
+        fmt=args.format,
+    )
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """``FILE: ok PLAN_HASH`` or ``FILE:LINE: error: ...`` per file (wf_magic.spec.authoring)."""
+    from .spec.authoring import check_file
+
+    checks = [check_file(path) for path in args.files]
+    for check in checks:
+        print(check.text())
+    return EXIT_OK if all(c.ok for c in checks) else EXIT_USAGE
+
+
+def cmd_new(args: argparse.Namespace) -> int:
+    from .spec.starters import write_starter
+
+    path = write_starter(args.name, kind=args.kind, force=args.force)
+    print(f"wrote {path} (a {args.kind} starter); `wf check {path}` then `wf run {path}`")
     return EXIT_OK
 
 
@@ -348,7 +383,10 @@ HANDLERS: dict[str, Callable[[Engine, argparse.Namespace], int]] = {
     "gc": cmd_gc,
     "export-cassette": cmd_export_cassette,
 }
-"""The function behind each ``wf`` verb of the table in verbs.py."""
+"""The function behind each ``wf`` verb of the table in verbs.py that reads or writes runs."""
+
+AUTHORING: dict[str, Callable[[argparse.Namespace], int]] = {"check": cmd_check, "new": cmd_new}
+"""The verbs that need no state dir: nothing is opened or created for them."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -358,7 +396,10 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     add_global_options(common, "cli", after_verb=True)
     for name, sp in add_verb_parsers(p, "cli", parents=[common]).items():
-        sp.set_defaults(fn=HANDLERS[name])
+        if name in AUTHORING:
+            sp.set_defaults(authoring=AUTHORING[name])
+        else:
+            sp.set_defaults(fn=HANDLERS[name])
     return p
 
 
@@ -366,6 +407,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``wf`` console script; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "authoring", None) is not None:
+        return _authoring(args)
     from .store import Store
     from .store.db import DB_FILENAME, default_state_dir
 
@@ -413,6 +456,13 @@ def _error(args: argparse.Namespace, exc: WorkflowError) -> int:
         raise exc
     print(f"error: {exc}", file=sys.stderr)
     return error_exit_code(exc)
+
+
+def _authoring(args: argparse.Namespace) -> int:
+    try:
+        return int(args.authoring(args))
+    except WorkflowError as exc:
+        return _error(args, exc)
 
 
 def _unreadable(store: Store, args: argparse.Namespace, exc: Exception) -> str:

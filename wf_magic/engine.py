@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +19,7 @@ from .redact import Redactor
 from .run import Run, RunRef, run_ref
 from .store import Store
 from .store.db import DB_FILENAME, default_state_dir
-from .store.records import AttemptRow, RunRow, StepRow
+from .store.records import AttemptRow, EventRow, RunRow, StepRow
 
 # The verbs that freeze, drive or lock a run import lifecycle, the drive, the spec (the plan
 # models, Jinja, YAML) and the run locks when called: `wf status` and the other read-only
@@ -486,6 +486,31 @@ class Engine:
     def events(self, run_id: RunRef) -> pd.DataFrame:
         """The run's events (see :func:`wf_magic.store.frames.events_frame`)."""
         return self.store.events_frame(self.resolve_run_id(run_id))
+
+    def events_after(
+        self, run_id: RunRef, cursor: int = 0, *, limit: int | None = None
+    ) -> list[EventRow]:
+        """The run's events with ``event_id > cursor``, oldest first, as ``EventRow`` records.
+
+        The cursor is durable: pass the last record's ``event_id`` to get exactly the events
+        committed since, in this process or another (see :mod:`wf_magic.follow`).
+        """
+        from .follow import events_after
+
+        return events_after(self.store, self.resolve_run_id(run_id), cursor, limit=limit)
+
+    def follow_events(
+        self, run_id: RunRef, cursor: int = 0, *, idle_s: float = 10.0, poll_s: float = 0.2
+    ) -> Iterator[EventRow]:
+        """Yield the run's events after ``cursor`` as they are committed, until the run settles:
+        no driver holds it and it is not active (or has been active with no driver for
+        ``idle_s`` seconds). Each record's ``event_id`` is the cursor to resume from."""
+        from .follow import follow_events
+
+        rid = self.resolve_run_id(run_id)
+        return follow_events(
+            self.store, self.lock_dir, rid, cursor=cursor, idle_s=idle_s, poll_s=poll_s
+        )
 
     def budget(self, run_id: RunRef) -> pd.DataFrame:
         """Used vs limit per ceiling, and what reuse saved (root run's ceilings)."""

@@ -99,7 +99,7 @@ class Option:
     choices: tuple[str, ...] | None = None
     default: object = None
     action: Literal["store_true", "append"] | None = None
-    nargs: Literal["?"] | None = None
+    nargs: Literal["?", "+"] | None = None
     const: object = None
     """The value of a bare ``--option`` when ``nargs`` is ``?``."""
     dest: str | None = None
@@ -315,7 +315,36 @@ VERBS: tuple[Verb, ...] = (
             FORMAT,
         ),
     ),
-    Verb(name="events", help="print a run's events", options=(RUN, FORMAT)),
+    Verb(
+        name="events",
+        help="print a run's events (after a cursor, following the run until it settles)",
+        options=(
+            RUN,
+            FORMAT,
+            Option(
+                flag="--since",
+                type=count_at_least(0),
+                metavar="CURSOR",
+                help="only events after this cursor (an event id, as printed by --follow)",
+            ),
+            Option(
+                flag="--follow",
+                action="store_true",
+                help="keep printing new events until the run settles; the cursor to resume "
+                "from is printed last on stderr (`cursor: N`)",
+                faces=CLI,
+            ),
+            Option(
+                flag="--idle",
+                dest="idle_s",
+                type=float,
+                default=10.0,
+                metavar="S",
+                help="with --follow: stop after S seconds of an active run without a driver",
+                faces=CLI,
+            ),
+        ),
+    ),
     Verb(
         name="show",
         help="what one attempt of a unit was sent, answered and cost",
@@ -438,6 +467,27 @@ VERBS: tuple[Verb, ...] = (
         ),
     ),
     Verb(name="config", help="show the magics' settings", faces=NOTEBOOK),
+    Verb(
+        name="check",
+        help="freeze workflow files and print each one's plan hash or error; writes nothing",
+        faces=CLI,
+        options=(Option(flag="files", nargs="+", metavar="FILE", help="workflow YAML files"),),
+    ),
+    Verb(
+        name="new",
+        help="write a commented starter workflow NAME.yaml that runs offline as written",
+        faces=CLI,
+        options=(
+            Option(flag="name", metavar="NAME", help="the workflow name (or a path NAME.yaml)"),
+            Option(
+                flag="--kind",
+                choices=("prompt", "map", "gate"),
+                default="prompt",
+                help="what the starter shows",
+            ),
+            Option(flag="--force", action="store_true", help="overwrite an existing file"),
+        ),
+    ),
     Verb(
         name="export-cassette",
         help="print a run's answers as JSONL for the replay runner",

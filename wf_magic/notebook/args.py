@@ -95,6 +95,8 @@ class LineArgs:
     older_than_s: float | None = None
     """``gc --older-than DURATION`` (the CLI's spelling) in seconds."""
     idle_s: float = 10.0
+    since: int | None = None
+    """``events --since CURSOR``: only events with a greater id."""
     limit: int | None = None
     all: bool = False
     unit: str | None = None

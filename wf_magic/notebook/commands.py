@@ -444,7 +444,10 @@ def cmd_tokens(ctx: CommandContext, args: LineArgs) -> Any:
 
 
 def cmd_events(ctx: CommandContext, args: LineArgs) -> Any:
-    return ctx.engine.events(_run(ctx, args))
+    frame = ctx.engine.events(_run(ctx, args))
+    if args.since is None:
+        return frame
+    return frame[frame["event_id"] > args.since].reset_index(drop=True)
 
 
 def cmd_budget(ctx: CommandContext, args: LineArgs) -> Any:

@@ -47,6 +47,10 @@ class RunQueries(StoreAccess):
         """The child run a parent published for one invocation."""
         return self._read(lambda c: runs.child_run(c, parent_run_id, invocation_key))
 
+    def child_runs(self, parent_run_id: str) -> list[RunRow]:
+        """The child runs a run published (its direct children), oldest first."""
+        return self._read(lambda c: runs.child_runs(c, parent_run_id), parent_run_id)
+
     def steps_of(self, run_id: str) -> list[StepRow]:
         """A run's step rows in plan order."""
         return self._read(lambda c: runs.steps_of(c, run_id), run_id)

@@ -137,6 +137,15 @@ def child_run(conn: sqlite3.Connection, parent_run_id: str, invocation_key: str)
     return from_row(RunRow, row) if row else None
 
 
+def child_runs(conn: sqlite3.Connection, parent_run_id: str) -> list[RunRow]:
+    """The child runs ``parent_run_id`` published, oldest first."""
+    rows = conn.execute(
+        f"SELECT {_RUN_COLS} FROM runs WHERE parent_run_id = ? ORDER BY created_at, run_id",
+        (parent_run_id,),
+    )
+    return [from_row(RunRow, r) for r in rows]
+
+
 def set_run_status_txn(
     conn: sqlite3.Connection,
     run_id: str,

@@ -52,6 +52,7 @@ JOURNAL_DTYPES = {
     "cost": "float64", "reused_from": "string", "started_at": "datetime64[ns, UTC]",
     "finished_at": "datetime64[ns, UTC]", "duration_s": "float64", "failure": "string",
     "loop": "Int64", "charged": "boolean", "saved_tokens": "Int64",
+    "reused_from_run": "string", "reused_from_unit": "string",
 }  # fmt: skip
 # (unit, phase, loop, attempt, runner, model, status, tokens_in, tokens_out, charged)
 FIRST_RUN_ROWS = [
@@ -200,6 +201,9 @@ def test_tokens_by_step_sum_to_the_journal_tokens(engine: Engine, ledger: Run) -
         "tokens",
         "cost",
         "saved_tokens",
+        "tokens_paid",
+        "tokens_reused",
+        "tokens_judge",
     ]
     assert [
         (r.step, r.attempts, r.tokens_in, r.tokens_out, r.tokens, r.saved_tokens)
@@ -318,6 +322,9 @@ def test_wf_tokens_by_step_as_a_table(
         "tokens",
         "cost",
         "saved_tokens",
+        "tokens_paid",
+        "tokens_reused",
+        "tokens_judge",
     ]
     assert [line.split()[:5] for line in lines[1:]] == [
         ["outline", "4", "77", "18", "95"],
@@ -341,6 +348,14 @@ def test_timeline_of_a_real_run_has_one_bar_per_attempt(engine: Engine, ledger: 
     ).tolist()
 
     chart = token_chart(ledger, by="step")
-    tokens_in, tokens_out = chart.axes[0].containers
-    assert [bar.get_height() for bar in tokens_in.patches] == [77, 24, 0]
-    assert [bar.get_height() for bar in tokens_out.patches] == [18, 12, 0]
+    paid, judge, reused = chart.axes[0].containers
+    tokens = engine.tokens(ledger.run_id, by="step")
+    assert [bar.get_height() for bar in paid.patches] == tokens["tokens_paid"].tolist()
+    assert [bar.get_height() for bar in judge.patches] == tokens["tokens_judge"].tolist()
+    assert [bar.get_height() for bar in reused.patches] == [0, 0, 0]
+    # paid + judge is every token the runners reported (95, 36, 0 by step)
+    assert [p.get_height() + j.get_height() for p, j in zip(paid, judge, strict=True)] == [
+        95,
+        36,
+        0,
+    ]

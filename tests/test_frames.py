@@ -51,6 +51,8 @@ JOURNAL_DTYPES = {
     "loop": "Int64",
     "charged": "boolean",
     "saved_tokens": "Int64",
+    "reused_from_run": "string",
+    "reused_from_unit": "string",
 }
 TOKENS_SUM_DTYPES = {
     "attempts": "Int64",
@@ -59,6 +61,9 @@ TOKENS_SUM_DTYPES = {
     "tokens": "Int64",
     "cost": "float64",
     "saved_tokens": "Int64",
+    "tokens_paid": "Int64",
+    "tokens_reused": "Int64",
+    "tokens_judge": "Int64",
 }
 RUNS_DTYPES = {
     "params": "string",
@@ -213,6 +218,7 @@ def test_journal_frame_of_an_empty_journal_has_every_column_and_dtype() -> None:
         "run", "step", "unit", "attempt", "dispatch_id", "phase", "runner", "model", "status",
         "input_hash", "tokens_in", "tokens_out", "cost", "reused_from", "started_at",
         "finished_at", "duration_s", "failure", "loop", "charged", "saved_tokens",
+        "reused_from_run", "reused_from_unit",
     ]  # fmt: skip
     assert list(JOURNAL_COLUMNS) == list(JOURNAL_DTYPES)
 
@@ -222,7 +228,7 @@ def test_journal_frame_is_empty_but_typed_when_there_are_no_attempts(
 ) -> None:
     frame = journal_frame(conn)
 
-    assert frame.shape == (0, 21)
+    assert frame.shape == (0, 23)
     assert dtypes(frame) == JOURNAL_DTYPES
     assert dtypes(journal_frame(conn, "r-missing")) == JOURNAL_DTYPES
 
@@ -321,7 +327,7 @@ def test_tokens_frame_of_no_attempts_has_stable_columns_and_dtypes(
     frame = tokens_frame(conn, "r-missing", by=by)
 
     key_dtype = "Int64" if by == "loop" else "string"
-    assert frame.shape == (0, 7)
+    assert frame.shape == (0, 10)
     assert dtypes(frame) == {by: key_dtype, **TOKENS_SUM_DTYPES}
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from wf_magic import Engine, PlanIntegrityError, PlanVersionError, load_workflow
+from wf_magic import Engine, PlanIntegrityError, PlanVersionError, PlanVersionTooNew, load_workflow
 from wf_magic.drive.integrity import drift_warnings, verified_plan, verify
 from wf_magic.hashing import sha256_text
 from wf_magic.spec.plan import PLAN_VERSION
@@ -72,11 +72,11 @@ def test_verify_refuses_params_that_do_not_match_their_hash(engine: Engine) -> N
 
 def test_verify_refuses_a_plan_frozen_by_a_newer_plan_version(engine: Engine) -> None:
     row = stored(engine)
-    with pytest.raises(PlanVersionError) as info:
+    with pytest.raises(PlanVersionTooNew) as info:
         verify(replace(row, plan_version=PLAN_VERSION + 1))
     assert str(info.value) == (
-        f"Run {row.run_id} was frozen by a newer wf_magic (plan_version {PLAN_VERSION + 1}; "
-        f"this version reads {PLAN_VERSION}). It was left untouched: upgrade wf_magic to drive it."
+        f"Run {row.run_id} was frozen by a newer wf_magic (plan version {PLAN_VERSION + 1} > "
+        f"{PLAN_VERSION}); upgrade wf_magic to drive it. Nothing was changed."
     )
 
 
@@ -86,8 +86,9 @@ def test_an_undecodable_plan_of_a_finished_run_leaves_the_run_as_it_is(engine: E
     row = replace(
         engine.get_run(done.run_id), plan_json=old, plan_hash=sha256_text(old), plan_version=0
     )
-    with pytest.raises(PlanVersionError, match="cannot be decoded"):
+    with pytest.raises(PlanVersionError, match="plan version 0 is no longer supported") as info:
         verified_plan(engine.store, engine.bus, row)
+    assert str(info.value).endswith("Nothing was dispatched; it stays completed.")
     assert engine.get_run(done.run_id).status == "completed"
 
 
@@ -182,7 +183,10 @@ def test_undecodable_older_plan_abandons_the_run_with_guidance(engine: Engine) -
     with pytest.raises(PlanVersionError, match="wf run FILE --new"):
         engine.drive(run.run_id)
     row = engine.get_run(run.run_id)
-    assert row.status == "abandoned" and "cannot be decoded" in (row.status_reason or "")
+    assert row.status == "abandoned"
+    assert row.status_reason == (
+        "plan version 0 is no longer supported; start afresh with `wf run FILE --new`"
+    )
 
 
 def test_resume_warns_once_when_the_source_file_changed(tmp_path: Path, engine: Engine) -> None:

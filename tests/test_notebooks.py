@@ -71,3 +71,20 @@ def test_the_live_view_is_a_widget_in_a_kernel(tmp_path: Path) -> None:
     assert "application/vnd.jupyter.widget-view+json" not in shown["data"]
     assert f"Run {run_id}  tiny  [completed]" in shown["data"]["text/plain"]
     assert "Run completed." in shown["data"]["text/html"] and run_id in shown["data"]["text/html"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_run_all_twice_in_one_kernel_runs_cleanly(path: Path, tmp_path: Path) -> None:
+    """A teacher's Run All, then Run All again in the same kernel: the tours that reset their
+    state folder in their first cell must reopen it, not fail on the deleted database."""
+    import copy
+
+    nb = nbformat.read(path, as_version=4)
+    first = len(nb.cells)
+    nb.cells = nb.cells + copy.deepcopy(nb.cells)
+    execute_notebook(nb, tmp_path)
+    second = nbformat.v4.new_notebook(cells=nb.cells[first:])
+    text = outputs_text(second)
+    assert "Traceback" not in text
+    assert "OperationalError" not in text and "unable to open database" not in text
+    assert "not being driven" not in text

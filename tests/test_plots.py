@@ -144,19 +144,22 @@ def test_timeline_renders_to_png_without_pyplot(conn: sqlite3.Connection, store:
     assert buffer.getvalue().startswith(b"\x89PNG")
 
 
-def test_token_chart_stacks_tokens_in_and_out_per_step(
+def test_token_chart_stacks_paid_judge_and_reused_per_step(
     conn: sqlite3.Connection, store: Store
 ) -> None:
     seed(conn)
+    frame = Run(store, "r-1").tokens(by="step")
 
     figure = token_chart(Run(store, "r-1"), by="step")
 
     (ax,) = figure.axes
-    tokens_in, tokens_out = ax.containers
+    paid, judge, reused = ax.containers
     assert [tick.get_text() for tick in ax.get_xticklabels()] == ["draft", "review"]
-    assert [bar.get_height() for bar in tokens_in] == [30, 10]  # the gate counts under its step
-    assert [bar.get_height() for bar in tokens_out] == [15, 5]
-    assert [bar.get_y() for bar in tokens_out] == [30, 10]
+    assert [bar.get_height() for bar in paid] == frame["tokens_paid"].tolist()
+    assert [bar.get_height() for bar in judge] == frame["tokens_judge"].tolist()
+    assert [bar.get_height() for bar in reused] == frame["tokens_reused"].tolist()
+    assert [bar.get_y() for bar in judge] == frame["tokens_paid"].tolist()
+    assert (frame["tokens_paid"] + frame["tokens_judge"]).tolist() == frame["tokens"].tolist()
 
 
 def test_token_chart_rejects_an_unknown_key(store: Store) -> None:
@@ -199,7 +202,9 @@ def test_plots_take_the_runs_frames_as_well_as_the_run(
 
     assert [bar.get_gid() for bar in bars] == dispatch_ids
     assert [tick.get_text() for tick in ax.get_xticklabels()] == ["m"]
-    assert [bar.get_height() for bar in ax.containers[0]] == [40]
+    assert [bar.get_height() for bar in ax.containers[0]] == run.tokens(by="model")[
+        "tokens_paid"
+    ].tolist()
 
 
 def test_token_chart_of_a_frame_without_the_key_is_a_usage_error(store: Store) -> None:

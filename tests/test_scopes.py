@@ -114,3 +114,63 @@ def test_workflow_list_in_the_notebook_tells_scopes_apart(
         text = shown._repr_html_()
     assert "api_key=*** day=mon depth=2" in text and "api_key=*** day=tue depth=2" in text
     assert SECRET not in text
+
+
+FAILING = """
+name: flaky
+runners:
+  scripted:
+    rules:
+      - {match: "^Boom", error: permanent}
+      - {match: ".", reply: ok}
+steps:
+  - id: s
+    prompt: "PROMPT"
+"""
+
+
+def test_a_failed_run_superseded_by_an_edit_keeps_its_failure_and_names_its_successor(
+    engine: Engine,
+) -> None:
+    failed = engine.run(FAILING.replace("PROMPT", "Boom now"))
+    assert failed.status == "failed"
+    reason = failed.reason
+    assert reason
+    started = engine.start(FAILING.replace("PROMPT", "Fine now"))
+    assert started.created
+    old = engine.handle(failed.run_id)
+    assert (old.status, old.reason) == ("failed", reason)
+    assert old.superseded_by == started.run_id
+    assert f"superseded by {started.run_id}" in repr(old)
+    assert f"superseded by <code>{started.run_id}</code>" in old._repr_html_()
+    assert any(f"stays failed, superseded by {started.run_id}" in w for w in started.warnings)
+    # The scope's run is the new one: an unchanged re-run continues it, not the failed one.
+    again = engine.start(FAILING.replace("PROMPT", "Fine now"))
+    assert (again.run_id, again.created) == (started.run_id, False)
+
+
+def test_an_active_run_superseded_is_still_abandoned(engine: Engine) -> None:
+    first = engine.start(FAILING.replace("PROMPT", "One")).run_id
+    second = engine.start(FAILING.replace("PROMPT", "Two")).run_id
+    old = engine.handle(first)
+    assert (old.status, old.reason, old.superseded_by) == (
+        "abandoned",
+        f"superseded by {second}",
+        None,
+    )
+
+
+def test_no_cache_on_an_unchanged_cell_says_the_existing_run_is_shown(engine: Engine) -> None:
+    source = FAILING.replace("PROMPT", "Fine")
+    done = engine.run(source)
+    again = engine.start(source, no_cache=True)
+    assert (again.run_id, again.created) == (done.run_id, False)
+    assert again.warnings == [
+        f"--no-cache applies to new runs only: run {done.run_id} of this cell already exists "
+        "(completed); the completed run is shown. Pass --new --no-cache to re-run it without "
+        "reuse."
+    ]
+    fresh = engine.start(source, no_cache=True, new=True)
+    assert fresh.created and fresh.run_id != done.run_id and fresh.warnings == []
+    quiet = engine.start(source)
+    assert quiet.warnings == []

@@ -112,7 +112,7 @@ def test_step_rows_match_the_journal_after_a_run(engine: Engine) -> None:
         cells = _cells(view, step_id)
         assert cells["units"] == f"{done}/{done}"
         assert (cells["bar"], cells["bar_max"]) == (done, done)
-        assert cells["tokens"] == f"{tokens:,}"
+        assert cells["tokens"] == f"{tokens:,} paid"
         assert ">completed<" in str(cells["status"])
     assert _cells(view, "draft")["units"] == "3/3"
     assert ">completed<" in view.header.value and run_id in view.header.value
@@ -172,7 +172,7 @@ def test_reused_results_and_tokens_saved_show_as_a_warning(engine: Engine) -> No
     saved = handle.stats.saved_tokens
     assert f"reused 4 results from earlier runs ({saved:,} tokens saved)" in view.warning_box.value
     assert view.warning_box.layout.display == ""
-    assert str(_cells(view, "draft")["tokens"]).endswith(" reused)")
+    assert str(_cells(view, "draft")["tokens"]).endswith(" reused")
     assert _cells(view, "wrap")["tokens"] != "0"  # the edited step was re-paid
 
 

@@ -9,11 +9,11 @@ import signal as signals
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, Protocol, TextIO
 
-from .errors import RunAbandoned, WorkflowError
+from .errors import RunAbandoned, RunLockHeld, WorkflowError
 from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, error_exit_code
 from .verbs import add_global_options, add_verb_parsers, parse_params
 
@@ -35,6 +35,11 @@ class _RunLister(Protocol):
     def list_runs(
         self, *, include_children: bool = False, limit: int | None = None
     ) -> list[RunRow]: ...
+
+
+def _warn(warnings: Iterable[str]) -> None:
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def _print_run(run: Run, out: Callable[[str], None]) -> int:
@@ -165,6 +170,8 @@ def cmd_status(engine: Engine, args: argparse.Namespace) -> int:
     from .store.runs import params_text
 
     run = engine.status(args.run)
+    _warn(run.warnings)  # why its plan cannot be driven: once, on stderr, not in the summary
+    run.warnings.clear()
     header, *rest = repr(run).split("\n")
     shown = params_text(run.row.params_json)  # tells two scopes of one workflow apart
     origin = run.row.source_path or ""
@@ -172,6 +179,10 @@ def cmd_status(engine: Engine, args: argparse.Namespace) -> int:
         [f"  source: {origin} (sha256 {run.row.source_hash})"] if "://" in origin else []
     )
     print("\n".join([header, *([f"  params: {shown}"] if shown else []), *fetched, *rest]))
+    from .display.children import child_tree, children_lines
+
+    for line in children_lines(child_tree(engine.store, run.run_id)):
+        print(line)
     return run.exit_code
 
 
@@ -181,8 +192,10 @@ def cmd_list(engine: _RunLister, args: argparse.Namespace) -> int:
     )
     if not runs:
         print(f"no runs in {engine.db_path}")
+    from .spec.stored import plan_warning
     from .store.runs import params_text
 
+    _warn(filter(None, map(plan_warning, runs)))
     for row in runs:
         shown = params_text(row.params_json)  # tells two scopes of one workflow apart
         params = f"  {shown}" if shown else ""
@@ -206,7 +219,14 @@ def _frame_out(frame: object, fmt: str) -> None:
 
 
 def cmd_journal(engine: Engine, args: argparse.Namespace) -> int:
-    _frame_out(engine.journal(args.run), args.format)
+    frame = engine.journal(args.run)
+    if args.format == "table" and not args.all:
+        from .store.frames import JOURNAL_COMPACT
+
+        frame = frame[list(JOURNAL_COMPACT)]
+        blanks = ("model", "reused_from_run", "reused_from_unit", "failure")
+        frame = frame.drop(columns=[c for c in blanks if frame[c].isna().all()])
+    _frame_out(frame, args.format)
     return EXIT_OK
 
 
@@ -216,11 +236,43 @@ def cmd_tokens(engine: Engine, args: argparse.Namespace) -> int:
 
 
 def cmd_events(engine: Engine, args: argparse.Namespace) -> int:
-    _frame_out(engine.events(args.run), args.format)
+    """A frame of the run's events, or (``--since``, ``--follow``, ``--format json``) one line
+    per event, its cursor first, then ``cursor: N`` on stderr (wf_magic.tail)."""
+    if args.since is None and not args.follow and args.format != "json":
+        _frame_out(engine.events(args.run), args.format)
+        return EXIT_OK
+    from .tail import print_events
+
+    return print_events(
+        engine,
+        args.run,
+        since=args.since or 0,
+        follow=args.follow,
+        idle_s=args.idle_s,
+        fmt=args.format,
+    )
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """``FILE: ok PLAN_HASH`` or ``FILE:LINE: error: ...`` per file (wf_magic.spec.authoring)."""
+    from .spec.authoring import check_file
+
+    checks = [check_file(path) for path in args.files]
+    for check in checks:
+        print(check.text())
+    return EXIT_OK if all(c.ok for c in checks) else EXIT_USAGE
+
+
+def cmd_new(args: argparse.Namespace) -> int:
+    from .spec.starters import write_starter
+
+    path = write_starter(args.name, kind=args.kind, force=args.force)
+    print(f"wrote {path} (a {args.kind} starter); `wf check {path}` then `wf run {path}`")
     return EXIT_OK
 
 
 def cmd_abandon(engine: Engine, args: argparse.Namespace) -> int:
+    _warn(engine.handle(args.run).warnings)  # abandoning never decodes the plan
     engine.abandon(args.run)
     print(f"run {args.run} abandoned")
     return EXIT_OK
@@ -269,7 +321,9 @@ def cmd_gc(engine: Engine, args: argparse.Namespace) -> int:
 def cmd_show(engine: Engine, args: argparse.Namespace) -> int:
     from .inspection import record_text
 
-    record = engine.handle(args.run).attempt(args.unit, args.attempt)
+    handle = engine.handle(args.run)
+    _warn(handle.warnings)
+    record = handle.attempt(args.unit, args.attempt)
     if args.format == "json":
         print(json.dumps(record.to_json(), indent=2, default=str))
     else:
@@ -282,6 +336,15 @@ def cmd_diff(engine: Engine, args: argparse.Namespace) -> int:
 
     run_a, run_b = engine.resolve_run_id(args.run), engine.resolve_run_id(args.other)
     print(changes_text(run_a, run_b, run_changes(engine.store, run_a, run_b, unit_id=args.unit)))
+    return EXIT_OK
+
+
+def cmd_compare(engine: Engine, args: argparse.Namespace) -> int:
+    comparison = engine.compare(args.run, args.other, show_all=args.all)
+    if args.format == "json":
+        print(comparison.frame().to_json(orient="records"))
+    else:
+        print(comparison.text())
     return EXIT_OK
 
 
@@ -317,10 +380,14 @@ HANDLERS: dict[str, Callable[[Engine, argparse.Namespace], int]] = {
     "events": cmd_events,
     "show": cmd_show,
     "diff": cmd_diff,
+    "compare": cmd_compare,
     "gc": cmd_gc,
     "export-cassette": cmd_export_cassette,
 }
-"""The function behind each ``wf`` verb of the table in verbs.py."""
+"""The function behind each ``wf`` verb of the table in verbs.py that reads or writes runs."""
+
+AUTHORING: dict[str, Callable[[argparse.Namespace], int]] = {"check": cmd_check, "new": cmd_new}
+"""The verbs that need no state dir: nothing is opened or created for them."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -330,7 +397,10 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     add_global_options(common, "cli", after_verb=True)
     for name, sp in add_verb_parsers(p, "cli", parents=[common]).items():
-        sp.set_defaults(fn=HANDLERS[name])
+        if name in AUTHORING:
+            sp.set_defaults(authoring=AUTHORING[name])
+        else:
+            sp.set_defaults(fn=HANDLERS[name])
     return p
 
 
@@ -338,6 +408,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``wf`` console script; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "authoring", None) is not None:
+        return _authoring(args)
     from .store import Store
     from .store.db import DB_FILENAME, default_state_dir
 
@@ -363,12 +435,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: the run stays active; `wf resume` continues it", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except RunLockHeld as exc:
+        if not getattr(args, "skip_if_locked", False):
+            return _error(args, exc)
+        # A cron job firing while the previous one still drives the run is not an error.
+        print(f"run {exc.run_id} is being driven by {exc.holder}; skipped (--skip-if-locked)")
+        return EXIT_OK
     except WorkflowError as exc:
-        if args.debug:
-            raise
-        code = error_exit_code(exc)
-        print(f"error: {exc}", file=sys.stderr)
-        return code
+        return _error(args, exc)
     except Exception as exc:  # noqa: BLE001 - a row no layer could read: one line, not a wall
         if args.debug:
             raise
@@ -376,6 +450,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
     finally:
         store.close()
+
+
+def _error(args: argparse.Namespace, exc: WorkflowError) -> int:
+    if args.debug:
+        raise exc
+    print(f"error: {exc}", file=sys.stderr)
+    return error_exit_code(exc)
+
+
+def _authoring(args: argparse.Namespace) -> int:
+    try:
+        return int(args.authoring(args))
+    except WorkflowError as exc:
+        return _error(args, exc)
 
 
 def _unreadable(store: Store, args: argparse.Namespace, exc: Exception) -> str:

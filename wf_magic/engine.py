@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +19,7 @@ from .redact import Redactor
 from .run import Run, RunRef, run_ref
 from .store import Store
 from .store.db import DB_FILENAME, default_state_dir
-from .store.records import AttemptRow, RunRow, StepRow
+from .store.records import AttemptRow, EventRow, RunRow, StepRow
 
 # The verbs that freeze, drive or lock a run import lifecycle, the drive, the spec (the plan
 # models, Jinja, YAML) and the run locks when called: `wf status` and the other read-only
@@ -30,7 +30,11 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from . import lifecycle
+    from .comparison import RunComparison
     from .spec.workflow import Workflow
+
+_AMBIGUOUS_SHOWN = 8
+"""How many matches an ambiguous run id prefix lists."""
 
 GC_STATUSES: tuple[str, ...] = ("completed", "failed", "abandoned")
 """The run statuses gc deletes (finished ones); ``wf gc --status`` picks among them."""
@@ -119,12 +123,30 @@ class Engine:
         return row
 
     def resolve_run_id(self, run_id: RunRef) -> str:
-        """The full id of ``run_id``: an id, a unique prefix of one, or a ``Run`` handle."""
+        """The full id of ``run_id``: an id, a workflow name (its newest root run), a unique
+        prefix of an id, or a ``Run`` handle.
+
+        Raises:
+            UsageError: no run matches, or the prefix matches several (they are listed).
+        """
         rid = run_ref(run_id)
         if self.store.get_run(rid) is not None:
             return rid
-        near = self.store.find_run_prefix(rid)
-        return near[0] if len(near) == 1 else self.get_run(rid).run_id
+        latest = self.store.latest_of_workflow(rid)
+        if latest is not None:
+            return latest
+        near = self.store.find_run_prefix(rid, limit=_AMBIGUOUS_SHOWN + 1) if rid else []
+        if len(near) == 1:
+            return near[0]
+        if len(near) > 1:
+            shown = ", ".join(near[:_AMBIGUOUS_SHOWN])
+            more = " and more" if len(near) > _AMBIGUOUS_SHOWN else ""
+            raise UsageError(
+                f"Run id prefix {rid!r} is ambiguous: it matches {shown}{more}; "
+                "give more characters of the id.",
+                run_id=rid,
+            )
+        return self.get_run(rid).run_id
 
     def start(
         self,
@@ -293,8 +315,17 @@ class Engine:
 
     # -- verbs ------------------------------------------------------------------------------
     def handle(self, run_id: RunRef) -> Run:
-        """A handle on the run (status, steps, result, decisions, frames)."""
-        return Run(self.store, self.resolve_run_id(run_id), bus=self.bus)
+        """A handle on the run (status, steps, result, decisions, frames).
+
+        The handle reads the run's rows and never decodes its plan, so it works on a run this
+        version cannot drive; its ``warnings`` then hold one line saying why.
+        """
+        from .spec.stored import plan_warning
+
+        handle = Run(self.store, self.resolve_run_id(run_id), bus=self.bus)
+        warning = plan_warning(handle.row)
+        handle.warnings.extend([warning] if warning else [])
+        return handle
 
     status = handle
     """``wf status RUN`` in Python: the run's handle (``engine.status(r).status`` is its word)."""
@@ -480,9 +511,48 @@ class Engine:
         """The run's events (see :func:`wf_magic.store.frames.events_frame`)."""
         return self.store.events_frame(self.resolve_run_id(run_id))
 
+    def events_after(
+        self, run_id: RunRef, cursor: int = 0, *, limit: int | None = None
+    ) -> list[EventRow]:
+        """The run's events with ``event_id > cursor``, oldest first, as ``EventRow`` records.
+
+        The cursor is durable: pass the last record's ``event_id`` to get exactly the events
+        committed since, in this process or another (see :mod:`wf_magic.follow`).
+        """
+        from .follow import events_after
+
+        return events_after(self.store, self.resolve_run_id(run_id), cursor, limit=limit)
+
+    def follow_events(
+        self, run_id: RunRef, cursor: int = 0, *, idle_s: float = 10.0, poll_s: float = 0.2
+    ) -> Iterator[EventRow]:
+        """Yield the run's events after ``cursor`` as they are committed, until the run settles:
+        no driver holds it and it is not active (or has been active with no driver for
+        ``idle_s`` seconds). Each record's ``event_id`` is the cursor to resume from."""
+        from .follow import follow_events
+
+        rid = self.resolve_run_id(run_id)
+        return follow_events(
+            self.store, self.lock_dir, rid, cursor=cursor, idle_s=idle_s, poll_s=poll_s
+        )
+
     def budget(self, run_id: RunRef) -> pd.DataFrame:
         """Used vs limit per ceiling, and what reuse saved (root run's ceilings)."""
         return self.store.budget_frame(self.resolve_run_id(run_id))
+
+    def compare(self, run_a: RunRef, run_b: RunRef, *, show_all: bool = False) -> RunComparison:
+        """Two runs unit by unit: both outputs (every loop), what changed, token/cost deltas.
+
+        ``run_a`` is the earlier run, ``run_b`` the later one. The result prints as text,
+        renders as HTML in a notebook and has a ``frame()`` (one row per unit).
+
+        Raises:
+            UsageError: either run does not exist.
+        """
+        from .comparison import compare_runs
+
+        a, b = self.resolve_run_id(run_a), self.resolve_run_id(run_b)
+        return compare_runs(self.store, a, b, show_all=show_all)
 
     # -- helpers ----------------------------------------------------------------------------
     def _handle(self, started: lifecycle.Started) -> Run:

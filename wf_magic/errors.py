@@ -7,6 +7,7 @@
     ├── UsageError (ValueError)          a call or command line is wrong
     ├── PlanIntegrityError               a stored plan or params were edited
     │   └── PlanVersionError             a plan from a newer/older plan_version
+    │       └── PlanVersionTooNew        a newer wf_magic froze it: left untouched (CLI exit 2)
     ├── RunLockHeld                      another driver holds the run (CLI exit 75)
     ├── RunAbandoned                     the run was given up: nothing to resume or abandon
     ├── BudgetExceeded                   a ceiling would be passed
@@ -74,6 +75,10 @@ class PlanVersionError(PlanIntegrityError):
     """A run's plan was written by another plan_version than this one can drive."""
 
 
+class PlanVersionTooNew(PlanVersionError):
+    """A newer wf_magic froze the run's plan: it is left untouched until an upgrade."""
+
+
 class RunLockHeld(WorkflowError):
     """Another driver (process or thread) is driving this run."""
 
@@ -85,6 +90,8 @@ class RunLockHeld(WorkflowError):
         if host:
             who += f" on {host}"
         when = f" since {since}" if since else ""
+        self.holder = f"{who}{when}"
+        """Who holds the run: ``pid 4242 on HOST since 10:31:02`` (or ``another driver``)."""
         super().__init__(
             f"Run {run_id} is being driven by {who}{when}; wait for it or stop that process "
             f"(`wf stop {run_id}`).",

@@ -11,6 +11,7 @@ from .errors import (
     GateDecisionRefused,
     MigrationError,
     PlanIntegrityError,
+    PlanVersionTooNew,
     RunLockHeld,
     StateDBError,
     UsageError,
@@ -22,7 +23,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 """The run failed or was abandoned; plan integrity, budget, migration and state DB errors."""
 EXIT_USAGE = 2
-"""A usage or definition error, or a refused gate decision."""
+"""A usage or definition error, a refused gate decision, or a plan from a newer wf_magic."""
 EXIT_BLOCKED = 3
 """The run is blocked (a human gate waits, a gate is exhausted, a judge failed)."""
 EXIT_LOCKED = 75
@@ -44,6 +45,7 @@ ERROR_EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (DefinitionError, EXIT_USAGE),
     (UsageError, EXIT_USAGE),
     (GateDecisionRefused, EXIT_USAGE),
+    (PlanVersionTooNew, EXIT_USAGE),  # not 75: retrying later changes nothing, upgrading does
     (PlanIntegrityError, EXIT_FAILED),
     (BudgetExceeded, EXIT_FAILED),
     (MigrationError, EXIT_FAILED),

@@ -44,6 +44,10 @@ class AttemptRecord:
     tokens_out: int
     cost: float | None
     reused_from: str | None
+    reused_from_run: str | None
+    """The run whose attempt answered this reused one (None otherwise, or when gc'd)."""
+    reused_from_unit: str | None
+    """That attempt's unit."""
     saved_tokens: int
     started_at: float
     finished_at: float | None
@@ -103,7 +107,8 @@ def attempt_record(
 
 
 def record_of(store: Store, row: AttemptRow) -> AttemptRecord:
-    """A journal row with its input and decoded output."""
+    """A journal row with its input, decoded output and, when reused, where it came from."""
+    source = store.attempt_by_dispatch(row.reused_from) if row.reused_from else None
     return AttemptRecord(
         run_id=row.run_id,
         step_id=row.step_id,
@@ -123,6 +128,8 @@ def record_of(store: Store, row: AttemptRow) -> AttemptRecord:
         tokens_out=row.tokens_out,
         cost=row.cost,
         reused_from=row.reused_from,
+        reused_from_run=source.run_id if source else None,
+        reused_from_unit=source.unit_id if source else None,
         saved_tokens=row.saved_tokens,
         started_at=row.started_at,
         finished_at=row.finished_at,
@@ -140,7 +147,13 @@ def record_text(record: AttemptRecord) -> str:
     )
     lines = [head]
     if record.reused_from:
-        lines.append(f"reused from {record.reused_from} ({record.saved_tokens} tokens saved)")
+        origin = (
+            f"run {record.reused_from_run} unit {record.reused_from_unit} "
+            f"(dispatch {record.reused_from})"
+            if record.reused_from_run
+            else f"dispatch {record.reused_from} (its run was deleted)"
+        )
+        lines.append(f"reused from {origin}; first cost {record.saved_tokens} tokens")
     lines += ["", "── input ──", input_text(record.input), "", "── output ──"]
     lines.append(f"failed: {record.failure}" if record.failure else _value_text(record.output))
     return "\n".join(lines)

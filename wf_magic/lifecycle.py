@@ -12,7 +12,7 @@ from typing import Any
 
 from .bus import EventBus
 from .drive.runrows import new_run_id, new_run_row, plan_steps, scope_key
-from .errors import UsageError
+from .errors import PlanVersionTooNew, UsageError
 from .hashing import hash_value
 from .locking import RunLock
 from .redact import is_secret_key
@@ -29,6 +29,7 @@ from .sealing import (
 from .spec.models_resolve import is_pending, workflow_for_params
 from .spec.params import coerce_param, normalise, resolve_params
 from .spec.plan import Plan
+from .spec.stored import version_problem
 from .spec.workflow import Workflow
 from .store import Store
 from .store.records import RunRow, ScopeChoice
@@ -108,9 +109,9 @@ def _start(
     if key is None:
         latest = store.latest_in_scope(scope)  # the common case (continue a run) writes nothing
         if latest is not None and not new and latest.plan_hash == wf.plan_hash:
-            return _continue(latest, wf)
+            return _continue(latest, wf, no_cache=no_cache)
     row = new_run_row(wf, resolved, run_id=new_run_id(), scope=scope, use_cache=not no_cache)
-    superseded: list[str] = []
+    superseded: list[RunRow] = []
     with contextlib.ExitStack() as held:
 
         def decide(current: RunRow | None) -> ScopeChoice:
@@ -121,8 +122,9 @@ def _start(
             old = current if current is not None and current.status in UNFINISHED else None
             if old is None:
                 return ScopeChoice()
+            _refuse_newer(old)
             held.enter_context(RunLock(store.lock_dir, old.run_id))  # refuses at once
-            superseded[:] = [old.run_id]
+            superseded[:] = [old]
             return ScopeChoice(supersede=old.run_id)
 
         def check_key(prior: LaunchKey) -> None:
@@ -139,7 +141,7 @@ def _start(
             row, plan_steps(wf), decide=decide, launch_key=key, check_key=check_key
         )
     if kept.run_id != row.run_id:
-        return _continue(kept, wf)
+        return _continue(kept, wf, no_cache=no_cache)
     return _created(bus, row, superseded=superseded[0] if superseded else None)
 
 
@@ -165,6 +167,17 @@ def preview(
         return wf
     masked = {k: SEAL_PREFIX if is_secret_key(k) else v for k, v in resolved.items()}
     return workflow_for_params(wf, masked)
+
+
+def _refuse_newer(old: RunRow) -> None:
+    """A run frozen by a newer wf_magic is never superseded here: its row stays as it is."""
+    version = version_problem(old)
+    if version is not None and version.is_newer:
+        raise PlanVersionTooNew(
+            f"Run {old.run_id} of this scope was {version.text}, or `wf abandon {old.run_id}` "
+            "and run again. Nothing was changed.",
+            run_id=old.run_id,
+        )
 
 
 def request_hash(plan_hash: str, params_hash: str) -> str:
@@ -213,9 +226,18 @@ def fork(
     return _create(store, bus, wf, row, supersede=source)
 
 
-def _continue(run: RunRow, wf: Workflow) -> Started:
-    """The scope's existing run of the same plan (``created=False``)."""
+def _continue(run: RunRow, wf: Workflow, *, no_cache: bool = False) -> Started:
+    """The scope's existing run of the same plan (``created=False``).
+
+    ``--no-cache`` cannot change a run that exists: it is said, with the way to re-run.
+    """
     warnings = []
+    if no_cache and run.use_cache:
+        shown = "the completed run is shown" if run.status == "completed" else "continuing it"
+        warnings.append(
+            f"--no-cache applies to new runs only: run {run.run_id} of this cell already "
+            f"exists ({run.status}); {shown}. Pass --new --no-cache to re-run it without reuse."
+        )
     if run.source_hash != wf.source_hash:
         warnings.append(
             "the source changed only in ways that do not change the plan; "
@@ -233,15 +255,22 @@ def _create(
     lock = RunLock(store.lock_dir, old.run_id) if old else contextlib.nullcontext()
     with lock:
         store.create_run(row, plan_steps(wf), supersede=old.run_id if old else None)
-    return _created(bus, row, superseded=old.run_id if old else None)
+    return _created(bus, row, superseded=old)
 
 
-def _created(bus: EventBus, row: RunRow, *, superseded: str | None) -> Started:
+def _created(bus: EventBus, row: RunRow, *, superseded: RunRow | None) -> Started:
     if superseded is None:
         return Started(run_id=row.run_id, created=True)
+    if superseded.status == "failed":
+        # Its failure stays visible: the run keeps its status and reason (store/runs.py).
+        warning = (
+            f"run {superseded.run_id} failed earlier ({superseded.status_reason or 'no reason'});"
+            f" it stays failed, superseded by {row.run_id}"
+        )
+        return Started(run_id=row.run_id, created=True, warnings=[warning])
     reason = f"superseded by {row.run_id}"
-    bus.notify("run_status", run_id=superseded, status="abandoned", reason=reason)
-    warning = f"run {superseded} was unfinished and is now abandoned ({reason})"
+    bus.notify("run_status", run_id=superseded.run_id, status="abandoned", reason=reason)
+    warning = f"run {superseded.run_id} was unfinished and is now abandoned ({reason})"
     return Started(run_id=row.run_id, created=True, warnings=[warning])
 
 

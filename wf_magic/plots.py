@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import pandas as pd
 
-from .display import STATUS_COLOURS
+from .display import STATUS_COLOURS, TokenSplit, token_text
 from .errors import UsageError
 
 if TYPE_CHECKING:
@@ -93,19 +93,21 @@ def timeline(run: RunFrames | pd.DataFrame) -> Figure:
 
 
 def token_chart(run: RunFrames | pd.DataFrame, by: str = "step") -> Figure:
-    """A stacked bar chart of a run's tokens in and out per key, in order of first appearance.
+    """A stacked bar chart of a run's tokens per key: paid, judge, reused.
 
-    The figures are :func:`~wf_magic.store.frames.tokens_frame`'s, so gate attempts count
-    under their step; the title gives the total and the tokens saved by reuse.
+    The figures are :func:`~wf_magic.store.frames.tokens_frame`'s ``tokens_paid``,
+    ``tokens_judge`` and ``tokens_reused`` — the labelling every view uses (paid: what the
+    budget counts; judge: LLM judges outside the budget; reused: what reused answers first
+    cost, drawn hatched since nobody paid it now); the title gives the three totals.
 
     Args:
         run: The run to chart (its ``tokens(by=by)``), or a tokens frame grouped ``by``.
         by: The key: ``step``, ``model``, ``runner``, ``loop``, ``run`` or ``phase``.
 
     Returns:
-        A :class:`matplotlib.figure.Figure` whose first container holds the ``tokens_in`` bars
-        and second the ``tokens_out`` bars stacked on them, one pair per key; it shows as a
-        PNG image in a notebook, with or without ``%matplotlib inline``.
+        A :class:`matplotlib.figure.Figure` whose three containers hold the paid, judge and
+        reused bars, stacked in that order, one stack per key; it shows as a PNG image in a
+        notebook, with or without ``%matplotlib inline``.
 
     Raises:
         UsageError: matplotlib is not installed, ``by`` is not a known key, or a given frame
@@ -114,21 +116,29 @@ def token_chart(run: RunFrames | pd.DataFrame, by: str = "step") -> Figure:
     figure_cls = _figure_class()
     tokens = _tokens(run, by)
     labels = [str(key) for key in tokens[by].astype("string").fillna("(none)")]
-    tokens_in = tokens["tokens_in"].to_numpy(dtype=np.int64)
-    tokens_out = tokens["tokens_out"].to_numpy(dtype=np.int64)
+    paid, judge, reused = (
+        tokens[name].to_numpy(dtype=np.int64)
+        for name in ("tokens_paid", "tokens_judge", "tokens_reused")
+    )
     fig = figure_cls(figsize=(max(4.0, 0.8 * len(labels) + 2), 4), layout="constrained")
     ax = fig.add_subplot()
     positions = np.arange(len(labels))
-    ax.bar(positions, tokens_in, label="tokens in", color="#3b6ea5")
-    ax.bar(positions, tokens_out, bottom=tokens_in, label="tokens out", color="#9ccbe8")
+    ax.bar(positions, paid, label="paid", color="#3b6ea5")
+    ax.bar(positions, judge, bottom=paid, label="judge", color="#e0a030")
+    ax.bar(
+        positions,
+        reused,
+        bottom=paid + judge,
+        label="reused",
+        color="#d8dee4",
+        hatch="//",
+        edgecolor="#8c959f",
+    )
     ax.set_xticks(positions, labels, rotation=30 if len(labels) > 6 else 0, ha="right")
     ax.set_xlabel(by)
     ax.set_ylabel("tokens")
-    saved = int(tokens["saved_tokens"].sum())
-    ax.set_title(
-        f"{_subject(run, tokens)}{int(tokens_in.sum() + tokens_out.sum()):,} tokens by {by}"
-        f" ({saved:,} saved by reuse)"
-    )
+    split = TokenSplit(paid=int(paid.sum()), reused=int(reused.sum()), judge=int(judge.sum()))
+    ax.set_title(f"{_subject(run, tokens)}tokens by {by}: {token_text(split)}")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     return fig
 

@@ -6,7 +6,7 @@ import json
 from typing import TYPE_CHECKING, Any, Union
 
 from .bus import EventBus
-from .errors import UsageError
+from .errors import PlanIntegrityError, PlanVersionTooNew, UsageError
 from .exits import status_exit_code
 from .store import Store
 from .store.records import AttemptRow, BudgetUse, RunRow, RunStatus, StepRow
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
+    from .comparison import RunComparison
     from .drive.context import DriveStats
     from .gates.verdict import Verdict
     from .inspection import AttemptRecord, UnitDiff
@@ -99,6 +100,11 @@ class Run:
         return self.row.status_reason
 
     @property
+    def superseded_by(self) -> str | None:
+        """The run that took this failed run's place (it keeps its failure), if any."""
+        return self.store.superseded_by(self.run_id) if self.row.status == "failed" else None
+
+    @property
     def workflow(self) -> str:
         """The workflow name."""
         return self.row.workflow
@@ -111,11 +117,30 @@ class Run:
 
     @property
     def plan(self) -> FrozenPlan:
-        """The frozen plan this run executes (renders as a table + Mermaid graph)."""
+        """The frozen plan this run executes (renders as a table + Mermaid graph).
+
+        Raises:
+            PlanVersionTooNew: a newer wf_magic froze it.
+            PlanIntegrityError: the stored plan does not decode (edited outside wf_magic).
+        """
+        from pydantic import ValidationError
+
         from .spec.plan import Plan
+        from .spec.stored import version_problem
 
         row = self.row
-        return FrozenPlan(Plan.model_validate_json(row.plan_json), plan_hash=row.plan_hash)
+        version = version_problem(row)
+        if version is not None and version.is_newer:
+            raise PlanVersionTooNew(f"Run {row.run_id} was {version.text}.", run_id=row.run_id)
+        try:
+            plan = Plan.model_validate_json(row.plan_json)
+        except ValidationError as exc:
+            raise PlanIntegrityError(
+                f"Run {row.run_id}: its stored plan does not decode ({exc.error_count()} "
+                "problem(s)); it was edited outside wf_magic.",
+                run_id=row.run_id,
+            ) from None
+        return FrozenPlan(plan, plan_hash=row.plan_hash)
 
     @property
     def params(self) -> dict[str, Any]:
@@ -247,6 +272,16 @@ class Run:
         from .inspection import UnitDiff, loop_diff
 
         return UnitDiff(loop_diff(self.store, self.run_id, unit, loop_a, loop_b))
+
+    def compare(self, other: RunRef, *, show_all: bool = False) -> RunComparison:
+        """This run (the earlier) beside ``other`` (the later), unit by unit.
+
+        Per unit both outputs loop by loop, whether it is changed, new, removed, reused or
+        unchanged, and the token and cost deltas; prints as text, renders as HTML.
+        """
+        from .comparison import compare_runs
+
+        return compare_runs(self.store, self.run_id, run_ref(other), show_all=show_all)
 
     def tokens(self, by: str = "step") -> pd.DataFrame:
         """Token accounting of this run grouped ``by``."""

@@ -99,7 +99,7 @@ class Option:
     choices: tuple[str, ...] | None = None
     default: object = None
     action: Literal["store_true", "append"] | None = None
-    nargs: Literal["?"] | None = None
+    nargs: Literal["?", "+"] | None = None
     const: object = None
     """The value of a bare ``--option`` when ``nargs`` is ``?``."""
     dest: str | None = None
@@ -161,6 +161,11 @@ RESUPPLY_PARAM = Option(
     help="a secret param of the run again (its value is never stored; repeatable)",
     faces=CLI,
 )
+SKIP_IF_LOCKED = Option(
+    flag="--skip-if-locked",
+    action="store_true",
+    help="when another driver holds the run, say who and exit 0 instead of 75 (for cron)",
+)
 BACKGROUND = Option(
     flag="--background",
     action="store_true",
@@ -210,6 +215,7 @@ VERBS: tuple[Verb, ...] = (
             MAX_CONCURRENCY,
             MAX_RETRIES,
             QUIET,
+            replace(SKIP_IF_LOCKED, faces=CLI),
             Option(flag="--dry-run", action="store_true", help="freeze and show the plan only"),
             Option(
                 flag="--refresh",
@@ -237,7 +243,16 @@ VERBS: tuple[Verb, ...] = (
     Verb(
         name="resume",
         help="drive an existing run",
-        options=(RUN, MAX_STEPS, MAX_CONCURRENCY, MAX_RETRIES, QUIET, BACKGROUND, RESUPPLY_PARAM),
+        options=(
+            RUN,
+            MAX_STEPS,
+            MAX_CONCURRENCY,
+            MAX_RETRIES,
+            QUIET,
+            BACKGROUND,
+            RESUPPLY_PARAM,
+            SKIP_IF_LOCKED,
+        ),
     ),
     Verb(
         name="fork",
@@ -279,8 +294,8 @@ VERBS: tuple[Verb, ...] = (
             Option(
                 flag="--all",
                 action="store_true",
-                help="every column (the notebook shows a compact set by default)",
-                faces=NOTEBOOK,
+                help="every column (a table shows a compact set by default; csv and json "
+                "always have every column)",
             ),
         ),
     ),
@@ -300,7 +315,36 @@ VERBS: tuple[Verb, ...] = (
             FORMAT,
         ),
     ),
-    Verb(name="events", help="print a run's events", options=(RUN, FORMAT)),
+    Verb(
+        name="events",
+        help="print a run's events (after a cursor, following the run until it settles)",
+        options=(
+            RUN,
+            FORMAT,
+            Option(
+                flag="--since",
+                type=count_at_least(0),
+                metavar="CURSOR",
+                help="only events after this cursor (an event id, as printed by --follow)",
+            ),
+            Option(
+                flag="--follow",
+                action="store_true",
+                help="keep printing new events until the run settles; the cursor to resume "
+                "from is printed last on stderr (`cursor: N`)",
+                faces=CLI,
+            ),
+            Option(
+                flag="--idle",
+                dest="idle_s",
+                type=float,
+                default=10.0,
+                metavar="S",
+                help="with --follow: stop after S seconds of an active run without a driver",
+                faces=CLI,
+            ),
+        ),
+    ),
     Verb(
         name="show",
         help="what one attempt of a unit was sent, answered and cost",
@@ -326,6 +370,27 @@ VERBS: tuple[Verb, ...] = (
             Option(flag="run", help="the earlier run (id or unique prefix)"),
             Option(flag="other", help="the later run (id or unique prefix)"),
             Option(flag="--unit", metavar="UNIT", help="only this unit"),
+        ),
+    ),
+    Verb(
+        name="compare",
+        help="two runs side by side: per unit both outputs (every loop), changed/new/removed/"
+        "reused, token and cost deltas",
+        options=(
+            Option(flag="run", help="the earlier run (id, unique prefix or workflow name)"),
+            Option(flag="other", help="the later run (id, unique prefix or workflow name)"),
+            Option(
+                flag="--all",
+                action="store_true",
+                help="list every unit, not only the ones that differ",
+            ),
+            Option(
+                flag="--format",
+                choices=("text", "json"),
+                default="text",
+                help="how to print the comparison",
+                faces=CLI,
+            ),
         ),
     ),
     Verb(
@@ -402,6 +467,27 @@ VERBS: tuple[Verb, ...] = (
         ),
     ),
     Verb(name="config", help="show the magics' settings", faces=NOTEBOOK),
+    Verb(
+        name="check",
+        help="freeze workflow files and print each one's plan hash or error; writes nothing",
+        faces=CLI,
+        options=(Option(flag="files", nargs="+", metavar="FILE", help="workflow YAML files"),),
+    ),
+    Verb(
+        name="new",
+        help="write a commented starter workflow NAME.yaml that runs offline as written",
+        faces=CLI,
+        options=(
+            Option(flag="name", metavar="NAME", help="the workflow name (or a path NAME.yaml)"),
+            Option(
+                flag="--kind",
+                choices=("prompt", "map", "gate"),
+                default="prompt",
+                help="what the starter shows",
+            ),
+            Option(flag="--force", action="store_true", help="overwrite an existing file"),
+        ),
+    ),
     Verb(
         name="export-cassette",
         help="print a run's answers as JSONL for the replay runner",

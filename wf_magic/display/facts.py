@@ -150,6 +150,38 @@ def result_text(result_json: str | None, *, limit: int = RESULT_CHARS) -> str | 
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenSplit:
+    """A run's or a step's tokens in the one labelling every view uses.
+
+    - ``paid``: tokens of charged attempts, what the budget counts (work units, and judges
+      whose gate says ``charged: true``);
+    - ``reused``: what the reused answers first cost (paid by an earlier run, not now);
+    - ``judge``: tokens LLM judges spent outside the budget (uncharged gates).
+    """
+
+    paid: int = 0
+    reused: int = 0
+    judge: int = 0
+
+    def __add__(self, other: TokenSplit) -> TokenSplit:
+        return TokenSplit(
+            paid=self.paid + other.paid,
+            reused=self.reused + other.reused,
+            judge=self.judge + other.judge,
+        )
+
+
+def token_text(split: TokenSplit) -> str:
+    """``60 paid · 240 reused · 342 judge`` (reused and judge only when there are some)."""
+    parts = [f"{split.paid:,} paid"]
+    if split.reused:
+        parts.append(f"{split.reused:,} reused")
+    if split.judge:
+        parts.append(f"{split.judge:,} judge")
+    return " · ".join(parts)
+
+
 def budget_text(use: BudgetUse, *, sep: str = " · ") -> str:
     """``units 5/10 · tokens 66/∞`` (cost only when it is limited or spent)."""
     parts = [

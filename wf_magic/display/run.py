@@ -13,6 +13,7 @@ from ..store.summary import RunTally, StepTally
 from .badges import badge
 from .facts import (
     Rejection,
+    TokenSplit,
     budget_text,
     gate_rejections,
     loop_text,
@@ -21,6 +22,7 @@ from .facts import (
     reuse_line,
     shown_note,
     shown_reason,
+    token_text,
     unit_total,
 )
 
@@ -39,6 +41,9 @@ class Run(Protocol):
 
     @property
     def row(self) -> RunRow: ...
+
+    @property
+    def superseded_by(self) -> str | None: ...
 
     @property
     def steps(self) -> list[StepRow]: ...
@@ -87,8 +92,7 @@ class _StepLine:
     row: StepRow
     done: int
     total: int | None
-    tokens: int
-    saved_tokens: int
+    tokens: TokenSplit
     loop: str
 
     @property
@@ -103,6 +107,14 @@ class _Facts:
     reuse: str | None
     result: str | None
 
+    @property
+    def tokens(self) -> TokenSplit:
+        """The run's own tokens over its steps (paid · reused · judge)."""
+        total = TokenSplit()
+        for s in self.steps:
+            total += s.tokens
+        return total
+
 
 @dataclass(frozen=True, slots=True)
 class _PlanStepView:
@@ -113,17 +125,23 @@ class _PlanStepView:
 
 
 def _plan_steps(plan_json: str) -> dict[str, _PlanStepView]:
-    # The stored plan is our own canonical JSON (its hash is verified before every drive):
-    # reading two fields needs no pydantic validation of the whole plan.
+    # A run view reads two fields of each step straight from the plan's JSON and never
+    # decodes the plan: `wf status` must show a run whose plan this version cannot drive
+    # (hand-edited, or frozen by a newer wf_magic) from its rows, with the warning that says
+    # why (spec/stored.py). A step it cannot read shows as a single unit without a gate.
     try:
         steps = json.loads(plan_json)["steps"]
-        return {s["id"]: _PlanStepView(s.get("map"), s.get("gate") is not None) for s in steps}
-    except (ValueError, LookupError, TypeError, AttributeError):
-        pass  # not the shape we froze: the plan models say what is wrong with it
-    from ..spec.plan import Plan
+    except (ValueError, LookupError, TypeError):
+        return {}
+    views = {}
+    for s in steps if isinstance(steps, list) else ():
+        if isinstance(s, dict) and isinstance(s.get("id"), str):
+            shown = s.get("map") if isinstance(s.get("map"), str) else None
+            views[s["id"]] = _PlanStepView(shown, s.get("gate") is not None)
+    return views
 
-    plan = Plan.model_validate_json(plan_json)
-    return {s.id: _PlanStepView(s.map, s.gate is not None) for s in plan.steps}
+
+_UNREAD_STEP = _PlanStepView(None, False)
 
 
 def _facts(run: Run) -> _Facts:
@@ -135,7 +153,7 @@ def _facts(run: Run) -> _Facts:
     lines = []
     for step in rows:
         counts = tally.steps.get(step.step_id, StepTally())
-        plan_step = plan[step.step_id]
+        plan_step = plan.get(step.step_id, _UNREAD_STEP)
         seen = counts.seen
         total = seen if step.status == "skipped" else unit_total(plan_step, params, rows)
         lines.append(
@@ -143,8 +161,9 @@ def _facts(run: Run) -> _Facts:
                 row=step,
                 done=counts.done,
                 total=seen if total is None and seen else total,
-                tokens=counts.tokens,
-                saved_tokens=counts.saved_tokens,
+                tokens=TokenSplit(
+                    paid=counts.tokens, reused=counts.saved_tokens, judge=counts.judge_tokens
+                ),
                 loop=loop_text(step, has_gate=plan_step.has_gate),
             )
         )
@@ -163,18 +182,22 @@ def run_text(run: Run) -> str:
     lines = [f"Run {row.run_id}  {row.workflow}  [{row.status}]"]
     if row.status_reason:
         lines.append(f"  reason: {row.status_reason}")
+    successor = run.superseded_by
+    if successor:
+        lines.append(f"  superseded by {successor}")
     for s in facts.steps:
         loop = f"  loop {s.loop}" if s.loop else ""
         note = f"  — {s.row.note}" if s.row.note else ""
         lines.append(
             f"  {s.row.step_id:<16} {s.row.status:<9} units {s.units}  "
-            f"tokens {s.tokens}{loop}{note}"
+            f"tokens {token_text(s.tokens)}{loop}{note}"
         )
     for r in facts.rejections:
         missing = f"; missing: {', '.join(r.missing)}" if r.missing else ""
         lines.append(
             f"  gate rejected {r.step_id} loop {r.loop} ({r.judge}): {r.feedback}{missing}"
         )
+    lines.append(f"  tokens: {token_text(facts.tokens)}")
     lines.append(f"  budget: {budget_text(run.budget_use(), sep='  ')}")
     if facts.reuse:
         lines.append(f"  {facts.reuse}")
@@ -211,13 +234,15 @@ def run_html(run: Run) -> str:
     reason = shown_reason(row.status_reason, (s.row.note for s in facts.steps))
     if reason:
         head += f"<div><i>{html.escape(reason)}</i></div>"
+    successor = run.superseded_by
+    if successor:
+        head += f"<div>superseded by <code>{html.escape(successor)}</code></div>"
     body = ""
     for s in facts.steps:
-        saved = f" (+{s.saved_tokens:,} reused)" if s.saved_tokens else ""
         note = shown_note(s.row.note, facts.rejections, s.row.step_id)
         body += (
             f"<tr><td><code>{html.escape(s.row.step_id)}</code></td>"
-            f"<td>{badge(s.row.status)}</td><td>{s.units}</td><td>{s.tokens:,}{saved}</td>"
+            f"<td>{badge(s.row.status)}</td><td>{s.units}</td><td>{token_text(s.tokens)}</td>"
             f"<td>{s.loop}</td><td>{html.escape(note)}</td></tr>"
         )
     table = (
@@ -225,7 +250,10 @@ def run_html(run: Run) -> str:
         f"<th>loop</th><th>note</th></tr></thead><tbody>{body}</tbody></table>"
     )
     gates = gates_html(facts.rejections) if facts.rejections else ""
-    budget = f"<div>budget — {html.escape(budget_text(run.budget_use()))}</div>"
+    budget = (
+        f"<div>tokens — {html.escape(token_text(facts.tokens))}</div>"
+        f"<div>budget — {html.escape(budget_text(run.budget_use()))}</div>"
+    )
     notes = [facts.reuse] if facts.reuse else []
     notes.extend(run.warnings)
     warn = "".join(f"<div>⚠ {html.escape(w)}</div>" for w in notes)

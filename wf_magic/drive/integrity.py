@@ -1,4 +1,4 @@
-"""Plan integrity: a run's stored plan and params must match their hashes and plan_version."""
+"""Plan integrity: a run's stored plan must be of a known plan_version, match its hashes, decode."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from ..bus import EventBus
-from ..errors import PlanIntegrityError, PlanVersionError
+from ..errors import PlanIntegrityError, PlanVersionError, PlanVersionTooNew
 from ..hashing import sha256_text
-from ..spec.plan import PLAN_VERSION, Plan
+from ..spec.plan import Plan
+from ..spec.stored import version_problem
 from ..store import Store
 from ..store.records import RunRow
 
@@ -19,8 +20,8 @@ if TYPE_CHECKING:
     from ..spec.workflow import Workflow
 
 
-class UndecodablePlan(Exception):
-    """An older plan this version cannot decode; ``reason`` says how to start afresh."""
+class UnsupportedPlan(Exception):
+    """A plan older than the oldest version this wf_magic drives; ``reason`` says what to do."""
 
     def __init__(self, reason: str):
         super().__init__(reason)
@@ -28,13 +29,24 @@ class UndecodablePlan(Exception):
 
 
 def verify(run: RunRow) -> tuple[Plan, dict[str, Any]]:
-    """The run's plan and params, after checking hashes and plan_version.
+    """The run's plan and params, after checking its plan version, its hashes and its shape.
+
+    The version comes first (spec/stored.py says why): a plan of another version may hash
+    differently, and a newer one must be left byte-identical whatever else is wrong with it.
 
     Raises:
-        PlanIntegrityError: the plan or the params were edited outside wf_magic.
-        PlanVersionError: a newer wf_magic froze the plan.
-        UndecodablePlan: an older plan this version cannot read.
+        PlanVersionTooNew: a newer wf_magic froze the plan.
+        UnsupportedPlan: the plan is older than ``OLDEST_PLAN_VERSION``.
+        PlanIntegrityError: the plan or the params were edited outside wf_magic, or the plan
+            does not decode.
     """
+    version = version_problem(run)
+    if version is not None and version.is_newer:
+        raise PlanVersionTooNew(
+            f"Run {run.run_id} was {version.text}. Nothing was changed.", run_id=run.run_id
+        )
+    if version is not None:
+        raise UnsupportedPlan(version.text)
     if sha256_text(run.plan_json) != run.plan_hash:
         raise PlanIntegrityError(
             f"Run {run.run_id}: the stored plan does not match its plan_hash "
@@ -48,19 +60,17 @@ def verify(run: RunRow) -> tuple[Plan, dict[str, Any]]:
             "outside wf_magic. Nothing was dispatched. Start a new run with the params you want.",
             run_id=run.run_id,
         )
-    if run.plan_version > PLAN_VERSION:
-        raise PlanVersionError(
-            f"Run {run.run_id} was frozen by a newer wf_magic (plan_version "
-            f"{run.plan_version}; this version reads {PLAN_VERSION}). It was left untouched: "
-            "upgrade wf_magic to drive it.",
-            run_id=run.run_id,
-        )
     try:
         plan = Plan.model_validate_json(run.plan_json)
     except ValidationError as exc:
-        raise UndecodablePlan(
-            f"plan_version {run.plan_version} cannot be decoded by this wf_magic "
-            f"({exc.error_count()} problem(s)); start afresh with `wf run FILE --new`"
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "plan"
+        raise PlanIntegrityError(
+            f"Run {run.run_id}: its stored plan (plan version {run.plan_version}) does not "
+            f"decode ({exc.error_count()} problem(s), first {where}: {first['msg']}); it was "
+            "edited outside wf_magic. Nothing was dispatched. Start afresh with "
+            "`wf run FILE --new`.",
+            run_id=run.run_id,
         ) from None
     return plan, json.loads(run.params_json)
 
@@ -83,20 +93,25 @@ def drift_warnings(run: RunRow, live: Workflow | None) -> list[str]:
 
 
 def verified_plan(store: Store, bus: EventBus, run: RunRow) -> tuple[Plan, dict[str, Any]]:
-    """Decode a run's plan and params after checking their hashes and plan_version.
+    """Decode a run's plan and params after checking their plan version and hashes.
 
-    An older plan this version cannot decode abandons the run (with how to start afresh).
+    A plan older than the oldest supported version abandons the run (with how to start
+    afresh); nothing is dispatched.
 
     Raises:
-        PlanIntegrityError: a hash mismatch (nothing is dispatched).
-        PlanVersionError: a newer plan_version (left untouched) or an undecodable one.
+        PlanVersionTooNew: a newer plan version (the row is left untouched).
+        PlanVersionError: an unsupported older plan version (the run was abandoned).
+        PlanIntegrityError: a hash mismatch, or a plan that does not decode (untouched).
     """
     try:
         return verify(run)
-    except UndecodablePlan as exc:
+    except UnsupportedPlan as exc:
+        outcome = f"it stays {run.status}"
         if run.status not in ("completed", "abandoned"):
             store.set_run_status(run.run_id, "abandoned", reason=exc.reason)
             bus.notify("run_status", run_id=run.run_id, status="abandoned", reason=exc.reason)
+            outcome = "the run was abandoned"
         raise PlanVersionError(
-            f"Run {run.run_id}: {exc.reason}. The run was abandoned.", run_id=run.run_id
+            f"Run {run.run_id}: {exc.reason}. Nothing was dispatched; {outcome}.",
+            run_id=run.run_id,
         ) from None

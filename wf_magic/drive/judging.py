@@ -28,7 +28,7 @@ from ..spec.models import GateSpec
 from ..spec.plan import PlanStep
 from ..store.journal import Finish, UnitKey
 from ..store.records import AttemptRow
-from ..templates import TemplateError
+from ..templates import TemplateError, references
 from . import attempts
 from .context import DriveContext, RunState
 from .units import template_context
@@ -89,6 +89,11 @@ def obtain_verdict(
         "check": gate.check,
         "model": model,
     }
+    if gate.judge == "expr" and gate.check:
+        read = _params_read(gate.check, state.params)
+        if read is not None:
+            # The check reads params: two runs with other values must not share a verdict.
+            hashed["params_read"] = read
     input_hash = hash_value(hashed)
     judge_input = dict(hashed)  # what is kept: the hashed input, plus what an LLM judge reads
     if gate.judge == "llm":
@@ -127,6 +132,22 @@ def obtain_verdict(
         )
     _announce(ctx, state, step.id, loop, verdict)
     return Judged(verdict=verdict, input_hash=input_hash, summary=summary)
+
+
+def _params_read(check: str, params: dict[str, Any]) -> str | None:
+    """The hash of the params an ``expr`` check reads (None when it reads none).
+
+    A hash rather than the values, so a secret param the check compares against is not kept
+    in the journaled judge input.
+    """
+    try:
+        refs = references(check, expression=True)
+    except TemplateError:
+        return None  # the check fails when judged; that failure is journaled there
+    if "params" not in refs.names:
+        return None
+    names = sorted(params) if refs.params_dynamic else sorted(refs.params & set(params))
+    return hash_value({name: params[name] for name in names})
 
 
 def _reuse_verdict(
@@ -205,6 +226,13 @@ def _judge_expr(
     return verdict
 
 
+def judge_is_charged(state: RunState, gate: GateSpec) -> bool:
+    """Whether this gate's judge calls count against the budget (``gate.charged`` wins)."""
+    if gate.judge != "llm":
+        return False
+    return state.plan.budget.charge_judges if gate.charged is None else gate.charged
+
+
 def _judge_llm(
     ctx: DriveContext,
     state: RunState,
@@ -213,7 +241,8 @@ def _judge_llm(
     criteria: list[str],
     summary: str,
 ) -> Verdict:
-    attempt = _reclaim_or_reserve(ctx, state, key)
+    charged = judge_is_charged(state, step.gate or GateSpec())
+    attempt = _reclaim_or_reserve(ctx, state, key, charged=charged)
     try:
         request = UnitRequest(
             run_id=state.run_id,
@@ -263,12 +292,21 @@ def _judge_failure(exc: Exception) -> RunnerError:
     return RunnerError(f"runner raised {type(exc).__name__}: {exc}")
 
 
-def _reclaim_or_reserve(ctx: DriveContext, state: RunState, key: UnitKey) -> AttemptRow:
-    """The judge attempt a dead driver left running for this input, else a new one."""
+def _reclaim_or_reserve(
+    ctx: DriveContext, state: RunState, key: UnitKey, *, charged: bool = False
+) -> AttemptRow:
+    """The judge attempt a dead driver left running for this input, else a new one.
+
+    A charged judge is checked against the budget and counted like a work unit first; a
+    reclaimed attempt was counted when it was reserved.
+    """
     latest = ctx.store.attempts_of_units(state.run_id, [key.unit_id])
     if latest and latest[-1].status == "running" and latest[-1].input_hash == key.input_hash:
         return latest[-1]
-    return ctx.store.reserve_attempt(key, charged=False)
+    if charged:
+        ctx.budget.check(run_id=state.run_id, step_id=key.step_id, unit_id=key.unit_id)
+        ctx.budget.charge_unit()
+    return ctx.store.reserve_attempt(key, charged=charged)
 
 
 def _record(ctx: DriveContext, state: RunState, key: UnitKey, verdict: Verdict) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..errors import BudgetExceeded
 from ..gates.judge import schema_errors, schema_requirement
 from ..gates.verdict import GateWaiting, Judged, Verdict, Waiting
 from ..hashing import canonical_json
@@ -157,9 +158,13 @@ def _decide(
             )
     if step.gate is None:
         return StepOutcome(status="completed", output=artifact, note=partial)
-    verdict = judging.obtain_verdict(
-        ctx, state, step, loop=loop, artifact=artifact, unit_count=len(units)
-    )
+    try:
+        verdict = judging.obtain_verdict(
+            ctx, state, step, loop=loop, artifact=artifact, unit_count=len(units)
+        )
+    except BudgetExceeded as exc:  # a charged judge would pass a ceiling: stop as a unit would
+        ctx.emit("warning", run_id=state.run_id, step_id=step.id, message=str(exc))
+        return StepOutcome(status="failed", note=str(exc), run_failed=True, hard_stop=True)
     if isinstance(verdict, GateWaiting):
         return StepOutcome(status="blocked", note=verdict.reason, output=verdict.waiting.to_json())
     return _with_note(_judged(step, loop=loop, artifact=artifact, judged=verdict), partial)

@@ -95,11 +95,15 @@ class LineArgs:
     older_than_s: float | None = None
     """``gc --older-than DURATION`` (the CLI's spelling) in seconds."""
     idle_s: float = 10.0
+    since: int | None = None
+    """``events --since CURSOR``: only events with a greater id."""
     limit: int | None = None
     all: bool = False
     unit: str | None = None
     attempt: int | None = None
     other: str | None = None
+    skip_if_locked: bool = False
+    """``resume --skip-if-locked``: another driver holding the run is said, not raised."""
 
 
 class _Parser(argparse.ArgumentParser):

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..display import origin_text, plan_html, plan_mermaid, plan_text
-from ..errors import DefinitionError, GateDecisionRefused, UsageError
+from ..errors import DefinitionError, GateDecisionRefused, RunLockHeld, UsageError
 from ..inspection import (
     AttemptRecord,
     UnitDiff,
@@ -350,14 +350,20 @@ def _scoped_runs_frame() -> type:
 
 def cmd_status(ctx: CommandContext, args: LineArgs) -> Run:
     handle = ctx.engine.status(_run(ctx, args))
-    if not ctx.use_widgets:
-        return handle
+    if not ctx.use_widgets or handle.warnings:
+        return handle  # a plan this version cannot drive: its text view, with the warning
     view = ctx.open_view(handle.run_id)
     return LiveRun(handle, view)
 
 
-def cmd_resume(ctx: CommandContext, args: LineArgs) -> Run:
-    return launch(ctx, _run(ctx, args), max_steps=args.max_steps, background=args.background)
+def cmd_resume(ctx: CommandContext, args: LineArgs) -> Run | None:
+    try:
+        return launch(ctx, _run(ctx, args), max_steps=args.max_steps, background=args.background)
+    except RunLockHeld as exc:
+        if not args.skip_if_locked:
+            raise
+        print(f"run {exc.run_id} is being driven by {exc.holder}; skipped (--skip-if-locked)")
+        return None
 
 
 def cmd_fork(ctx: CommandContext, args: LineArgs) -> Run:
@@ -368,6 +374,8 @@ def cmd_fork(ctx: CommandContext, args: LineArgs) -> Run:
 
 def cmd_abandon(ctx: CommandContext, args: LineArgs) -> None:
     run_id = _run(ctx, args)
+    for warning in ctx.engine.handle(run_id).warnings:  # abandoning never decodes the plan
+        print(f"warning: {warning}")
     ctx.engine.abandon(run_id, reason=args.reason or "abandoned by user")
     print(f"run {run_id} abandoned")
 
@@ -412,6 +420,11 @@ def cmd_diff(ctx: CommandContext, args: LineArgs) -> Any:
     return UnitDiff(changes_text(run_a, run_b, changes))
 
 
+def cmd_compare(ctx: CommandContext, args: LineArgs) -> Any:
+    """Two runs side by side, unit by unit (renders as an HTML table)."""
+    return ctx.engine.compare(_run(ctx, args), args.other or "", show_all=args.all)
+
+
 class AttemptView:
     """An attempt record that prints as text and renders as HTML (input, then output)."""
 
@@ -432,7 +445,10 @@ def cmd_tokens(ctx: CommandContext, args: LineArgs) -> Any:
 
 
 def cmd_events(ctx: CommandContext, args: LineArgs) -> Any:
-    return ctx.engine.events(_run(ctx, args))
+    frame = ctx.engine.events(_run(ctx, args))
+    if args.since is None:
+        return frame
+    return frame[frame["event_id"] > args.since].reset_index(drop=True)
 
 
 def cmd_budget(ctx: CommandContext, args: LineArgs) -> Any:
@@ -588,6 +604,7 @@ COMMANDS: dict[str, Callable[[CommandContext, LineArgs], Any]] = {
     "journal": cmd_journal,
     "show": cmd_show,
     "diff": cmd_diff,
+    "compare": cmd_compare,
     "tokens": cmd_tokens,
     "events": cmd_events,
     "budget": cmd_budget,

@@ -75,6 +75,22 @@ def _value_html(record: AttemptRecord) -> str:
     return f"<pre style='white-space:pre-wrap'>{html.escape(text, quote=False)}</pre>"
 
 
+def _origin_html(record: AttemptRecord) -> str:
+    """`` · reused from <run> · <unit> (first cost N tokens)`` for a reused attempt."""
+    if record.status != "reused":
+        return ""
+    if record.reused_from_run is None:
+        where = "a deleted run"
+    else:
+        where = (
+            f"<code title='wf show {html.escape(record.reused_from_run)} "
+            f"{html.escape(record.reused_from_unit or '')}'>"
+            f"{html.escape(record.reused_from_run)} · {html.escape(record.reused_from_unit or '')}"
+            "</code>"
+        )
+    return f" · reused from {where} (first cost {record.saved_tokens:,} tokens)"
+
+
 def unit_loops_html(records: list[AttemptRecord], verdicts: dict[int, object]) -> str:
     """One unit loop by loop (its newest attempt of each): input, output, the gate's verdict
     on the loop and the diff to the previous loop."""
@@ -87,6 +103,7 @@ def unit_loops_html(records: list[AttemptRecord], verdicts: dict[int, object]) -
             f"<span style='color:{status_colour(record.status)}'>{record.status}</span> · "
             f"{html.escape(record.runner + model)} · "
             f"{record.tokens_in + record.tokens_out:,} tokens"
+            f"{_origin_html(record)}"
         )
         diff = ""
         if previous is not None:

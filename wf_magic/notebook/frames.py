@@ -60,7 +60,7 @@ class JournalFrame(ReadableFrame):
             elif column == "duration_s":
                 out[column] = [_seconds(v) for v in frame["duration_s"]]
             elif column == "reused_from":
-                out[column] = [_text(v)[:SHORT_ID] for v in frame["reused_from"]]
+                out[column] = _origins(frame)
             elif column == "failure":
                 out[column] = [_clip(_text(v), FAILURE_CHARS) for v in frame["failure"]]
             elif column in frame.columns:
@@ -69,6 +69,24 @@ class JournalFrame(ReadableFrame):
             if (out[column] == "").all():
                 out = out.drop(columns=column)  # a column of blanks says nothing
         return out.reset_index(drop=True)
+
+
+def _origins(frame: pd.DataFrame) -> list[str]:
+    """Where each reused attempt's answer came from: ``<run id> · <unit>``.
+
+    Falls back to the source dispatch id when that run was deleted (gc keeps no attempts).
+    """
+    if "reused_from_run" not in frame.columns:
+        return [_text(v)[:SHORT_ID] for v in frame["reused_from"]]
+    out = []
+    for source, run, unit in zip(
+        frame["reused_from"], frame["reused_from_run"], frame["reused_from_unit"], strict=True
+    ):
+        if _text(run):
+            out.append(f"{_text(run)} · {_text(unit)}")
+        else:
+            out.append(_text(source)[:SHORT_ID])
+    return out
 
 
 class RunsFrame(ReadableFrame):

@@ -8,7 +8,7 @@ import time
 
 import ipywidgets as w
 
-from ..display import stacked_bar_html, step_badge, step_state
+from ..display import stacked_bar_html, step_badge, step_state, token_text
 from .detail import StepDetail
 from .snapshot import StepState
 
@@ -128,11 +128,7 @@ class StepRowWidgets:
         running = f" · {s.running} in flight" if self.is_running else ""
         failed = f" · {s.failed} failed" if s.failed else ""
         self.units.value = f"{done}/{s.total if s.total is not None else '?'}{running}{failed}"
-        self.tokens.value = (
-            f"{s.tokens:,}"
-            + (f" (+{s.saved_tokens:,} reused)" if s.saved_tokens else "")
-            + (f" + {s.judge_tokens:,} judge (not charged)" if s.judge_tokens else "")
-        )
+        self.tokens.value = token_text(s.token_split)
         self.elapsed.value = elapsed_with_wait(s, time.time())
         self.loop.value = f"{s.loop}/{s.max_loops}" if s.has_gate or s.max_loops > 1 else ""
         shown = s.note if note is None else note

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ..display import (
     ArtifactUnit,
     Rejection,
+    TokenSplit,
     gate_rejections,
     result_text,
     unit_counts,
@@ -65,10 +66,11 @@ class StepState:
     total: int | None
     """Work units of the step (None while its map input is not known yet)."""
     tokens: int
-    """Tokens of the step's work attempts (what the budget charges)."""
+    """Paid tokens: the step's charged attempts (what the budget counts)."""
     judge_tokens: int
-    """Tokens the gate's judge spent on the step (journaled, not charged to the budget)."""
+    """Tokens the gate's judge spent outside the budget (uncharged gate attempts)."""
     saved_tokens: int
+    """What the step's reused answers first cost."""
     elapsed_s: float | None
     """Wall time of the step's attempts, without the time spent waiting for a person."""
     waited_s: float
@@ -81,6 +83,11 @@ class StepState:
     max_loops: int
     has_gate: bool
     note: str | None
+
+    @property
+    def token_split(self) -> TokenSplit:
+        """The step's tokens in the one labelling (paid · reused · judge)."""
+        return TokenSplit(paid=self.tokens, reused=self.saved_tokens, judge=self.judge_tokens)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -101,6 +108,14 @@ class RunSnapshot:
     """A completed run's result, clipped for display."""
     created_at: float
     taken_at: float
+
+    @property
+    def tokens(self) -> TokenSplit:
+        """The run's own tokens: paid, reused (what it first cost) and judge, over its steps."""
+        total = TokenSplit()
+        for s in self.steps:
+            total += s.token_split
+        return total
 
     @property
     def units(self) -> tuple[int, int, int, int]:
@@ -191,8 +206,10 @@ class SnapshotReader:
             + sum(a.status == "running" for a in latest),
             failed=sum(a.status == "failed" for a in latest),
             total=total,
-            tokens=sum(a.tokens_in + a.tokens_out for a in attempts if a.phase == "work"),
-            judge_tokens=sum(a.tokens_in + a.tokens_out for a in attempts if a.phase == "gate"),
+            tokens=sum(a.tokens_in + a.tokens_out for a in attempts if a.charged),
+            judge_tokens=sum(
+                a.tokens_in + a.tokens_out for a in attempts if a.phase == "gate" and not a.charged
+            ),
             saved_tokens=sum(a.saved_tokens for a in attempts if a.status == "reused"),
             elapsed_s=max(0.0, max(ends) - min(started) - waited) if started else None,
             waited_s=waited,

@@ -22,6 +22,7 @@ from ..display import (
     run_text,
     shown_note,
     shown_reason,
+    token_text,
 )
 from ..run import Run
 from .detail import StepDetail
@@ -153,6 +154,7 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         self.units_bar = w.IntProgress(min=0, max=1, layout=w.Layout(width="160px"))
         self.tokens_bar = w.IntProgress(min=0, max=1, layout=w.Layout(width="160px"))
         self.units_label, self.tokens_label = w.Label(), w.Label()
+        self.run_tokens_label = w.Label()
         self.budget_box = w.HBox(
             [
                 w.Label("budget — units"),
@@ -161,6 +163,7 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
                 w.Label("tokens"),
                 self.tokens_bar,
                 self.tokens_label,
+                self.run_tokens_label,
             ],
             layout=w.Layout(align_items="center", grid_gap="8px"),
         )
@@ -415,6 +418,7 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
 
     def _draw_budget(self, snap: RunSnapshot) -> None:
         use = snap.budget
+        self.run_tokens_label.value = f"· run tokens: {token_text(snap.tokens)}"
         for bar, label, used, limit in (
             (self.units_bar, self.units_label, use.units, use.max_units),
             (self.tokens_bar, self.tokens_label, use.tokens, use.max_tokens),

@@ -42,6 +42,9 @@ class GateSpec(_Strict):
     """Runner of an ``llm`` judge (default: the step's runner)."""
     model: str | None = None
     """Model of an ``llm`` judge (default: the step's model); an id, alias or params template."""
+    charged: bool | None = None
+    """Charge an ``llm`` judge's calls to the run's budget (a dispatch, its tokens and
+    cost), as work units are; default: the workflow's ``budget.charge_judges`` (false)."""
 
     @model_validator(mode="after")
     def _check_needs_expr(self) -> GateSpec:
@@ -49,6 +52,10 @@ class GateSpec(_Strict):
             raise ValueError("an expr judge needs `check:` (a Jinja boolean expression)")
         if self.judge != "expr" and self.check:
             raise ValueError("`check:` is only read by `judge: expr`")
+        if self.charged is not None and self.judge != "llm":
+            raise ValueError(
+                f"`charged:` is only read by `judge: llm` (a {self.judge} judge costs nothing)"
+            )
         return self
 
 
@@ -138,6 +145,9 @@ class BudgetSpec(_Strict):
     """Tokens in + out of dispatch attempts."""
     max_cost: float | None = Field(None, gt=0)
     """Cost (runner-reported currency units) of dispatch attempts."""
+    charge_judges: bool = False
+    """Charge every ``llm`` gate's judge calls to the budget (a gate's ``charged:`` wins):
+    judges cost real money."""
 
 
 class ExecutionSpec(_Strict):

@@ -8,9 +8,9 @@ from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler
 
 from ..store.records import StepKind
 from .models import BudgetSpec, ExecutionSpec, GateSpec, RetrySpec, RouteSpec
+from .stored import OLDEST_PLAN_VERSION, PLAN_VERSION
 
-PLAN_VERSION = 1
-"""Bumped whenever the plan's JSON shape changes; runs record the version that froze them."""
+__all__ = ["OLDEST_PLAN_VERSION", "PLAN_VERSION", "Plan", "PlanStep"]
 
 
 class _Frozen(BaseModel):

@@ -38,13 +38,29 @@ _JOURNAL: _Spec = (
     ("loop", "loop", "int"),
     ("charged", "charged", "bool"),
     ("saved_tokens", "saved_tokens", "int"),
+    (
+        "reused_from_run",
+        "(SELECT src.run_id FROM attempts AS src WHERE src.dispatch_id = attempts.reused_from)",
+        "str",
+    ),
+    (
+        "reused_from_unit",
+        "(SELECT src.unit_id FROM attempts AS src WHERE src.dispatch_id = attempts.reused_from)",
+        "str",
+    ),
 )
 JOURNAL_COLUMNS: tuple[str, ...] = (
     "run", "step", "unit", "attempt", "dispatch_id", "phase", "runner", "model", "status",
     "input_hash", "tokens_in", "tokens_out", "cost", "reused_from", "started_at", "finished_at",
-    "duration_s", "failure", "loop", "charged", "saved_tokens",
+    "duration_s", "failure", "loop", "charged", "saved_tokens", "reused_from_run",
+    "reused_from_unit",
 )  # fmt: skip
 """The columns of :func:`journal_frame`, in order."""
+JOURNAL_COMPACT: tuple[str, ...] = (
+    "step", "unit", "attempt", "loop", "phase", "status", "runner", "model", "tokens_in",
+    "tokens_out", "duration_s", "started_at", "reused_from_run", "reused_from_unit", "failure",
+)  # fmt: skip
+"""The columns ``wf journal`` prints as a table by default (``--all``: every column)."""
 
 _RUNS: _Spec = (
     ("run", "run_id", "str"),
@@ -92,6 +108,13 @@ _TOKENS_SUMS: _Spec = (
     ("tokens", "SUM(tokens_in + tokens_out)", "int"),
     ("cost", "SUM(cost)", "float"),
     ("saved_tokens", "SUM(saved_tokens)", "int"),
+    ("tokens_paid", "SUM(CASE WHEN charged THEN tokens_in + tokens_out ELSE 0 END)", "int"),
+    ("tokens_reused", "SUM(CASE WHEN status = 'reused' THEN saved_tokens ELSE 0 END)", "int"),
+    (
+        "tokens_judge",
+        "SUM(CASE WHEN phase = 'gate' AND NOT charged THEN tokens_in + tokens_out ELSE 0 END)",
+        "int",
+    ),
 )
 # The run and every run below it: children point at their root and at their parent.
 _TREE_CTE = (
@@ -212,6 +235,8 @@ def journal_frame(
         - ``loop`` (Int64): the gate loop the attempt belongs to, from 1.
         - ``charged`` (boolean): counted in the budget (False for gate and reused attempts).
         - ``saved_tokens`` (Int64): tokens a reused attempt saved, 0 otherwise.
+        - ``reused_from_run``, ``reused_from_unit`` (string): the run and unit whose attempt
+          answered a reused one (<NA> otherwise, or when that run was deleted by gc).
     """
     cte, where, params = _run_filter(run_id, with_children=with_children)
     frame = _query(conn, _JOURNAL, f"FROM attempts {where} ORDER BY attempt_pk", params, cte=cte)
@@ -249,6 +274,9 @@ def tokens_frame(
         - ``tokens`` (Int64): ``tokens_in + tokens_out``.
         - ``cost`` (float64): summed reported cost, NaN when no attempt reported one.
         - ``saved_tokens`` (Int64): tokens saved by reused attempts.
+        - ``tokens_paid``, ``tokens_reused``, ``tokens_judge`` (Int64): the one token story
+          every view tells — paid (charged attempts, what the budget counts), reused (what
+          reused answers first cost) and judge (LLM judges outside the budget).
 
     Raises:
         UsageError: ``by`` is not one of the keys above.

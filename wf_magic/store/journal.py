@@ -506,6 +506,14 @@ def find_in_run(
     return _newest(conn, run_id, unit_id, input_hash, ("succeeded", "reused"))
 
 
+def attempt_by_dispatch(conn: sqlite3.Connection, dispatch_id: str) -> AttemptRow | None:
+    """The attempt with ``dispatch_id`` (the source a reused attempt points at), if any."""
+    row = conn.execute(
+        f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE dispatch_id = ?", (dispatch_id,)
+    ).fetchone()
+    return from_row(AttemptRow, row) if row else None
+
+
 def latest_verdict(
     conn: sqlite3.Connection, *, run_id: str, unit_id: str, input_hash: str
 ) -> AttemptRow | None:
@@ -553,7 +561,7 @@ def budget_use(conn: sqlite3.Connection, run_id: str) -> BudgetUse:
     ).fetchone()
     if row is None:
         raise UsageError(f"No run {run_id} in this state database; `wf list` shows the runs.")
-    spec = json.loads(row[1]).get("budget") or {}
+    spec = _budget_spec(row[1])
     units, tokens, cost = budget_usage(conn, str(row[0]))
     return BudgetUse(
         units=units,
@@ -563,6 +571,16 @@ def budget_use(conn: sqlite3.Connection, run_id: str) -> BudgetUse:
         max_tokens=spec.get("max_tokens"),
         max_cost=spec.get("max_cost"),
     )
+
+
+def _budget_spec(plan_json: str) -> dict[str, Any]:
+    """The plan's budget ceilings, read without decoding the plan: one that is not shaped as
+    a plan (hand-edited; the drive refuses it) has none, so read verbs still show its use."""
+    try:
+        spec = json.loads(plan_json).get("budget")
+    except (ValueError, AttributeError):
+        return {}
+    return spec if isinstance(spec, dict) else {}
 
 
 def events_after(

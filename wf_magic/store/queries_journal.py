@@ -76,6 +76,10 @@ class JournalQueries(StoreAccess):
             run_id,
         )
 
+    def attempt_by_dispatch(self, dispatch_id: str) -> AttemptRow | None:
+        """The attempt with ``dispatch_id`` (None when there is none, or it was gc'd)."""
+        return self._read(lambda c: journal.attempt_by_dispatch(c, dispatch_id))
+
     def budget_usage(self, root_run_id: str) -> tuple[int, int, float]:
         """(charged attempts, their tokens, their cost) over a root run and its descendants."""
         return self._read(lambda c: journal.budget_usage(c, root_run_id), root_run_id)

@@ -19,9 +19,17 @@ class RunQueries(StoreAccess):
         """The run row of ``run_id`` (None when there is none)."""
         return self._read(lambda c: runs.get_run(c, run_id), run_id)
 
-    def find_run_prefix(self, prefix: str) -> list[str]:
+    def find_run_prefix(self, prefix: str, *, limit: int = 5) -> list[str]:
         """Run ids starting with ``prefix`` (close matches for a mistyped id)."""
-        return self._read(lambda c: runs.find_run_prefix(c, prefix))
+        return self._read(lambda c: runs.find_run_prefix(c, prefix, limit=limit))
+
+    def latest_of_workflow(self, workflow: str) -> str | None:
+        """The id of the newest root run of ``workflow`` (a workflow name), if any."""
+        return self._read(lambda c: runs.latest_of_workflow(c, workflow))
+
+    def superseded_by(self, run_id: str) -> str | None:
+        """The run that superseded the failed run ``run_id`` (it kept its failure), if any."""
+        return self._read(lambda c: runs.superseded_by(c, run_id), run_id)
 
     def latest_in_scope(self, scope_key: str) -> RunRow | None:
         """The newest root run of a scope."""
@@ -38,6 +46,10 @@ class RunQueries(StoreAccess):
     def child_run(self, parent_run_id: str, invocation_key: str) -> RunRow | None:
         """The child run a parent published for one invocation."""
         return self._read(lambda c: runs.child_run(c, parent_run_id, invocation_key))
+
+    def child_runs(self, parent_run_id: str) -> list[RunRow]:
+        """The child runs a run published (its direct children), oldest first."""
+        return self._read(lambda c: runs.child_runs(c, parent_run_id), parent_run_id)
 
     def steps_of(self, run_id: str) -> list[StepRow]:
         """A run's step rows in plan order."""

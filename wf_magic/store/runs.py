@@ -53,10 +53,33 @@ def create_run_txn(
     *,
     supersede: str | None,
 ) -> None:
-    """Insert a run, first abandoning ``supersede`` (so the scope never has two unfinished)."""
+    """Insert a run, first superseding ``supersede`` (so the scope never has two unfinished).
+
+    An active or blocked run is abandoned ("superseded by <run>"); a failed one keeps its
+    status and reason, so its failure stays visible, and a ``run_superseded`` event names the
+    run that took its place (see :func:`superseded_by`).
+    """
     if supersede is not None:
-        set_run_status_txn(conn, supersede, "abandoned", reason=f"superseded by {run.run_id}")
+        old = conn.execute("SELECT status FROM runs WHERE run_id = ?", (supersede,)).fetchone()
+        if old is not None and old[0] == "failed":
+            append_event_txn(conn, supersede, "run_superseded", data={"by": run.run_id})
+        else:
+            reason = f"superseded by {run.run_id}"
+            set_run_status_txn(conn, supersede, "abandoned", reason=reason)
     insert_run_txn(conn, run, steps)
+
+
+def superseded_by(conn: sqlite3.Connection, run_id: str) -> str | None:
+    """The run that superseded the failed run ``run_id`` (None when none did)."""
+    row = conn.execute(
+        "SELECT data_json FROM events WHERE run_id = ? AND kind = 'run_superseded'"
+        " ORDER BY event_id DESC LIMIT 1",
+        (run_id,),
+    ).fetchone()
+    if row is None:
+        return None
+    by = json.loads(row[0]).get("by")
+    return str(by) if by else None
 
 
 def get_run(conn: sqlite3.Connection, run_id: str) -> RunRow | None:
@@ -65,13 +88,24 @@ def get_run(conn: sqlite3.Connection, run_id: str) -> RunRow | None:
     return from_row(RunRow, row) if row else None
 
 
-def find_run_prefix(conn: sqlite3.Connection, prefix: str) -> list[str]:
-    """Run ids starting with ``prefix`` (for friendly lookups)."""
+def find_run_prefix(conn: sqlite3.Connection, prefix: str, *, limit: int = 5) -> list[str]:
+    """Run ids starting with ``prefix`` (for friendly lookups), oldest first."""
+    escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     rows = conn.execute(
-        "SELECT run_id FROM runs WHERE run_id LIKE ? ORDER BY created_at LIMIT 5",
-        (prefix.replace("%", "") + "%",),
+        "SELECT run_id FROM runs WHERE run_id LIKE ? ESCAPE '\\' ORDER BY created_at LIMIT ?",
+        (escaped + "%", int(limit)),
     )
     return [r[0] for r in rows]
+
+
+def latest_of_workflow(conn: sqlite3.Connection, workflow: str) -> str | None:
+    """The id of the newest root run of the workflow named ``workflow``, if any."""
+    row = conn.execute(
+        "SELECT run_id FROM runs WHERE workflow = ? AND parent_run_id IS NULL"
+        " ORDER BY created_at DESC, rowid DESC LIMIT 1",
+        (workflow,),
+    ).fetchone()
+    return row[0] if row else None
 
 
 def latest_in_scope(conn: sqlite3.Connection, scope_key: str) -> RunRow | None:
@@ -101,6 +135,15 @@ def child_run(conn: sqlite3.Connection, parent_run_id: str, invocation_key: str)
         (parent_run_id, invocation_key),
     ).fetchone()
     return from_row(RunRow, row) if row else None
+
+
+def child_runs(conn: sqlite3.Connection, parent_run_id: str) -> list[RunRow]:
+    """The child runs ``parent_run_id`` published, oldest first."""
+    rows = conn.execute(
+        f"SELECT {_RUN_COLS} FROM runs WHERE parent_run_id = ? ORDER BY created_at, run_id",
+        (parent_run_id,),
+    )
+    return [from_row(RunRow, r) for r in rows]
 
 
 def set_run_status_txn(

@@ -10,6 +10,7 @@ writes come from mixins by concern (``queries_runs``, ``queries_journal``, ``que
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import weakref
@@ -18,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
-from ..errors import StateDBError, WorkflowError
+from ..errors import StateDBError, UsageError, WorkflowError
 from . import journal
 from .checkpoint import BACKSTOP_PAGES, Checkpointer
 from .db import connect_reader, immediate
@@ -61,6 +62,12 @@ class Store(RunQueries, JournalQueries, ViewQueries):
         """Finishes waiting for the next write transaction (group commit; see defer_finish)."""
         self._sync_full = durability == "full"
         self._checkpointer: Checkpointer | None = None
+        self._identity: tuple[int, int] | None = None
+        """(device, inode) of the file the connections opened: a state dir deleted or
+        replaced under this Store is noticed before the next read or write (see
+        ``_check_identity``) instead of journaling into an unlinked file."""
+        self._written: set[str] = set()
+        """Run ids written through these connections (their rows live in that file)."""
 
     @property
     def lock_dir(self) -> Path:
@@ -90,6 +97,8 @@ class Store(RunQueries, JournalQueries, ViewQueries):
                     weakref.finalize(self, self._checkpointer.close)
                 self._writer = writer
                 self._migrated = True
+                if self._identity is None:
+                    self._identity = _file_identity(self.db_path)
             return self._writer
 
     def _read_conn(self) -> sqlite3.Connection:
@@ -102,6 +111,8 @@ class Store(RunQueries, JournalQueries, ViewQueries):
                 self._write_conn()
             self._migrated = True
             conn = connect_reader(self.db_path)
+            if self._identity is None:
+                self._identity = _file_identity(self.db_path)
             self._local.conn = conn
             with self._readers_lock:
                 self._readers.append(conn)
@@ -115,6 +126,7 @@ class Store(RunQueries, JournalQueries, ViewQueries):
         a widget thread's read may be the one that commits the driver's pending finishes, and
         it waits for the write lock while the driver holds it.
         """
+        self._check_identity(run_id)
         if self._deferred:  # read your own writes: a deferred finish is visible to every read
             self.flush()
         try:
@@ -125,6 +137,9 @@ class Store(RunQueries, JournalQueries, ViewQueries):
             raise (exc.for_run(run_id) if run_id else exc) from exc.__cause__
 
     def _write(self, fn: Callable[[sqlite3.Connection], T], run_id: str | None = None) -> T:
+        self._check_identity(run_id)
+        if run_id is not None:
+            self._written.add(run_id)
         try:
             with self._write_lock:
                 with immediate(self._write_conn()) as conn:
@@ -144,6 +159,39 @@ class Store(RunQueries, JournalQueries, ViewQueries):
             raise self._fault(exc, run_id) from exc
         except StateDBError as exc:
             raise (exc.for_run(run_id) if run_id else exc) from exc.__cause__
+
+    def _check_identity(self, run_id: str | None) -> None:
+        """Reopen when ``state.db`` at our path is no longer the file we opened.
+
+        A notebook that deletes its state folder (a tour's first cell, run twice) must not
+        journal into the unlinked file, where every write would be silently lost. The
+        connections are closed and the next one opens what is at the path now (a new, empty
+        state dir when it is gone). A run this Store was writing lived in the old file: its
+        next read or write says so in one line instead of failing obscurely in the new one.
+
+        Raises:
+            UsageError: ``run_id`` was written through the replaced file.
+        """
+        if self._identity is None or _file_identity(self.db_path) == self._identity:
+            return
+        lost = run_id is not None and run_id in self._written
+        self._reset_connections()
+        if lost:
+            raise UsageError(
+                f"Run {run_id}: the state dir {self.db_path.parent} was deleted or replaced "
+                "while the run was open, and its journal went with it; start the run again "
+                "(re-run the cell, or `wf run FILE`).",
+                run_id=run_id,
+            )
+
+    def _reset_connections(self) -> None:
+        """Drop every connection and pending finish of the replaced file (nothing flushed)."""
+        with self._write_lock:
+            self._deferred = []
+            self._identity = None
+            self._migrated = False
+            self._written = set()
+        self.close()
 
     def _fault(self, exc: sqlite3.Error, run_id: str | None) -> BaseException:
         """A fault of the database itself as ``StateDBError``; anything else unchanged."""
@@ -235,3 +283,12 @@ class Store(RunQueries, JournalQueries, ViewQueries):
     def has_deferred(self) -> bool:
         """Finishes are waiting for the next write transaction."""
         return bool(self._deferred)
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of ``path``, or None when there is no file there."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return (stat.st_dev, stat.st_ino)

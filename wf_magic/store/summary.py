@@ -24,9 +24,11 @@ class StepTally:
     seen: int = 0
     """Units whose latest work attempt is in the step's current loop."""
     tokens: int = 0
-    """Tokens in + out of every attempt of the step (its gate verdicts included)."""
+    """Paid tokens: in + out of the step's charged attempts (what the budget counts)."""
     saved_tokens: int = 0
-    """Tokens its reused attempts saved."""
+    """Tokens its reused attempts saved (what they first cost)."""
+    judge_tokens: int = 0
+    """Tokens its gate's judge spent outside the budget (uncharged gate attempts)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,16 +59,21 @@ def run_tally(conn: sqlite3.Connection, run_id: str) -> RunTally:
         units[str(step_id)] = (int(done), int(seen))
     steps: dict[str, StepTally] = {}
     reused = saved = 0
-    for step_id, tokens, step_saved, step_reused in conn.execute(
-        "SELECT step_id, sum(tokens_in + tokens_out),"
+    for step_id, tokens, step_saved, step_reused, judge in conn.execute(
+        "SELECT step_id, sum(CASE WHEN charged THEN tokens_in + tokens_out ELSE 0 END),"
         " sum(CASE WHEN status = 'reused' THEN saved_tokens ELSE 0 END),"
-        " sum(status = 'reused')"
+        " sum(status = 'reused'),"
+        " sum(CASE WHEN phase = 'gate' AND NOT charged THEN tokens_in + tokens_out ELSE 0 END)"
         " FROM attempts WHERE run_id = ? GROUP BY step_id",
         (run_id,),
     ):
         done, seen = units.get(str(step_id), (0, 0))
         steps[str(step_id)] = StepTally(
-            done=done, seen=seen, tokens=int(tokens or 0), saved_tokens=int(step_saved or 0)
+            done=done,
+            seen=seen,
+            tokens=int(tokens or 0),
+            saved_tokens=int(step_saved or 0),
+            judge_tokens=int(judge or 0),
         )
         reused += int(step_reused or 0)
         saved += int(step_saved or 0)

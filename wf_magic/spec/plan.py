@@ -10,7 +10,7 @@ from ..store.records import StepKind
 from .models import BudgetSpec, ExecutionSpec, GateSpec, RetrySpec, RouteSpec
 from .stored import OLDEST_PLAN_VERSION, PLAN_VERSION
 
-__all__ = ["OLDEST_PLAN_VERSION", "PLAN_VERSION", "Plan", "PlanStep"]
+__all__ = ["OLDEST_PLAN_VERSION", "PLAN_VERSION", "Plan", "PlanGate", "PlanStep"]
 
 
 class _Frozen(BaseModel):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import typing
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +18,8 @@ from wf_magic.errors import DefinitionError
 from wf_magic.spec.freeze import load_workflow
 from wf_magic.spec.literals import MODEL_FIELDS, TEMPLATE_FIELDS
 from wf_magic.spec.models import WorkflowSpec
+
+from .conftest import wf_inproc, write_file
 
 KID = "name: kid\nsteps:\n  - id: k\n    prompt: k\n"
 BASE: dict[str, Any] = {
@@ -206,3 +209,43 @@ def test_any_text_with_jinja_syntax_is_refused_in_any_literal_field(
 @given(text=_TEXT.filter(lambda t: "{{" not in t and "{%" not in t))
 def test_text_without_jinja_syntax_is_kept_in_a_description(text: str) -> None:
     _freeze(_with(("description",), text), as_json=True)
+
+
+@pytest.mark.parametrize(
+    ("line", "field", "phrase"),
+    [
+        ("description: 'about {{ params.x }}'", "description", "is not a template"),
+        ("runner: '{{ params.x }}'", "runner", "`runner:` is not a template"),
+    ],
+)
+def test_wf_check_names_the_line_of_a_template_in_a_literal_field(
+    tmp_path: Path,
+    state_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    line: str,
+    field: str,
+    phrase: str,
+) -> None:
+    path = write_file(
+        tmp_path,
+        "bad.yaml",
+        f"name: b\nparams:\n  x: {{type: string}}\n{line}\nsteps:\n  - id: a\n    prompt: hi\n",
+    )
+    done = wf_inproc(capsys, state_dir, "check", str(path))
+    assert done.returncode == 2
+    assert done.stdout.startswith(f"{path}:4: error: {field}: {phrase}")
+
+
+def test_wf_check_names_the_line_of_a_model_template_reading_the_item(
+    tmp_path: Path, state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_file(
+        tmp_path,
+        "item.yaml",
+        'name: b\nsteps:\n  - id: a\n    map: "{{ [1, 2] }}"\n    prompt: "{{ item }}"\n'
+        '    model: "{{ item }}"\n',
+    )
+    done = wf_inproc(capsys, state_dir, "check", str(path))
+    assert done.returncode == 2
+    assert done.stdout.startswith(f"{path}:6: error: steps[0].model: a `model:` template is")
+    assert "cannot read item" in done.stdout

@@ -157,10 +157,14 @@ class RunnerError(WorkflowError):
         tokens_in: int = 0,
         tokens_out: int = 0,
         executed: bool = True,
+        detail: str | None = None,
     ):
         super().__init__(message)
         self.transient = transient
         self.executed = executed
+        self.detail = detail
+        """More than the one-line message, kept with the failed attempt: a python step's
+        traceback (its own frames), shown by ``wf show`` and the unit panel."""
         """False when nothing ran (unknown target, program not found): a run-level retry
         would fail the same way, so ``max_retries`` does not re-open for it."""
         self.tokens_in = tokens_in

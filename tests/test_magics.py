@@ -351,6 +351,8 @@ def test_frames_and_listing(shell: InteractiveShell, engine: Engine) -> None:
     assert list(line(shell, f"tokens {run.run_id} --by runner")["runner"]) == ["scripted"]
     assert "run_created" in set(line(shell, f"events {run.run_id}")["kind"])
     assert line(shell, f"status {run.run_id}").status == "completed"
+    # `%workflow status` alone lists the runs, as `wf status` alone does.
+    assert list(line(shell, "status")["run"]) == [run.run_id]
 
 
 def test_abandon_fork_stop_gc_and_config(

@@ -667,8 +667,8 @@ def test_the_demo_notebooks_keep_state_beside_them_and_plot_without_matplotlib_i
     assert "existing run, nothing dispatched" in texts or "Run completed." in texts
 
 
-# -- 13. a blocked run keeps its widget and saves its HTML (issue 13 item 5) -------------------
-def test_a_blocked_runs_saved_output_keeps_the_widget_and_carries_the_static_html(
+# -- 13. a blocked run's view is static HTML; its decision panel is an output of its own -----
+def test_a_blocked_runs_saved_view_is_static_html_with_the_decision_panel_beside_it(
     tmp_path: Path,
 ) -> None:
     nb = new_notebook()
@@ -679,7 +679,9 @@ def test_a_blocked_runs_saved_output_keeps_the_widget_and_carries_the_static_htm
     execute_notebook(nb, tmp_path)
     path = tmp_path / "saved.ipynb"
     nbformat.write(nb, path)
-    (shown,) = [o for o in nbformat.read(path, as_version=4).cells[1].outputs if "data" in o]
-    assert "application/vnd.jupyter.widget-view+json" in shown["data"]  # still live
-    page = shown["data"]["text/html"]
+    view, decision = [o for o in nbformat.read(path, as_version=4).cells[1].outputs if "data" in o]
+    assert set(view["data"]) == {"text/plain", "text/html"}  # readable without a kernel
+    page = view["data"]["text/html"]
     assert "<b>release-notes</b>" in page and "blocked" in page
+    # The Approve/Reject panel: a live widget while the kernel lives.
+    assert "application/vnd.jupyter.widget-view+json" in decision["data"]

@@ -5,6 +5,7 @@
     WorkflowError (Exception)
     ├── DefinitionError (ValueError)     a workflow source is wrong: line + field
     ├── UsageError (ValueError)          a call or command line is wrong
+    │   └── StateDirReplaced             the state dir went away under an open run
     ├── PlanIntegrityError               a stored plan or params were edited
     │   └── PlanVersionError             a plan from a newer/older plan_version
     │       └── PlanVersionTooNew        a newer wf_magic froze it: left untouched (CLI exit 2)
@@ -65,6 +66,10 @@ class DefinitionError(WorkflowError, ValueError):
 
 class UsageError(WorkflowError, ValueError):
     """A command line, API call or param value is wrong."""
+
+
+class StateDirReplaced(UsageError):
+    """The state dir was deleted or replaced while a run in it was open (its journal is gone)."""
 
 
 class PlanIntegrityError(WorkflowError):
@@ -157,10 +162,14 @@ class RunnerError(WorkflowError):
         tokens_in: int = 0,
         tokens_out: int = 0,
         executed: bool = True,
+        detail: str | None = None,
     ):
         super().__init__(message)
         self.transient = transient
         self.executed = executed
+        self.detail = detail
+        """More than the one-line message, kept with the failed attempt: a python step's
+        traceback (its own frames), shown by ``wf show`` and the unit panel."""
         """False when nothing ran (unknown target, program not found): a run-level retry
         would fail the same way, so ``max_retries`` does not re-open for it."""
         self.tokens_in = tokens_in

@@ -53,6 +53,14 @@ class AttemptRecord:
     finished_at: float | None
 
     @property
+    def traceback(self) -> str | None:
+        """A failed python step's traceback in its own frames (None otherwise)."""
+        if self.failure and isinstance(self.output, dict):
+            text = self.output.get("traceback")
+            return text if isinstance(text, str) else None
+        return None
+
+    @property
     def duration_s(self) -> float | None:
         """Wall seconds from reserve to finish (None while running)."""
         return None if self.finished_at is None else self.finished_at - self.started_at
@@ -156,6 +164,8 @@ def record_text(record: AttemptRecord) -> str:
         lines.append(f"reused from {origin}; first cost {record.saved_tokens} tokens")
     lines += ["", "── input ──", input_text(record.input), "", "── output ──"]
     lines.append(f"failed: {record.failure}" if record.failure else _value_text(record.output))
+    if record.traceback:
+        lines += ["", "── traceback ──", record.traceback]
     return "\n".join(lines)
 
 

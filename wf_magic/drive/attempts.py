@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 
@@ -14,6 +15,8 @@ from ..store.records import AttemptRow, Phase
 from .context import DriveContext, RunState
 from .units import UnitPlan
 
+TRACEBACK_CHARS = 8_000
+"""How much of a failed python step's traceback its attempt keeps (the newest frames)."""
 ABANDONED = "abandoned: the driver stopped mid-unit and the unit's input has changed since"
 
 
@@ -116,14 +119,27 @@ def finish_error(
     *,
     defer: bool = False,
 ) -> str:
-    """Journal a failed attempt; returns the (redacted) failure message."""
+    """Journal a failed attempt; returns the (redacted) failure message.
+
+    A failure's ``detail`` (a python step's traceback) is kept as the attempt's output,
+    ``{"traceback": ...}``, redacted before it is clipped to ``TRACEBACK_CHARS``.
+    """
     failure = state.redactor.redact(str(exc))
+    detail = getattr(exc, "detail", None)
+    output_json = None
+    if detail:
+        kept = state.redactor.redact(detail)
+        if len(kept) > TRACEBACK_CHARS:
+            cut = len(kept) - TRACEBACK_CHARS
+            kept = f"… ({cut:,} characters cut)\n" + kept[-TRACEBACK_CHARS:]
+        output_json = json.dumps({"traceback": kept})
     finish_with(
         ctx,
         state,
         attempt,
         Finish(
             status="failed",
+            output_json=output_json,
             failure=failure,
             transient=exc.transient,
             tokens_in=exc.tokens_in,

@@ -139,6 +139,8 @@ def line_args(command: str, rest: str | Sequence[str]) -> LineArgs:
             f"{', '.join(COMMANDS)} (`%workflow?` shows the help)"
         )
     argv = shlex.split(rest) if isinstance(rest, str) else list(rest)
+    if command == "status" and not argv:
+        command = "list"  # `%workflow status` alone lists the runs, as `wf status` does
     ns, extra = _line_parser().parse_known_args([command, *argv])
     if extra:  # said here, as the verb's parser would, so the message names the verb
         raise UsageError(f"%workflow {command}: unrecognized arguments: {' '.join(extra)}")
@@ -170,9 +172,8 @@ def line_help(*, cell_usage: str = "") -> str:
     return (
         "Manage workflow runs.\n\nCommands::\n\n"
         + "\n".join(lines)
-        + "\n\nRUN may be a unique prefix of a run id; COMMAND defaults to list."
-        + cell
-        + "\n"
+        + "\n\nRUN may be a run id, a unique prefix of one or a workflow name (its newest"
+        " run); `%workflow status` alone lists the runs. COMMAND defaults to list." + cell + "\n"
     )
 
 

@@ -65,8 +65,15 @@ def verdict_html(verdict: object) -> str:
 def _value_html(record: AttemptRecord) -> str:
     if record.failure:
         colour = status_colour("failed")
+        trace = (
+            "<details class='wf-traceback' open><summary>traceback</summary>"
+            f"<pre style='white-space:pre-wrap'>{html.escape(record.traceback)}</pre></details>"
+            if record.traceback
+            else ""
+        )
         return (
             f"<pre style='color:{colour};white-space:pre-wrap'>{html.escape(record.failure)}</pre>"
+            f"{trace}"
         )
     if record.status == "running":
         return "<i>in flight</i>"

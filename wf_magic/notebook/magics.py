@@ -216,6 +216,8 @@ class WorkflowMagics(Magics):
             on_done=done,
             is_followable=is_followable,
         )
+        if shown is not None and self.drives.is_driving(run_id):
+            shown.go_live()  # a static view (after Approve, say) shows this drive live
 
     def publish_finished(self, result: Any = None) -> None:
         """Re-publish the views whose background drive ended (a ``post_run_cell`` hook).

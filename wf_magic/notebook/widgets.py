@@ -24,6 +24,7 @@ from ..display import (
     shown_reason,
     token_text,
 )
+from ..errors import StateDirReplaced
 from ..run import Run
 from .detail import StepDetail
 from .drives import driver_text
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("wf_magic")
 
 FINAL = ("completed", "failed", "abandoned")
-"""Run statuses a view shows as static HTML once its drive ended (no button is left to use)."""
+"""Run statuses no drive or decision can change any more."""
 STALE_AFTER_S = 5
 """A live status line not refreshed for this long says its kernel stopped updating it (the
 kernel restarted or died): shown by the browser alone, since no kernel is left to say it."""
@@ -93,6 +94,11 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         self._warn_lock = threading.Lock()
         self._unsubscribe: Callable[[], None] | None = None
         self.display_handle: Any = None
+        self.decision_handle: Any = None
+        """A second output below the view: a blocked gate's Approve/Reject panel, live while
+        its kernel lives, while the view itself is already static HTML (see :meth:`refresh`)."""
+        self._shown_status: str | None = None
+        """The run status the static output last showed (a change repaints it)."""
         self.origin: str | None = None
         """How the last drive began (``resumed: 6/8 already done, 2 dispatched``)."""
         self.retired: str | None = None
@@ -294,6 +300,8 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
     def _redraw_safely(self) -> None:
         try:
             self.redraw()
+        except StateDirReplaced:
+            self.detach()
         except Exception:  # a view must never break the drive it observes
             log.exception("run view redraw failed")
 
@@ -325,6 +333,8 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         if self.review.acted is not None and not driving:
             self._say(f"{self.review.acted}.")
             self.review.acted = None
+        if self.is_static and snap.status != self._shown_status and not driving:
+            self.refresh()  # decided elsewhere (the CLI, another kernel): repaint the saved view
         if self._is_stopping and not self._is_live and self._stop_said:
             self._stop_said = False  # the status line now says how the drive ended
             self._say("")
@@ -376,6 +386,8 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
     def _tick_safely(self) -> None:
         try:
             self.tick()
+        except StateDirReplaced:  # the run went with its state dir: nothing left to observe
+            self.detach()
         except Exception:  # a clock must never break the drive it observes
             log.exception("run view clock failed")
 
@@ -467,28 +479,59 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         from IPython.display import display
 
         self.display_handle = display(self, display_id=True)  # type: ignore[no-untyped-call]
+        if any(s.gate is not None for s in self.reader.plan.steps):
+            # Only a gated run can wait for a person. Created now, inside the cell, so that
+            # an update from a drive thread lands in this cell.
+            self.decision_handle = display(  # type: ignore[no-untyped-call]
+                {"text/plain": ""}, raw=True, display_id=True
+            )
+
+    def go_live(self) -> None:
+        """Show the live widget again (a drive of this kernel starts, e.g. after Approve)."""
+        if self.display_handle is None:
+            return
+        self.is_static = False
+        self.display_handle.update(self)
+        self._show_decision(False)
 
     def refresh(self) -> None:
-        """Re-publish the display so what a saved notebook keeps is final.
+        """Re-publish the display so what a saved notebook keeps is readable without a kernel.
 
-        Once the drive ended and the run is completed, failed or abandoned, the output
-        becomes the static HTML run view (no widget): a notebook reopened without a kernel
-        shows it, where a widget would say "model not found". Otherwise the live widget is
-        re-published with its text/HTML fallbacks.
+        While this kernel drives the run, the output is the live widget. Once the drive ended,
+        for any reason (completed, failed, blocked, stopped by ``--max-steps`` or Stop,
+        interrupted, superseded), it becomes the static HTML run view: a notebook reopened
+        without a kernel shows it, where a widget would say "model not found". A blocked
+        gate's Approve/Reject panel stays usable below it while the kernel lives (the
+        ``decision_handle`` output); once the run moves on it becomes static too.
         """
         if self.display_handle is None:
             return
-        snap = self.snapshot
-        final = (
-            snap is not None
-            and snap.status in FINAL
-            and not (self.is_driving and self.is_driving(self.run_id))
-        )
-        if final:
-            self.display_handle.update(self.static_bundle(), raw=True)
-            self.is_static = True
-        else:
+        snap = self.snapshot or self.reader.take()
+        if self.is_driving and self.is_driving(self.run_id):
             self.display_handle.update(self)
+            self.is_static = False
+            self._show_decision(False)
+            return
+        self.display_handle.update(self.static_bundle(), raw=True)
+        self.is_static = True
+        self._shown_status = snap.status
+        waiting = snap.waiting
+        self._show_decision(
+            snap.status == "blocked"
+            and waiting is not None
+            and not waiting.decided
+            and self.continue_drive is not None
+            and not self.retired
+        )
+
+    def _show_decision(self, live: bool) -> None:
+        """The decision output: the review panel's widgets, or nothing once no one can act."""
+        if self.decision_handle is None:
+            return
+        if live:
+            self.decision_handle.update(self.decision_box)
+        else:
+            self.decision_handle.update({"text/plain": ""}, raw=True)
 
     def static_bundle(self) -> dict[str, str]:
         """The run view as text and HTML, with the header's origin and the status line."""

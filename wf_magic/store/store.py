@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
-from ..errors import StateDBError, UsageError, WorkflowError
+from ..errors import StateDBError, StateDirReplaced, WorkflowError
 from . import journal
 from .checkpoint import BACKSTOP_PAGES, Checkpointer
 from .db import connect_reader, immediate
@@ -170,14 +170,14 @@ class Store(RunQueries, JournalQueries, ViewQueries):
         next read or write says so in one line instead of failing obscurely in the new one.
 
         Raises:
-            UsageError: ``run_id`` was written through the replaced file.
+            StateDirReplaced: ``run_id`` was written through the replaced file.
         """
         if self._identity is None or _file_identity(self.db_path) == self._identity:
             return
         lost = run_id is not None and run_id in self._written
         self._reset_connections()
         if lost:
-            raise UsageError(
+            raise StateDirReplaced(
                 f"Run {run_id}: the state dir {self.db_path.parent} was deleted or replaced "
                 "while the run was open, and its journal went with it; start the run again "
                 "(re-run the cell, or `wf run FILE`).",

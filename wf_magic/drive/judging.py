@@ -23,6 +23,7 @@ from ..gates.verdict import (
     gate_unit_id,
 )
 from ..hashing import canonical_json, hash_value
+from ..runners.identity import runner_identity
 from ..runners.base import UnitRequest
 from ..spec.models import GateSpec
 from ..spec.plan import PlanStep
@@ -89,6 +90,11 @@ def obtain_verdict(
         "check": gate.check,
         "model": model,
     }
+    settings = runner_identity(state.plan.runners, runner) if gate.judge == "llm" else {}
+    if settings:
+        # The judge runner's answer-changing settings (a scripted rule, a judge's model)
+        # are part of the verdict's identity; ``content_hash`` lets ``replay`` find it.
+        hashed = {**hashed, "runner": settings, "content_hash": hash_value(hashed)}
     input_hash = hash_value(hashed)
     judge_input = dict(hashed)  # what is kept: the hashed input, plus what an LLM judge reads
     if gate.judge == "llm":

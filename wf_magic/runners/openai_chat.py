@@ -159,6 +159,10 @@ class OpenAIChatRunner:
     Safe to share between worker threads: the client is created once, lazily, under a lock.
     """
 
+    ANSWER_OPTIONS: frozenset[str] = frozenset({"model", "base_url", "json_mode"})
+    """Options that can change an answer (hashed); the key, timeout, prices and the
+    max-tokens parameter name cannot."""
+
     def __init__(self, options: OpenAIChatOptions, *, name: str = "openai") -> None:
         """Create a runner; no client and no connection until the first unit.
 

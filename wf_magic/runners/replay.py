@@ -15,7 +15,10 @@ were paid when it was made and are not reported again.
 A cassette line is canonical JSON with the fields ``input_hash`` (the lookup key),
 ``phase`` (``work``/``gate``, default ``work``), ``output`` (the answer, as JSON), and for
 the reader's benefit ``step``, ``unit``, ``runner``, ``model``, ``tokens_in``, ``tokens_out``
-(what the recording cost when it was made).
+(what the recording cost when it was made). A recording made by a runner with
+answer-changing settings (``runners/identity.py``) also carries ``content_hash``, its input
+hash without them: the ``replay`` runner hashes no settings of its own, so a replayed unit
+finds such a recording by that key.
 """
 
 from __future__ import annotations
@@ -51,10 +54,16 @@ class Recording:
     output: Any
     tokens_in: int = 0
     tokens_out: int = 0
+    content_hash: str | None = None
+    """The input hash without the recording runner's settings: the key a replayed unit
+    (whose ``replay`` runner hashes no settings) is found by when ``input_hash`` differs."""
 
     def to_json_line(self) -> str:
         """The cassette line for this recording (canonical JSON, no newline)."""
-        return canonical_json(asdict(self))
+        line = asdict(self)
+        if line["content_hash"] is None:
+            del line["content_hash"]
+        return canonical_json(line)
 
     @classmethod
     def from_row(cls, row: RecordingRow) -> Recording:
@@ -69,6 +78,7 @@ class Recording:
             output=_decode(row.output_json),
             tokens_in=row.tokens_in,
             tokens_out=row.tokens_out,
+            content_hash=row.content_hash,
         )
 
     @classmethod
@@ -91,6 +101,9 @@ class Recording:
         except (TypeError, ValueError) as exc:
             raise RunnerError(f"{where}: tokens_in/tokens_out must be integers.") from exc
         model = data.get("model")
+        content_hash = data.get("content_hash")
+        if content_hash is not None and not isinstance(content_hash, str):
+            raise RunnerError(f"{where}: content_hash must be a string.")
         return cls(
             input_hash=data["input_hash"],
             step=str(data.get("step", "")),
@@ -101,11 +114,15 @@ class Recording:
             output=data["output"],
             tokens_in=tokens[0],
             tokens_out=tokens[1],
+            content_hash=content_hash,
         )
 
 
 class ReplayRunner:
     """Answers units from recordings; a unit nobody recorded is a permanent error."""
+
+    ANSWER_OPTIONS: frozenset[str] = frozenset(())
+    """Where recordings are read from never changes what a recording says."""
 
     def __init__(
         self,
@@ -252,11 +269,15 @@ def load_cassette(path: Path) -> dict[tuple[str, str], Recording]:
     except OSError as exc:
         raise RunnerError(f"Replay cassette {path} cannot be read: {exc}.") from exc
     tape: dict[tuple[str, str], Recording] = {}
+    by_content: dict[tuple[str, str], Recording] = {}
     for number, line in enumerate(text.splitlines(), start=1):
         if line.strip():
             rec = Recording.from_json_line(line, where=f"replay cassette {path} line {number}")
             tape[(rec.phase, rec.input_hash)] = rec
-    return tape
+            if rec.content_hash:
+                by_content[(rec.phase, rec.content_hash)] = rec
+    # An exact input hash wins over a recording found by its content hash.
+    return {**by_content, **tape}
 
 
 def export_cassette(store: Store, run_id: str) -> Iterator[str]:

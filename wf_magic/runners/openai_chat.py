@@ -19,11 +19,12 @@ The engine does the retrying, so the client's own retries are off: HTTP 408, 409
 429, 5xx, timeouts and connection failures are transient ``RunnerError``s, other 4xx
 permanent ones carrying the server's message. The unit's ``dispatch_id`` goes out as
 ``Idempotency-Key`` and ``X-Request-ID`` so a server or proxy can dedupe a reclaimed
-attempt. A response without ``usage`` is charged an estimate (4 characters a token) so
-budgets still bind.
+attempt. A response without ``usage`` (or with a null count) is charged an estimate (4
+characters a token) so budgets still bind, and its cost is null: no price is put on a guess.
 
 A request with ``on_text`` (somebody watches the unit live) is streamed (``stream=True``,
-usage from the final chunk through ``stream_options={"include_usage": True}``); the callback
+always with ``stream_options={"include_usage": True}``; the last usage seen wins, as servers
+sending running totals in every chunk need); the callback
 gets the text so far at most ten times a second, plus once with the whole text. The attempt
 is journaled exactly as a non-streamed one. A server that ignores ``stream`` and answers
 plain JSON is read as if nothing was streamed.
@@ -76,8 +77,9 @@ class _Reply:
 
     content: str | None
     refusal: str | None = None
-    usage: tuple[int, int] | None = None
-    """(prompt tokens, completion tokens) as the server reported them."""
+    usage: tuple[int | None, int | None] | None = None
+    """(prompt tokens, completion tokens) as the server reported them; None where it did not
+    (a field missing or null is unknown, never 0)."""
     model: str | None = None
     completion_id: str | None = None
 
@@ -88,9 +90,7 @@ class _Reply:
         return cls(
             content=message.content if message is not None else None,
             refusal=getattr(message, "refusal", None) if message is not None else None,
-            usage=(int(usage.prompt_tokens or 0), int(usage.completion_tokens or 0))
-            if usage is not None
-            else None,
+            usage=_usage(usage),
             model=completion.model,
             completion_id=completion.id,
         )
@@ -311,10 +311,11 @@ class OpenAIChatRunner:
         return kwargs
 
     def _result(self, reply: _Reply, request: UnitRequest, model: str) -> UnitResult:
-        tokens_in, tokens_out = reply.usage or (
-            _estimate(request.prompt or ""),
-            _estimate(reply.content or ""),
-        )
+        reported_in, reported_out = reply.usage or (None, None)
+        # What the server did not report is estimated (budgets still bind) and costs null.
+        tokens_in = _estimate(request.prompt or "") if reported_in is None else reported_in
+        tokens_out = _estimate(reply.content or "") if reported_out is None else reported_out
+        is_reported = reported_in is not None and reported_out is not None
         content = reply.content
         if content is None:
             refusal = reply.refusal
@@ -337,7 +338,7 @@ class OpenAIChatRunner:
             tokens_in=tokens_in,
             tokens_out=tokens_out,
             model=model,
-            cost=price.cost(tokens_in, tokens_out) if price else None,
+            cost=price.cost(tokens_in, tokens_out) if price and is_reported else None,
             session_id=reply.completion_id or None,
         )
 
@@ -417,7 +418,9 @@ def _read_stream(stream: Stream[ChatCompletionChunk], on_text: _TextSink) -> _Re
     for chunk in stream:
         model, completion_id = chunk.model or model, chunk.id or completion_id
         if chunk.usage is not None:
-            usage = (int(chunk.usage.prompt_tokens or 0), int(chunk.usage.completion_tokens or 0))
+            # The last usage seen wins, never a sum: vLLM's continuous usage and Gemini's
+            # compatible endpoint send running totals in every chunk.
+            usage = _usage(chunk.usage) or usage
         delta = chunk.choices[0].delta if chunk.choices else None
         if delta is None:
             continue
@@ -436,6 +439,19 @@ def _read_stream(stream: Stream[ChatCompletionChunk], on_text: _TextSink) -> _Re
         usage=usage,
         model=model,
         completion_id=completion_id,
+    )
+
+
+def _usage(usage: Any) -> tuple[int | None, int | None] | None:
+    """(prompt, completion) tokens of a usage object; None for no usage at all."""
+    if usage is None:
+        return None
+    counts = (getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None))
+    if counts == (None, None):
+        return None
+    return (
+        None if counts[0] is None else int(counts[0]),
+        None if counts[1] is None else int(counts[1]),
     )
 
 

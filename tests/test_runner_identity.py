@@ -28,10 +28,10 @@ KEY_ENV = "WF_TEST_IDENTITY_KEY"
 DOCUMENTED: dict[str, tuple[set[str], set[str]]] = {
     "openai": (
         {"model", "base_url", "json_mode"},
-        {"api_key_env", "timeout_s", "prices", "max_tokens_param"},
+        {"api_key_env", "timeout_s", "prices", "local", "max_tokens_param"},
     ),
-    "scripted": ({"rules", "replies", "model"}, set()),
-    "replay": (set(), {"cassette", "journal"}),
+    "scripted": ({"rules", "replies", "model"}, {"prices", "local"}),
+    "replay": (set(), {"cassette", "journal", "prices", "local"}),
     "exec": (set(), {"output_cap"}),
 }
 

@@ -244,6 +244,7 @@ def _judge_llm(
         if failure is exc:
             raise
         raise failure from exc
+    cost, price_source = attempts.priced(state, key.runner, result)
     attempts.finish_with(
         ctx,
         state,
@@ -253,8 +254,9 @@ def _judge_llm(
             output_json=json.dumps(verdict.to_json()),
             tokens_in=result.tokens_in,
             tokens_out=result.tokens_out,
-            cost=result.cost,
+            cost=cost,
             model=result.model,
+            price_source=price_source,
         ),
     )
     return verdict

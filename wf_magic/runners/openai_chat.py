@@ -8,7 +8,8 @@ Plan options (``runners: {openai: {...}}``; none of them is a secret):
   ``OPENAI_API_KEY``). A local endpoint (``base_url`` set) may go without a key.
 - ``model``: the default model (else ``$WF_MAGIC_OPENAI_MODEL``); a step's ``model`` wins.
 - ``timeout_s``: per-request timeout (default 120); a step's ``timeout`` wins.
-- ``prices``: ``{model: {input_per_mtok, output_per_mtok}}`` to report each attempt's cost.
+- ``prices``, ``local``: each attempt's cost (``runners/pricing.py``); without them the drive
+  prices OpenAI's own models from genai-prices.
 - ``json_mode``: ask for ``response_format=json_object`` when a unit has an output schema
   (default true). A server that rejects it with 400/422 is asked again once without it;
   the model is then remembered as JSON-mode-less for this runner.
@@ -44,6 +45,7 @@ from typing import TYPE_CHECKING, Any, cast
 from ..errors import RunnerError
 from ..redact import Redactor
 from .base import RunnerContext, UnitRequest, UnitResult, strip_code_fence
+from .pricing import PRICE_OPTIONS, PriceTable
 
 if TYPE_CHECKING:
     from openai import OpenAI, Stream
@@ -55,20 +57,9 @@ _MESSAGE_CAP = 500
 TEXT_EVERY_S = 0.1
 """The streamed text reaches ``UnitRequest.on_text`` at most this often (plus a final call)."""
 _OPTION_NAMES = frozenset(
-    {"base_url", "api_key_env", "model", "timeout_s", "prices", "json_mode", "max_tokens_param"}
+    {"base_url", "api_key_env", "model", "timeout_s", "json_mode", "max_tokens_param"}
+    | PRICE_OPTIONS
 )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Price:
-    """Dollars per million tokens for one model."""
-
-    input_per_mtok: float
-    output_per_mtok: float
-
-    def cost(self, tokens_in: int, tokens_out: int) -> float:
-        """The cost of one call."""
-        return (tokens_in * self.input_per_mtok + tokens_out * self.output_per_mtok) / 1e6
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -104,7 +95,7 @@ class OpenAIChatOptions:
     api_key_env: str = "OPENAI_API_KEY"
     model: str | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
-    prices: Mapping[str, Price] = field(default_factory=dict)
+    prices: PriceTable = field(default_factory=PriceTable)
     json_mode: bool = True
     max_tokens_param: str = "max_tokens"
 
@@ -147,7 +138,7 @@ class OpenAIChatOptions:
             or "OPENAI_API_KEY",
             model=_str_option(f"{where}.model", model),
             timeout_s=float(timeout_s),
-            prices=_parse_prices(options.get("prices"), where),
+            prices=PriceTable.parse(options, where=where),
             json_mode=json_mode,
             max_tokens_param=param,
         )
@@ -332,14 +323,18 @@ class OpenAIChatRunner:
         # A server may echo the key back; the engine's redactor only knows keys whose
         # variable name looks secret, this one knows the key itself.
         output = self._redactor.redact_value(output)
-        price = self.options.prices.get(model) or self.options.prices.get(reply.model or "")
+        found = self.options.prices.price(model, reply.model)
         return UnitResult(
             output=output,
             tokens_in=tokens_in,
             tokens_out=tokens_out,
             model=model,
-            cost=price.cost(tokens_in, tokens_out) if price and is_reported else None,
+            cost=found[0].cost(tokens_in, tokens_out) if found and is_reported else None,
+            price_source=f"runners.{self.name}.{found[1]}" if found and is_reported else None,
             session_id=reply.completion_id or None,
+            # genai-prices prices OpenAI's own models; another server only by its URL.
+            provider=self.options.base_url or "openai",
+            tokens_estimated=not is_reported,
         )
 
     def _translate(self, exc: Exception, request: UnitRequest, model: str) -> RunnerError:
@@ -518,24 +513,6 @@ def _str_option(name: str, value: Any) -> str | None:
     if value is not None and not isinstance(value, str):
         raise _option_error(name, "a string", value)
     return value or None
-
-
-def _parse_prices(raw: Any, where: str) -> dict[str, Price]:
-    if raw is None:
-        return {}
-    expected = "{input_per_mtok: number, output_per_mtok: number}"
-    if not isinstance(raw, Mapping):
-        raise _option_error(f"{where}.prices", f"a mapping {{model: {expected}}}", raw)
-    prices = {}
-    for model, entry in raw.items():
-        try:
-            prices[str(model)] = Price(
-                input_per_mtok=float(entry["input_per_mtok"]),
-                output_per_mtok=float(entry["output_per_mtok"]),
-            )
-        except (TypeError, KeyError, ValueError) as exc:
-            raise _option_error(f"{where}.prices.{model}", expected, entry) from exc
-    return prices
 
 
 def _option_error(name: str, expected: str, got: Any) -> RunnerError:

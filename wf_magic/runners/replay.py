@@ -36,8 +36,9 @@ from ..store import Store
 from ..store.db import DB_FILENAME
 from ..store.recordings import RecordingRow
 from .base import RunnerContext, UnitRequest, UnitResult
+from .pricing import PRICE_OPTIONS
 
-_OPTION_NAMES = frozenset({"cassette", "journal"})
+_OPTION_NAMES = frozenset({"cassette", "journal"}) | PRICE_OPTIONS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -203,6 +204,7 @@ class ReplayRunner:
             tokens_out=0,
             model=request.model or recording.model,
             cost=0.0,
+            price_source="replay",
         )
 
     def close(self) -> None:

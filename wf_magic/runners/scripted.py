@@ -54,6 +54,7 @@ from ..errors import RunnerError
 from ..hashing import sha256_text
 from .base import BaseRunner, RunnerContext, UnitRequest, UnitResult
 from .function import call_with_timeout
+from .pricing import OFFLINE, PRICE_OPTIONS, PriceTable
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 _RULE_KEYS = {"match", "reply", "tokens_in", "tokens_out", "error", "sleep_s", "model", "kind"}
@@ -287,12 +288,13 @@ class ScriptedRunner(BaseRunner):
     @classmethod
     def from_context(cls, ctx: RunnerContext) -> ScriptedRunner:
         """Factory: ``rules`` and ``replies`` from the plan's ``runners: {<name>: {...}}``."""
-        unknown = set(ctx.options) - {"rules", "replies", "model"}
+        unknown = set(ctx.options) - {"rules", "replies", "model"} - PRICE_OPTIONS
         if unknown:
             raise RunnerError(
                 f"runner {ctx.name!r}: unknown option(s) {sorted(unknown)}; the scripted runner "
-                "takes rules, replies and model"
+                "takes rules, replies, model, prices and local"
             )
+        PriceTable.parse(ctx.options, where=f"runners.{ctx.name}")  # refused now, not later
         rules = ctx.options.get("rules", [])
         replies = ctx.options.get("replies")
         model = ctx.options.get("model", "scripted-1")
@@ -350,11 +352,15 @@ class ScriptedRunner(BaseRunner):
             # Like a real model offered `cap` tokens: the reply stops there (a JSON reply
             # cut short no longer parses, and the step's schema check says so).
             reply, tokens_out = truncate_tokens(reply_text, max(cap, 0)), max(cap, 0)
+        model = rule.model if rule and rule.model else request.model
         return UnitResult(
             output=reply,
             tokens_in=rule.tokens_in if rule and rule.tokens_in is not None else count_tokens(text),
             tokens_out=tokens_out,
-            model=(rule.model if rule and rule.model else request.model or self.model),
+            model=model or self.model,
+            # A model the workflow named is priced like the real one (an offline budget demo
+            # stops where a real run would); the runner's own model is never looked up.
+            provider=None if model else OFFLINE,
         )
 
     def _find(self, text: str, request: UnitRequest) -> tuple[Rule | None, re.Match[str] | None]:

@@ -23,6 +23,10 @@ from __future__ import annotations
 from typing import Literal
 
 
+MAX_RETRY_AFTER_S = 600.0
+"""The longest provider-requested wait (``RunnerError.retry_after_s``) a retry honours."""
+
+
 class WorkflowError(Exception):
     """Base class of every error wf_magic raises on purpose."""
 
@@ -150,9 +154,13 @@ class RunnerError(WorkflowError):
         tokens_in: int = 0,
         tokens_out: int = 0,
         executed: bool = True,
+        retry_after_s: float | None = None,
     ):
         super().__init__(message)
         self.transient = transient
+        self.retry_after_s = retry_after_s
+        """How long the provider asked to wait before a retry (a transient error's next
+        dispatch waits at least this, and at most ``MAX_RETRY_AFTER_S``)."""
         self.executed = executed
         """False when nothing ran (unknown target, program not found): a run-level retry
         would fail the same way, so ``max_retries`` does not re-open for it."""

@@ -37,7 +37,6 @@ import json
 import math
 import os
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
@@ -46,6 +45,7 @@ from ..errors import RunnerError
 from ..redact import Redactor
 from .base import RunnerContext, UnitRequest, UnitResult, strip_code_fence
 from .pricing import PRICE_OPTIONS, PriceTable
+from .textsink import TextSink as _TextSink
 
 if TYPE_CHECKING:
     from openai import OpenAI, Stream
@@ -54,8 +54,6 @@ if TYPE_CHECKING:
 DEFAULT_TIMEOUT_S = 120.0
 TRANSIENT_STATUS = frozenset({408, 409, 425, 429})
 _MESSAGE_CAP = 500
-TEXT_EVERY_S = 0.1
-"""The streamed text reaches ``UnitRequest.on_text`` at most this often (plus a final call)."""
 _OPTION_NAMES = frozenset(
     {"base_url", "api_key_env", "model", "timeout_s", "json_mode", "max_tokens_param"}
     | PRICE_OPTIONS
@@ -353,33 +351,9 @@ class OpenAIChatRunner:
             message = f"{where} got HTTP {status}: {_server_message(exc)}{_retry_after(exc)}"
         else:
             message, transient = f"{where} failed: {_clip(str(exc))}", False
-        return RunnerError(self._redactor.redact(message), transient=transient)
-
-
-class _TextSink:
-    """Hands the streamed text so far to a callback, at most every :data:`TEXT_EVERY_S`
-    seconds, and once more with the whole text; a failing callback never fails the unit."""
-
-    def __init__(self, callback: Callable[[str], None]) -> None:
-        self.callback = callback
-        self.calls = 0
-        self._last_at = float("-inf")
-        self._sent: str | None = None
-
-    @property
-    def is_due(self) -> bool:
-        """Whether a text offered now would be passed on (joining it can wait otherwise)."""
-        return time.monotonic() - self._last_at >= TEXT_EVERY_S
-
-    def offer(self, text: str, *, final: bool = False) -> None:
-        if text == self._sent or not (final or self.is_due):
-            return
-        self._last_at, self._sent = time.monotonic(), text
-        self.calls += 1
-        try:
-            self.callback(text)
-        except Exception:  # noqa: S110 - a view's bug must not fail the model call
-            pass
+        return RunnerError(
+            self._redactor.redact(message), transient=transient, retry_after_s=_retry_after_s(exc)
+        )
 
 
 def _create(client: OpenAI, kwargs: dict[str, Any], on_text: _TextSink | None) -> _Reply:
@@ -488,6 +462,15 @@ def _server_message(exc: Any) -> str:
 def _retry_after(exc: Any) -> str:
     value = exc.response.headers.get("retry-after")
     return f" (retry after {_clip(value, 40)}s)" if value else ""
+
+
+def _retry_after_s(exc: Any) -> float | None:
+    response = getattr(exc, "response", None)
+    value = response.headers.get("retry-after") if response is not None else None
+    try:
+        return max(0.0, float(value)) if value else None
+    except ValueError:
+        return None  # an HTTP date: the step's own backoff applies
 
 
 def _clip(text: str, cap: int = _MESSAGE_CAP) -> str:

@@ -93,14 +93,18 @@ def attempt_cost(
     cache_read: int = 0,
     cache_write: int = 0,
     provider: str | None = None,
+    also: tuple[str, ...] = (),
+    catalogue_model: str | None = None,
 ) -> tuple[float | None, str | None]:
     """(cost, price source) of usage a runner reported without a cost; (None, None) unpriced.
 
-    ``options`` is the runner's ``runners:`` section (its table wins over the catalogue);
-    ``provider`` a genai-prices provider id, or the API's base URL.
+    ``options`` is the runner's ``runners:`` section (its table wins over the catalogue;
+    ``also``: other names of the model it may list); ``provider`` a genai-prices provider
+    id, or the API's base URL; ``catalogue_model`` the name genai-prices knows (default
+    ``model``).
     """
     table = _table(runner, options)
-    found = table.price(model) if table is not None else None
+    found = table.price(model, *also) if table is not None else None
     if found is not None:
         price, source = found
         cost = price.cost(tokens_in, tokens_out, cache_read=cache_read, cache_write=cache_write)
@@ -108,7 +112,7 @@ def attempt_cost(
     if not model or provider == OFFLINE:
         return None, None
     return catalogue_cost(
-        model,
+        catalogue_model or model,
         tokens_in=tokens_in,
         tokens_out=tokens_out,
         cache_read=cache_read,

@@ -40,6 +40,8 @@ BUILTINS: dict[str, RunnerFactory] = {
     "python": _builtin(".function", "FunctionRunner"),
     "openai": _builtin(".openai_chat", "OpenAIChatRunner"),
     "replay": _builtin(".replay", "ReplayRunner"),
+    "pydantic-ai": _builtin(".pydanticai", "PydanticAIRunner"),
+    "llm": _builtin(".llm_models", "LLMRunner"),
 }
 """The runners every plan may name; registered like plugins' (``replace=True`` overrides)."""
 

@@ -33,6 +33,11 @@ DOCUMENTED: dict[str, tuple[set[str], set[str]]] = {
     "scripted": ({"rules", "replies", "model"}, {"prices", "local"}),
     "replay": (set(), {"cassette", "journal", "prices", "local"}),
     "exec": (set(), {"output_cap"}),
+    "pydantic-ai": (
+        {"model", "base_url", "system_prompt", "settings", "temperature", "top_p", "seed"},
+        {"timeout_s", "api_key_env", "prices", "local"},
+    ),
+    "llm": ({"model", "system", "options"}, {"timeout_s", "api_key_env", "prices", "local"}),
 }
 
 VALUES = st.one_of(

@@ -43,6 +43,8 @@ class Reply:
     cache_write: int = 0
     tool: dict[str, Any] | None = None
     """Answer with a tool call of the request's first tool, with this input."""
+    stop: str | None = None
+    """Anthropic's ``stop_reason`` (default: ``end_turn``, or ``tool_use`` for a tool call)."""
 
 
 @dataclass(frozen=True)
@@ -109,7 +111,6 @@ class _FakeProvider:
 
 def _handler_for(fake: _FakeProvider) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-
         def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
             raw = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
             try:
@@ -188,7 +189,7 @@ class FakeAnthropic(_FakeProvider):
             "role": "assistant",
             "model": request.body.get("model", "claude"),
             "content": self._content(reply, request),
-            "stop_reason": "tool_use" if reply.tool is not None else "end_turn",
+            "stop_reason": reply.stop or ("tool_use" if reply.tool is not None else "end_turn"),
             "stop_sequence": None,
             "usage": self._usage(reply),
         }
@@ -209,7 +210,7 @@ class FakeAnthropic(_FakeProvider):
         frames.append(event("content_block_start", {"index": 0, "content_block": block}))
         frames += [event("content_block_delta", {"index": 0, "delta": d}) for d in deltas]
         frames.append(event("content_block_stop", {"index": 0}))
-        stop = "tool_use" if reply.tool is not None else "end_turn"
+        stop = reply.stop or ("tool_use" if reply.tool is not None else "end_turn")
         frames.append(
             event(
                 "message_delta",
@@ -252,7 +253,10 @@ class FakeGemini(_FakeProvider):
 
     def _chunk(self, text: str, reply: Reply, request: Recorded, *, last: bool) -> dict[str, Any]:
         model = re.search(r"models/([^:]+):", request.path)
-        candidate: dict[str, Any] = {"content": {"role": "model", "parts": [{"text": text}]}, "index": 0}
+        candidate: dict[str, Any] = {
+            "content": {"role": "model", "parts": [{"text": text}]},
+            "index": 0,
+        }
         if last:
             candidate["finishReason"] = "STOP"
         return {

@@ -39,8 +39,14 @@ class EchoModel(llm.Model):
     seen: list[dict[str, Any]] = []
 
     def execute(self, prompt: Any, stream: bool, response: Any, conversation: Any) -> Iterator[str]:
-        EchoModel.seen.append({"prompt": prompt.prompt, "schema": prompt.schema,
-                               "system": prompt.system, "stream": stream})
+        EchoModel.seen.append(
+            {
+                "prompt": prompt.prompt,
+                "schema": prompt.schema,
+                "system": prompt.system,
+                "stream": stream,
+            }
+        )
         if EchoModel.failures:
             raise EchoModel.failures.pop(0)
         text = json.dumps({"n": 7}) if prompt.schema else f"echo {prompt.prompt}"
@@ -88,7 +94,10 @@ def test_a_plugin_model_answers_with_its_usage(engine: Engine) -> None:
     assert run.status == "completed", run.reason
     (a,) = attempts(engine, run.run_id)
     assert (json.loads(a.output_json or ""), a.tokens_in, a.tokens_out, a.model) == (
-        "echo count the words", 3, 4, "wf-echo",
+        "echo count the words",
+        3,
+        4,
+        "wf-echo",
     )
     assert a.cost is None  # genai-prices does not know wf-echo: null, never 0
     assert EchoModel.seen[0]["system"] == "be brief"

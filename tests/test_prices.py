@@ -104,7 +104,10 @@ def test_max_cost_stops_a_run_of_priced_units_at_the_documented_unit(engine: Eng
         ("prices: {m: {input_per_mtok: 1}}", "runners.scripted.prices.m"),
         ("prices: {m: {input_per_mtok: -1, output_per_mtok: 1}}", "runners.scripted.prices.m"),
         ("prices: {m: {input_per_mtok: true, output_per_mtok: 1}}", "runners.scripted.prices.m"),
-        ("prices: {m: {input_per_mtok: 1, output_per_mtok: 1, per_call: 2}}", "runners.scripted.prices.m"),
+        (
+            "prices: {m: {input_per_mtok: 1, output_per_mtok: 1, per_call: 2}}",
+            "runners.scripted.prices.m",
+        ),
         ("local: yes-please", "runners.scripted.local"),
     ],
 )
@@ -122,21 +125,36 @@ def test_cache_tokens_are_part_of_tokens_in_and_priced_at_their_own_rates() -> N
         (750 * 3 + 200 * 0.3 + 50 * 3.75 + 100 * 15) / 1e6
     )
     cost, source = catalogue_cost(
-        "claude-sonnet-4-5", tokens_in=1000, tokens_out=100, cache_read=200, cache_write=50,
+        "claude-sonnet-4-5",
+        tokens_in=1000,
+        tokens_out=100,
+        cache_read=200,
+        cache_write=50,
         provider="anthropic",
     )
-    assert (cost, source) == (pytest.approx((750 * 3 + 200 * 0.3 + 50 * 3.75 + 100 * 15) / 1e6), GENAI)
+    assert (cost, source) == (
+        pytest.approx((750 * 3 + 200 * 0.3 + 50 * 3.75 + 100 * 15) / 1e6),
+        GENAI,
+    )
     assert Decimal(str(cost)) > 0
 
 
 def test_a_provider_given_by_url_prices_only_when_the_catalogue_knows_the_url() -> None:
     known = attempt_cost(
-        runner="openai", options=None, model="gpt-4o-mini", tokens_in=1000, tokens_out=1000,
+        runner="openai",
+        options=None,
+        model="gpt-4o-mini",
+        tokens_in=1000,
+        tokens_out=1000,
         provider="https://api.openai.com/v1",
     )
     assert known == (pytest.approx(0.00075), GENAI)
     local = attempt_cost(
-        runner="openai", options=None, model="gpt-4o-mini", tokens_in=1000, tokens_out=1000,
+        runner="openai",
+        options=None,
+        model="gpt-4o-mini",
+        tokens_in=1000,
+        tokens_out=1000,
         provider="http://127.0.0.1:11434/v1",
     )
     assert local == (None, None)

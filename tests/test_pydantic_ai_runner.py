@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import textwrap
 from collections.abc import Iterator
+from typing import Any
 
 import genai_prices
 import pytest
@@ -89,9 +90,14 @@ def test_anthropic_text_with_exact_tokens_cache_and_cost(
     run = engine.run(workflow(anthropic.url, "anthropic:claude-sonnet-4-5"))
     assert run.status == "completed", run.reason
     (a,) = attempts(engine, run.run_id)
-    assert (json.loads(a.output_json or ""), a.tokens_in, a.tokens_out) == ("Moon and sun.", 1000, 100)
-    expected = price("claude-sonnet-4-5", "anthropic", 1000, 100, cache_read_tokens=200,
-                     cache_write_tokens=50)
+    assert (json.loads(a.output_json or ""), a.tokens_in, a.tokens_out) == (
+        "Moon and sun.",
+        1000,
+        100,
+    )
+    expected = price(
+        "claude-sonnet-4-5", "anthropic", 1000, 100, cache_read_tokens=200, cache_write_tokens=50
+    )
     assert expected == pytest.approx((750 * 3 + 200 * 0.3 + 50 * 3.75 + 100 * 15) / 1e6)
     assert (a.model, a.cost) == ("anthropic:claude-sonnet-4-5", pytest.approx(expected))
     assert run.attempt("a").price_source == GENAI
@@ -106,7 +112,9 @@ def test_anthropic_text_with_exact_tokens_cache_and_cost(
 def test_anthropic_schema_output_natively(engine: Engine, anthropic: FakeAnthropic) -> None:
     anthropic.push(Reply(text='{"sections": ["moon", "sun"]}'))
     run = engine.run(
-        workflow(anthropic.url, "anthropic:claude-sonnet-4-5", step=f"output: {json.dumps(SCHEMA)}\n")
+        workflow(
+            anthropic.url, "anthropic:claude-sonnet-4-5", step=f"output: {json.dumps(SCHEMA)}\n"
+        )
     )
     assert run.status == "completed", run.reason
     assert run.result == {"sections": ["moon", "sun"]}
@@ -121,8 +129,11 @@ def test_anthropic_schema_output_by_a_forced_tool_on_older_models(
 ) -> None:
     anthropic.push(Reply(tool={"sections": ["a", "b"]}))
     run = engine.run(
-        workflow(anthropic.url, "anthropic:claude-3-5-haiku-latest",
-                 step=f"output: {json.dumps(SCHEMA)}\n")
+        workflow(
+            anthropic.url,
+            "anthropic:claude-3-5-haiku-latest",
+            step=f"output: {json.dumps(SCHEMA)}\n",
+        )
     )
     assert run.status == "completed", run.reason
     assert run.result == {"sections": ["a", "b"]}
@@ -134,8 +145,11 @@ def test_anthropic_529_is_retried_as_transient(engine: Engine, anthropic: FakeAn
     anthropic.push(anthropic_error(529, "overloaded_error", "Overloaded"))
     anthropic.push(Reply(text="second time lucky"))
     run = engine.run(
-        workflow(anthropic.url, "anthropic:claude-sonnet-4-5",
-                 step="retry: {max_attempts: 2, backoff_s: 0}\n")
+        workflow(
+            anthropic.url,
+            "anthropic:claude-sonnet-4-5",
+            step="retry: {max_attempts: 2, backoff_s: 0}\n",
+        )
     )
     assert run.status == "completed", run.reason
     first, second = attempts(engine, run.run_id)
@@ -149,8 +163,11 @@ def test_anthropic_401_is_permanent_with_the_providers_message(
 ) -> None:
     anthropic.push(anthropic_error(401, "authentication_error", "invalid x-api-key"))
     run = engine.run(
-        workflow(anthropic.url, "anthropic:claude-sonnet-4-5",
-                 step="retry: {max_attempts: 3, backoff_s: 0}\n")
+        workflow(
+            anthropic.url,
+            "anthropic:claude-sonnet-4-5",
+            step="retry: {max_attempts: 3, backoff_s: 0}\n",
+        )
     )
     assert run.status == "failed"
     (a,) = attempts(engine, run.run_id)
@@ -163,15 +180,20 @@ def test_a_retry_after_is_honoured(engine: Engine, anthropic: FakeAnthropic) -> 
     failure = anthropic_error(429, "rate_limit_error", "slow down")
     anthropic.push(type(failure)(failure.status, failure.body, {"retry-after-ms": "600"}))
     run = engine.run(
-        workflow(anthropic.url, "anthropic:claude-sonnet-4-5",
-                 step="retry: {max_attempts: 2, backoff_s: 0}\n")
+        workflow(
+            anthropic.url,
+            "anthropic:claude-sonnet-4-5",
+            step="retry: {max_attempts: 2, backoff_s: 0}\n",
+        )
     )
     assert run.status == "completed", run.reason
     first, second = attempts(engine, run.run_id)
     assert second.started_at - (first.finished_at or 0) >= 0.55
 
 
-def test_a_watched_anthropic_unit_streams_its_text(engine: Engine, anthropic: FakeAnthropic) -> None:
+def test_a_watched_anthropic_unit_streams_its_text(
+    engine: Engine, anthropic: FakeAnthropic
+) -> None:
     words = " ".join(f"w{i}" for i in range(12))
     anthropic.chunk_delay_s = 0.03
     anthropic.push(Reply(text=words, tokens_in=40, tokens_out=12))
@@ -188,6 +210,54 @@ def test_a_watched_anthropic_unit_streams_its_text(engine: Engine, anthropic: Fa
     assert anthropic.requests[0].body["stream"] is True
     (a,) = attempts(engine, run.run_id)
     assert (a.tokens_in, a.tokens_out, json.loads(a.output_json or "")) == (40, 12, words)
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        (Reply(text="", stop="refusal"), "stopped by the provider's content filter"),
+        (
+            anthropic_error(400, "invalid_request_error", "prompt is too long: 300000 tokens"),
+            "HTTP 400: prompt is too long: 300000 tokens",
+        ),
+        (
+            anthropic_error(404, "not_found_error", "model: claude-nope"),
+            "HTTP 404: model: claude-nope",
+        ),
+    ],
+)
+def test_refusals_are_permanent(
+    engine: Engine, anthropic: FakeAnthropic, answer: Any, said: str
+) -> None:
+    anthropic.push(answer)
+    run = engine.run(
+        workflow(
+            anthropic.url,
+            "anthropic:claude-sonnet-4-5",
+            step="retry: {max_attempts: 3, backoff_s: 0}\n",
+        )
+    )
+    assert run.status == "failed"
+    (a,) = attempts(engine, run.run_id)
+    assert a.transient == 0 and said in (a.failure or "")
+
+
+def test_a_gate_judge_answers_its_verdict_natively(
+    engine: Engine, anthropic: FakeAnthropic
+) -> None:
+    anthropic.push(Reply(text="draft"))
+    anthropic.push(Reply(text='{"complete": true, "feedback": "fine", "missing": []}'))
+    run = engine.run(
+        workflow(
+            anthropic.url,
+            "anthropic:claude-sonnet-4-5",
+            step="gate: {judge: llm, criteria: [short]}\n",
+        )
+    )
+    assert run.status == "completed", run.reason
+    verdict = [a for a in engine.attempts(run.run_id) if a.phase == "gate"]
+    assert [json.loads(v.output_json or "")["complete"] for v in verdict] == [True]
+    assert "required" in json.dumps(anthropic.requests[1].body)
 
 
 # -- Gemini -------------------------------------------------------------------------------------
@@ -226,14 +296,17 @@ def test_gemini_503_is_retried_and_401_is_permanent(engine: Engine, gemini: Fake
     first, second = attempts(engine, run.run_id)
     assert (first.transient, second.status) == (1, "succeeded")
     assert "HTTP 503: The model is overloaded." in (first.failure or "")
-    refused = engine.run(workflow(gemini.url, "google:gemini-2.5-flash", step=step), new=True,
-                         no_cache=True)
+    refused = engine.run(
+        workflow(gemini.url, "google:gemini-2.5-flash", step=step), new=True, no_cache=True
+    )
     assert refused.status == "failed"
     (a,) = attempts(engine, refused.run_id)
     assert a.transient == 0 and "HTTP 401: API key not valid." in (a.failure or "")
 
 
-def test_a_watched_gemini_unit_streams_with_running_usage(engine: Engine, gemini: FakeGemini) -> None:
+def test_a_watched_gemini_unit_streams_with_running_usage(
+    engine: Engine, gemini: FakeGemini
+) -> None:
     words = " ".join(f"g{i}" for i in range(10))
     gemini.chunk_delay_s = 0.03
     gemini.push(Reply(text=words, tokens_in=30, tokens_out=10))
@@ -278,5 +351,3 @@ def test_a_model_without_a_provider_prefix_is_a_permanent_error(engine: Engine) 
     )
     assert run.status == "failed"
     assert "needs a model named provider:model (got 'claude')" in (run.reason or "")
-
-

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wf_magic import Engine, load_workflow, register_runner
-from wf_magic.hashing import canonical_json
 from wf_magic.drive.units import StepOutputs, build_units
+from wf_magic.hashing import canonical_json
 from wf_magic.runners.identity import answer_options, runner_identity
 from wf_magic.runners.registry import _factories
 from wf_magic.runners.scripted import ScriptedRunner
@@ -59,7 +59,9 @@ def _prompt_plan(runner: str, runners: dict[str, dict[str, Any]]) -> Plan:
 def unit_hash(runner: str, options: dict[str, Any]) -> str:
     """The input hash of a prompt unit on runner ``runner`` configured with ``options``."""
     plan = _prompt_plan(runner, {runner: options} if options else {})
-    units = build_units(plan, plan.steps[0], params={}, outputs=StepOutputs(), loop=1, feedback=None)
+    units = build_units(
+        plan, plan.steps[0], params={}, outputs=StepOutputs(), loop=1, feedback=None
+    )
     return units[0].input_hash
 
 

@@ -14,8 +14,14 @@ from wf_magic.runners.scripted import ScriptedRunner, count_tokens, truncate_tok
 
 def request(prompt: str, **fields: object) -> UnitRequest:
     return UnitRequest(
-        run_id="r-1", step_id="a", unit_id="a", dispatch_id="d-1", attempt=1, kind="prompt",
-        prompt=prompt, **fields,  # type: ignore[arg-type]
+        run_id="r-1",
+        step_id="a",
+        unit_id="a",
+        dispatch_id="d-1",
+        attempt=1,
+        kind="prompt",
+        prompt=prompt,
+        **fields,  # type: ignore[arg-type]
     )
 
 
@@ -56,8 +62,16 @@ def test_a_json_reply_cut_short_is_the_text_a_model_would_have_sent() -> None:
 def test_truncate_keeps_the_text_up_to_the_last_token() -> None:
     text = "  Hello,  world! How are you?"
     assert [truncate_tokens(text, n) for n in range(count_tokens(text) + 2)] == [
-        "", "  Hello", "  Hello,", "  Hello,  world", "  Hello,  world!", "  Hello,  world! How",
-        "  Hello,  world! How are", "  Hello,  world! How are you", text, text,
+        "",
+        "  Hello",
+        "  Hello,",
+        "  Hello,  world",
+        "  Hello,  world!",
+        "  Hello,  world! How",
+        "  Hello,  world! How are",
+        "  Hello,  world! How are you",
+        text,
+        text,
     ]
 
 

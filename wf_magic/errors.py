@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-
 MAX_RETRY_AFTER_S = 600.0
 """The longest provider-requested wait (``RunnerError.retry_after_s``) a retry honours."""
 

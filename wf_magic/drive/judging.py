@@ -23,8 +23,8 @@ from ..gates.verdict import (
     gate_unit_id,
 )
 from ..hashing import canonical_json, hash_value
-from ..runners.identity import runner_identity
 from ..runners.base import UnitRequest
+from ..runners.identity import runner_identity
 from ..spec.models import GateSpec
 from ..spec.plan import PlanStep
 from ..store.journal import Finish, UnitKey
@@ -83,7 +83,7 @@ def obtain_verdict(
     except TemplateError as exc:
         criteria = [f"(criteria failed to render: {exc})"]
     runner, model = _judge_runner(state, step, gate)
-    hashed = {
+    hashed: dict[str, Any] = {
         "judge": gate.judge,
         "criteria": criteria,
         "summary": summary,

@@ -381,7 +381,7 @@ def _read_stream(stream: Stream[ChatCompletionChunk], on_text: _TextSink) -> _Re
         return _Reply.of(ChatCompletion.model_validate(response.json()))
     parts: list[str] = []
     refusal: list[str] = []
-    usage: tuple[int, int] | None = None
+    usage: tuple[int | None, int | None] | None = None
     model = completion_id = None
     has_content = False
     for chunk in stream:

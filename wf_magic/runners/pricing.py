@@ -1,4 +1,4 @@
-"""What an attempt cost: the runner's own figure, its ``prices:``/``local:`` options, else genai-prices.
+"""What an attempt cost: its runner's figure, its ``prices:``/``local:`` options, else genai-prices.
 
 Every runner may be given two pricing options under ``runners: {name: {...}}``:
 

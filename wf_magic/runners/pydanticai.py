@@ -1,4 +1,4 @@
-"""The ``pydantic-ai`` runner: one model call per unit through pydantic-ai's direct model-request API.
+"""The ``pydantic-ai`` runner: one model call per unit through pydantic-ai's direct request API.
 
 Plan options (``runners: {pydantic-ai: {...}}``; none of them is a secret):
 
@@ -183,7 +183,9 @@ class PydanticAIRunner:
             made = sdk(api_key=key, base_url=base_url, max_retries=0)
             return cls(**{f"{module}_client": made})
         accepted = inspect.signature(cls.__init__).parameters
-        kwargs = {k: v for k, v in (("api_key", key), ("base_url", base_url)) if v and k in accepted}
+        kwargs = {
+            k: v for k, v in (("api_key", key), ("base_url", base_url)) if v and k in accepted
+        }
         return cls(**kwargs) if kwargs else infer_provider(provider)
 
     def _loop_running(self) -> asyncio.AbstractEventLoop:

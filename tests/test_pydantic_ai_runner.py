@@ -351,3 +351,26 @@ def test_a_model_without_a_provider_prefix_is_a_permanent_error(engine: Engine) 
     )
     assert run.status == "failed"
     assert "needs a model named provider:model (got 'claude')" in (run.reason or "")
+
+
+def test_the_claude_example_runs_on_the_sdks_own_environment_variables(
+    engine: Engine, anthropic: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pathlib import Path
+
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", anthropic.url)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
+    anthropic.push(Reply(text='{"sections": ["moon", "sun", "shore"]}', tokens_in=50))
+    for section in ("moon", "sun", "shore"):
+        anthropic.push(Reply(text=f"About the {section}. Two sentences.", tokens_in=40))
+    anthropic.push(Reply(text='{"complete": true, "feedback": "", "missing": []}'))
+    example = Path(__file__).resolve().parent.parent / "examples" / "pydantic_ai_claude.yaml"
+    run = engine.run(example)
+    assert run.status == "completed", run.reason
+    assert run.result == [f"About the {s}. Two sentences." for s in ("moon", "sun", "shore")]
+    bodies = [r.body for r in anthropic.requests]
+    assert {b["model"] for b in bodies} == {"claude-sonnet-4-5"}
+    assert all(b["temperature"] == 0.3 for b in bodies)
+    assert "You write short, plain English." in json.dumps(bodies[0].get("system"))
+    work = attempts(engine, run.run_id)
+    assert all(a.cost is not None and a.cost > 0 for a in work)

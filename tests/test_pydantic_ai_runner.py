@@ -374,3 +374,58 @@ def test_the_claude_example_runs_on_the_sdks_own_environment_variables(
     assert "You write short, plain English." in json.dumps(bodies[0].get("system"))
     work = attempts(engine, run.run_id)
     assert all(a.cost is not None and a.cost > 0 for a in work)
+
+
+def test_a_used_runner_pickles_for_dask_and_the_copy_runs(anthropic: FakeAnthropic) -> None:
+    cloudpickle = pytest.importorskip("cloudpickle")
+    from wf_magic.runners.base import UnitRequest
+    from wf_magic.runners.pydanticai import PydanticAIRunner
+
+    options = {
+        "model": "anthropic:claude-sonnet-4-5",
+        "base_url": anthropic.url,
+        "api_key_env": KEY_ENV,
+    }
+    runner = PydanticAIRunner(options)
+    request = UnitRequest(
+        run_id="r",
+        step_id="a",
+        unit_id="a",
+        dispatch_id="d",
+        attempt=1,
+        kind="prompt",
+        prompt="one",
+    )
+    copy = None
+    try:
+        assert runner.run(request).output == "echo: one"
+        copy = cloudpickle.loads(cloudpickle.dumps(runner))
+        assert copy.run(request).output == "echo: one"
+    finally:
+        runner.close()
+        if copy is not None:
+            copy.close()
+
+
+@pytest.mark.parametrize(
+    ("change", "dispatched"),
+    [
+        ("system_prompt: 'Be terse.'", True),
+        ("temperature: 0.1", True),
+        ("timeout_s: 30", False),
+        ("prices: {'anthropic:claude-sonnet-4-5': 0}", False),
+    ],
+)
+def test_a_settings_change_re_dispatches_only_when_it_can_change_the_answer(
+    engine: Engine, anthropic: FakeAnthropic, change: str, dispatched: bool
+) -> None:
+    base = workflow(anthropic.url, "anthropic:claude-sonnet-4-5")
+    engine.run(base)
+    changed = base.replace(f"api_key_env: {KEY_ENV}}}", f"api_key_env: {KEY_ENV}, {change}}}")
+    assert changed != base
+    again = engine.run(changed, new=True)
+    assert again.status == "completed", again.reason
+    assert [a.status for a in attempts(engine, again.run_id)] == [
+        "succeeded" if dispatched else "reused"
+    ]
+    assert len(anthropic.requests) == (2 if dispatched else 1)

@@ -131,6 +131,9 @@ class FakeChatServer:
         """Honour ``"stream": true`` (False: answer plain JSON, like a server that cannot)."""
         self.chunk_delay_s = 0.0
         """Pause before each streamed chunk (chunks arriving over time)."""
+        self.running_usage = False
+        """Send running usage totals in every content chunk (vLLM's continuous usage, Gemini's
+        compatible endpoint), besides the final usage chunk."""
         self._script: deque[ScriptedResponse] = deque()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -210,7 +213,7 @@ def _handler_for(server: FakeChatServer) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
             self.end_headers()  # HTTP/1.0: the body ends when the connection closes
-            for chunk in stream_chunks(completion, request):
+            for chunk in stream_chunks(completion, request, running=server.running_usage):
                 if server.chunk_delay_s and server._stopping.wait(server.chunk_delay_s):
                     return
                 self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
@@ -235,10 +238,13 @@ def _handler_for(server: FakeChatServer) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def stream_chunks(completion: dict[str, Any], request: Mapping[str, Any]) -> list[dict[str, Any]]:
+def stream_chunks(
+    completion: dict[str, Any], request: Mapping[str, Any], *, running: bool = False
+) -> list[dict[str, Any]]:
     """A chat.completion body as the ``chat.completion.chunk`` objects a streaming server
     sends: a role chunk, one chunk per word of the content, a finish chunk, then (when the
-    request asked for it) a usage chunk with no choices."""
+    request asked for it) a usage chunk with no choices. ``running``: every word's chunk
+    also carries the usage so far (the completion tokens split evenly over the words)."""
     base = {
         "id": completion.get("id", "chatcmpl-fake"),
         "object": "chat.completion.chunk",
@@ -252,7 +258,14 @@ def stream_chunks(completion: dict[str, Any], request: Mapping[str, Any]) -> lis
         return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
 
     chunks = [chunk({"role": "assistant", "content": ""})]
-    chunks += [chunk({"content": piece}) for piece in re.findall(r"\s*\S+\s*", content)]
+    pieces = re.findall(r"\s*\S+\s*", content)
+    usage = completion.get("usage")
+    for number, piece in enumerate(pieces, start=1):
+        chunks.append(chunk({"content": piece}))
+        if running and usage is not None:
+            done = usage["completion_tokens"] * number // len(pieces)
+            so_far = {"prompt_tokens": usage["prompt_tokens"], "completion_tokens": done}
+            chunks[-1]["usage"] = {**so_far, "total_tokens": usage["prompt_tokens"] + done}
     chunks.append(chunk({}, "stop"))
     options = request.get("stream_options") or {}
     if options.get("include_usage") and completion.get("usage") is not None:

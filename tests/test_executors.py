@@ -208,7 +208,7 @@ steps:
             pytest.param(
                 name,
             )
-            for name in ("openai", "replay")
+            for name in ("openai", "replay", "pydantic-ai", "llm")
         ),
     ],
 )

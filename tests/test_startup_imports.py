@@ -18,8 +18,10 @@ import pytest
 
 from wf_magic import Engine
 
-NEVER = ("pandas", "IPython", "ipywidgets", "jsonschema", "matplotlib")
-"""Never loaded by `wf --help` or `wf status`."""
+PROVIDER_SDKS = ("pydantic_ai", "llm", "genai_prices", "anthropic", "google.genai", "openai")
+"""The model SDKs and the price catalogue: loaded by the runner that uses them, when used."""
+NEVER = ("pandas", "IPython", "ipywidgets", "jsonschema", "matplotlib", *PROVIDER_SDKS)
+"""Never loaded by `wf --help` or `wf status` (nor by a resume of an offline run)."""
 PLAN_MODELS = ("pydantic", "yaml", "wf_magic.spec.plan", "wf_magic.drive.loop")
 """The spec and the drive: `wf status` renders a run from its rows and its plan's JSON."""
 HEAVY = (*NEVER, *PLAN_MODELS, "jinja2")
@@ -107,3 +109,18 @@ def _stopped() -> threading.Event:
     signal = threading.Event()
     signal.set()
     return signal
+
+
+def test_importing_the_package_loads_no_provider_sdk_nor_the_price_catalogue() -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import json, sys, wf_magic; "
+            f"print(json.dumps(sorted(m for m in {PROVIDER_SDKS!r} if m in sys.modules)))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []

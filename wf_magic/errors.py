@@ -24,6 +24,9 @@ from __future__ import annotations
 
 from typing import Literal
 
+MAX_RETRY_AFTER_S = 600.0
+"""The longest provider-requested wait (``RunnerError.retry_after_s``) a retry honours."""
+
 
 class WorkflowError(Exception):
     """Base class of every error wf_magic raises on purpose."""
@@ -163,15 +166,19 @@ class RunnerError(WorkflowError):
         tokens_out: int = 0,
         executed: bool = True,
         detail: str | None = None,
+        retry_after_s: float | None = None,
     ):
         super().__init__(message)
         self.transient = transient
+        self.retry_after_s = retry_after_s
+        """How long the provider asked to wait before a retry (a transient error's next
+        dispatch waits at least this, and at most ``MAX_RETRY_AFTER_S``)."""
         self.executed = executed
+        """False when nothing ran (unknown target, program not found): a run-level retry
+        would fail the same way, so ``max_retries`` does not re-open for it."""
         self.detail = detail
         """More than the one-line message, kept with the failed attempt: a python step's
         traceback (its own frames), shown by ``wf show`` and the unit panel."""
-        """False when nothing ran (unknown target, program not found): a run-level retry
-        would fail the same way, so ``max_retries`` does not re-open for it."""
         self.tokens_in = tokens_in
         self.tokens_out = tokens_out
 

@@ -51,6 +51,9 @@ class AttemptRecord:
     saved_tokens: int
     started_at: float
     finished_at: float | None
+    price_source: str | None = None
+    """Where ``cost`` came from: ``runner``, ``runners.NAME.prices``, ``runners.NAME.local`` or
+    ``genai-prices X.Y.Z``; None when nobody priced the attempt (its cost is null)."""
 
     @property
     def traceback(self) -> str | None:
@@ -141,12 +144,17 @@ def record_of(store: Store, row: AttemptRow) -> AttemptRecord:
         saved_tokens=row.saved_tokens,
         started_at=row.started_at,
         finished_at=row.finished_at,
+        price_source=(
+            store.price_source_of(row.run_id, row.dispatch_id) if row.cost is not None else None
+        ),
     )
 
 
 def record_text(record: AttemptRecord) -> str:
     """A readable page of one attempt: header, input, output or failure."""
-    cost = f", ${record.cost:.4f}" if record.cost else ""
+    cost = f", ${record.cost:.8f}".rstrip("0").rstrip(".") if record.cost is not None else ""
+    if cost and record.price_source:
+        cost += f" ({record.price_source})"
     took = f", {record.duration_s:.2f}s" if record.duration_s is not None else ""
     head = (
         f"{record.unit_id} attempt {record.attempt} (loop {record.loop}, {record.phase}) "

@@ -93,6 +93,7 @@ def finish_ok(
     defer: bool = False,
 ) -> None:
     """Journal a succeeded attempt whose output is ``output_json`` (redacted, bounded)."""
+    cost, price_source = priced(state, attempt.runner, result)
     finish_with(
         ctx,
         state,
@@ -102,12 +103,34 @@ def finish_ok(
             output_json=output_json,
             tokens_in=int(result.tokens_in),
             tokens_out=int(result.tokens_out),
-            cost=result.cost,
+            cost=cost,
             model=result.model,
             session_id=result.session_id,
             finished_at=time.time(),
+            price_source=price_source,
         ),
         defer=defer,
+    )
+
+
+def priced(state: RunState, runner: str, result: UnitResult) -> tuple[float | None, str | None]:
+    """``result``'s cost and its source: the runner's own, else its ``prices:``/``local:``
+    options, else genai-prices (``runners/pricing.py``); (None, None) when unknown."""
+    if result.cost is not None:
+        return result.cost, result.price_source or "runner"
+    if result.tokens_estimated or (not result.model and not state.plan.runners.get(runner)):
+        return None, None
+    from ..runners.pricing import attempt_cost
+
+    return attempt_cost(
+        runner=runner,
+        options=state.plan.runners.get(runner),
+        model=result.model,
+        tokens_in=int(result.tokens_in),
+        tokens_out=int(result.tokens_out),
+        cache_read=int(result.cache_read_tokens),
+        cache_write=int(result.cache_write_tokens),
+        provider=result.provider,
     )
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from queue import Empty, SimpleQueue
 from typing import Any
 
-from ..errors import BudgetExceeded, RunnerError
+from ..errors import MAX_RETRY_AFTER_S, BudgetExceeded, RunnerError
 from ..runners.base import UnitRequest, UnitResult
 from ..runners.orphans import reap_orphan
 from ..runners.process import minimal_env
@@ -428,7 +428,10 @@ def _finish(
     failure = attempts.finish_error(ctx, state, attempt, exc, defer=True)
     retry = step.retry
     if exc.transient and job.tries < retry.max_attempts:
-        job.not_before = time.monotonic() + retry.backoff_s * (2 ** (job.tries - 1))
+        wait_s = retry.backoff_s * (2 ** (job.tries - 1))
+        # A provider's Retry-After is honoured (bounded: a bogus hour must not park the drive).
+        wait_s = max(wait_s, min(exc.retry_after_s or 0.0, MAX_RETRY_AFTER_S))
+        job.not_before = time.monotonic() + wait_s
         jobs.append(job)
         return True
     work.failures[job.unit.unit_id] = failure

@@ -24,6 +24,7 @@ from ..gates.verdict import (
 )
 from ..hashing import canonical_json, hash_value
 from ..runners.base import UnitRequest
+from ..runners.identity import runner_identity
 from ..spec.models import GateSpec
 from ..spec.plan import PlanStep
 from ..store.journal import Finish, UnitKey
@@ -82,7 +83,7 @@ def obtain_verdict(
     except TemplateError as exc:
         criteria = [f"(criteria failed to render: {exc})"]
     runner, model = _judge_runner(state, step, gate)
-    hashed = {
+    hashed: dict[str, Any] = {
         "judge": gate.judge,
         "criteria": criteria,
         "summary": summary,
@@ -94,6 +95,11 @@ def obtain_verdict(
         if read is not None:
             # The check reads params: two runs with other values must not share a verdict.
             hashed["params_read"] = read
+    settings = runner_identity(state.plan.runners, runner) if gate.judge == "llm" else {}
+    if settings:
+        # The judge runner's answer-changing settings (a scripted rule, a judge's model)
+        # are part of the verdict's identity; ``content_hash`` lets ``replay`` find it.
+        hashed = {**hashed, "runner": settings, "content_hash": hash_value(hashed)}
     input_hash = hash_value(hashed)
     judge_input = dict(hashed)  # what is kept: the hashed input, plus what an LLM judge reads
     if gate.judge == "llm":
@@ -267,6 +273,7 @@ def _judge_llm(
         if failure is exc:
             raise
         raise failure from exc
+    cost, price_source = attempts.priced(state, key.runner, result)
     attempts.finish_with(
         ctx,
         state,
@@ -276,8 +283,9 @@ def _judge_llm(
             output_json=json.dumps(verdict.to_json()),
             tokens_in=result.tokens_in,
             tokens_out=result.tokens_out,
-            cost=result.cost,
+            cost=cost,
             model=result.model,
+            price_source=price_source,
         ),
     )
     return verdict

@@ -56,6 +56,8 @@ class LoopInputs(Protocol):
     def loop(self) -> int: ...
     @property
     def feedback(self) -> FeedbackInputs | None: ...
+    @property
+    def runner_identity(self) -> Mapping[str, Any]: ...
     def __len__(self) -> int: ...
 
 
@@ -75,6 +77,7 @@ def context_hash(units: LoopInputs) -> str | None:
     payload = (
         code,
         step.model_dump(mode="json"),
+        sorted(units.runner_identity.items()),
         child.model_dump(mode="json") if child is not None else None,
         _read(units.params, refs.params),
         _read(units.outputs, refs.steps),

@@ -278,6 +278,7 @@ class LoopUnits(Sequence[UnitPlan]):
         self._items = items
         self._built: list[UnitPlan | None] = [None] * (1 if items is None else len(items))
         self._context_hash: tuple[str | None] | None = None
+        self._runner_identity: dict[str, Any] | None = None
 
     def __len__(self) -> int:
         return len(self._built)
@@ -345,7 +346,22 @@ class LoopUnits(Sequence[UnitPlan]):
         }
         resolved.update(resolved_kind)
         text = canonical_json(resolved)
+        settings = self.runner_identity
+        if settings:
+            # The runner's answer-changing settings join the identity (runners/identity.py);
+            # ``content_hash`` (the hash without them) lets ``replay`` find the recording.
+            resolved.update(runner=settings, content_hash=sha256_text(text))
+            text = canonical_json(resolved)
         return _Rendered(fields, resolved, sha256_text(text), text)
+
+    @property
+    def runner_identity(self) -> dict[str, Any]:
+        """The step runner's answer-changing options (empty: none; computed once a loop)."""
+        if self._runner_identity is None:
+            from ..runners.identity import runner_identity
+
+            self._runner_identity = runner_identity(self.plan.runners, self.step.runner)
+        return self._runner_identity
 
     @property
     def context_hash(self) -> str | None:

@@ -68,10 +68,23 @@ class UnitResult:
 
     output: Any
     tokens_in: int = 0
+    """Input tokens, cache reads and writes included."""
     tokens_out: int = 0
     model: str | None = None
     cost: float | None = None
+    """Dollars, when the runner knows; else the drive prices the usage (runners/pricing.py)."""
     session_id: str | None = None
+    cache_read_tokens: int = 0
+    """Of ``tokens_in``, those read from the provider's prompt cache (priced at their rate)."""
+    cache_write_tokens: int = 0
+    """Of ``tokens_in``, those written to the provider's prompt cache."""
+    provider: str | None = None
+    """Who served ``model``, as genai-prices names providers (``anthropic``, ``google``, …) or
+    the API's base URL; ``offline`` for answers no provider served (never priced)."""
+    price_source: str | None = None
+    """Where ``cost`` came from when the runner set it (default ``runner``)."""
+    tokens_estimated: bool = False
+    """The counts are an estimate (the server reported none): never priced."""
 
 
 @runtime_checkable

@@ -69,6 +69,9 @@ class FunctionRunner(BaseRunner):
     ``request.timeout_s`` is enforced by abandoning the call (see the module docstring).
     """
 
+    ANSWER_OPTIONS: frozenset[str] = frozenset(())
+    """The runner takes no options (the target's source hash is in the input already)."""
+
     def __init__(
         self, namespace: Mapping[str, Any] | None = None, *, source_dir: str | None = None
     ):

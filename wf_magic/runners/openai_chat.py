@@ -8,7 +8,8 @@ Plan options (``runners: {openai: {...}}``; none of them is a secret):
   ``OPENAI_API_KEY``). A local endpoint (``base_url`` set) may go without a key.
 - ``model``: the default model (else ``$WF_MAGIC_OPENAI_MODEL``); a step's ``model`` wins.
 - ``timeout_s``: per-request timeout (default 120); a step's ``timeout`` wins.
-- ``prices``: ``{model: {input_per_mtok, output_per_mtok}}`` to report each attempt's cost.
+- ``prices``, ``local``: each attempt's cost (``runners/pricing.py``); without them the drive
+  prices OpenAI's own models from genai-prices.
 - ``json_mode``: ask for ``response_format=json_object`` when a unit has an output schema
   (default true). A server that rejects it with 400/422 is asked again once without it;
   the model is then remembered as JSON-mode-less for this runner.
@@ -19,11 +20,12 @@ The engine does the retrying, so the client's own retries are off: HTTP 408, 409
 429, 5xx, timeouts and connection failures are transient ``RunnerError``s, other 4xx
 permanent ones carrying the server's message. The unit's ``dispatch_id`` goes out as
 ``Idempotency-Key`` and ``X-Request-ID`` so a server or proxy can dedupe a reclaimed
-attempt. A response without ``usage`` is charged an estimate (4 characters a token) so
-budgets still bind.
+attempt. A response without ``usage`` (or with a null count) is charged an estimate (4
+characters a token) so budgets still bind, and its cost is null: no price is put on a guess.
 
 A request with ``on_text`` (somebody watches the unit live) is streamed (``stream=True``,
-usage from the final chunk through ``stream_options={"include_usage": True}``); the callback
+always with ``stream_options={"include_usage": True}``; the last usage seen wins, as servers
+sending running totals in every chunk need); the callback
 gets the text so far at most ten times a second, plus once with the whole text. The attempt
 is journaled exactly as a non-streamed one. A server that ignores ``stream`` and answers
 plain JSON is read as if nothing was streamed.
@@ -35,7 +37,6 @@ import json
 import math
 import os
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
@@ -43,6 +44,8 @@ from typing import TYPE_CHECKING, Any, cast
 from ..errors import RunnerError
 from ..redact import Redactor
 from .base import RunnerContext, UnitRequest, UnitResult, strip_code_fence
+from .pricing import PRICE_OPTIONS, PriceTable
+from .textsink import TextSink as _TextSink
 
 if TYPE_CHECKING:
     from openai import OpenAI, Stream
@@ -51,23 +54,10 @@ if TYPE_CHECKING:
 DEFAULT_TIMEOUT_S = 120.0
 TRANSIENT_STATUS = frozenset({408, 409, 425, 429})
 _MESSAGE_CAP = 500
-TEXT_EVERY_S = 0.1
-"""The streamed text reaches ``UnitRequest.on_text`` at most this often (plus a final call)."""
 _OPTION_NAMES = frozenset(
-    {"base_url", "api_key_env", "model", "timeout_s", "prices", "json_mode", "max_tokens_param"}
+    {"base_url", "api_key_env", "model", "timeout_s", "json_mode", "max_tokens_param"}
+    | PRICE_OPTIONS
 )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Price:
-    """Dollars per million tokens for one model."""
-
-    input_per_mtok: float
-    output_per_mtok: float
-
-    def cost(self, tokens_in: int, tokens_out: int) -> float:
-        """The cost of one call."""
-        return (tokens_in * self.input_per_mtok + tokens_out * self.output_per_mtok) / 1e6
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,8 +66,9 @@ class _Reply:
 
     content: str | None
     refusal: str | None = None
-    usage: tuple[int, int] | None = None
-    """(prompt tokens, completion tokens) as the server reported them."""
+    usage: tuple[int | None, int | None] | None = None
+    """(prompt tokens, completion tokens) as the server reported them; None where it did not
+    (a field missing or null is unknown, never 0)."""
     model: str | None = None
     completion_id: str | None = None
 
@@ -88,9 +79,7 @@ class _Reply:
         return cls(
             content=message.content if message is not None else None,
             refusal=getattr(message, "refusal", None) if message is not None else None,
-            usage=(int(usage.prompt_tokens or 0), int(usage.completion_tokens or 0))
-            if usage is not None
-            else None,
+            usage=_usage(usage),
             model=completion.model,
             completion_id=completion.id,
         )
@@ -104,7 +93,7 @@ class OpenAIChatOptions:
     api_key_env: str = "OPENAI_API_KEY"
     model: str | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
-    prices: Mapping[str, Price] = field(default_factory=dict)
+    prices: PriceTable = field(default_factory=PriceTable)
     json_mode: bool = True
     max_tokens_param: str = "max_tokens"
 
@@ -147,7 +136,7 @@ class OpenAIChatOptions:
             or "OPENAI_API_KEY",
             model=_str_option(f"{where}.model", model),
             timeout_s=float(timeout_s),
-            prices=_parse_prices(options.get("prices"), where),
+            prices=PriceTable.parse(options, where=where),
             json_mode=json_mode,
             max_tokens_param=param,
         )
@@ -158,6 +147,10 @@ class OpenAIChatRunner:
 
     Safe to share between worker threads: the client is created once, lazily, under a lock.
     """
+
+    ANSWER_OPTIONS: frozenset[str] = frozenset({"model", "base_url", "json_mode"})
+    """Options that can change an answer (hashed); the key, timeout, prices and the
+    max-tokens parameter name cannot."""
 
     def __init__(self, options: OpenAIChatOptions, *, name: str = "openai") -> None:
         """Create a runner; no client and no connection until the first unit.
@@ -307,10 +300,11 @@ class OpenAIChatRunner:
         return kwargs
 
     def _result(self, reply: _Reply, request: UnitRequest, model: str) -> UnitResult:
-        tokens_in, tokens_out = reply.usage or (
-            _estimate(request.prompt or ""),
-            _estimate(reply.content or ""),
-        )
+        reported_in, reported_out = reply.usage or (None, None)
+        # What the server did not report is estimated (budgets still bind) and costs null.
+        tokens_in = _estimate(request.prompt or "") if reported_in is None else reported_in
+        tokens_out = _estimate(reply.content or "") if reported_out is None else reported_out
+        is_reported = reported_in is not None and reported_out is not None
         content = reply.content
         if content is None:
             refusal = reply.refusal
@@ -327,14 +321,18 @@ class OpenAIChatRunner:
         # A server may echo the key back; the engine's redactor only knows keys whose
         # variable name looks secret, this one knows the key itself.
         output = self._redactor.redact_value(output)
-        price = self.options.prices.get(model) or self.options.prices.get(reply.model or "")
+        found = self.options.prices.price(model, reply.model)
         return UnitResult(
             output=output,
             tokens_in=tokens_in,
             tokens_out=tokens_out,
             model=model,
-            cost=price.cost(tokens_in, tokens_out) if price else None,
+            cost=found[0].cost(tokens_in, tokens_out) if found and is_reported else None,
+            price_source=f"runners.{self.name}.{found[1]}" if found and is_reported else None,
             session_id=reply.completion_id or None,
+            # genai-prices prices OpenAI's own models; another server only by its URL.
+            provider=self.options.base_url or "openai",
+            tokens_estimated=not is_reported,
         )
 
     def _translate(self, exc: Exception, request: UnitRequest, model: str) -> RunnerError:
@@ -353,33 +351,9 @@ class OpenAIChatRunner:
             message = f"{where} got HTTP {status}: {_server_message(exc)}{_retry_after(exc)}"
         else:
             message, transient = f"{where} failed: {_clip(str(exc))}", False
-        return RunnerError(self._redactor.redact(message), transient=transient)
-
-
-class _TextSink:
-    """Hands the streamed text so far to a callback, at most every :data:`TEXT_EVERY_S`
-    seconds, and once more with the whole text; a failing callback never fails the unit."""
-
-    def __init__(self, callback: Callable[[str], None]) -> None:
-        self.callback = callback
-        self.calls = 0
-        self._last_at = float("-inf")
-        self._sent: str | None = None
-
-    @property
-    def is_due(self) -> bool:
-        """Whether a text offered now would be passed on (joining it can wait otherwise)."""
-        return time.monotonic() - self._last_at >= TEXT_EVERY_S
-
-    def offer(self, text: str, *, final: bool = False) -> None:
-        if text == self._sent or not (final or self.is_due):
-            return
-        self._last_at, self._sent = time.monotonic(), text
-        self.calls += 1
-        try:
-            self.callback(text)
-        except Exception:  # noqa: S110 - a view's bug must not fail the model call
-            pass
+        return RunnerError(
+            self._redactor.redact(message), transient=transient, retry_after_s=_retry_after_s(exc)
+        )
 
 
 def _create(client: OpenAI, kwargs: dict[str, Any], on_text: _TextSink | None) -> _Reply:
@@ -407,13 +381,15 @@ def _read_stream(stream: Stream[ChatCompletionChunk], on_text: _TextSink) -> _Re
         return _Reply.of(ChatCompletion.model_validate(response.json()))
     parts: list[str] = []
     refusal: list[str] = []
-    usage: tuple[int, int] | None = None
+    usage: tuple[int | None, int | None] | None = None
     model = completion_id = None
     has_content = False
     for chunk in stream:
         model, completion_id = chunk.model or model, chunk.id or completion_id
         if chunk.usage is not None:
-            usage = (int(chunk.usage.prompt_tokens or 0), int(chunk.usage.completion_tokens or 0))
+            # The last usage seen wins, never a sum: vLLM's continuous usage and Gemini's
+            # compatible endpoint send running totals in every chunk.
+            usage = _usage(chunk.usage) or usage
         delta = chunk.choices[0].delta if chunk.choices else None
         if delta is None:
             continue
@@ -432,6 +408,19 @@ def _read_stream(stream: Stream[ChatCompletionChunk], on_text: _TextSink) -> _Re
         usage=usage,
         model=model,
         completion_id=completion_id,
+    )
+
+
+def _usage(usage: Any) -> tuple[int | None, int | None] | None:
+    """(prompt, completion) tokens of a usage object; None for no usage at all."""
+    if usage is None:
+        return None
+    counts = (getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None))
+    if counts == (None, None):
+        return None
+    return (
+        None if counts[0] is None else int(counts[0]),
+        None if counts[1] is None else int(counts[1]),
     )
 
 
@@ -475,6 +464,15 @@ def _retry_after(exc: Any) -> str:
     return f" (retry after {_clip(value, 40)}s)" if value else ""
 
 
+def _retry_after_s(exc: Any) -> float | None:
+    response = getattr(exc, "response", None)
+    value = response.headers.get("retry-after") if response is not None else None
+    try:
+        return max(0.0, float(value)) if value else None
+    except ValueError:
+        return None  # an HTTP date: the step's own backoff applies
+
+
 def _clip(text: str, cap: int = _MESSAGE_CAP) -> str:
     return text if len(text) <= cap else text[: cap - 1] + "…"
 
@@ -498,24 +496,6 @@ def _str_option(name: str, value: Any) -> str | None:
     if value is not None and not isinstance(value, str):
         raise _option_error(name, "a string", value)
     return value or None
-
-
-def _parse_prices(raw: Any, where: str) -> dict[str, Price]:
-    if raw is None:
-        return {}
-    expected = "{input_per_mtok: number, output_per_mtok: number}"
-    if not isinstance(raw, Mapping):
-        raise _option_error(f"{where}.prices", f"a mapping {{model: {expected}}}", raw)
-    prices = {}
-    for model, entry in raw.items():
-        try:
-            prices[str(model)] = Price(
-                input_per_mtok=float(entry["input_per_mtok"]),
-                output_per_mtok=float(entry["output_per_mtok"]),
-            )
-        except (TypeError, KeyError, ValueError) as exc:
-            raise _option_error(f"{where}.prices.{model}", expected, entry) from exc
-    return prices
 
 
 def _option_error(name: str, expected: str, got: Any) -> RunnerError:

@@ -122,6 +122,9 @@ class ExecRunner(BaseRunner):
     descendant escapes the group and is not killed).
     """
 
+    ANSWER_OPTIONS: frozenset[str] = frozenset(())
+    """``output_cap`` only decides whether an attempt fails: nothing is hashed."""
+
     def __init__(self, *, output_cap: int = OUTPUT_CAP_BYTES, state_dir: str | None = None):
         self.output_cap = output_cap
         self.state_dir = state_dir

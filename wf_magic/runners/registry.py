@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import importlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
+from typing import Any
 
 from ..errors import UsageError
 from .base import Runner, RunnerContext
@@ -23,7 +24,13 @@ def _builtin(module: str, cls: str) -> RunnerFactory:
         made: Runner = runner_class.from_context(ctx)
         return made
 
+    def answer_options(options: Mapping[str, Any]) -> dict[str, Any]:
+        # The class declares its split (runners/identity.py); read on first use.
+        names = getattr(importlib.import_module(module, __package__), cls).ANSWER_OPTIONS
+        return {k: v for k, v in options.items() if k in names}
+
     factory.__qualname__ = f"{cls}.from_context"
+    factory.answer_options = answer_options  # type: ignore[attr-defined]
     return factory
 
 
@@ -33,6 +40,8 @@ BUILTINS: dict[str, RunnerFactory] = {
     "python": _builtin(".function", "FunctionRunner"),
     "openai": _builtin(".openai_chat", "OpenAIChatRunner"),
     "replay": _builtin(".replay", "ReplayRunner"),
+    "pydantic-ai": _builtin(".pydanticai", "PydanticAIRunner"),
+    "llm": _builtin(".llm_models", "LLMRunner"),
 }
 """The runners every plan may name; registered like plugins' (``replace=True`` overrides)."""
 

@@ -15,7 +15,10 @@ were paid when it was made and are not reported again.
 A cassette line is canonical JSON with the fields ``input_hash`` (the lookup key),
 ``phase`` (``work``/``gate``, default ``work``), ``output`` (the answer, as JSON), and for
 the reader's benefit ``step``, ``unit``, ``runner``, ``model``, ``tokens_in``, ``tokens_out``
-(what the recording cost when it was made).
+(what the recording cost when it was made). A recording made by a runner with
+answer-changing settings (``runners/identity.py``) also carries ``content_hash``, its input
+hash without them: the ``replay`` runner hashes no settings of its own, so a replayed unit
+finds such a recording by that key.
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ from ..store import Store
 from ..store.db import DB_FILENAME
 from ..store.recordings import RecordingRow
 from .base import RunnerContext, UnitRequest, UnitResult
+from .pricing import PRICE_OPTIONS
 
-_OPTION_NAMES = frozenset({"cassette", "journal"})
+_OPTION_NAMES = frozenset({"cassette", "journal"}) | PRICE_OPTIONS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,10 +55,16 @@ class Recording:
     output: Any
     tokens_in: int = 0
     tokens_out: int = 0
+    content_hash: str | None = None
+    """The input hash without the recording runner's settings: the key a replayed unit
+    (whose ``replay`` runner hashes no settings) is found by when ``input_hash`` differs."""
 
     def to_json_line(self) -> str:
         """The cassette line for this recording (canonical JSON, no newline)."""
-        return canonical_json(asdict(self))
+        line = asdict(self)
+        if line["content_hash"] is None:
+            del line["content_hash"]
+        return canonical_json(line)
 
     @classmethod
     def from_row(cls, row: RecordingRow) -> Recording:
@@ -69,6 +79,7 @@ class Recording:
             output=_decode(row.output_json),
             tokens_in=row.tokens_in,
             tokens_out=row.tokens_out,
+            content_hash=row.content_hash,
         )
 
     @classmethod
@@ -91,6 +102,9 @@ class Recording:
         except (TypeError, ValueError) as exc:
             raise RunnerError(f"{where}: tokens_in/tokens_out must be integers.") from exc
         model = data.get("model")
+        content_hash = data.get("content_hash")
+        if content_hash is not None and not isinstance(content_hash, str):
+            raise RunnerError(f"{where}: content_hash must be a string.")
         return cls(
             input_hash=data["input_hash"],
             step=str(data.get("step", "")),
@@ -101,11 +115,15 @@ class Recording:
             output=data["output"],
             tokens_in=tokens[0],
             tokens_out=tokens[1],
+            content_hash=content_hash,
         )
 
 
 class ReplayRunner:
     """Answers units from recordings; a unit nobody recorded is a permanent error."""
+
+    ANSWER_OPTIONS: frozenset[str] = frozenset(())
+    """Where recordings are read from never changes what a recording says."""
 
     def __init__(
         self,
@@ -186,6 +204,7 @@ class ReplayRunner:
             tokens_out=0,
             model=request.model or recording.model,
             cost=0.0,
+            price_source="replay",
         )
 
     def close(self) -> None:
@@ -252,11 +271,15 @@ def load_cassette(path: Path) -> dict[tuple[str, str], Recording]:
     except OSError as exc:
         raise RunnerError(f"Replay cassette {path} cannot be read: {exc}.") from exc
     tape: dict[tuple[str, str], Recording] = {}
+    by_content: dict[tuple[str, str], Recording] = {}
     for number, line in enumerate(text.splitlines(), start=1):
         if line.strip():
             rec = Recording.from_json_line(line, where=f"replay cassette {path} line {number}")
             tape[(rec.phase, rec.input_hash)] = rec
-    return tape
+            if rec.content_hash:
+                by_content[(rec.phase, rec.content_hash)] = rec
+    # An exact input hash wins over a recording found by its content hash.
+    return {**by_content, **tape}
 
 
 def export_cassette(store: Store, run_id: str) -> Iterator[str]:

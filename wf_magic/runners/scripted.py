@@ -24,7 +24,10 @@ A string reply containing ``{{`` is a Jinja template over ``prompt``, ``item``, 
 and ``groups`` (the regex groups). With no matching rule the reply is derived from the prompt:
 an instance of the output schema when one is set, an accepting verdict for a judge, else the
 text ``scripted reply <hash>: <first line>``. Tokens are counted by a simple tokenizer (words
-and punctuation marks), so the same prompt always costs the same.
+and punctuation marks), so the same prompt always costs the same. A reply longer than the
+unit's token offer (``UnitRequest.max_tokens``, what the run budget has left) stops at the
+offer, as a real model's would: ``tokens_out`` is the offer and the output the reply's text
+cut after that many tokens (a cut JSON reply is text that fails the step's schema).
 
 A ``match`` regex is checked when the plan is frozen, because Python's ``re`` backtracks and
 holds the GIL while it does: no timeout can stop a search once it started. A pattern whose
@@ -51,6 +54,7 @@ from ..errors import RunnerError
 from ..hashing import sha256_text
 from .base import BaseRunner, RunnerContext, UnitRequest, UnitResult
 from .function import call_with_timeout
+from .pricing import OFFLINE, PRICE_OPTIONS, PriceTable
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 _RULE_KEYS = {"match", "reply", "tokens_in", "tokens_out", "error", "sleep_s", "model", "kind"}
@@ -72,6 +76,16 @@ _SMALL_COUNT = 16
 def count_tokens(text: str) -> int:
     """Deterministic token count: words and punctuation marks."""
     return len(_TOKEN.findall(text))
+
+
+def truncate_tokens(text: str, limit: int) -> str:
+    """``text`` up to the end of its ``limit``-th token (:func:`count_tokens`' tokens)."""
+    if limit <= 0:
+        return ""
+    for number, token in enumerate(_TOKEN.finditer(text), start=1):
+        if number == limit:
+            return text[: token.end()]
+    return text
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -251,6 +265,9 @@ ReplyFunction = Callable[[UnitRequest], Any]
 class ScriptedRunner(BaseRunner):
     """Deterministic, offline runner answering from rules or a function."""
 
+    ANSWER_OPTIONS: frozenset[str] = frozenset({"rules", "replies", "model"})
+    """Every option picks replies: all are part of each unit's input hash."""
+
     def __init__(
         self,
         rules: Sequence[Mapping[str, Any] | Rule] = (),
@@ -271,12 +288,13 @@ class ScriptedRunner(BaseRunner):
     @classmethod
     def from_context(cls, ctx: RunnerContext) -> ScriptedRunner:
         """Factory: ``rules`` and ``replies`` from the plan's ``runners: {<name>: {...}}``."""
-        unknown = set(ctx.options) - {"rules", "replies", "model"}
+        unknown = set(ctx.options) - {"rules", "replies", "model"} - PRICE_OPTIONS
         if unknown:
             raise RunnerError(
                 f"runner {ctx.name!r}: unknown option(s) {sorted(unknown)}; the scripted runner "
-                "takes rules, replies and model"
+                "takes rules, replies, model, prices and local"
             )
+        PriceTable.parse(ctx.options, where=f"runners.{ctx.name}")  # refused now, not later
         rules = ctx.options.get("rules", [])
         replies = ctx.options.get("replies")
         model = ctx.options.get("model", "scripted-1")
@@ -326,15 +344,23 @@ class ScriptedRunner(BaseRunner):
             except ValueError:
                 pass  # the engine validates and feeds the mismatch back
         reply_text = reply if isinstance(reply, str) else json.dumps(reply, sort_keys=True)
+        tokens_out = (
+            rule.tokens_out if rule and rule.tokens_out is not None else count_tokens(reply_text)
+        )
+        cap = request.max_tokens
+        if cap is not None and tokens_out > cap:
+            # Like a real model offered `cap` tokens: the reply stops there (a JSON reply
+            # cut short no longer parses, and the step's schema check says so).
+            reply, tokens_out = truncate_tokens(reply_text, max(cap, 0)), max(cap, 0)
+        model = rule.model if rule and rule.model else request.model
         return UnitResult(
             output=reply,
             tokens_in=rule.tokens_in if rule and rule.tokens_in is not None else count_tokens(text),
-            tokens_out=(
-                rule.tokens_out
-                if rule and rule.tokens_out is not None
-                else count_tokens(reply_text)
-            ),
-            model=(rule.model if rule and rule.model else request.model or self.model),
+            tokens_out=tokens_out,
+            model=model or self.model,
+            # A model the workflow named is priced like the real one (an offline budget demo
+            # stops where a real run would); the runner's own model is never looked up.
+            provider=None if model else OFFLINE,
         )
 
     def _find(self, text: str, request: UnitRequest) -> tuple[Rule | None, re.Match[str] | None]:

@@ -110,6 +110,18 @@ def input_of(conn: sqlite3.Connection, input_hash: str) -> str | None:
     return None if row is None else str(row[0])
 
 
+def price_source_of(conn: sqlite3.Connection, run_id: str, dispatch_id: str) -> str | None:
+    """Where the cost of attempt ``dispatch_id`` came from, as its ``unit_finished`` event
+    recorded it; None when it was not priced (or finished before prices had sources)."""
+    row = conn.execute(
+        "SELECT json_extract(data_json, '$.price_source') FROM events WHERE run_id = ?"
+        " AND dispatch_id = ? AND kind = 'unit_finished' AND json_valid(data_json)"
+        " ORDER BY event_id DESC LIMIT 1",
+        (run_id, dispatch_id),
+    ).fetchone()
+    return None if row is None or row[0] is None else str(row[0])
+
+
 def inputs_of(conn: sqlite3.Connection, input_hashes: set[str]) -> dict[str, str]:
     """input_hash → input JSON text for the given hashes that were recorded."""
     wanted = sorted(input_hashes)
@@ -172,6 +184,8 @@ class Finish:
     session_id: str | None = None
     finished_at: float | None = None
     """When the unit finished (a deferred finish commits later); None: at the write."""
+    price_source: str | None = None
+    """Where ``cost`` came from (``runners/pricing.py``); kept in the ``unit_finished`` event."""
 
 
 def reserve_attempts_txn(
@@ -225,6 +239,7 @@ def finish_attempt_txn(conn: sqlite3.Connection, attempt: AttemptRow, finish: Fi
             "failure": finish.failure,
             "phase": attempt.phase,
             "loop": attempt.loop,
+            **({"price_source": finish.price_source} if finish.price_source else {}),
         },
     )
     return True

@@ -65,6 +65,10 @@ class JournalQueries(StoreAccess):
         text = self._read(lambda c: journal.input_of(c, input_hash))
         return None if text is None else dict(json.loads(text))
 
+    def price_source_of(self, run_id: str, dispatch_id: str) -> str | None:
+        """Where an attempt's cost came from (``genai-prices 0.2.3``, ``runners.x.prices``)."""
+        return self._read(lambda c: journal.price_source_of(c, run_id, dispatch_id), run_id)
+
     def inputs_of(self, input_hashes: set[str]) -> dict[str, str]:
         """The journaled inputs (JSON text) of the given hashes that have one."""
         return self._read(lambda c: journal.inputs_of(c, input_hashes))

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from .records import from_row
 
 _COLUMNS = (
-    "a.input_hash, a.step_id, a.unit_id, a.phase, a.runner, a.model, a.tokens_in, a.tokens_out"
+    "a.input_hash, a.step_id, a.unit_id, a.phase, a.runner, a.model, a.tokens_in, a.tokens_out,"
+    " (SELECT CASE WHEN json_valid(i.input_json) THEN json_extract(i.input_json,"
+    " '$.content_hash') END FROM inputs i WHERE i.input_hash = a.input_hash) AS content_hash"
 )
 
 
@@ -27,6 +29,9 @@ class RecordingRow:
     tokens_out: int
     output_json: str | None
     """The recorded output as stored (None when the attempt kept none)."""
+    content_hash: str | None = None
+    """The input's hash without the runner's settings (None: the runner had none that
+    change an answer, so ``input_hash`` is that hash)."""
 
 
 def latest_recording(
@@ -54,7 +59,24 @@ def latest_recording(
         ).fetchone()
         if row is not None:
             return from_row(RecordingRow, row)
-    return None
+    return _latest_by_content(conn, phase=phase, content_hash=input_hash, workflow=workflow)
+
+
+def _latest_by_content(
+    conn: sqlite3.Connection, *, phase: str, content_hash: str, workflow: str
+) -> RecordingRow | None:
+    """The newest succeeded attempt whose input, without its runner's settings, hashes to
+    ``content_hash`` (recorded by a runner with answer-changing options). A scan of
+    ``inputs``, paid only when no recording has that very input hash."""
+    row = conn.execute(
+        f"SELECT {_COLUMNS}, a.output_json FROM inputs i JOIN attempts a"
+        " ON a.input_hash = i.input_hash"
+        " WHERE json_valid(i.input_json) AND json_extract(i.input_json, '$.content_hash') = ?"
+        " AND a.status = 'succeeded' AND a.phase = ?"
+        " ORDER BY a.workflow = ? DESC, a.attempt_pk DESC LIMIT 1",
+        (content_hash, phase, workflow),
+    ).fetchone()
+    return from_row(RecordingRow, row) if row is not None else None
 
 
 def run_recordings(conn: sqlite3.Connection, run_id: str) -> list[RecordingRow]:

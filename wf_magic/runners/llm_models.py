@@ -1,0 +1,246 @@
+"""The ``llm`` runner: a unit through any model simonw/llm knows (its plugins, keys and aliases).
+
+Plan options (``runners: {llm: {...}}``; none of them is a secret):
+
+- ``model``: an llm model id or alias (``llm models`` lists them); a step's ``model:`` wins;
+  else llm's default model.
+- ``system``: a system prompt; ``options``: the model's own options (``temperature``, …).
+- ``api_key_env``: the NAME of a variable holding the key (else llm's stored keys and the
+  model's own variable); ``timeout_s``; ``prices``; ``local``.
+
+Usage comes from the response (llm's ``response.usage()``); a model that reports none is
+charged an estimate (4 characters a token) with a null cost. With an ``output:`` schema a
+model that supports schemas gets it as llm's ``schema=``; another gets the schema as an
+instruction in the prompt. A watched unit is streamed when the model can stream.
+
+Errors: llm has no error taxonomy of its own beyond ``NeedsKeyException`` and
+``UnknownModelError`` (permanent). An exception that carries an HTTP status (the openai
+SDK's, which llm's OpenAI-compatible models raise, and most SDKs') is classified by it like
+the other runners; timeouts and connection failures by their class names; anything else a
+plugin raises is permanent, since nothing says it is worth retrying. Plugins' own SDK
+retries stay on (llm gives no way to turn them off).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..errors import RunnerError
+from .base import RunnerContext, UnitRequest, UnitResult, strip_code_fence
+from .function import call_with_timeout
+from .pricing import PRICE_OPTIONS, PriceTable
+from .textsink import TextSink
+
+if TYPE_CHECKING:
+    import llm
+
+DEFAULT_TIMEOUT_S = 120.0
+TRANSIENT_STATUS = frozenset({408, 409, 425, 429})
+_OPTION_NAMES = frozenset(
+    {"model", "system", "options", "api_key_env", "timeout_s"} | PRICE_OPTIONS
+)
+_TRANSIENT_NAMES = ("Timeout", "TimedOut", "Connection", "Connect", "RateLimit", "Overloaded")
+_MESSAGE_CAP = 500
+
+
+class LLMRunner:
+    """Runs ``prompt`` and ``judge`` units through ``llm.get_model(...).prompt(...)``."""
+
+    ANSWER_OPTIONS: frozenset[str] = frozenset({"model", "system", "options"})
+    """What the model is and is asked with: hashed. Keys, timeouts and prices are not."""
+
+    def __init__(self, options: Mapping[str, Any], *, name: str = "llm") -> None:
+        self.name = name
+        self.options = dict(options)
+        self._lock = threading.Lock()
+        self._models: dict[str | None, llm.Model] = {}
+
+    @classmethod
+    def from_context(cls, ctx: RunnerContext) -> LLMRunner:
+        """The registry factory.
+
+        Raises:
+            RunnerError: permanent, naming the bad option.
+        """
+        _check_options(ctx.options, f"runners.{ctx.name}")
+        return cls(ctx.options, name=ctx.name)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(_lock=None, _models={})
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def run(self, request: UnitRequest) -> UnitResult:
+        """One prompt; past the timeout the call is abandoned (transient).
+
+        Raises:
+            RunnerError: see the module docstring for the classification.
+        """
+        where = f"{self.name} runner: unit {request.unit_id}"
+        if request.kind not in ("prompt", "judge") or request.prompt is None:
+            raise RunnerError(f"{where} is a {request.kind} unit; this runner only runs prompts.")
+        model = self._model(request.model or self.options.get("model"), where)
+        where = f"{where} (model {model.model_id})"
+        timeout_s = float(request.timeout_s or self.options.get("timeout_s", DEFAULT_TIMEOUT_S))
+        try:
+            return call_with_timeout(
+                lambda: self._prompt(model, request, where), timeout_s, what=f"{where} call"
+            )
+        except RunnerError:
+            raise
+        except Exception as exc:
+            raise _translate(exc, where) from exc
+
+    def close(self) -> None:
+        """Forget the resolved models (llm keeps no connection of ours)."""
+        with self._lock:
+            self._models = {}
+
+    def _model(self, name: str | None, where: str) -> llm.Model:
+        with self._lock:
+            if name not in self._models:
+                try:
+                    import llm
+                except ImportError as exc:
+                    raise RunnerError(
+                        f"The {self.name} runner needs llm: pip install 'wf_magic[llm]'."
+                    ) from exc
+                try:
+                    self._models[name] = llm.get_model(name)
+                except llm.UnknownModelError as exc:
+                    raise RunnerError(
+                        f"{where}: llm knows no model {name!r}; `llm models` lists them "
+                        "(install the plugin that provides it)."
+                    ) from exc
+            return self._models[name]
+
+    def _prompt(self, model: llm.Model, request: UnitRequest, where: str) -> UnitResult:
+        schema = _schema_of(request)
+        prompt = request.prompt or ""
+        kwargs: dict[str, Any] = {"options": dict(self.options.get("options") or {})}
+        if request.max_tokens is not None and "max_tokens" in _option_fields(model):
+            kwargs["options"]["max_tokens"] = request.max_tokens  # the run budget's offer
+        if self.options.get("system"):
+            kwargs["system"] = str(self.options["system"])
+        if schema is not None and model.supports_schema:
+            kwargs["schema"] = schema
+        elif schema is not None:
+            prompt += (
+                "\n\nAnswer with a single JSON value matching this JSON Schema, and nothing "
+                "else:\n" + json.dumps(schema, sort_keys=True)
+            )
+        key_env = self.options.get("api_key_env")
+        if key_env:
+            kwargs["key"] = os.environ.get(key_env) or None
+        streaming = request.on_text is not None and model.can_stream
+        response = model.prompt(prompt, stream=streaming, **kwargs)
+        if streaming and request.on_text is not None:
+            sink, parts = TextSink(request.on_text), []
+            for chunk in response:
+                parts.append(chunk)
+                if sink.is_due:
+                    sink.offer("".join(parts))
+            text = response.text()
+            sink.offer(text, final=True)
+        else:
+            text = response.text()
+        usage = response.usage()
+        estimated = usage.input is None or usage.output is None
+        tokens_in = _estimate(prompt) if usage.input is None else int(usage.input)
+        tokens_out = _estimate(text) if usage.output is None else int(usage.output)
+        return UnitResult(
+            output=_parse_json(text) if schema is not None else text,
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
+            model=model.model_id,
+            session_id=getattr(response, "id", None),
+            tokens_estimated=estimated,
+        )
+
+
+def _option_fields(model: Any) -> frozenset[str]:
+    """The option names ``model`` takes (llm models declare a pydantic ``Options`` class)."""
+    fields = getattr(getattr(model, "Options", None), "model_fields", None) or {}
+    return frozenset(fields)
+
+
+def _check_options(options: Mapping[str, Any], where: str) -> None:
+    unknown = sorted(map(str, set(options) - _OPTION_NAMES))
+    if unknown:
+        raise RunnerError(
+            f"{where}: unknown option(s) {', '.join(unknown)}; expected some of "
+            f"{', '.join(sorted(_OPTION_NAMES))}."
+        )
+    for key in ("model", "system", "api_key_env"):
+        if key in options and not isinstance(options[key], str):
+            raise RunnerError(f"{where}.{key}: expected a string (got {options[key]!r}).")
+    if "options" in options and not isinstance(options["options"], Mapping):
+        raise RunnerError(f"{where}.options: expected a mapping (got {options['options']!r}).")
+    timeout_s = options.get("timeout_s", DEFAULT_TIMEOUT_S)
+    if not isinstance(timeout_s, int | float) or isinstance(timeout_s, bool) or timeout_s <= 0:
+        raise RunnerError(f"{where}.timeout_s: expected a positive number (got {timeout_s!r}).")
+    PriceTable.parse(options, where=where)
+
+
+def _schema_of(request: UnitRequest) -> dict[str, Any] | None:
+    if request.output_schema is not None:
+        return dict(request.output_schema)
+    if request.kind == "judge":
+        from .pydanticai import VERDICT_SCHEMA
+
+        return VERDICT_SCHEMA
+    return None
+
+
+def _parse_json(text: str) -> Any:
+    try:
+        return json.loads(strip_code_fence(text))
+    except ValueError:
+        return text  # the engine's schema check feeds the mismatch back
+
+
+def _estimate(text: str) -> int:
+    return math.ceil(len(text) / 4)
+
+
+def _translate(exc: Exception, where: str) -> RunnerError:
+    """What can be told from an exception llm or a plugin raised (see the module docstring)."""
+    import llm
+
+    status = getattr(exc, "status_code", None)
+    if status is None:
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+    if isinstance(exc, llm.NeedsKeyException):
+        transient, message = False, f"{where} has no key: {_clip(str(exc))}"
+    elif isinstance(status, int):
+        transient = status in TRANSIENT_STATUS or status >= 500
+        message = f"{where} got HTTP {status}: {_server_message(exc)}"
+    elif any(part in type(exc).__name__ for part in _TRANSIENT_NAMES):
+        transient, message = True, f"{where} failed: {type(exc).__name__}: {_clip(str(exc))}"
+    else:
+        transient, message = False, f"{where} failed: {type(exc).__name__}: {_clip(str(exc))}"
+    return RunnerError(message.rstrip(".") + ".", transient=transient)
+
+
+def _server_message(exc: Exception) -> str:
+    body = getattr(exc, "body", None)
+    if isinstance(body, Mapping):
+        error = body.get("error", body)
+        if isinstance(error, Mapping) and isinstance(error.get("message"), str):
+            return _clip(error["message"])
+        if isinstance(body.get("message"), str):
+            return _clip(body["message"])
+    return _clip(str(getattr(exc, "message", exc)))
+
+
+def _clip(text: str, cap: int = _MESSAGE_CAP) -> str:
+    return text if len(text) <= cap else text[: cap - 1] + "…"

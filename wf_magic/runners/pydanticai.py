@@ -1,0 +1,452 @@
+"""The ``pydantic-ai`` runner: one model call per unit through pydantic-ai's direct request API.
+
+Plan options (``runners: {pydantic-ai: {...}}``; none of them is a secret):
+
+- ``model``: pydantic-ai's ``provider:model`` name (``anthropic:claude-sonnet-4-5``,
+  ``google:gemini-2.5-flash``, ``bedrock:…``, ``mistral:…``, ``groq:…``, ``openai:…``); a
+  step's ``model:`` wins.
+- ``base_url``: the provider's endpoint (else the SDK's own variable, ``ANTHROPIC_BASE_URL``…).
+- ``api_key_env``: the NAME of the variable holding the key (else the SDK's default).
+- ``system_prompt``, ``temperature``, ``top_p``, ``seed``, ``settings`` (more pydantic-ai
+  ``ModelSettings``): what the model is asked with.
+- ``timeout_s`` (default 120; a step's ``timeout:`` wins), ``prices``, ``local``.
+
+No agent loop: a unit is one request. A step's ``output:`` schema (and a judge's verdict)
+is asked for the provider's native way: a JSON-schema response format where the model's
+profile supports one, else a forced output tool. A watched unit is streamed. Usage counts
+cache reads and writes in ``tokens_in`` and prices them at their own rates. The SDKs' own
+retries are off: the engine retries transient errors (408, 409, 425, 429, 5xx, 529,
+timeouts, connection failures, honouring ``retry_after``); others are permanent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import math
+import os
+import queue
+import threading
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..errors import RunnerError
+from .base import RunnerContext, UnitRequest, UnitResult, strip_code_fence
+from .pricing import PRICE_OPTIONS, PriceTable, attempt_cost
+from .textsink import TextSink
+
+if TYPE_CHECKING:
+    from pydantic_ai.messages import ModelResponse
+    from pydantic_ai.models import Model
+
+DEFAULT_TIMEOUT_S = 120.0
+TRANSIENT_STATUS = frozenset({408, 409, 425, 429})
+VERDICT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "complete": {"type": "boolean"},
+        "feedback": {"type": "string"},
+        "missing": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["complete", "feedback", "missing"],
+}
+_SETTING_OPTIONS = ("temperature", "top_p", "seed")
+_OPTION_NAMES = frozenset(
+    {"model", "base_url", "api_key_env", "system_prompt", "settings", "timeout_s"}
+    | set(_SETTING_OPTIONS)
+    | PRICE_OPTIONS
+)
+_GENAI_PROVIDERS = {"google-gla": "google", "google-vertex": "google", "bedrock": "aws"}
+"""pydantic-ai provider names → genai-prices provider ids, where they differ."""
+_NO_SDK_RETRIES = {"anthropic": ("anthropic", "AsyncAnthropic"), "groq": ("groq", "AsyncGroq")}
+"""Providers whose SDK client is built here with ``max_retries=0`` (the engine retries)."""
+_MESSAGE_CAP = 500
+
+
+class PydanticAIRunner:
+    """Runs ``prompt`` and ``judge`` units through ``pydantic_ai.direct.model_request``.
+
+    The calls run on one private event loop thread (a notebook's running loop is never
+    touched); units on several worker threads share it.
+    """
+
+    ANSWER_OPTIONS: frozenset[str] = frozenset(
+        {"model", "base_url", "system_prompt", "settings", *_SETTING_OPTIONS}
+    )
+    """What the model is asked and where: hashed. The key's variable, the timeout and prices
+    are not."""
+
+    def __init__(self, options: Mapping[str, Any], *, name: str = "pydantic-ai") -> None:
+        self.name = name
+        self.options = dict(options)
+        self.prices = PriceTable.parse(options, where=f"runners.{name}")
+        self._lock = threading.Lock()
+        self._models: dict[str, Model] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def from_context(cls, ctx: RunnerContext) -> PydanticAIRunner:
+        """The registry factory.
+
+        Raises:
+            RunnerError: permanent, naming the bad option.
+        """
+        _check_options(ctx.options, f"runners.{ctx.name}")
+        return cls(ctx.options, name=ctx.name)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(_lock=None, _models={}, _loop=None, _thread=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def run(self, request: UnitRequest) -> UnitResult:
+        """One model request for the unit.
+
+        Raises:
+            RunnerError: transient for rate limits, overload, 5xx, timeouts, connection
+                failures; permanent for other refusals, a content filter or a bad setup.
+        """
+        name = self._model_name(request)
+        model = self._model(name)
+        from pydantic_ai.exceptions import AgentRunError, UserError
+
+        timeout_s = float(request.timeout_s or self.options.get("timeout_s", DEFAULT_TIMEOUT_S))
+        try:
+            response = self._call(model, request, timeout_s)
+        except (AgentRunError, UserError) as exc:
+            raise _translate(exc, self._where(request, name)) from exc
+        except concurrent.futures.TimeoutError as exc:
+            message = f"{self._where(request, name)} timed out after {timeout_s:g}s."
+            raise RunnerError(message, transient=True) from exc
+        return self._result(response, request, name)
+
+    def close(self) -> None:
+        """Stop the event loop thread (a later unit starts a new one)."""
+        with self._lock:
+            loop, thread, self._loop, self._thread = self._loop, self._thread, None, None
+            self._models = {}
+        if loop is not None and thread is not None:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=5)
+            loop.close()
+
+    # -- the call --------------------------------------------------------------------------------
+    def _model_name(self, request: UnitRequest) -> str:
+        where = f"{self.name} runner: unit {request.unit_id}"
+        if request.kind not in ("prompt", "judge") or request.prompt is None:
+            raise RunnerError(f"{where} is a {request.kind} unit; this runner only runs prompts.")
+        if request.max_tokens is not None and request.max_tokens <= 0:
+            raise RunnerError(f"{where}: the run budget has no tokens left for an answer.")
+        name = request.model or self.options.get("model")
+        if not isinstance(name, str) or ":" not in name:
+            raise RunnerError(
+                f"{where} needs a model named provider:model (got {name!r}), e.g. "
+                f"anthropic:claude-sonnet-4-5; set `model:` on the step or in runners.{self.name}."
+            )
+        return name
+
+    def _model(self, name: str) -> Model:
+        with self._lock:
+            if name not in self._models:
+                try:
+                    from pydantic_ai.models import infer_model
+                except ImportError as exc:
+                    raise RunnerError(
+                        f"The {self.name} runner needs pydantic-ai: "
+                        "pip install 'wf_magic[pydantic-ai]'."
+                    ) from exc
+                try:
+                    self._models[name] = infer_model(name, provider_factory=self._provider)
+                except Exception as exc:  # a missing key, an unknown provider, an SDK missing
+                    raise RunnerError(
+                        f"{self.name} runner cannot make model {name}: {_clip(str(exc))}"
+                    ) from exc
+            return self._models[name]
+
+    def _provider(self, provider: str) -> Any:
+        import importlib
+        import inspect
+
+        from pydantic_ai.providers import infer_provider, infer_provider_class
+
+        key_env, base_url = self.options.get("api_key_env"), self.options.get("base_url")
+        key = os.environ.get(key_env) if key_env else None
+        cls = infer_provider_class(provider)
+        if provider in _NO_SDK_RETRIES:
+            module, client = _NO_SDK_RETRIES[provider]
+            sdk = getattr(importlib.import_module(module), client)
+            made = sdk(api_key=key, base_url=base_url, max_retries=0)
+            return cls(**{f"{module}_client": made})
+        accepted = inspect.signature(cls.__init__).parameters
+        kwargs = {
+            k: v for k, v in (("api_key", key), ("base_url", base_url)) if v and k in accepted
+        }
+        return cls(**kwargs) if kwargs else infer_provider(provider)
+
+    def _loop_running(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(
+                    target=loop.run_forever, name=f"{self.name}-runner-loop", daemon=True
+                )
+                thread.start()
+                self._loop, self._thread = loop, thread
+            return self._loop
+
+    def _call(self, model: Model, request: UnitRequest, timeout_s: float) -> ModelResponse:
+        """The response, awaited from the unit's thread; streamed text reaches ``on_text``
+        from this thread too."""
+        texts: queue.SimpleQueue[str] = queue.SimpleQueue()
+        sink = None if request.on_text is None else TextSink(request.on_text)
+        coro = self._request(model, request, texts.put if sink else None, timeout_s)
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop_running())
+        deadline_s = timeout_s + 10  # the SDK's own timeout fires first; this is a backstop
+        waited = 0.0
+        while True:
+            try:
+                response = future.result(timeout=0.05 if sink else deadline_s)
+                break
+            except concurrent.futures.TimeoutError:
+                waited += 0.05 if sink else deadline_s
+                if waited >= deadline_s:
+                    future.cancel()
+                    raise
+            finally:
+                _drain(texts, sink)
+        if sink is not None:
+            sink.offer(_text_of(response), final=True)
+        return response
+
+    async def _request(
+        self,
+        model: Model,
+        request: UnitRequest,
+        put_text: Callable[[str], None] | None,
+        timeout_s: float,
+    ) -> ModelResponse:
+        from pydantic_ai.direct import model_request, model_request_stream
+
+        messages = self._messages(request)
+        settings = self._settings(request, timeout_s)
+        params = _parameters(model, _schema_of(request))
+        if put_text is None:
+            return await model_request(
+                model, messages, model_settings=settings, model_request_parameters=params
+            )
+        async with model_request_stream(
+            model, messages, model_settings=settings, model_request_parameters=params
+        ) as stream:
+            async for _event in stream:
+                put_text(_text_of(stream.get()))
+            return stream.get()
+
+    def _messages(self, request: UnitRequest) -> list[Any]:
+        from pydantic_ai.messages import ModelRequest, SystemPromptPart, UserPromptPart
+
+        parts: list[Any] = []
+        system = self.options.get("system_prompt")
+        if system:
+            parts.append(SystemPromptPart(content=str(system)))
+        parts.append(UserPromptPart(content=request.prompt or ""))
+        return [ModelRequest(parts=parts)]
+
+    def _settings(self, request: UnitRequest, timeout_s: float) -> Any:
+        settings: dict[str, Any] = dict(self.options.get("settings") or {})
+        settings.update({k: self.options[k] for k in _SETTING_OPTIONS if k in self.options})
+        settings["timeout"] = timeout_s
+        if request.max_tokens is not None:
+            settings["max_tokens"] = request.max_tokens
+        return settings
+
+    # -- the answer ------------------------------------------------------------------------------
+    def _result(self, response: ModelResponse, request: UnitRequest, name: str) -> UnitResult:
+        where = self._where(request, name)
+        if response.finish_reason == "content_filter":
+            raise RunnerError(f"{where} was stopped by the provider's content filter.")
+        schema = _schema_of(request)
+        output = _output_of(response, schema)
+        usage = response.usage
+        tokens_in, tokens_out = int(usage.input_tokens or 0), int(usage.output_tokens or 0)
+        cache_read, cache_write = int(usage.cache_read_tokens), int(usage.cache_write_tokens)
+        provider_name = response.provider_name or name.split(":", 1)[0]
+        bare = response.model_name or name.split(":", 1)[1]
+        cost, source = attempt_cost(
+            runner=self.name,
+            options=self.options,
+            model=name,
+            also=(bare,),
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
+            cache_read=cache_read,
+            cache_write=cache_write,
+            provider=_GENAI_PROVIDERS.get(provider_name, provider_name),
+            catalogue_model=bare,
+        )
+        return UnitResult(
+            output=output,
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
+            cache_read_tokens=cache_read,
+            cache_write_tokens=cache_write,
+            model=name,
+            cost=cost,
+            price_source=source,
+            session_id=response.provider_response_id,
+            provider=provider_name,
+        )
+
+    def _where(self, request: UnitRequest, name: str) -> str:
+        return f"{self.name} runner: unit {request.unit_id} (model {name})"
+
+
+def _check_options(options: Mapping[str, Any], where: str) -> None:
+    if "api_key" in options:
+        raise RunnerError(
+            f"{where}.api_key would store a secret in the plan; put the key in an environment "
+            "variable and name it with api_key_env."
+        )
+    unknown = sorted(map(str, set(options) - _OPTION_NAMES))
+    if unknown:
+        raise RunnerError(
+            f"{where}: unknown option(s) {', '.join(unknown)}; expected some of "
+            f"{', '.join(sorted(_OPTION_NAMES))}."
+        )
+    for key in ("model", "base_url", "api_key_env", "system_prompt"):
+        if key in options and not isinstance(options[key], str):
+            raise RunnerError(f"{where}.{key}: expected a string (got {options[key]!r}).")
+    if "settings" in options and not isinstance(options["settings"], Mapping):
+        raise RunnerError(f"{where}.settings: expected a mapping (got {options['settings']!r}).")
+    timeout_s = options.get("timeout_s", DEFAULT_TIMEOUT_S)
+    if not isinstance(timeout_s, int | float) or isinstance(timeout_s, bool) or timeout_s <= 0:
+        raise RunnerError(f"{where}.timeout_s: expected a positive number (got {timeout_s!r}).")
+    PriceTable.parse(options, where=where)
+
+
+def _schema_of(request: UnitRequest) -> dict[str, Any] | None:
+    if request.output_schema is not None:
+        return dict(request.output_schema)
+    return VERDICT_SCHEMA if request.kind == "judge" else None
+
+
+def _is_object(schema: Mapping[str, Any]) -> bool:
+    return schema.get("type") == "object"
+
+
+def _parameters(model: Model, schema: dict[str, Any] | None) -> Any:
+    """Request parameters asking for ``schema`` natively (or by an output tool)."""
+    from pydantic_ai.models import ModelRequestParameters
+
+    if schema is None:
+        return ModelRequestParameters()
+    # Providers take objects only: anything else travels wrapped as {"response": …}.
+    wrapped = schema if _is_object(schema) else _wrap(schema)
+    profile = model.profile
+    if profile.get("supports_json_schema_output"):
+        from pydantic_ai.output import OutputObjectDefinition
+
+        return ModelRequestParameters(
+            output_mode="native",
+            output_object=OutputObjectDefinition(json_schema=wrapped, name="output"),
+            allow_text_output=False,
+        )
+    from pydantic_ai.tools import ToolDefinition
+
+    tool = ToolDefinition(
+        name="final_result",
+        parameters_json_schema=wrapped,
+        description="The answer.",
+        kind="output",
+    )
+    return ModelRequestParameters(output_mode="tool", output_tools=[tool], allow_text_output=False)
+
+
+def _wrap(schema: Mapping[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "properties": {"response": dict(schema)}, "required": ["response"]}
+
+
+def _output_of(response: ModelResponse, schema: Mapping[str, Any] | None) -> Any:
+    from pydantic_ai.messages import ToolCallPart
+
+    if schema is None:
+        return _text_of(response)
+    calls = [p for p in response.parts if isinstance(p, ToolCallPart)]
+    if calls:
+        value: Any = calls[0].args_as_dict()
+    else:
+        import json
+
+        text = strip_code_fence(_text_of(response))
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return _text_of(response)  # the engine's schema check feeds the mismatch back
+    if not _is_object(schema) and isinstance(value, dict) and set(value) == {"response"}:
+        return value["response"]
+    return value
+
+
+def _text_of(response: ModelResponse) -> str:
+    from pydantic_ai.messages import TextPart
+
+    return "".join(p.content for p in response.parts if isinstance(p, TextPart))
+
+
+def _drain(texts: queue.SimpleQueue[str], sink: TextSink | None) -> None:
+    latest = None
+    while True:
+        try:
+            latest = texts.get_nowait()
+        except queue.Empty:
+            break
+    if sink is not None and latest is not None and sink.is_due:
+        sink.offer(latest)
+
+
+def _translate(exc: Exception, where: str) -> RunnerError:
+    """A pydantic-ai error as a transient or permanent ``RunnerError`` with the provider's word."""
+    from pydantic_ai import exceptions as pe
+
+    retry_after = getattr(exc, "retry_after", None)
+    status = getattr(exc, "status_code", None)
+    if isinstance(exc, pe.ContentFilterError):
+        return RunnerError(f"{where} was stopped by the provider's content filter.")
+    if isinstance(status, int):
+        transient = status in TRANSIENT_STATUS or status >= 500
+        message = f"{where} got HTTP {status}: {_provider_message(exc)}"
+    elif isinstance(exc, pe.ModelTimeoutError | pe.ModelRequestTimeout):
+        transient, message = True, f"{where} timed out."
+    elif isinstance(exc, pe.ModelConnectionError):
+        transient, message = True, f"{where} could not connect ({_clip(str(exc))}); is it up?"
+    elif isinstance(exc, pe.ModelRateLimitError | pe.ModelUnavailableError | pe.ModelServerError):
+        transient, message = True, f"{where} failed: {_provider_message(exc)}"
+    else:
+        transient, message = False, f"{where} failed: {_clip(str(exc))}"
+    if retry_after is not None and transient:
+        message += f" (retry after {retry_after:g}s)"
+    if not message.endswith("."):
+        message += "."
+    after = float(retry_after) if isinstance(retry_after, int | float) else None
+    if after is not None and not math.isfinite(after):
+        after = None
+    return RunnerError(message, transient=transient, retry_after_s=after)
+
+
+def _provider_message(exc: Exception) -> str:
+    body = getattr(exc, "body", None)
+    if isinstance(body, Mapping):
+        error = body.get("error", body)
+        if isinstance(error, Mapping) and isinstance(error.get("message"), str):
+            return _clip(error["message"])
+    if isinstance(body, str) and body.strip():
+        return _clip(body.strip())
+    return _clip(str(getattr(exc, "message", exc)))
+
+
+def _clip(text: str, cap: int = _MESSAGE_CAP) -> str:
+    return text if len(text) <= cap else text[: cap - 1] + "…"

@@ -200,14 +200,15 @@ class Run:
             self.store, self.run_id, step_id, workflow=self.workflow, verdict=verdict, loop=loop
         )
         if self.bus is not None:
+            redactor = self.store.scrubber.redactor(self.run_id)  # as the journal keeps it
             self.bus.notify(
                 "gate_verdict",
                 run_id=self.run_id,
                 step_id=step_id,
                 loop=decided,
                 complete=verdict.complete,
-                feedback=verdict.feedback,
-                missing=list(verdict.missing),
+                feedback=redactor.redact(verdict.feedback),
+                missing=redactor.redact_value(list(verdict.missing)),
                 judge="human",
             )
         return decided

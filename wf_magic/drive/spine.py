@@ -302,6 +302,9 @@ def _write_step(
     output_json: str | None,
     stops_run: bool = False,
 ) -> None:
+    # Redacted as the Store will write them, so a re-drive compares like with like.
+    scrub = ctx.store.scrubber
+    note, output_json = scrub.text(state.run_id, note), scrub.json_text(state.run_id, output_json)
     current = state.step_rows[step.id]
     if (
         current.status,

@@ -366,15 +366,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         code = error_exit_code(exc)
-        print(f"error: {exc}", file=sys.stderr)
+        print(_masked(f"error: {exc}", store, args), file=sys.stderr)
         return code
     except Exception as exc:  # noqa: BLE001 - a row no layer could read: one line, not a wall
         if args.debug:
             raise
-        print(f"error: {_unreadable(store, args, exc)}", file=sys.stderr)
+        print(_masked(f"error: {_unreadable(store, args, exc)}", store, args), file=sys.stderr)
         return EXIT_FAILED
     finally:
         store.close()
+
+
+def _masked(text: str, store: Store, args: argparse.Namespace) -> str:
+    """An error line with every secret masked as the journal masks it: the environment's, the
+    secret params this command was handed (``--param api_key=...``, ``conf={"gh_token": ...}``,
+    however nested) and credential shapes."""
+    from .redact import is_secret_key, secret_strings
+
+    given: dict[str, object] = {}
+    for pair in getattr(args, "param", None) or ():
+        name, _, value = pair.partition("=")
+        given[name.strip()] = value
+        if not is_secret_key(name.strip()):
+            try:
+                given[name.strip()] = json.loads(value)
+            except ValueError:
+                pass
+    return store.scrubber.redactor(None).with_secrets(secret_strings(given)).redact(text)
 
 
 def _unreadable(store: Store, args: argparse.Namespace, exc: Exception) -> str:

@@ -20,8 +20,11 @@ Shorter pieces are left: they are mostly a key format's fixed start (``sk-live-`
 ``github_pat_``), which innocent text may quote; twelve characters reach into the random part.
 """
 CLIP_MARKS = ("…", "...", "\\u2026", "'", '"', "`")
-"""What may follow a clipped piece of a secret: an ellipsis (as text or JSON-escaped), or the
-closing quote of a clipped value quoted in a message (``got str: 'sk-live-abcd…'``)."""
+"""What may follow the start of a clipped secret: an ellipsis (as text or JSON-escaped), or
+the closing quote of a clipped value quoted in a message (``got str: 'sk-live-abcd…'``).
+The end of a secret whose start was cut off (a tail kept) is masked at the start of a text
+or after an ellipsis (``…ghij0123 exited``)."""
+_ELLIPSES = ("…", "...")
 
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
 # Stricter, for keys inside JSON values (model outputs): the name must *end* in a secret
@@ -193,6 +196,7 @@ class Redactor:
 
     def _mask_known(self, text: str, heads: re.Pattern[str]) -> str:
         """``text`` with each known secret, and each clipped piece of one, masked (one pass)."""
+        text = self._mask_tails(text)
         parts: list[str] = []
         pos = start = 0
         while (found := heads.search(text, start)) is not None:
@@ -207,6 +211,41 @@ class Redactor:
             return text
         parts.append(text[pos:])
         return "".join(parts)
+
+    def _mask_tails(self, text: str) -> str:
+        """``text`` with the kept end of a secret masked at its start and after each ``…``."""
+        starts = [0]
+        for mark in _ELLIPSES:
+            found = text.find(mark)
+            while found >= 0:
+                starts.append(found + len(mark))
+                found = text.find(mark, found + 1)
+        parts: list[str] = []
+        pos = 0
+        for at in sorted(set(starts)):
+            length = self._tail_at(text, at) if at >= pos else 0
+            if length:
+                parts += (text[pos:at], MASK)
+                pos = at + length
+        if not parts:
+            return text
+        parts.append(text[pos:])
+        return "".join(parts)
+
+    def _tail_at(self, text: str, at: int) -> int:
+        """How many characters from ``at`` are the end of a known secret (its start cut off)."""
+        piece = text[at : at + PREFIX_MIN]
+        if len(piece) < PREFIX_MIN:
+            return 0
+        best = 0
+        for forms in self._by_start.values():
+            for form in forms:
+                found = form.find(piece, 1)
+                while found > 0:
+                    if len(form) - found > best and text.startswith(form[found:], at):
+                        best = len(form) - found
+                    found = form.find(piece, found + 1)
+        return best
 
     def _known_at(self, text: str, at: int) -> int:
         """How many characters from ``at`` are a known secret or a clipped piece of one."""

@@ -77,11 +77,14 @@ def obtain_verdict(
     """
     gate = step.gate or GateSpec()
     summary = artifact_summary(artifact, unit_count=unit_count)
+    runner, model = _judge_runner(state, step, gate)
     try:
         criteria = render_criteria(gate.criteria, template_context(state.params, state.outputs))
     except TemplateError as exc:
-        criteria = [f"(criteria failed to render: {exc})"]
-    runner, model = _judge_runner(state, step, gate)
+        # A judge that cannot read its criteria cannot judge (DESIGN §3.6): the step blocks.
+        return _criteria_failed(
+            ctx, state, step, loop=loop, summary=summary, runner=runner, model=model, exc=exc
+        )
     hashed = {
         "judge": gate.judge,
         "criteria": criteria,
@@ -127,6 +130,52 @@ def obtain_verdict(
         )
     _announce(ctx, state, step.id, loop, verdict)
     return Judged(verdict=verdict, input_hash=input_hash, summary=summary)
+
+
+def _criteria_failed(
+    ctx: DriveContext,
+    state: RunState,
+    step: PlanStep,
+    *,
+    loop: int,
+    summary: str,
+    runner: str,
+    model: str | None,
+    exc: TemplateError,
+) -> Judged | GateWaiting:
+    """The gate's criteria failed to render for this run's values: no judge is asked.
+
+    The failure is journaled as a failed attempt of the gate unit and the step blocks without
+    consuming a loop; a person may still decide the loop (``wf approve``), and that decision
+    is found here on the next drive.
+    """
+    gate = step.gate or GateSpec()
+    failure = RunnerError(f"criteria failed to render: {exc}")
+    hashed = {
+        "judge": gate.judge,
+        "criteria": list(gate.criteria),
+        "criteria_error": str(exc),
+        "summary": summary,
+        "check": gate.check,
+        "model": model,
+    }
+    input_hash = hash_value(hashed)
+    unit_id = gate_unit_id(step.id, loop)
+    recorded = ctx.store.find_in_run(run_id=state.run_id, input_hash=input_hash, unit_id=unit_id)
+    if recorded is not None and recorded.output_json:
+        verdict = Verdict.from_json(json.loads(recorded.output_json))
+        return Judged(verdict=verdict, input_hash=input_hash, summary=summary)
+    key = gate_key(
+        state, step.id, loop, runner=runner, model=model, input_hash=input_hash, judge_input=hashed
+    )
+    attempt = ctx.store.reserve_attempt(key, charged=False)
+    shown = attempts.finish_error(ctx, state, attempt, failure)
+    return GateWaiting(
+        reason=f"judge failed on loop {loop}: {shown}; no loop was consumed. The criteria are "
+        "frozen in the plan: fix them and start afresh (`--new`), or decide the step by hand "
+        "(`wf approve` / `wf reject`).",
+        waiting=Waiting(loop=loop, input_hash=input_hash, summary=summary, judge="failed"),
+    )
 
 
 def _reuse_verdict(
@@ -229,7 +278,8 @@ def _judge_llm(
             timeout_s=step.timeout_s,
         )
         result = state.runner(ctx, key.runner).run(request)
-        verdict = parse_verdict(result.output)
+        # Redacted before parsing: an unparsable reply is quoted, clipped, in the failure.
+        verdict = parse_verdict(state.redactor.redact_value(result.output))
     except Exception as exc:
         # Whatever the judge raised, its attempt ends failed and the step blocks: a judge
         # bug never leaves the attempt running or kills the drive.

@@ -8,6 +8,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
+from ..errors import clip
 from ..hashing import canonical_json, sha256_text
 from ..templates import TemplateError, evaluate, references
 from .loopcontext import context_hash
@@ -219,7 +220,7 @@ def map_items(source: str, params: Mapping[str, Any], outputs: Mapping[str, Any]
         value = list(value)
     if not isinstance(value, list):
         raise StepInputError(
-            f"map must evaluate to a list (got {type(value).__name__}: {str(value)[:80]!r})"
+            f"map must evaluate to a list (got {type(value).__name__}: {clip(str(value), 80)!r})"
         )
     if len(value) > MAX_MAP_UNITS:
         raise StepInputError(

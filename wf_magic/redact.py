@@ -315,13 +315,16 @@ def secret_strings(value: Any, *, secret: bool = False) -> list[str]:
 
 
 def _forms(secret: str) -> set[str]:
-    """A secret as text may quote it: as is, JSON-escaped (ASCII or not), inside a ``repr``."""
-    return {
+    """A secret as text may quote it: as is, JSON-escaped (ASCII or not), inside a ``repr``,
+    and with its whitespace folded to single spaces (a message put on one line)."""
+    forms = {
         secret,
         json.dumps(secret)[1:-1],
         json.dumps(secret, ensure_ascii=False)[1:-1],
         repr(secret)[1:-1],
+        " ".join(secret.split()),
     }
+    return {f for f in forms if len(f) >= MIN_SECRET_LEN}
 
 
 def _common_length(text: str, at: int, form: str) -> int:

@@ -1,0 +1,205 @@
+"""Secrets stay out of what errors, verdicts and people write (issue 20, class 1).
+
+The journal's own outputs were already redacted; these are the other ways text reaches a
+row, an event, a frame or a terminal: a template error that quotes a value, a map value
+clipped into a message, an ``expr`` gate's rendered criteria turned into feedback, a judge's
+unparsable reply, a person's feedback, a validation error about an object param, a secret
+``default:``. Each scenario is one such way, run through the real ``wf`` verbs with a
+generated canary; afterwards the whole state dir (database, WAL, shm, as bytes), every frame,
+``wf status``/``show``/``journal``/``events``/``export-cassette`` and everything each verb
+printed are searched for the canary, for a clipped start of it, and for a kept end of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+
+from tests.helpers_secrets import CANARY_RUNS, SECRETS, cli_shown, everything_shown, leaks, wf
+from wf_magic import Engine
+from wf_magic.errors import UsageError
+from wf_magic.redact import PREFIX_MIN
+
+ECHO = {"scripted": {"rules": [{"match": ".", "reply": "echo: {{ prompt }}"}]}}
+
+
+def _workflow(params: dict[str, Any], steps: list[dict[str, Any]], **extra: Any) -> str:
+    """A workflow as JSON, which a YAML 1.2 loader reads as it is (no quoting of the canary)."""
+    return json.dumps({"name": "leaky", "params": params, "steps": steps, **extra})
+
+
+@dataclass
+class Trial:
+    """One scenario's run: its state dir, the runs it made, what it printed or raised."""
+
+    state_dir: Path
+    tmp: Path
+    canary: str
+    texts: list[str] = field(default_factory=list)
+
+    def write(self, text: str) -> str:
+        path = self.tmp / "flow.yaml"
+        path.write_text(text, encoding="utf-8")
+        return str(path)
+
+    def wf(self, *args: str, expect: int) -> str:
+        code, shown = wf(self.state_dir, *args)
+        self.texts.append(shown)
+        assert code == expect, shown
+        return shown
+
+    def run_id(self) -> str:
+        with Engine(self.state_dir) as engine:
+            return engine.list_runs()[0].run_id
+
+
+def _param(name: str, value: Any) -> str:
+    return f"{name}={value if isinstance(value, str) else json.dumps(value)}"
+
+
+def template_error(t: Trial) -> None:
+    """``'dict object' has no attribute '<secret>'`` in a step note and the run's reason."""
+    flow = _workflow(
+        {"api_key": {"type": "string"}, "conf": {"type": "object", "default": {}}},
+        [{"id": "a", "prompt": "{{ params.conf[params.api_key] }}"}],
+    )
+    shown = t.wf("run", t.write(flow), "--param", _param("api_key", t.canary), expect=1)
+    assert "has no attribute" in shown
+
+
+def map_value_clipped(t: Trial) -> None:
+    """``map must evaluate to a list (got str: '<secret, clipped>…')``: a long secret cut."""
+    flow = _workflow(
+        {"api_key": {"type": "string"}}, [{"id": "a", "map": "{{ params.api_key }}", "prompt": "x"}]
+    )
+    secret = t.canary + "-" + "z" * 90  # longer than the 80 characters the message keeps
+    t.canary = secret
+    shown = t.wf("run", t.write(flow), "--param", _param("api_key", secret), expect=1)
+    assert "map must evaluate to a list (got str: '***…')" in shown
+
+
+def expr_criteria(t: Trial) -> None:
+    """An ``expr`` gate's rendered criteria become the rejection feedback (and the prompt's)."""
+    gate = {"judge": "expr", "check": "false", "criteria": ["use {{ params.api_key }}"]}
+    flow = _workflow(
+        {"api_key": {"type": "string"}},
+        [{"id": "a", "prompt": "draft", "gate": {**gate, "max_loops": 2}}],
+        runners=ECHO,
+    )
+    shown = t.wf("run", t.write(flow), "--param", _param("api_key", t.canary), expect=3)
+    assert "gate exhausted after 2 loop(s); last feedback: use ***" in shown
+
+
+def judge_reply_unparsable(t: Trial) -> None:
+    """An ``llm`` judge's reply that is not JSON is quoted, clipped, in the failure."""
+    rules = [
+        {"match": "^Judge", "reply": "{{ prompt }}"},  # not JSON; quotes the criteria
+        {"match": ".", "reply": "work"},
+    ]
+    t.canary += "-" + "z" * 90  # cut by the 120 characters of the reply the failure quotes
+    gate = {"judge": "llm", "criteria": ["cite {{ params.api_key }} {{ params.api_key }}"]}
+    flow = _workflow(
+        {"api_key": {"type": "string"}},
+        [{"id": "a", "prompt": "draft", "gate": gate}],
+        runners={"scripted": {"rules": rules}},
+    )
+    shown = t.wf("run", t.write(flow), "--param", _param("api_key", t.canary), expect=3)
+    assert "judge reply is not JSON" in shown
+
+
+def human_feedback(t: Trial) -> None:
+    """A person's feedback: the secret itself (this engine was handed it) and a key's shape."""
+    credential = "sk-live-" + hashlib.sha256(t.canary.encode()).hexdigest()[:32]
+    flow = _workflow(
+        {"api_key": {"type": "string"}},
+        [{"id": "a", "prompt": "draft", "gate": {"judge": "human", "max_loops": 3}}],
+        runners=ECHO,
+    )
+    with Engine(t.state_dir) as engine:
+        run = engine.run(flow, params={"api_key": t.canary})
+        engine.reject(run.run_id, "a", feedback=f"do not paste {t.canary} here")
+        engine.drive(run.run_id)
+    t.wf("reject", run.run_id, "a", "--feedback", f"api_key={credential}", expect=0)
+    t.wf("resume", run.run_id, "--param", _param("api_key", t.canary), expect=3)
+    with Engine(t.state_dir) as engine:
+        kept = [a.output_json or "" for a in engine.attempts(run.run_id) if a.runner == "human"]
+    assert [json.loads(k)["feedback"] for k in kept] == ["do not paste *** here", "api_key=sk-***"]
+    assert credential[8:] not in "".join(t.texts)
+
+
+def nested_validation(t: Trial) -> None:
+    """A secret inside an object param, echoed by its validation error (CLI and Python)."""
+    schema = {"type": "object", "properties": {"gh_token": {"type": "integer"}}}
+    flow = _workflow({"conf": schema}, [{"id": "a", "prompt": "hi"}])
+    conf = {"gh_token": t.canary}
+    shown = t.wf("run", t.write(flow), "--param", _param("conf", conf), expect=2)
+    assert "param conf: '***' is not of type 'integer'" in shown
+    with Engine(t.state_dir) as engine, pytest.raises(UsageError) as raised:
+        engine.start(flow, params={"conf": conf})
+    t.texts.append(str(raised.value))
+
+
+def nested_param_echoed(t: Trial) -> None:
+    """A secret inside an object param reaches the prompt; the runner echoes it back."""
+    schema = {"type": "object", "properties": {"gh_token": {"type": "string"}}}
+    flow = _workflow(
+        {"conf": schema},
+        [{"id": "a", "prompt": "token {{ params.conf.gh_token }}"}],
+        runners=ECHO,
+    )
+    shown = t.wf("run", t.write(flow), "--param", _param("conf", {"gh_token": t.canary}), expect=0)
+    assert "echo: token ***" in shown
+
+
+def secret_default(t: Trial) -> None:
+    """A secret param's ``default:`` would be frozen into the plan: refused, nothing written."""
+    flow = _workflow(
+        {"api_key": {"type": "string", "default": t.canary}}, [{"id": "a", "prompt": "hi"}]
+    )
+    shown = t.wf("run", t.write(flow), expect=2)
+    assert "params.api_key.default: a secret default would be frozen into the plan" in shown
+
+
+SCENARIOS: dict[str, Callable[[Trial], None]] = {
+    f.__name__: f
+    for f in (
+        template_error,
+        map_value_clipped,
+        expr_criteria,
+        judge_reply_unparsable,
+        human_feedback,
+        nested_validation,
+        nested_param_echoed,
+        secret_default,
+    )
+}
+
+
+def _needles(canary: str) -> list[str]:
+    """The canary, and the clipped start and kept end of it a message could hold."""
+    return [canary, canary[:PREFIX_MIN], canary[-PREFIX_MIN:]]
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+@settings(CANARY_RUNS, max_examples=3)
+@given(secret=SECRETS)
+def test_a_canary_reaches_no_row_event_frame_or_terminal(scenario: str, secret: str) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        trial = Trial(state_dir=Path(tmp) / "state", tmp=Path(tmp), canary=f"⟪canary{secret}⟫")
+        SCENARIOS[scenario](trial)
+        texts = list(trial.texts)
+        if (trial.state_dir / "state.db").exists():
+            with Engine(trial.state_dir) as engine:
+                run_ids = [r.run_id for r in engine.list_runs(include_children=True)]
+                texts += [everything_shown(engine, run_id) for run_id in run_ids]
+            texts += [cli_shown(trial.state_dir, run_id) for run_id in run_ids]
+        found = {n: leaks(n, trial.state_dir, texts) for n in _needles(trial.canary)}
+        assert found == {n: [] for n in _needles(trial.canary)}

@@ -94,7 +94,9 @@ def cli_shown(state_dir: Path, run_id: str) -> str:
         units = sorted({(a.unit_id, a.attempt) for a in engine.attempts(run_id)})
     for unit_id, attempt in units:
         for fmt in ("text", "json"):
-            shown = wf(state_dir, "show", run_id, unit_id, "--attempt", str(attempt), "--format", fmt)
+            shown = wf(
+                state_dir, "show", run_id, unit_id, "--attempt", str(attempt), "--format", fmt
+            )
             parts.append(shown[1])
     return "\n".join(parts)
 

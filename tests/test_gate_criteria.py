@@ -183,4 +183,6 @@ def test_every_criteria_template_is_refused_blocks_or_is_judged(
         assert f"- {before}2{after}\n" in judged[0]  # the judge read the rendered criteria
     else:
         assert (run.status, judged) == ("blocked", [])
-        assert "judge failed on loop 1: criteria failed to render: " in (run.row.status_reason or "")
+        assert "judge failed on loop 1: criteria failed to render: " in (
+            run.row.status_reason or ""
+        )

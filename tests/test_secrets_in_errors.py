@@ -24,10 +24,11 @@ import pytest
 from hypothesis import given, settings
 
 from tests.helpers_secrets import CANARY_RUNS, SECRETS, cli_shown, everything_shown, leaks, wf
-from wf_magic import Engine
-from wf_magic.errors import UsageError
+from wf_magic import Engine, load_workflow
+from wf_magic.errors import DefinitionError, UsageError
 from wf_magic.redact import PREFIX_MIN
 
+CANARY = "canary-2b7e0d91f4a6"
 ECHO = {"scripted": {"rules": [{"match": ".", "reply": "echo: {{ prompt }}"}]}}
 
 
@@ -203,3 +204,74 @@ def test_a_canary_reaches_no_row_event_frame_or_terminal(scenario: str, secret: 
             texts += [cli_shown(trial.state_dir, run_id) for run_id in run_ids]
         found = {n: leaks(n, trial.state_dir, texts) for n in _needles(trial.canary)}
         assert found == {n: [] for n in _needles(trial.canary)}
+
+
+# -- a secret default is refused at freeze, like a secret runner option -------------------------
+DEFAULTS_REFUSED = [
+    ("api_key", {"type": "string", "default": "hunter2-hunter2"}, "params.api_key.default"),
+    ("pin_token", {"type": "integer", "default": 12345678}, "params.pin_token.default"),
+    ("conf", {"type": "object", "default": {"gh_token": "abcdefgh1"}}, "params.conf.default"),
+    (
+        "conf",
+        {"type": "object", "properties": {"gh_token": {"type": "string", "default": "x" * 9}}},
+        "params.conf.properties.gh_token.default",
+    ),
+    (
+        "header",
+        {"type": "string", "default": "Bearer abc123def456ghi789jk"},
+        "params.header.default",
+    ),
+    ("keys", {"type": "array", "default": ["sk-live-0123456789abcdefghij"]}, "params.keys.default"),
+]
+DEFAULTS_KEPT = [
+    ("api_key", {"type": "string", "default": ""}),
+    ("api_key", {"type": "string", "default": "none"}),  # a placeholder, under MIN_SECRET_LEN
+    ("auth", {"type": "boolean", "default": False}),
+    ("db_password", {"type": ["string", "null"], "default": None}),
+    ("max_tokens", {"type": "integer", "default": 123456789}),
+    ("topic", {"type": "string", "default": "tokens and passwords"}),
+]
+
+
+@pytest.mark.parametrize(("name", "schema", "field"), DEFAULTS_REFUSED)
+def test_a_secret_default_is_refused_at_freeze(name: str, schema: Any, field: str) -> None:
+    flow = _workflow({name: schema}, [{"id": "a", "prompt": "hi"}])
+    with pytest.raises(DefinitionError) as raised:
+        load_workflow(flow)
+    secret_name = name in ("api_key", "pin_token")  # WF_PARAM_<NAME> is read for those only
+    env = f", or the environment variable WF_PARAM_{name.upper()}" if secret_name else ""
+    assert str(raised.value) == (
+        f"{field}: a secret default would be frozen into the plan, in the clear; remove it "
+        f"and pass the value when the run starts (`--param {name}=VALUE`, params= in "
+        f"Python{env}) (<workflow>, line 1)"
+    )
+
+
+@pytest.mark.parametrize(("name", "schema"), DEFAULTS_KEPT)
+def test_a_default_that_hides_nothing_is_kept(name: str, schema: Any) -> None:
+    flow = _workflow({name: schema}, [{"id": "a", "prompt": "hi"}])
+    assert load_workflow(flow).plan.params[name]["default"] == schema["default"]
+
+
+def test_observers_see_notes_and_reasons_as_the_journal_keeps_them(state_dir: Path) -> None:
+    flow = _workflow(
+        {"api_key": {"type": "string"}, "conf": {"type": "object", "default": {}}},
+        [{"id": "a", "prompt": "{{ params.conf[params.api_key] }}"}],
+    )
+    seen: list[str] = []
+    with Engine(state_dir) as engine:
+        engine.subscribe(lambda event: seen.append(json.dumps(event.data, ensure_ascii=False)))
+        run = engine.run(flow, params={"api_key": CANARY})
+    assert run.status == "failed"
+    assert any("has no attribute '***'" in s for s in seen), seen
+    assert not [s for s in seen if CANARY in s]
+
+
+def test_the_cli_masks_an_environment_secret_in_any_error_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DEPLOY_TOKEN", CANARY)
+    missing = tmp_path / CANARY / "flow.yaml"  # an error naming a path that holds the secret
+    code, shown = wf(tmp_path / "state", "run", str(missing))
+    assert code == 2, shown
+    assert CANARY not in shown and "***" in shown

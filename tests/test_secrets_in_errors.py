@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,8 +34,17 @@ ECHO = {"scripted": {"rules": [{"match": ".", "reply": "echo: {{ prompt }}"}]}}
 
 
 def _workflow(params: dict[str, Any], steps: list[dict[str, Any]], **extra: Any) -> str:
-    """A workflow as JSON, which a YAML 1.2 loader reads as it is (no quoting of the canary)."""
-    return json.dumps({"name": "leaky", "params": params, "steps": steps, **extra})
+    """A workflow as JSON, which a YAML 1.2 loader reads as it is (no quoting of the canary).
+
+    ASCII-escaped, but a character beyond the BMP as YAML's ``\\UXXXXXXXX``: JSON's
+    surrogate pair would read as two lone surrogates.
+    """
+    text = json.dumps({"name": "leaky", "params": params, "steps": steps, **extra})
+    return _PAIR.sub(lambda m: f"\\U{ord(json.loads(_QUOTE + m[0] + _QUOTE)):08x}", text)
+
+
+_QUOTE = '"'
+_PAIR = re.compile(r"\\ud[89ab][0-9a-f]{2}\\ud[c-f][0-9a-f]{2}")
 
 
 @dataclass

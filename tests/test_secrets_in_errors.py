@@ -16,6 +16,7 @@ import hashlib
 import json
 import re
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,10 +25,12 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 
+from tests.helpers_flow import use_runner
 from tests.helpers_secrets import CANARY_RUNS, SECRETS, cli_shown, everything_shown, leaks, wf
 from wf_magic import Engine, load_workflow
 from wf_magic.errors import DefinitionError, UsageError
 from wf_magic.redact import PREFIX_MIN
+from wf_magic.runners.base import UnitRequest
 
 CANARY = "canary-2b7e0d91f4a6"
 ECHO = {"scripted": {"rules": [{"match": ".", "reply": "echo: {{ prompt }}"}]}}
@@ -285,3 +288,46 @@ def test_the_cli_masks_an_environment_secret_in_any_error_line(
     code, shown = wf(tmp_path / "state", "run", str(missing))
     assert code == 2, shown
     assert CANARY not in shown and "***" in shown
+
+
+def test_feedback_masked_in_the_journal_is_the_feedback_the_next_loop_was_sent(
+    state_dir: Path,
+) -> None:
+    # The next loop's prompts (and input hashes) carry the rejection's feedback; a resume
+    # rebuilds them from the journaled, masked verdict, so the drive must use that one too:
+    # else a loop stopped midway re-dispatches its done units.
+    stop = threading.Event()
+
+    def reply(request: UnitRequest) -> str:
+        if "Gate feedback" in (request.prompt or ""):
+            stop.set()  # stop after this unit: the loop's second unit is owed
+            return "fixed"
+        return "draft"
+
+    seen = use_runner("feedback-echo", reply)
+    gate = {
+        "judge": "expr",
+        "check": "output | select('equalto', 'fixed') | list | length == 2",
+        "criteria": ["use {{ params.api_key }} and fix it"],
+        "max_loops": 3,
+    }
+    flow = _workflow(
+        {"api_key": {"type": "string"}},
+        [{"id": "a", "map": "{{ [1, 2] }}", "prompt": "draft {{ item }}", "gate": gate}],
+        runner="feedback-echo",
+        execution={"max_concurrency": 1},
+    )
+    with Engine(state_dir) as engine:
+        run_id = engine.run(flow, params={"api_key": CANARY}, signal=stop).run_id
+        assert engine.handle(run_id).status == "active"
+        done = engine.drive(run_id, params={"api_key": CANARY})
+        work = [a for a in engine.attempts(run_id) if a.phase == "work"]
+
+    assert done.status == "completed"
+    assert [(a.unit_id, a.loop, a.status) for a in work] == [
+        ("a[0]", 1, "succeeded"),
+        ("a[1]", 1, "succeeded"),
+        ("a[0]", 2, "succeeded"),
+        ("a[1]", 2, "succeeded"),
+    ]
+    assert all("use *** and fix it" in p for p in seen.prompts()[2:]), seen.prompts()

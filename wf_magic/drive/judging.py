@@ -250,8 +250,7 @@ def _judge_expr(
         if failure is exc:
             raise
         raise failure from exc
-    _record(ctx, state, key, verdict)
-    return verdict
+    return _record(ctx, state, key, verdict)
 
 
 def _judge_llm(
@@ -279,7 +278,9 @@ def _judge_llm(
         )
         result = state.runner(ctx, key.runner).run(request)
         # Redacted before parsing: an unparsable reply is quoted, clipped, in the failure.
-        verdict = parse_verdict(state.redactor.redact_value(result.output))
+        verdict, kept = as_journaled(
+            ctx, state, parse_verdict(state.redactor.redact_value(result.output))
+        )
     except Exception as exc:
         # Whatever the judge raised, its attempt ends failed and the step blocks: a judge
         # bug never leaves the attempt running or kills the drive.
@@ -294,7 +295,7 @@ def _judge_llm(
         attempt,
         Finish(
             status="succeeded",
-            output_json=json.dumps(verdict.to_json()),
+            output_json=kept,
             tokens_in=result.tokens_in,
             tokens_out=result.tokens_out,
             cost=result.cost,
@@ -321,9 +322,20 @@ def _reclaim_or_reserve(ctx: DriveContext, state: RunState, key: UnitKey) -> Att
     return ctx.store.reserve_attempt(key, charged=False)
 
 
-def _record(ctx: DriveContext, state: RunState, key: UnitKey, verdict: Verdict) -> None:
-    finish = Finish(status="succeeded", output_json=json.dumps(verdict.to_json()))
-    ctx.store.record_terminal_attempt(key, finish)
+def as_journaled(ctx: DriveContext, state: RunState, verdict: Verdict) -> tuple[Verdict, str]:
+    """``verdict`` as the journal keeps it (redacted), and that JSON.
+
+    The drive goes on with this one, not the judge's own: its feedback enters the next loop's
+    prompts and input hashes, which a resume rebuilds from the journaled verdict.
+    """
+    kept = ctx.store.scrubber.json_text(state.run_id, json.dumps(verdict.to_json())) or "{}"
+    return Verdict.from_json(json.loads(kept)), kept
+
+
+def _record(ctx: DriveContext, state: RunState, key: UnitKey, verdict: Verdict) -> Verdict:
+    """Journal a verdict reached without a runner (expr, schema); returns it as journaled."""
+    verdict, kept = as_journaled(ctx, state, verdict)
+    ctx.store.record_terminal_attempt(key, Finish(status="succeeded", output_json=kept))
     ctx.emit(
         "unit_finished",
         run_id=state.run_id,
@@ -334,6 +346,7 @@ def _record(ctx: DriveContext, state: RunState, key: UnitKey, verdict: Verdict) 
         loop=key.loop,
         tokens=0,
     )
+    return verdict
 
 
 def record_schema_verdict(
@@ -344,8 +357,9 @@ def record_schema_verdict(
     loop: int,
     artifact: Any,
     verdict: Verdict,
-) -> None:
-    """Journal a schema rejection as the loop's verdict (once per loop and artifact)."""
+) -> Verdict:
+    """Journal a schema rejection as the loop's verdict (once per loop and artifact); returns
+    it as journaled."""
     count = len(artifact) if isinstance(artifact, list) and step.map else 1
     summary = artifact_summary(artifact, unit_count=count)
     hashed = {"judge": "schema", "summary": summary, "schema": step.output}
@@ -362,8 +376,11 @@ def record_schema_verdict(
             input_hash=input_hash,
             judge_input=hashed,
         )
-        _record(ctx, state, key, verdict)
+        verdict = _record(ctx, state, key, verdict)
+    else:
+        verdict, _ = as_journaled(ctx, state, verdict)
     _announce(ctx, state, step.id, loop, verdict)
+    return verdict
 
 
 def _announce(

@@ -147,7 +147,6 @@ class JournalQueries(StoreAccess):
         verdict of ``(unit_id, input_hash)``; it returns the key to journal, or raises to
         refuse (nothing is written). The verdict's texts (a person's feedback) are redacted.
         """
-        finish = self.scrubber.finish(run_id, finish)
 
         def txn(conn: sqlite3.Connection) -> UnitKey:
             row = next((s for s in runs.steps_of(conn, run_id) if s.step_id == step_id), None)
@@ -158,7 +157,8 @@ class JournalQueries(StoreAccess):
                 )
 
             key = self.scrubber.key(decide(row, latest))
-            journal.record_terminal_attempt_txn(conn, key, finish, event="human_verdict")
+            kept = self.scrubber.finish(run_id, finish)
+            journal.record_terminal_attempt_txn(conn, key, kept, event="human_verdict")
             return key
 
         return self._write(txn, run_id)

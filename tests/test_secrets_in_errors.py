@@ -331,3 +331,29 @@ def test_feedback_masked_in_the_journal_is_the_feedback_the_next_loop_was_sent(
         ("a[1]", 2, "succeeded"),
     ]
     assert all("use *** and fix it" in p for p in seen.prompts()[2:]), seen.prompts()
+
+
+@pytest.mark.parametrize("secret", ["vault0f3b9d2e7c41aa", "pw-12345", "s3cr"])
+def test_a_secret_pasted_into_feedback_elsewhere_is_found_by_its_seal(
+    tmp_path: Path, secret: str
+) -> None:
+    # `wf reject` runs in another process than the run's start: the value was never stored,
+    # but each word of the feedback is checked against the run's seals.
+    state = tmp_path / "state"
+    flow = _workflow(
+        {"api_key": {"type": "string"}},
+        [{"id": "a", "prompt": "draft", "gate": {"judge": "human", "max_loops": 2}}],
+        runners=ECHO,
+    )
+    path = tmp_path / "flow.yaml"
+    path.write_text(flow, encoding="utf-8")
+    assert wf(state, "run", str(path), "--param", f"api_key={secret}")[0] == 3
+    with Engine(state) as engine:
+        run_id = engine.list_runs()[0].run_id
+    code, shown = wf(state, "reject", run_id, "a", "--feedback", f"use ({secret}), not this")
+    assert code == 0, shown
+    with Engine(state) as engine:
+        [verdict] = [a for a in engine.attempts(run_id) if a.runner == "human"]
+    feedback = json.loads(verdict.output_json or "{}")["feedback"]
+    # A value shorter than 8 characters is not masked inside text (MIN_SECRET_LEN).
+    assert feedback == (f"use ({secret}), not this" if len(secret) < 8 else "use (***), not this")

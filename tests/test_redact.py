@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from wf_magic.redact import MASK, Redactor, is_secret_key, looks_secret
+from wf_magic.redact import (
+    MASK,
+    MIN_SECRET_LEN,
+    PREFIX_MIN,
+    Redactor,
+    is_secret_key,
+    looks_secret,
+    secret_strings,
+)
 
 CANARY = "canary-5e1f0c9a7d"
 
@@ -184,3 +194,79 @@ def _strings(value: object) -> list[str]:
     if isinstance(value, list | tuple):
         return [s for v in value for s in _strings(v)]
     return []
+
+
+# -- clipped pieces, escaped forms (issue 20) -------------------------------------------------
+LONG = "vault-a1b2c3d4e5f6g7h8i9j0k1l2m3n4o5"
+"""A known secret without a credential shape, so only its being known masks it."""
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (f"got '{LONG[:12]}…'", "got '***…'"),  # the issue's example: a start cut at a clip
+        (f"got {LONG[:20]}...", "got ***..."),
+        (f"reply: {LONG[:25]}", "reply: ***"),  # the end of the text (a stream so far)
+        (repr(LONG[:14]), "'***'"),  # a value clipped, then quoted
+        (json.dumps({"x": LONG[:30] + "…"}), '{"x": "***\\u2026"}'),
+        (f"{LONG[9:]} exited", "*** exited"),  # a tail kept: the start of a text
+        (f"stderr: …{LONG[5:]}", "stderr: …***"),
+    ],
+)
+def test_a_clipped_piece_of_a_known_secret_is_masked(text: str, expected: str) -> None:
+    assert Redactor([LONG]).redact(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"keys look like {LONG[:8]}…",  # a format's fixed start: shorter than PREFIX_MIN
+        f"{LONG[:11]}…",
+        f"{LONG[:16]} and more",  # not at a clip: text that merely starts the same
+        f"the end {LONG[-11:]}",
+    ],
+)
+def test_short_or_unclipped_pieces_are_left_alone(text: str) -> None:
+    assert Redactor([LONG]).redact(text) is text
+
+
+@given(
+    secret=st.text(min_size=PREFIX_MIN + 1, max_size=60),
+    cut=st.integers(PREFIX_MIN, 60),
+    before=st.text(max_size=20),
+    mark=st.sampled_from(["…", "...", "'", '"', ""]),
+)
+def test_no_clip_of_a_secret_at_or_past_the_minimum_survives(
+    secret: str, cut: int, before: str, mark: str
+) -> None:
+    piece = secret[: min(cut, len(secret))]
+    redacted = Redactor([secret]).redact(before + piece + mark)
+    assert piece not in redacted
+
+
+@given(secret=st.text(min_size=MIN_SECRET_LEN, max_size=40), before=st.text(max_size=10))
+def test_a_secret_is_masked_in_every_form_a_message_or_json_column_quotes_it(
+    secret: str, before: str
+) -> None:
+    redactor = Redactor([secret])
+    quoted = [
+        json.dumps({"v": before + secret}),
+        json.dumps({"v": before + secret}, ensure_ascii=False),
+        repr(before + secret),
+        " ".join((before + secret).split()),
+    ]
+    for text in quoted:
+        for form in (json.dumps(secret)[1:-1], repr(secret)[1:-1], secret):
+            if len(form) >= MIN_SECRET_LEN:
+                assert form not in redactor.redact(text), text
+
+
+def test_secret_strings_finds_secrets_at_any_depth() -> None:
+    params = {
+        "topic": "cats",
+        "api_key": "k" * 9,
+        "conf": {"gh_token": "t" * 9, "depth": 2, "db": {"password": ["p1", 12345678]}},
+        "auth": True,
+    }
+    assert secret_strings(params) == ["k" * 9, "t" * 9, "p1", "12345678"]
+    assert secret_strings(["a", {"b": 1.5}], secret=True) == ["a", "1.5"]

@@ -14,11 +14,14 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import given
 
 from tests.conftest import db_rows, run_wf, write_file
 from tests.helpers_flow import use_runner
+from tests.helpers_secrets import CANARY_RUNS, SECRETS
+from tests.helpers_secrets import everything_shown as _everything_shown
+from tests.helpers_secrets import files_holding as _files_holding
+from tests.helpers_secrets import forms as _forms
 from wf_magic import Engine
 from wf_magic.errors import UsageError
 from wf_magic.hashing import canonical_json
@@ -53,42 +56,6 @@ def _workflow(runner: str = "scripted") -> str:
     return text + ECHO_RULES if runner == "scripted" else text
 
 
-def _forms(canary: str) -> list[bytes]:
-    """The canary as it could land in a file: UTF-8, and JSON-escaped (ASCII) UTF-8."""
-    escaped = json.dumps(canary)[1:-1]
-    return sorted({canary.encode("utf-8"), escaped.encode("utf-8")})
-
-
-def _files_holding(state_dir: Path, canary: str) -> list[str]:
-    """Every file under ``state_dir`` (recursively) whose bytes contain the canary."""
-    forms = _forms(canary)
-    return [
-        str(p.relative_to(state_dir))
-        for p in sorted(state_dir.rglob("*"))
-        if p.is_file() and any(f in p.read_bytes() for f in forms)
-    ]
-
-
-def _everything_shown(engine: Engine, run_id: str) -> str:
-    """Every frame and handle rendering of a run, as text."""
-    run = engine.handle(run_id)
-    frames = [
-        engine.runs(),
-        engine.runs(include_deleted=True),
-        engine.journal(run_id),
-        engine.journal(),
-        run.journal(inputs=True),
-        engine.tokens(run_id),
-        engine.events(run_id),
-        engine.budget(run_id),
-    ]
-    parts = [f.to_json(orient="records", date_format="iso") + f.to_csv() for f in frames]
-    parts += [repr(run), run._repr_html_(), json.dumps(run.params, ensure_ascii=False)]
-    parts += [repr(engine.attempts(run_id)), repr(engine.steps(run_id))]
-    parts += [repr(engine.list_runs(include_children=True))]
-    return "\n".join(parts)
-
-
 def test_a_secret_param_is_stored_as_a_keyed_hash_and_the_drive_gets_its_value(
     state_dir: Path,
 ) -> None:
@@ -117,16 +84,6 @@ def test_non_secret_params_are_stored_as_before_and_no_key_is_made(state_dir: Pa
     assert row.params_json == canonical_json({"topic": CANARY})
     assert row.scope_key == canonical_json({"workflow": "plain", "params": {"topic": CANARY}})
     assert not (state_dir / KEY_FILENAME).exists()
-
-
-CANARY_RUNS = settings(
-    max_examples=6,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
-"""A few whole runs per generated secret: each example starts engines in a fresh dir."""
-SECRETS = st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), max_size=40)
-"""Any printable text, the empty string included (the canary markers make it long enough)."""
 
 
 @CANARY_RUNS

@@ -442,20 +442,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"run {exc.run_id} is being driven by {exc.holder}; skipped (--skip-if-locked)")
         return EXIT_OK
     except WorkflowError as exc:
-        return _error(args, exc)
+        return _error(args, exc, store)
     except Exception as exc:  # noqa: BLE001 - a row no layer could read: one line, not a wall
         if args.debug:
             raise
-        print(f"error: {_unreadable(store, args, exc)}", file=sys.stderr)
+        print(_masked(f"error: {_unreadable(store, args, exc)}", store, args), file=sys.stderr)
         return EXIT_FAILED
     finally:
         store.close()
 
 
-def _error(args: argparse.Namespace, exc: WorkflowError) -> int:
+def _error(args: argparse.Namespace, exc: WorkflowError, store: Store | None = None) -> int:
     if args.debug:
         raise exc
-    print(f"error: {exc}", file=sys.stderr)
+    text = f"error: {exc}"
+    print(_masked(text, store, args) if store is not None else text, file=sys.stderr)
     return error_exit_code(exc)
 
 
@@ -464,6 +465,24 @@ def _authoring(args: argparse.Namespace) -> int:
         return int(args.authoring(args))
     except WorkflowError as exc:
         return _error(args, exc)
+
+
+def _masked(text: str, store: Store, args: argparse.Namespace) -> str:
+    """An error line with every secret masked as the journal masks it: the environment's, the
+    secret params this command was handed (``--param api_key=...``, ``conf={"gh_token": ...}``,
+    however nested) and credential shapes."""
+    from .redact import is_secret_key, secret_strings
+
+    given: dict[str, object] = {}
+    for pair in getattr(args, "param", None) or ():
+        name, _, value = pair.partition("=")
+        given[name.strip()] = value
+        if not is_secret_key(name.strip()):
+            try:
+                given[name.strip()] = json.loads(value)
+            except ValueError:
+                pass
+    return store.scrubber.redactor(None).with_secrets(secret_strings(given)).redact(text)
 
 
 def _unreadable(store: Store, args: argparse.Namespace, exc: Exception) -> str:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .bus import EventBus, Observer
 from .errors import RunAbandoned, RunLockHeld, UsageError
-from .redact import Redactor
+from .redact import Redactor, secret_strings
 from .run import Run, RunRef, run_ref
 from .store import Store
 from .store.db import DB_FILENAME, default_state_dir
@@ -76,7 +76,7 @@ class Engine:
         self._secrets: dict[str, Any] = {}
         """Seal → value of every secret param this engine was handed: kept in memory only, so
         a run started here can be driven here; another process must pass them again."""
-        self.store = Store(self.db_path, durability=durability)
+        self.store = Store(self.db_path, durability=durability, redactor=self.redactor)
         """Named queries over the state database (the only way to its rows)."""
 
     def close(self) -> None:
@@ -188,7 +188,7 @@ class Engine:
             params_from_strings=params_from_strings,
             key=key,
         )
-        self._secrets.update(started.secrets)
+        self._know(started.secrets)
         return self._handle(started)
 
     def preview(
@@ -289,7 +289,7 @@ class Engine:
             known=self._secrets,
             from_strings=params_from_strings,
         )
-        self._secrets.update(secrets)
+        self._know(secrets)
         options = DriveOptions(
             max_steps=max_steps,
             signal=signal,
@@ -362,7 +362,8 @@ class Engine:
             if row.status == "abandoned":
                 raise RunAbandoned(rid, reason=row.status_reason, verb="abandon")
             self.store.set_run_status(rid, "abandoned", reason=reason)
-            self.bus.notify("run_status", run_id=rid, status="abandoned", reason=reason)
+            shown = self.store.scrubber.text(rid, reason)
+            self.bus.notify("run_status", run_id=rid, status="abandoned", reason=shown)
 
     def fork(self, run_id: RunRef, *, from_step: str) -> Run:
         """A new run with the same frozen plan reusing every result before ``from_step``.
@@ -555,6 +556,11 @@ class Engine:
         return compare_runs(self.store, a, b, show_all=show_all)
 
     # -- helpers ----------------------------------------------------------------------------
+    def _know(self, secrets: Mapping[str, Any]) -> None:
+        """Keep secret params handed to this engine; every later write masks their values."""
+        self._secrets.update(secrets)
+        self.store.scrubber.know(secret_strings(list(secrets.values()), secret=True))
+
     def _handle(self, started: lifecycle.Started) -> Run:
         handle = Run(self.store, started.run_id, created=started.created, bus=self.bus)
         handle.warnings.extend(started.warnings)

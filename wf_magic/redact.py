@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -12,6 +13,18 @@ from typing import Any
 MASK = "***"
 MIN_SECRET_LEN = 8
 """Shorter values are not treated as secrets: masking ``1`` or ``true`` would wreck every text."""
+PREFIX_MIN = 12
+"""The shortest piece of a known secret masked where a text was clipped inside the secret.
+
+Shorter pieces are left: they are mostly a key format's fixed start (``sk-live-``,
+``github_pat_``), which innocent text may quote; twelve characters reach into the random part.
+"""
+CLIP_MARKS = ("…", "...", "\\u2026", "'", '"', "`")
+"""What may follow the start of a clipped secret: an ellipsis (as text or JSON-escaped), or
+the closing quote of a clipped value quoted in a message (``got str: 'sk-live-abcd…'``).
+The end of a secret whose start was cut off (a tail kept) is masked at the start of a text
+or after an ellipsis (``…ghij0123 exited``)."""
+_ELLIPSES = ("…", "...")
 
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
 # Stricter, for keys inside JSON values (model outputs): the name must *end* in a secret
@@ -111,20 +124,29 @@ class Redactor:
     and pass every journaled text or JSON value through it.
     """
 
-    __slots__ = ("_secrets", "_literal")
+    __slots__ = ("_secrets", "_heads", "_by_start")
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         """Create a redactor for explicit secret values.
 
         Args:
             secrets: Values to mask wherever they occur; values shorter than
-                ``MIN_SECRET_LEN`` characters are ignored.
+                ``MIN_SECRET_LEN`` characters are ignored. Each is also masked in its
+                JSON-escaped and ``repr`` forms (as a JSON column or a message quotes it),
+                and so is a clipped piece of one (at least ``PREFIX_MIN`` characters)
+                that ends where the text was clipped (see ``CLIP_MARKS``).
         """
         kept = {s for s in secrets if isinstance(s, str) and len(s) >= MIN_SECRET_LEN}
         self._secrets: frozenset[str] = frozenset(kept)
-        # Longest first, so a secret that contains another is masked whole.
-        ordered = sorted(kept, key=lambda s: (-len(s), s))
-        self._literal = re.compile("|".join(map(re.escape, ordered))) if ordered else None
+        forms = {f for s in kept for f in _forms(s)}
+        by_start: dict[str, list[str]] = {}
+        for form in sorted(forms, key=lambda f: (-len(f), f)):  # longest first
+            by_start.setdefault(form[:MIN_SECRET_LEN], []).append(form)
+        self._by_start = by_start
+        """A secret's forms by their first ``MIN_SECRET_LEN`` characters."""
+        heads = sorted({f[:PREFIX_MIN] for f in forms}, key=lambda h: (-len(h), h))
+        self._heads = re.compile("|".join(map(re.escape, heads))) if heads else None
+        """Where a secret, or a clipped piece of one, may start: its first characters."""
 
     @classmethod
     def from_environ(
@@ -161,16 +183,81 @@ class Redactor:
             lowered = text.lower()
             for rule in _RULES:
                 out = rule.apply(out, lowered)
-        literal = self._literal
-        if literal is not None:
+        heads = self._heads
+        if heads is not None:
             # Masking can splice a new occurrence together (``x`` + ``***`` + ``yyyy``);
             # every pass shortens the text, so iterating to a fixpoint terminates.
             while True:
-                masked = literal.sub(MASK, out)
-                if masked == out:
+                masked = self._mask_known(out, heads)
+                if masked is out:
                     break
                 out = masked
         return text if out == text else out
+
+    def _mask_known(self, text: str, heads: re.Pattern[str]) -> str:
+        """``text`` with each known secret, and each clipped piece of one, masked (one pass)."""
+        text = self._mask_tails(text)
+        parts: list[str] = []
+        pos = start = 0
+        while (found := heads.search(text, start)) is not None:
+            at = found.start()
+            length = self._known_at(text, at)
+            if length:
+                parts += (text[pos:at], MASK)
+                pos = start = at + length
+            else:
+                start = at + 1
+        if not parts:
+            return text
+        parts.append(text[pos:])
+        return "".join(parts)
+
+    def _mask_tails(self, text: str) -> str:
+        """``text`` with the kept end of a secret masked at its start and after each ``…``."""
+        starts = [0]
+        for mark in _ELLIPSES:
+            found = text.find(mark)
+            while found >= 0:
+                starts.append(found + len(mark))
+                found = text.find(mark, found + 1)
+        parts: list[str] = []
+        pos = 0
+        for at in sorted(set(starts)):
+            length = self._tail_at(text, at) if at >= pos else 0
+            if length:
+                parts += (text[pos:at], MASK)
+                pos = at + length
+        if not parts:
+            return text
+        parts.append(text[pos:])
+        return "".join(parts)
+
+    def _tail_at(self, text: str, at: int) -> int:
+        """How many characters from ``at`` are the end of a known secret (its start cut off)."""
+        piece = text[at : at + PREFIX_MIN]
+        if len(piece) < PREFIX_MIN:
+            return 0
+        best = 0
+        for forms in self._by_start.values():
+            for form in forms:
+                found = form.find(piece, 1)
+                while found > 0:
+                    if len(form) - found > best and text.startswith(form[found:], at):
+                        best = len(form) - found
+                    found = form.find(piece, found + 1)
+        return best
+
+    def _known_at(self, text: str, at: int) -> int:
+        """How many characters from ``at`` are a known secret or a clipped piece of one."""
+        best = 0
+        for form in self._by_start.get(text[at : at + MIN_SECRET_LEN], ()):
+            if text.startswith(form, at):
+                return len(form)  # the forms are longest first: a whole one wins
+            if len(form) > PREFIX_MIN and best < len(form):
+                n = _common_length(text, at, form)
+                if n >= PREFIX_MIN and n > best and _clipped_at(text, at + n):
+                    best = n
+        return best
 
     def redact_value(self, value: Any) -> Any:
         """``value`` (JSON-like: dicts, lists, tuples, strings) with every string redacted.
@@ -203,3 +290,52 @@ class Redactor:
             changed = changed or new is not item
             out[key] = new
         return out if changed else value
+
+
+def secret_strings(value: Any, *, secret: bool = False) -> list[str]:
+    """The strings a redactor must mask in ``value`` (params, say): every string under a
+    secret-looking name at any depth (``api_key``, ``conf.gh_token``), numbers as their text;
+    with ``secret``, every string and number in ``value``."""
+    out: list[str] = []
+
+    def walk(value: Any, *, secret: bool) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, secret=secret or (isinstance(k, str) and is_secret_key(k)))
+        elif isinstance(value, list | tuple):
+            for v in value:
+                walk(v, secret=secret)
+        elif secret and isinstance(value, str):
+            out.append(value)
+        elif secret and isinstance(value, int | float) and not isinstance(value, bool):
+            out.append(str(value))
+
+    walk(value, secret=secret)
+    return out
+
+
+def _forms(secret: str) -> set[str]:
+    """A secret as text may quote it: as is, JSON-escaped (ASCII or not), inside a ``repr``,
+    and with its whitespace folded to single spaces (a message put on one line)."""
+    forms = {
+        secret,
+        json.dumps(secret)[1:-1],
+        json.dumps(secret, ensure_ascii=False)[1:-1],
+        repr(secret)[1:-1],
+        " ".join(secret.split()),
+    }
+    return {f for f in forms if len(f) >= MIN_SECRET_LEN}
+
+
+def _common_length(text: str, at: int, form: str) -> int:
+    """How many characters of ``form`` ``text`` repeats from ``at``."""
+    limit = min(len(form), len(text) - at)
+    n = 0
+    while n < limit and text[at + n] == form[n]:
+        n += 1
+    return n
+
+
+def _clipped_at(text: str, end: int) -> bool:
+    """Whether ``text`` ends at ``end`` or goes on with a clip mark (``CLIP_MARKS``)."""
+    return end == len(text) or text.startswith(CLIP_MARKS, end)

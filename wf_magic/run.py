@@ -220,19 +220,27 @@ class Run:
 
     def _decide(self, step_id: str, verdict: Verdict, *, loop: int | None) -> int:
         from .gates.human import record_human_verdict
+        from .sealing import sealed_words
+
+        # A secret param's value pasted into the feedback is masked though no process that
+        # started the run is at hand: its words are checked against the run's seals.
+        texts = " ".join([verdict.feedback, *verdict.missing])
+        pasted = sealed_words(texts, self.params, self.store.db_path.parent)
+        self.store.scrubber.know(pasted)
 
         decided = record_human_verdict(
             self.store, self.run_id, step_id, workflow=self.workflow, verdict=verdict, loop=loop
         )
         if self.bus is not None:
+            redactor = self.store.scrubber.redactor(self.run_id)  # as the journal keeps it
             self.bus.notify(
                 "gate_verdict",
                 run_id=self.run_id,
                 step_id=step_id,
                 loop=decided,
                 complete=verdict.complete,
-                feedback=verdict.feedback,
-                missing=list(verdict.missing),
+                feedback=redactor.redact(verdict.feedback),
+                missing=redactor.redact_value(list(verdict.missing)),
                 judge="human",
             )
         return decided

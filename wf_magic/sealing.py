@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,6 +139,24 @@ class Sealer:
 
         sealed = {k: walk(v, secret=k in whole or is_secret_key(str(k))) for k, v in params.items()}
         return Sealed(params=sealed, vault=vault)
+
+
+_WORD = re.compile(r"[^\s\"'`=:,;()<>\[\]{}]+")
+"""A word of a person's text that could be a pasted secret value: no spaces or separators."""
+
+
+def sealed_words(text: str, params: Mapping[str, Any], state_dir: str | Path) -> list[str]:
+    """The words of ``text`` that are the value of one of the run's secret params.
+
+    A secret's value is never stored, but its seal is: a word whose seal is among the
+    params' seals (``api_key=<the value>`` in a person's feedback) is that secret, found in
+    any process that has the state dir's key. Empty when the run has no secret params.
+    """
+    seals = {seal for name, value in params.items() for seal in seals_of(value, name=name)}
+    sealer = Sealer.existing(state_dir) if seals else None
+    if sealer is None:
+        return []
+    return sorted({w for w in _WORD.findall(text) if sealer.seal(w) in seals})
 
 
 def has_secrets(params: Mapping[str, Any]) -> bool:

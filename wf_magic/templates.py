@@ -455,6 +455,8 @@ class References:
     filters: frozenset[str] = frozenset()
     """The filters the template applies, ``map('name')`` included (``random`` makes a
     render nondeterministic)."""
+    tests: frozenset[str] = frozenset()
+    """The tests the template applies (``is odd``, ``select('odd')``)."""
     steps_dynamic: bool = False
     """``steps`` is used other than as ``steps.<literal id>`` (``steps[x]``, ``steps | f``):
     ``steps`` lists only the literal ids, so any step's output may be read."""
@@ -511,6 +513,16 @@ def references(source: str, *, expression: bool = False) -> References:
                 and isinstance(first.value, str)
             ):
                 filters.add(first.value)
+    tests: set[str] = set()
+    for node in ast.find_all((nodes.Test, nodes.Filter)):
+        if isinstance(node, nodes.Test):
+            tests.add(node.name)
+        elif isinstance(node, nodes.Filter):
+            # ``select('odd')`` and ``selectattr('x', 'odd')`` apply a test by name.
+            at = _TEST_ARG.get(node.name)
+            arg = node.args[at] if at is not None and len(node.args) > at else None
+            if isinstance(arg, nodes.Const) and isinstance(arg.value, str):
+                tests.add(arg.value)
     dynamic = {
         name: name in assigned or count < sum(n.name == name for n in loads)
         for name, count in literal.items()
@@ -521,9 +533,22 @@ def references(source: str, *, expression: bool = False) -> References:
         frozenset(params),
         frozenset(fields),
         filters=frozenset(filters),
+        tests=frozenset(tests),
         steps_dynamic=dynamic["steps"],
         params_dynamic=dynamic["params"],
     )
+
+
+_TEST_ARG = {"select": 0, "reject": 0, "selectattr": 1, "rejectattr": 1}
+"""Filters that apply a test named by a string argument, and that argument's position."""
+
+
+def unknown_callables(refs: References) -> list[str]:
+    """The filters and tests ``refs`` names that the sandbox does not have, worded for an
+    error (``filter 'nosuch'``); empty when all exist."""
+    return [f"filter {name!r}" for name in sorted(refs.filters - set(_env.filters))] + [
+        f"test {name!r}" for name in sorted(refs.tests - set(_env.tests))
+    ]
 
 
 _MAPPING_METHODS = frozenset(name for name in dir(dict) if not name.startswith("_"))

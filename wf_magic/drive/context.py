@@ -14,7 +14,7 @@ from typing import Any
 
 from ..bus import EventBus
 from ..errors import RunnerError
-from ..redact import Redactor, is_secret_key
+from ..redact import Redactor, secret_strings
 from ..runners.base import Runner, RunnerContext
 from ..runners.registry import runner_factory
 from ..sealing import unseal
@@ -131,7 +131,14 @@ class DriveContext:
         unit_id: str | None = None,
         **data: Any,
     ) -> None:
-        """Deliver an event to observers (nothing is built when nobody listens)."""
+        """Deliver an event to observers (nothing is built when nobody listens).
+
+        Its texts are redacted like the journal's (the run's redactor, see store/scrub.py):
+        a progress line on a terminal or a widget shows what the journal keeps.
+        """
+        if not self.bus.has_observers:
+            return
+        data = self.store.scrubber.redactor(run_id).redact_value(data)
         self.bus.notify(kind, run_id=run_id, step_id=step_id, unit_id=unit_id, **data)
 
 
@@ -166,8 +173,8 @@ class RunState:
             params=params,
             redactor=ctx.redactor.with_secrets(
                 [
-                    *(v for k, v in params.items() if isinstance(v, str) and is_secret_key(k)),
-                    *(v for v in ctx.options.secrets.values() if isinstance(v, str)),
+                    *secret_strings(params),
+                    *secret_strings(list(ctx.options.secrets.values()), secret=True),
                 ]
             ),
             executors=UnitExecutors(

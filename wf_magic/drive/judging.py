@@ -78,11 +78,14 @@ def obtain_verdict(
     """
     gate = step.gate or GateSpec()
     summary = artifact_summary(artifact, unit_count=unit_count)
+    runner, model = _judge_runner(state, step, gate)
     try:
         criteria = render_criteria(gate.criteria, template_context(state.params, state.outputs))
     except TemplateError as exc:
-        criteria = [f"(criteria failed to render: {exc})"]
-    runner, model = _judge_runner(state, step, gate)
+        # A judge that cannot read its criteria cannot judge (DESIGN §3.6): the step blocks.
+        return _criteria_failed(
+            ctx, state, step, loop=loop, summary=summary, runner=runner, model=model, exc=exc
+        )
     hashed: dict[str, Any] = {
         "judge": gate.judge,
         "criteria": criteria,
@@ -154,6 +157,52 @@ def _params_read(check: str, params: dict[str, Any]) -> str | None:
         return None
     names = sorted(params) if refs.params_dynamic else sorted(refs.params & set(params))
     return hash_value({name: params[name] for name in names})
+
+
+def _criteria_failed(
+    ctx: DriveContext,
+    state: RunState,
+    step: PlanStep,
+    *,
+    loop: int,
+    summary: str,
+    runner: str,
+    model: str | None,
+    exc: TemplateError,
+) -> Judged | GateWaiting:
+    """The gate's criteria failed to render for this run's values: no judge is asked.
+
+    The failure is journaled as a failed attempt of the gate unit and the step blocks without
+    consuming a loop; a person may still decide the loop (``wf approve``), and that decision
+    is found here on the next drive.
+    """
+    gate = step.gate or GateSpec()
+    failure = RunnerError(f"criteria failed to render: {exc}")
+    hashed = {
+        "judge": gate.judge,
+        "criteria": list(gate.criteria),
+        "criteria_error": str(exc),
+        "summary": summary,
+        "check": gate.check,
+        "model": model,
+    }
+    input_hash = hash_value(hashed)
+    unit_id = gate_unit_id(step.id, loop)
+    recorded = ctx.store.find_in_run(run_id=state.run_id, input_hash=input_hash, unit_id=unit_id)
+    if recorded is not None and recorded.output_json:
+        verdict = Verdict.from_json(json.loads(recorded.output_json))
+        return Judged(verdict=verdict, input_hash=input_hash, summary=summary)
+    key = gate_key(
+        state, step.id, loop, runner=runner, model=model, input_hash=input_hash, judge_input=hashed
+    )
+    attempt = ctx.store.reserve_attempt(key, charged=False)
+    shown = attempts.finish_error(ctx, state, attempt, failure)
+    return GateWaiting(
+        reason=f"judge failed on loop {loop}: {shown}; no loop was consumed. The criteria are "
+        "frozen in the plan: fix them and start afresh (`--new`), or decide the step by hand "
+        "(`wf approve` / `wf reject`).",
+        waiting=Waiting(loop=loop, input_hash=input_hash, summary=summary, judge="failed"),
+    )
 
 
 def _reuse_verdict(
@@ -228,8 +277,7 @@ def _judge_expr(
         if failure is exc:
             raise
         raise failure from exc
-    _record(ctx, state, key, verdict)
-    return verdict
+    return _record(ctx, state, key, verdict)
 
 
 def judge_is_charged(state: RunState, gate: GateSpec) -> bool:
@@ -264,7 +312,10 @@ def _judge_llm(
             timeout_s=step.timeout_s,
         )
         result = state.runner(ctx, key.runner).run(request)
-        verdict = parse_verdict(result.output)
+        # Redacted before parsing: an unparsable reply is quoted, clipped, in the failure.
+        verdict, kept = as_journaled(
+            ctx, state, parse_verdict(state.redactor.redact_value(result.output))
+        )
     except Exception as exc:
         # Whatever the judge raised, its attempt ends failed and the step blocks: a judge
         # bug never leaves the attempt running or kills the drive.
@@ -280,7 +331,7 @@ def _judge_llm(
         attempt,
         Finish(
             status="succeeded",
-            output_json=json.dumps(verdict.to_json()),
+            output_json=kept,
             tokens_in=result.tokens_in,
             tokens_out=result.tokens_out,
             cost=cost,
@@ -317,9 +368,20 @@ def _reclaim_or_reserve(
     return ctx.store.reserve_attempt(key, charged=charged)
 
 
-def _record(ctx: DriveContext, state: RunState, key: UnitKey, verdict: Verdict) -> None:
-    finish = Finish(status="succeeded", output_json=json.dumps(verdict.to_json()))
-    ctx.store.record_terminal_attempt(key, finish)
+def as_journaled(ctx: DriveContext, state: RunState, verdict: Verdict) -> tuple[Verdict, str]:
+    """``verdict`` as the journal keeps it (redacted), and that JSON.
+
+    The drive goes on with this one, not the judge's own: its feedback enters the next loop's
+    prompts and input hashes, which a resume rebuilds from the journaled verdict.
+    """
+    kept = ctx.store.scrubber.json_text(state.run_id, json.dumps(verdict.to_json())) or "{}"
+    return Verdict.from_json(json.loads(kept)), kept
+
+
+def _record(ctx: DriveContext, state: RunState, key: UnitKey, verdict: Verdict) -> Verdict:
+    """Journal a verdict reached without a runner (expr, schema); returns it as journaled."""
+    verdict, kept = as_journaled(ctx, state, verdict)
+    ctx.store.record_terminal_attempt(key, Finish(status="succeeded", output_json=kept))
     ctx.emit(
         "unit_finished",
         run_id=state.run_id,
@@ -330,6 +392,7 @@ def _record(ctx: DriveContext, state: RunState, key: UnitKey, verdict: Verdict) 
         loop=key.loop,
         tokens=0,
     )
+    return verdict
 
 
 def record_schema_verdict(
@@ -340,8 +403,9 @@ def record_schema_verdict(
     loop: int,
     artifact: Any,
     verdict: Verdict,
-) -> None:
-    """Journal a schema rejection as the loop's verdict (once per loop and artifact)."""
+) -> Verdict:
+    """Journal a schema rejection as the loop's verdict (once per loop and artifact); returns
+    it as journaled."""
     count = len(artifact) if isinstance(artifact, list) and step.map else 1
     summary = artifact_summary(artifact, unit_count=count)
     hashed = {"judge": "schema", "summary": summary, "schema": step.output}
@@ -358,8 +422,11 @@ def record_schema_verdict(
             input_hash=input_hash,
             judge_input=hashed,
         )
-        _record(ctx, state, key, verdict)
+        verdict = _record(ctx, state, key, verdict)
+    else:
+        verdict, _ = as_journaled(ctx, state, verdict)
     _announce(ctx, state, step.id, loop, verdict)
+    return verdict
 
 
 def _announce(

@@ -38,7 +38,9 @@ def drive_run(ctx: DriveContext, run: RunRow, *, plan: Plan | None = None) -> Dr
     # A failed run is re-opened in effect, not in a write: its status changes only if the
     # drive gets further, so re-driving a run that fails the same way writes nothing.
     state = RunState.begin(ctx, run, plan, params)
-    with ctx.store.synchronous_full(plan.execution.durability == "full"):
+    durable = ctx.store.synchronous_full(plan.execution.durability == "full")
+    # Every text this drive writes for the run is redacted with the run's own redactor.
+    with durable, ctx.store.scrubber.driving(run.run_id, state.redactor):
         try:
             _walk(ctx, state)
         except KeyboardInterrupt:

@@ -263,11 +263,13 @@ def _schema_rejected(
         + f". Required: {schema_requirement(step.output or {})}."
     )
     verdict = Verdict(complete=False, feedback=feedback, missing=tuple(errors[:20]), judge="schema")
-    judging.record_schema_verdict(ctx, state, step, loop=loop, artifact=artifact, verdict=verdict)
+    verdict = judging.record_schema_verdict(
+        ctx, state, step, loop=loop, artifact=artifact, verdict=verdict
+    )
     if loop < step.max_loops:
         return StepOutcome(
             status="loop",
-            note=feedback,
+            note=verdict.feedback,
             feedback=Feedback(loop=loop, feedback=verdict.feedback, missing=verdict.missing),
         )
     return _failed(step, f"output failed its schema after {loop} loop(s): " + "; ".join(errors))
@@ -307,6 +309,9 @@ def _write_step(
     output_json: str | None,
     stops_run: bool = False,
 ) -> None:
+    # Redacted as the Store will write them, so a re-drive compares like with like.
+    scrub = ctx.store.scrubber
+    note, output_json = scrub.text(state.run_id, note), scrub.json_text(state.run_id, output_json)
     current = state.step_rows[step.id]
     if (
         current.status,

@@ -218,9 +218,9 @@ def map_items(source: str, params: Mapping[str, Any], outputs: Mapping[str, Any]
     if isinstance(value, tuple):
         value = list(value)
     if not isinstance(value, list):
-        raise StepInputError(
-            f"map must evaluate to a list (got {type(value).__name__}: {str(value)[:80]!r})"
-        )
+        # Cut, not folded onto one line: the redactor then knows a secret's start in it.
+        shown = str(value) if len(str(value)) <= 80 else str(value)[:79] + "…"
+        raise StepInputError(f"map must evaluate to a list (got {type(value).__name__}: {shown!r})")
     if len(value) > MAX_MAP_UNITS:
         raise StepInputError(
             f"map expands to {len(value)} units, more than the bound of "

@@ -197,6 +197,8 @@ class ExecRunner(BaseRunner):
         stdout, stderr = out.text(), err.text()
         if code != 0:
             tail = stderr[-STDERR_TAIL:].strip()
+            if tail and (err.is_over or len(stderr) > STDERR_TAIL):
+                tail = "…" + tail  # its start was cut: the redactor masks a secret's end here
             raise RunnerError(f"exited with status {code}" + (f"; stderr: {tail}" if tail else ""))
         output: object = stdout
         if request.output_schema is not None:

@@ -13,8 +13,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..errors import clip
-from ..redact import is_secret_key
-from ..templates import GLOBAL_NAMES, TemplateError, references
+from ..redact import MIN_SECRET_LEN, Redactor, is_secret_key, secret_strings
+from ..sealing import env_name
+from ..templates import GLOBAL_NAMES, TemplateError, references, unknown_callables
 from .models import StepSpec, WorkflowSpec
 from .plan import Plan
 from .source import Source
@@ -104,6 +105,15 @@ def check_params(spec: WorkflowSpec, src: Source) -> None:
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
             raise src.error(f"expected a param name like `topic` (got {name!r})", at)
         check_schema(schema, src, at)
+        secret_at = secret_default(name, schema)
+        if secret_at is not None:
+            env = f", or the environment variable {env_name(name)}" if is_secret_key(name) else ""
+            raise src.error(
+                "a secret default would be frozen into the plan, in the clear; remove it and "
+                f"pass the value when the run starts (`--param {name}=VALUE`, params= in "
+                f"Python{env})",
+                (*at, *secret_at),
+            )
         if "default" in schema:
             import jsonschema  # only a schema that must be checked pays its ~1 s import
 
@@ -113,6 +123,36 @@ def check_params(spec: WorkflowSpec, src: Source) -> None:
                 raise src.error(
                     f"default does not match the param schema: {exc.message}", (*at, "default")
                 ) from None
+
+
+def secret_default(name: str, schema: Any) -> Path | None:
+    """Where ``schema`` (of the param ``name``) holds a secret default; None when it holds none.
+
+    A default is secret when it sits under a secret-looking name (the param's own, or a
+    property's: ``conf.properties.gh_token.default``) and holds a string or a number, when it
+    holds one under a secret-looking key (``default: {gh_token: ...}``), or when a string in
+    it has a credential's shape (``Bearer ...``, ``sk-...``). Values shorter than
+    ``MIN_SECRET_LEN`` are placeholders (``none``, ``""``), as the redactor treats them, and
+    ``false`` and ``null`` hold nothing to hide.
+    """
+    if not isinstance(schema, dict):
+        return None
+    if "default" in schema:
+        default = schema["default"]
+        strings = secret_strings(default, secret=is_secret_key(name))
+        hidden = [s for s in strings if len(s) >= MIN_SECRET_LEN]
+        shaped = [s for s in secret_strings(default, secret=True) if Redactor().redact(s) != s]
+        if hidden or shaped:
+            return ("default",)
+    for key, sub in (schema.get("properties") or {}).items():
+        found = secret_default(str(key), sub)
+        if found is not None:
+            return ("properties", key, *found)
+    for key in ("items", "additionalProperties"):
+        found = secret_default(name, schema.get(key))
+        if found is not None:
+            return (key, *found)
+    return None
 
 
 def check_schema(schema: dict[str, Any], src: Source, at: Path) -> None:
@@ -231,6 +271,22 @@ def _strings(value: Any, path: Path = ()) -> list[tuple[str, Path]]:
     return []
 
 
+def _scope(step: StepSpec, rel: Path) -> set[str]:
+    """The names a template field of ``step`` may use: what it is rendered with.
+
+    A gate judges the whole artifact once, so its criteria see ``params`` and earlier
+    ``steps`` but no map ``item``/``index`` and no ``gate`` (that is the re-executed unit's);
+    its ``check`` sees ``output`` and ``params`` only (a verdict's cache key holds nothing else).
+    """
+    if rel[0] == "gate":
+        names = {"output", "params"} if rel[1] == "check" else {"params", "steps"}
+        return names | _JINJA_GLOBALS
+    allowed = {"params", "steps", "gate"} | _JINJA_GLOBALS
+    if step.map is not None and rel[0] != "map":
+        allowed |= {"item", "index"}
+    return allowed
+
+
 def check_step_templates(
     spec: WorkflowSpec, step: StepSpec, i: int, src: Source, *, earlier: Collection[str]
 ) -> None:
@@ -241,11 +297,14 @@ def check_step_templates(
             refs = references(text, expression=bare)
         except TemplateError as exc:
             raise src.error(str(exc), at) from None
-        allowed = {"params", "steps", "gate"} | _JINJA_GLOBALS
-        if step.map is not None and rel[0] != "map":
-            allowed |= {"item", "index"}
-        if rel[0] == "gate" and rel[1] == "check":
-            allowed |= {"output"}
+        unknown_calls = unknown_callables(refs)
+        if unknown_calls:
+            raise src.error(
+                f"template uses unknown {', '.join(unknown_calls)}; templates have Jinja's "
+                "built-in filters and tests, plus the `json` filter",
+                at,
+            )
+        allowed = _scope(step, rel)
         unknown = refs.names - allowed
         if unknown:
             raise src.error(

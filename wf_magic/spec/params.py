@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..errors import UsageError
-from ..redact import is_secret_key
+from ..redact import Redactor, is_secret_key, secret_strings
 from .plan import Plan
 
 _JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?P<frac>\.[0-9]+)?(?P<exp>[eE][+-]?[0-9]+)?")
@@ -107,7 +107,7 @@ def resolve_params(
         try:
             json.dumps(value, allow_nan=False)
         except (TypeError, ValueError):
-            got = _unechoed(name, value) or repr(value)
+            got = _unechoed(name, value) or _without_secrets(repr(value), value)
             raise UsageError(
                 f"param {name}: expected a JSON value with finite numbers (got {got})"
             ) from None
@@ -117,7 +117,7 @@ def resolve_params(
             hidden = _unechoed(name, value)
             if hidden is not None:  # a schema message quotes the value: say less
                 problem = f"does not match its schema {_schema_text(schema)} (got {hidden})"
-            raise UsageError(f"param {name}: {problem}")
+            raise UsageError(f"param {name}: {_without_secrets(problem, value)}")
         out[name] = value
     return out
 
@@ -132,8 +132,8 @@ def coerce_param(schema: Mapping[str, Any], text: str, *, name: str) -> Any:
         return coerce(schema, text)
     except UsageError as exc:
         hidden = _unechoed(name, text)
-        if hidden is None:
-            raise UsageError(f"param {name}: {exc}") from None
+        if hidden is None:  # the text may still quote a secret (`{"gh_token": ...}`)
+            raise UsageError(f"param {name}: {Redactor().redact(str(exc))}") from None
         raise UsageError(
             f"param {name}: expected type {schema.get('type')} (got {hidden})"
         ) from None
@@ -145,6 +145,16 @@ def _unechoed(name: str, value: Any) -> str | None:
         return None
     size = f"{len(value)} characters" if isinstance(value, str) else type(value).__name__
     return f"a secret value ({size}), not shown"
+
+
+def _without_secrets(text: str, value: Any) -> str:
+    """``text`` (a message about ``value``) with the secrets inside ``value`` masked: the
+    values under secret-looking keys at any depth (``{"conf": {"gh_token": ...}}``), however
+    short, where the message quotes them, and credential shapes."""
+    leaves = sorted({s for s in secret_strings(value) if s}, key=len, reverse=True)
+    for leaf in leaves:
+        text = text.replace(repr(leaf), "'***'")
+    return Redactor(leaves).redact(text)
 
 
 def _schema_text(schema: Mapping[str, Any]) -> str:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from .scrub import Scrubber
 
 T = TypeVar("T")
 
@@ -16,6 +19,9 @@ class StoreAccess:
     know that they exist, so the connections, the write lock and group commit stay in one
     class.
     """
+
+    scrubber: Scrubber
+    """Redacts every text column a named write is about to write (store/scrub.py)."""
 
     def _read(self, fn: Callable[[sqlite3.Connection], T], run_id: str | None = None) -> T:
         """Run ``fn`` on a reader connection (``run_id``: the run named by its errors)."""

@@ -103,6 +103,7 @@ class JournalQueries(StoreAccess):
     # -- writes ----------------------------------------------------------------------------
     def reserve_attempt(self, key: UnitKey, *, charged: bool) -> AttemptRow:
         """Insert a ``running`` attempt with a fresh dispatch_id."""
+        key = self.scrubber.key(key)
         return self._write(
             lambda c: journal.reserve_attempt_txn(c, key, charged=charged), key.run_id
         )
@@ -115,10 +116,12 @@ class JournalQueries(StoreAccess):
         """
         if not keys:
             return []
+        keys = [(self.scrubber.key(key), charged) for key, charged in keys]
         return self._write(lambda c: journal.reserve_attempts_txn(c, keys), keys[0][0].run_id)
 
     def finish_attempt(self, attempt: AttemptRow, finish: Finish) -> bool:
         """Finish a running attempt; False (nothing written) when it was already finished."""
+        finish = self.scrubber.finish(attempt.run_id, finish)
         return self._write(lambda c: journal.finish_attempt_txn(c, attempt, finish), attempt.run_id)
 
     def record_terminal_attempt(
@@ -131,6 +134,7 @@ class JournalQueries(StoreAccess):
         event: str = "unit_finished",
     ) -> AttemptRow:
         """Insert an attempt that is terminal at once (a reused result or a verdict)."""
+        key, finish = self.scrubber.key(key), self.scrubber.finish(key.run_id, finish)
         return self._write(
             lambda c: journal.record_terminal_attempt_txn(
                 c, key, finish, reused_from=reused_from, saved_tokens=saved_tokens, event=event
@@ -149,7 +153,7 @@ class JournalQueries(StoreAccess):
 
         ``decide(step_row, latest_verdict)`` sees the step row and a lookup of the newest
         verdict of ``(unit_id, input_hash)``; it returns the key to journal, or raises to
-        refuse (nothing is written).
+        refuse (nothing is written). The verdict's texts (a person's feedback) are redacted.
         """
 
         def txn(conn: sqlite3.Connection) -> UnitKey:
@@ -160,8 +164,9 @@ class JournalQueries(StoreAccess):
                     conn, run_id=run_id, unit_id=unit_id, input_hash=input_hash
                 )
 
-            key = decide(row, latest)
-            journal.record_terminal_attempt_txn(conn, key, finish, event="human_verdict")
+            key = self.scrubber.key(decide(row, latest))
+            kept = self.scrubber.finish(run_id, finish)
+            journal.record_terminal_attempt_txn(conn, key, kept, event="human_verdict")
             return key
 
         return self._write(txn, run_id)

@@ -141,7 +141,9 @@ class RunQueries(StoreAccess):
         reason: str | None = None,
         result_json: str | None = None,
     ) -> None:
-        """Write a run's status (with its ``run_status`` event)."""
+        """Write a run's status (with its ``run_status`` event), its texts redacted."""
+        reason = self.scrubber.text(run_id, reason)
+        result_json = self.scrubber.json_text(run_id, result_json)
         self._write(
             lambda c: runs.set_run_status_txn(
                 c, run_id, status, reason=reason, result_json=result_json
@@ -160,7 +162,9 @@ class RunQueries(StoreAccess):
         output_json: str | None,
         stops_run: bool = False,
     ) -> None:
-        """Write a step's state (the spine is the only caller)."""
+        """Write a step's state (the spine is the only caller), its texts redacted."""
+        note = self.scrubber.text(run_id, note)
+        output_json = self.scrubber.json_text(run_id, output_json)
         self._write(
             lambda c: runs.write_step_txn(
                 c,

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from ..errors import StateDBError, StateDirReplaced, WorkflowError
+from ..redact import Redactor
 from . import journal
 from .checkpoint import BACKSTOP_PAGES, Checkpointer
 from .db import connect_reader, immediate
@@ -30,6 +31,7 @@ from .queries_journal import JournalQueries
 from .queries_runs import RunQueries
 from .queries_views import ViewQueries
 from .records import AttemptRow
+from .scrub import Scrubber
 
 T = TypeVar("T")
 
@@ -46,10 +48,15 @@ class Store(RunQueries, JournalQueries, ViewQueries):
     Args:
         db_path: the SQLite file.
         durability: ``normal`` (WAL, synchronous=NORMAL) or ``full`` (synchronous=FULL).
+        redactor: what every write outside a drive is redacted with (default: the
+            environment's secrets and credential shapes); see store/scrub.py.
     """
 
-    def __init__(self, db_path: Path, *, durability: str = "normal"):
+    def __init__(
+        self, db_path: Path, *, durability: str = "normal", redactor: Redactor | None = None
+    ):
         self.db_path = db_path
+        self.scrubber = Scrubber(redactor if redactor is not None else Redactor.from_environ())
         self.durability = durability
         self._writer: sqlite3.Connection | None = None
         self._migrated = False
@@ -270,7 +277,7 @@ class Store(RunQueries, JournalQueries, ViewQueries):
             if self._sync_full:
                 self.finish_attempt(attempt, finish)
             else:
-                self._deferred.append((attempt, finish))
+                self._deferred.append((attempt, self.scrubber.finish(attempt.run_id, finish)))
 
     def flush(self) -> None:
         """Commit the deferred finishes now (a no-op when there are none)."""

@@ -11,6 +11,7 @@ from ..runners.base import UnitResult
 from ..spec.plan import PlanStep
 from ..store.journal import Finish, UnitKey
 from ..store.records import AttemptRow, Phase
+from .agentunits import facts_json
 from .context import DriveContext, RunState
 from .units import UnitPlan
 
@@ -102,6 +103,7 @@ def finish_ok(
             cost=result.cost,
             model=result.model,
             session_id=result.session_id,
+            agent_json=facts_json(state.redactor.redact_value(result.facts)),
             finished_at=time.time(),
         ),
         defer=defer,
@@ -118,6 +120,7 @@ def finish_error(
 ) -> str:
     """Journal a failed attempt; returns the (redacted) failure message."""
     failure = state.redactor.redact(str(exc))
+    facts = state.redactor.redact_value(getattr(exc, "facts", None))  # an AgentError's
     finish_with(
         ctx,
         state,
@@ -128,6 +131,8 @@ def finish_error(
             transient=exc.transient,
             tokens_in=exc.tokens_in,
             tokens_out=exc.tokens_out,
+            session_id=facts.get("session_id") if facts else None,
+            agent_json=facts_json(facts),
             finished_at=time.time(),
         ),
         defer=defer,

@@ -26,8 +26,8 @@ from .checks import (
     validate,
 )
 from .kinds import KINDS
-from .models import ENV_NAME_PATTERN, ID_PATTERN, StepSpec, WorkflowSpec
-from .plan import Plan, PlanStep
+from .models import AGENT_TIMEOUT_S, ENV_NAME_PATTERN, ID_PATTERN, StepSpec, WorkflowSpec
+from .plan import AgentPlan, Plan, PlanStep
 from .source import Source, read_source, split_documents
 from .workflow import Workflow
 from .yamlload import Path
@@ -153,7 +153,7 @@ class _Freezer:
     def _step(self, spec: WorkflowSpec, step: StepSpec, i: int, src: Source) -> PlanStep:
         at: Path = ("steps", i)
         kind = cast(StepKind, step.kind)
-        runner = KINDS[kind].fixed_runner or step.runner or spec.runner
+        runner = KINDS[kind].fixed_runner or step.agent or step.runner or spec.runner
         target_hash = None
         if step.python is not None:
             check_target(step.python, src, (*at, "python"))
@@ -196,7 +196,7 @@ class _Freezer:
             reduce=step.reduce,
             runner=runner,
             model=step.model,
-            timeout_s=step.timeout,
+            timeout_s=AGENT_TIMEOUT_S if step.timeout is None and step.agent else step.timeout,
             retry=step.retry,
             on_error=step.on_error,
             output=step.output,
@@ -205,6 +205,7 @@ class _Freezer:
             loops_capped=capped,
             cache=KINDS[kind].cached_by_default if step.cache is None else step.cache,
             pass_env=step.pass_env,
+            agent=_agent_plan(step, src, at),
         )
 
     def _child(self, name: str, src: Source, at: Path, depth: int) -> Plan:
@@ -239,6 +240,38 @@ class _Freezer:
         return self.freeze(
             text, self.origins.get(name, f"workflow {name}"), depth=depth + 1, child=name
         )
+
+
+def _agent_plan(step: StepSpec, src: Source, at: Path) -> AgentPlan | None:
+    """An agent step's frozen harness settings; the harness must be known and the workdir a
+    relative folder that stays inside the workflow's folder."""
+    if step.agent is None:
+        return None
+    from ..agents.registry import known_harnesses
+
+    known = known_harnesses()
+    if step.agent not in known:
+        raise src.error(
+            f"unknown agent harness {step.agent!r}; known harnesses: {', '.join(known)} "
+            "(register one with wf_magic.register_harness)",
+            (*at, "agent"),
+        )
+    workdir = step.workdir or "."
+    parts = FsPath(workdir).parts
+    if FsPath(workdir).is_absolute() or ".." in parts or workdir.startswith("~"):
+        raise src.error(
+            f"expected a relative folder inside the workflow's folder (got {workdir!r}); "
+            "write a path like . or src/pkg",
+            (*at, "workdir"),
+        )
+    return AgentPlan(
+        harness=step.agent,
+        permission=step.permission or "edits",
+        workdir=workdir,
+        isolation=step.isolation or "none",
+        session=step.session or "fresh",
+        max_turns=step.max_turns,
+    )
 
 
 def _child_file(folder: FsPath, name: str, src: Source, at: Path) -> str | None:

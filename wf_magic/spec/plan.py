@@ -17,6 +17,19 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class AgentPlan(_Frozen):
+    """An agent step's harness settings as frozen (defaults filled in)."""
+
+    harness: str
+    """The harness name (``claude``, ``codex``, ``opencode``, ``gemini`` or a registered one)."""
+    permission: Literal["read", "edits", "full"] = "edits"
+    workdir: str = "."
+    """Relative to the workflow file's folder (the driver's cwd for a notebook workflow)."""
+    isolation: Literal["none", "worktree"] = "none"
+    session: Literal["fresh", "continue"] = "fresh"
+    max_turns: int | None = None
+
+
 class PlanStep(_Frozen):
     """One step as frozen: defaults filled in, runner resolved, targets pinned."""
 
@@ -49,6 +62,8 @@ class PlanStep(_Frozen):
     cache: bool = True
     """Reuse across runs allowed: the authored ``cache``, else the kind's default (exec: off)."""
     pass_env: list[str] = Field(default_factory=list)
+    agent: AgentPlan | None = None
+    """An agent step's harness settings (None for other kinds)."""
 
 
 class Plan(_Frozen):

@@ -38,11 +38,12 @@ _JOURNAL: _Spec = (
     ("loop", "loop", "int"),
     ("charged", "charged", "bool"),
     ("saved_tokens", "saved_tokens", "int"),
+    ("session_id", "session_id", "str"),
 )
 JOURNAL_COLUMNS: tuple[str, ...] = (
     "run", "step", "unit", "attempt", "dispatch_id", "phase", "runner", "model", "status",
     "input_hash", "tokens_in", "tokens_out", "cost", "reused_from", "started_at", "finished_at",
-    "duration_s", "failure", "loop", "charged", "saved_tokens",
+    "duration_s", "failure", "loop", "charged", "saved_tokens", "session_id",
 )  # fmt: skip
 """The columns of :func:`journal_frame`, in order."""
 
@@ -212,6 +213,7 @@ def journal_frame(
         - ``loop`` (Int64): the gate loop the attempt belongs to, from 1.
         - ``charged`` (boolean): counted in the budget (False for gate and reused attempts).
         - ``saved_tokens`` (Int64): tokens a reused attempt saved, 0 otherwise.
+        - ``session_id`` (string): the agent session (or completion) id, <NA> when none.
     """
     cte, where, params = _run_filter(run_id, with_children=with_children)
     frame = _query(conn, _JOURNAL, f"FROM attempts {where} ORDER BY attempt_pk", params, cte=cte)

@@ -4,7 +4,9 @@ Its argv, JSON/JSONL output, error shapes, exit codes, preset and resumed sessio
 the measurements in the harness notes; what it does comes from directives in the prompt:
 
 - ``[[write NAME TEXT]]``: write ``TEXT`` to ``NAME`` in its cwd (when the permission allows).
-- ``[[sleep S]]``: sleep ``S`` seconds after its first line (the session id is out by then).
+- ``[[sleep S]]``: sleep ``S`` seconds after its first line (the session id is out by then);
+  ``[[sleep-once S]]``: only the first launch in this HOME sleeps (its pid is in
+  ``$HOME/.fake-agent/slept-once``).
 - ``[[fail STATUS]]`` / ``[[fail-once STATUS]]``: an API error with that HTTP status (once:
   only the first launch in this HOME fails).
 - ``[[echo-env NAME]]``: put the value of ``$NAME`` in its answer and its streamed lines.
@@ -101,6 +103,11 @@ def _sleep(prompt: str) -> None:
     m = re.search(r"\[\[sleep ([\d.]+)\]\]", prompt)
     if m:
         time.sleep(float(m.group(1)))
+    m = re.search(r"\[\[sleep-once ([\d.]+)\]\]", prompt)
+    marker = Path(os.environ["HOME"]) / ".fake-agent" / "slept-once"
+    if m and not marker.exists():
+        marker.write_text(str(os.getpid()))
+        time.sleep(float(m.group(1)))
 
 
 def _opt(args: list[str], name: str) -> str | None:
@@ -174,10 +181,16 @@ def codex(args: list[str]) -> int:
     rest = args[1:]
     prompt = rest[-1]
     sandbox = _opt(rest, "--sandbox")
+    override = _opt(rest, "-c") or ""
+    if override.startswith("sandbox_mode="):
+        sandbox = override.split("=", 1)[1].strip('"')
     bypass = "--dangerously-bypass-approvals-and-sandbox" in rest
     print("Reading additional input from stdin...", file=sys.stderr)
-    if "resume" in rest:
-        thread = rest[rest.index("resume") + 1]
+    if rest[0] == "resume":
+        if "--sandbox" in rest:
+            print("error: unexpected argument '--sandbox' found", file=sys.stderr)
+            return 2
+        thread = rest[-2]
         data = _load_session(thread, anywhere=True)
         if data is None:
             print(f"Error: thread/resume: thread/resume failed: no rollout found for thread id {thread} (code -32600)", file=sys.stderr)

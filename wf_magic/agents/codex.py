@@ -17,7 +17,7 @@ from typing import Any
 from .claude import _int, _str
 from .harness import AgentCall, Failure, Outcome, Watch, classify_text, first_line
 
-_SANDBOX = {"read": ["--sandbox", "read-only"], "edits": ["--sandbox", "workspace-write"]}
+_SANDBOX = {"read": "read-only", "edits": "workspace-write"}
 _QUIET_CONFIG = """\
 check_for_update_on_startup = false
 [analytics]
@@ -38,16 +38,24 @@ class CodexHarness:
     resumes_anywhere = True
 
     def argv(self, call: AgentCall) -> list[str]:
-        args = ["exec", "--json", "--skip-git-repo-check"]
-        args += _SANDBOX.get(call.permission, ["--dangerously-bypass-approvals-and-sandbox"])
+        # ``exec resume`` takes no --sandbox: the mode goes in as a config override there.
+        resuming = call.resume_id is not None
+        args = ["exec", "resume"] if resuming else ["exec"]
+        args += ["--json", "--skip-git-repo-check"]
+        if call.permission == "full":
+            args.append("--dangerously-bypass-approvals-and-sandbox")
+        elif resuming:
+            args += ["-c", f'sandbox_mode="{_SANDBOX[call.permission]}"']
+        else:
+            args += ["--sandbox", _SANDBOX[call.permission]]
         if call.model:
             args += ["--model", call.model]
         if call.output_schema is not None:
             schema = Path(call.scratch) / "output_schema.json"
             schema.write_text(json.dumps(call.output_schema, sort_keys=True))
             args += ["--output-schema", str(schema)]
-        if call.resume_id:
-            args += ["resume", call.resume_id]
+        if resuming:
+            args.append(str(call.resume_id))
         return [*args, call.prompt]
 
     def quiet_env(self, call: AgentCall) -> dict[str, str]:

@@ -24,7 +24,16 @@ from ..runners.orphans import forget_unit_process, record_unit_process
 from ..runners.process import STDERR_KEEP, _Drain, _kill_group
 from . import sidecars, worktrees
 from .facts import attempt_facts, unit_output
-from .harness import AgentCall, AgentError, Harness, Outcome, Watch
+from .harness import (
+    AgentCall,
+    AgentError,
+    Failure,
+    Harness,
+    Outcome,
+    Watch,
+    first_line,
+    parse_lines,
+)
 
 OUTPUT_CAP_BYTES = 8 * 1_048_576
 TAIL_EVENTS = 500
@@ -243,9 +252,15 @@ class _Launch:
                 transient=True,
                 facts=facts,
             )
-        outcome = runner.adapter.outcome(
-            list(reader.events), reader.stdout_text(), reader.err.text(), code, self.call
-        )
+        stdout = reader.stdout_text()
+        events = list(reader.events) or parse_lines(stdout)  # one pretty-printed object
+        outcome = runner.adapter.outcome(events, stdout, reader.err.text(), code, self.call)
+        if outcome.failure is None and outcome.text is None and outcome.structured is None:
+            seen = first_line(stdout) or first_line(reader.err.text()) or "nothing"
+            outcome.failure = Failure(
+                error_class="failed",
+                message=f"exited with status {code} without a result (it printed: {seen})",
+            )
         return self._result(outcome, watch, code)
 
     def _result(self, outcome: Outcome, watch: Watch, code: int) -> UnitResult:
@@ -266,7 +281,7 @@ class _Launch:
         facts["usage_total"] = list(total)
         if failure is not None:
             raise AgentError(
-                f"{self.runner.name} {failure.error_class}: {failure.message}",
+                f"{self.runner.name} failed ({failure.error_class}): {failure.message}",
                 transient=failure.transient,
                 facts=facts,
                 tokens_in=outcome.tokens_in,

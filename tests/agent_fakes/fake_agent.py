@@ -11,6 +11,8 @@ the measurements in the harness notes; what it does comes from directives in the
   only the first launch in this HOME fails).
 - ``[[echo-env NAME]]``: put the value of ``$NAME`` in its answer and its streamed lines.
 - ``[[max-turns]]`` (claude): ``error_max_turns``. ``[[deny]]`` (claude): deny the write.
+- ``[[spawn-sleep]]``: start a ``sleep 120`` child in its process group. Every launch appends
+  its pid (and that child's) to ``$HOME/.fake-agent/pids``.
 - ``[[json]]``: answer ``{"status": ..., "turn": n}`` as JSON text.
 
 The answer is ``FIXED`` when the prompt carries a gate feedback block, else ``TRIED``, then
@@ -301,11 +303,25 @@ def gemini(args: list[str]) -> int:
     return 0
 
 
+def _record_pids(args: list[str]) -> None:
+    """Append this process's pid (and a ``[[spawn-sleep]]`` child's) to ``$HOME/.fake-agent/pids``."""
+    import subprocess
+
+    pids = [os.getpid()]
+    if any("[[spawn-sleep]]" in a for a in args):
+        pids.append(subprocess.Popen(["sleep", "120"]).pid)
+    folder = Path(os.environ["HOME"]) / ".fake-agent"
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / "pids").open("a") as f:
+        f.write("".join(f"{p}\n" for p in pids))
+
+
 def main(shape: str) -> int:
     args = sys.argv[1:]
     if args == ["--version"]:
         print(VERSIONS[shape])
         return 0
+    _record_pids(args)
     return {"claude": claude, "codex": codex, "opencode": opencode, "gemini": gemini}[shape](args)
 
 

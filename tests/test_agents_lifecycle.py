@@ -1,0 +1,194 @@
+"""Agent steps (issue 21), fast tier: timeouts, a driver killed mid-agent, secrets, HOME, gc.
+
+The crash cases run ``wf run`` in a real process and SIGKILL it while the fake agent sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.agent_fakes.bins import git_repo, make_bins
+from tests.conftest import run_wf, spawn_wf, wait_for
+from tests.test_agents import work, workflow
+from wf_magic import Engine
+from wf_magic.agents import sidecars
+
+
+@pytest.fixture
+def bins(tmp_path: Path) -> dict[str, Path]:
+    return make_bins(tmp_path / "bin")
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    return git_repo(tmp_path / "repo")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return text[text.rfind(")") + 2] not in ("Z", "X")
+
+
+def _pids(state_dir: Path, run_id: str) -> list[int]:
+    path = sidecars.isolated_home(state_dir, run_id) / ".fake-agent" / "pids"
+    return [int(p) for p in path.read_text().split()]
+
+
+def test_the_step_timeout_kills_the_agents_process_group_and_leaves_no_process(
+    engine: Engine, repo: Path, bins: dict[str, Path], state_dir: Path
+) -> None:
+    path = workflow(repo, bins, "claude", "[[spawn-sleep]] [[sleep 60]]", extra="timeout: 1s")
+    started = time.monotonic()
+    run = engine.run(str(path))
+    assert time.monotonic() - started < 20
+    [attempt] = work(engine, run.run_id)
+    assert attempt.status == "failed" and attempt.transient
+    assert attempt.failure == "claude timed out after 1s and its process group was killed"
+    pids = _pids(state_dir, run.run_id)
+    assert len(pids) == 2  # the agent and the child it started
+    wait_for(lambda: not any(_alive(p) for p in pids), timeout=10, what="the group to go")
+    facts = engine.store.agent_facts(attempt.dispatch_id)
+    assert facts is not None and facts["error_class"] == "timeout"
+    assert facts["session_id"] == attempt.session_id is not None  # preset before it started
+
+
+def test_agent_steps_default_to_a_30_minute_timeout(
+    engine: Engine, repo: Path, bins: dict[str, Path]
+) -> None:
+    wf = engine.load(str(workflow(repo, bins, "claude", "x")))
+    assert wf.plan.steps[0].timeout_s == 1800.0
+
+
+@pytest.mark.parametrize("harness", ["claude", "codex"])
+def test_kill_9_mid_agent_then_resume_continues_the_same_dispatch_worktree_and_session(
+    tmp_path: Path, repo: Path, bins: dict[str, Path], state_dir: Path, harness: str
+) -> None:
+    path = workflow(
+        repo, bins, harness, "Fix. [[sleep-once 60]]",
+        extra="isolation: worktree\nsession: continue",
+    )
+    driver = spawn_wf(state_dir, "run", str(path))
+    agents = state_dir / "agents"
+
+    def session_journaled() -> bool:
+        for sidecar in agents.glob("*/*.json"):
+            if json.loads(sidecar.read_text()).get("session_id"):
+                return (sidecar.parent / "home" / ".fake-agent" / "slept-once").exists()
+        return False
+
+    wait_for(session_journaled, timeout=60, what="the agent to start its session")
+    [sidecar_file] = agents.glob("*/*.json")
+    run_id, dispatch_id = sidecar_file.parent.name, sidecar_file.stem
+    before = json.loads(sidecar_file.read_text())
+    sleeper = int((sidecar_file.parent / "home" / ".fake-agent" / "slept-once").read_text())
+    os.kill(driver.pid, signal.SIGKILL)
+    driver.communicate(timeout=10)
+    assert _alive(sleeper)  # the orphan outlived its driver
+
+    done = run_wf(state_dir, "resume", run_id, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert not _alive(sleeper)  # reaped before the attempt was dispatched again
+    engine = Engine(state_dir)
+    try:
+        [attempt] = work(engine, run_id)
+        assert (attempt.dispatch_id, attempt.status) == (dispatch_id, "succeeded")
+        assert attempt.session_id == before["session_id"]
+        facts = engine.store.agent_facts(dispatch_id)
+        assert facts is not None
+        assert facts["reclaimed"] is True and facts["resumed_session"] == before["session_id"]
+        assert facts["worktree"]["path"] == before["worktree"]
+        assert facts["worktree"]["path"] == str(state_dir / "worktrees" / run_id / dispatch_id)
+        # the session's second turn: the killed launch's prompt is in its history
+        output = json.loads(attempt.output_json or "null")
+        assert output.startswith("TRIED turn=2") and "history=1" in output
+    finally:
+        engine.close()
+
+
+def test_a_secret_passed_through_pass_env_is_in_no_row_event_input_output_or_log(
+    engine: Engine, repo: Path, bins: dict[str, Path], state_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    secret = "s3cr3t-value-Zq81xw"
+    monkeypatch.setenv("PLAIN_NAMED_VALUE", secret)  # a name that does not look secret
+    path = workflow(
+        repo, bins, "claude",
+        "Use it: [[echo-env PLAIN_NAMED_VALUE]] [[write note.txt done]] [[fail-once 529]]",
+        extra="pass_env: [PLAIN_NAMED_VALUE]\nisolation: worktree\nretry: {max_attempts: 2}",
+    )
+    run = engine.run(str(path))
+    assert run.status == "completed"
+    assert "PLAIN_NAMED_VALUE=***" in run.result  # it reached the agent, and was masked
+    engine.close()
+    conn = sqlite3.connect(state_dir / "state.db")
+    try:
+        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        for table in tables:
+            for row in conn.execute(f"SELECT * FROM {table}"):  # noqa: S608
+                assert secret not in repr(row), table
+    finally:
+        conn.close()
+    for file in state_dir.rglob("*"):
+        if file.is_file() and ".git" not in file.parts and file.name != "state.db":
+            assert secret.encode() not in file.read_bytes(), file
+
+
+def test_pass_env_reaches_the_agent_and_wins_over_the_kinds_defaults(
+    engine: Engine, repo: Path, bins: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
+    state_dir: Path,
+) -> None:
+    monkeypatch.setenv("CLAUDE_CODE_MAX_RETRIES", "7")
+    monkeypatch.setenv("NOT_PASSED_VALUE", "nope")
+    path = workflow(
+        repo, bins, "claude",
+        "[[echo-env CLAUDE_CODE_MAX_RETRIES]] [[echo-env DISABLE_TELEMETRY]] "
+        "[[echo-env NOT_PASSED_VALUE]] [[echo-env HOME]]",
+        extra="pass_env: [CLAUDE_CODE_MAX_RETRIES]",
+    )
+    run = engine.run(str(path))
+    home = state_dir / "agents" / run.run_id / "home"
+    assert run.result.endswith(
+        f" CLAUDE_CODE_MAX_RETRIES=7 DISABLE_TELEMETRY=1 NOT_PASSED_VALUE= HOME={home}"
+    )
+    assert stat.S_IMODE(home.stat().st_mode) == 0o700
+
+
+def test_home_user_keeps_the_users_home(
+    engine: Engine, repo: Path, bins: dict[str, Path], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    user_home = tmp_path / "user-home"
+    user_home.mkdir()
+    monkeypatch.setenv("HOME", str(user_home))
+    path = workflow(repo, bins, "claude", "[[echo-env HOME]]")
+    path.write_text(path.read_text().replace(f"{{bin: {bins['claude']}}}",
+                                             f"{{bin: {bins['claude']}, home: user}}"))
+    run = engine.run(str(path))
+    assert run.result.endswith(f" HOME={user_home}")
+
+
+def test_gc_removes_the_worktrees_and_agent_homes_of_the_runs_it_deletes(
+    engine: Engine, repo: Path, bins: dict[str, Path], state_dir: Path
+) -> None:
+    path = workflow(repo, bins, "claude", "[[write kept.txt x]]", extra="isolation: worktree")
+    run = engine.run(str(path))
+    [attempt] = work(engine, run.run_id)
+    tree = state_dir / "worktrees" / run.run_id / attempt.dispatch_id
+    assert (tree / "kept.txt").exists()
+    assert engine.gc(older_than_s=0) == [run.run_id]
+    assert not tree.exists() and not (state_dir / "agents" / run.run_id).exists()
+    listed = subprocess.run(["git", "worktree", "list"], cwd=repo, capture_output=True,
+                            text=True, check=True).stdout
+    assert len(listed.strip().splitlines()) == 1

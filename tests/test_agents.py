@@ -252,3 +252,25 @@ def test_claude_error_max_turns_is_a_failure_of_its_own_name(
     [attempt] = work(engine, run.run_id)
     assert attempt.failure == "claude failed (max_turns): Reached maximum number of turns (1)"
     assert not attempt.transient
+
+
+def test_an_agents_streamed_turns_and_tool_uses_reach_the_bus_and_the_progress_line(
+    engine: Engine, repo: Path, bins: dict[str, Path]
+) -> None:
+    import io
+
+    from wf_magic.bus import Event
+    from wf_magic.progress import ProgressPrinter
+
+    seen: list[Event] = []
+    out = io.StringIO()
+    printer = ProgressPrinter(out, tty=True)
+    engine.subscribe(seen.append)
+    engine.subscribe(printer)
+    run = engine.run(str(workflow(repo, bins, "claude", "[[write a.txt x]] [[sleep 0.3]]")))
+    assert run.status == "completed"
+    texts = [e.data["text"] for e in seen if e.kind == "unit_text"]
+    assert texts and texts[0] == "starting"
+    assert any("1 tool use · Write" in t for t in texts)
+    assert {(e.step_id, e.unit_id) for e in seen if e.kind == "unit_text"} == {("fix", "fix")}
+    assert "  … fix: 0 done, 1 running, 0 failed · starting" in out.getvalue()

@@ -274,3 +274,36 @@ def test_an_agents_streamed_turns_and_tool_uses_reach_the_bus_and_the_progress_l
     assert any("1 tool use · Write" in t for t in texts)
     assert {(e.step_id, e.unit_id) for e in seen if e.kind == "unit_text"} == {("fix", "fix")}
     assert "  … fix: 0 done, 1 running, 0 failed · starting" in out.getvalue()
+
+
+def test_wf_show_and_the_unit_drill_down_show_the_agent_facts(
+    engine: Engine, repo: Path, bins: dict[str, Path], state_dir: Path
+) -> None:
+    from tests.conftest import run_wf
+    from wf_magic.inspection import attempt_record
+    from wf_magic.notebook.detail import unit_loops_html
+
+    path = workflow(repo, bins, "claude", "[[write hello.txt hi]]", extra="isolation: worktree")
+    run = engine.run(str(path))
+    [attempt] = work(engine, run.run_id)
+    shown = run_wf(state_dir, "show", run.run_id, "fix")
+    assert shown.returncode == 0, shown.stderr
+    tree = state_dir / "worktrees" / run.run_id / attempt.dispatch_id
+    for line in (
+        "── agent ──",
+        "harness    claude (2.1.197 (Claude Code))",
+        f"session    {attempt.session_id}",
+        "outcome    exit 0",
+        "turns      1, 1 tool use(s), permission edits",
+        "cost       $0.000480 (estimate: Claude Code's own price table)",
+        f"worktree   {tree} — kept",
+        "changed    hello.txt",
+    ):
+        assert line in shown.stdout.splitlines(), line
+    record = attempt_record(engine.store, run.run_id, "fix")
+    assert record.session_id == attempt.session_id
+    page = unit_loops_html([record], {})
+    assert "class='wf-agent'" in page and "hello.txt" in page
+    journal = run_wf(state_dir, "journal", run.run_id, "--format", "csv")
+    assert "session_id" in journal.stdout.splitlines()[0]
+    assert attempt.session_id in journal.stdout

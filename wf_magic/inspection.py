@@ -47,6 +47,9 @@ class AttemptRecord:
     saved_tokens: int
     started_at: float
     finished_at: float | None
+    session_id: str | None = None
+    agent: dict[str, Any] | None = None
+    """An agent attempt's facts (harness, version, turns, worktree…); None for other kinds."""
 
     @property
     def duration_s(self) -> float | None:
@@ -99,11 +102,11 @@ def attempt_record(
     if not rows:
         what = f"attempt {attempt}" if attempt is not None else f"loop {loop}"
         raise UsageError(f"Run {run_id} unit {unit_id} has no {what}.", run_id=run_id)
-    return record_of(store, rows[-1])
+    return record_of(store, rows[-1], with_agent=True)
 
 
-def record_of(store: Store, row: AttemptRow) -> AttemptRecord:
-    """A journal row with its input and decoded output."""
+def record_of(store: Store, row: AttemptRow, *, with_agent: bool = False) -> AttemptRecord:
+    """A journal row with its input and decoded output (``with_agent``: and its agent facts)."""
     return AttemptRecord(
         run_id=row.run_id,
         step_id=row.step_id,
@@ -126,6 +129,8 @@ def record_of(store: Store, row: AttemptRow) -> AttemptRecord:
         saved_tokens=row.saved_tokens,
         started_at=row.started_at,
         finished_at=row.finished_at,
+        session_id=row.session_id,
+        agent=store.agent_facts(row.dispatch_id) if with_agent and row.phase == "work" else None,
     )
 
 
@@ -141,6 +146,10 @@ def record_text(record: AttemptRecord) -> str:
     lines = [head]
     if record.reused_from:
         lines.append(f"reused from {record.reused_from} ({record.saved_tokens} tokens saved)")
+    if record.agent:
+        from .display import agent_lines
+
+        lines += ["", "── agent ──", *agent_lines(record.agent, record.cost)]
     lines += ["", "── input ──", input_text(record.input), "", "── output ──"]
     lines.append(f"failed: {record.failure}" if record.failure else _value_text(record.output))
     return "\n".join(lines)

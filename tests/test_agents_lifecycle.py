@@ -192,3 +192,43 @@ def test_gc_removes_the_worktrees_and_agent_homes_of_the_runs_it_deletes(
     listed = subprocess.run(["git", "worktree", "list"], cwd=repo, capture_output=True,
                             text=True, check=True).stdout
     assert len(listed.strip().splitlines()) == 1
+
+
+def test_a_stop_request_ends_the_agents_process_group_and_a_resume_runs_it_again(
+    engine: Engine, repo: Path, bins: dict[str, Path], state_dir: Path
+) -> None:
+    import threading
+
+    path = workflow(repo, bins, "claude", "Fix. [[spawn-sleep]] [[sleep-once 60]]")
+    run = engine.start(str(path))
+    driven: list[str] = []
+    thread = threading.Thread(target=lambda: driven.append(engine.drive(run.run_id).status))
+    started = time.monotonic()
+    thread.start()
+    home = state_dir / "agents" / run.run_id / "home" / ".fake-agent"
+    wait_for(lambda: (home / "slept-once").exists(), what="the agent to start sleeping")
+    engine.stop(run.run_id)
+    thread.join(30)
+    assert not thread.is_alive() and time.monotonic() - started < 30
+    pids = _pids(state_dir, run.run_id)
+    wait_for(lambda: not any(_alive(p) for p in pids), timeout=10, what="the group to go")
+    [attempt] = work(engine, run.run_id)
+    assert attempt.status == "failed" and attempt.transient
+    assert attempt.failure == (
+        "claude was stopped (the drive was stopped or interrupted) and its process group was "
+        "killed; a later drive runs the unit again"
+    )
+    resumed = engine.drive(run.run_id)
+    assert resumed.status == "completed"
+    assert [a.status for a in work(engine, run.run_id)] == ["failed", "succeeded"]
+
+
+def test_a_descendant_holding_stdout_after_the_cli_exited_is_killed_after_a_grace(
+    engine: Engine, repo: Path, bins: dict[str, Path], state_dir: Path
+) -> None:
+    started = time.monotonic()
+    run = engine.run(str(workflow(repo, bins, "claude", "Fix. [[hold-stdout]]")))
+    assert run.status == "completed" and run.result.startswith("TRIED")
+    assert time.monotonic() - started < 15
+    pids = _pids(state_dir, run.run_id)
+    wait_for(lambda: not any(_alive(p) for p in pids), timeout=10, what="the holder to go")

@@ -11,7 +11,8 @@ the measurements in the harness notes; what it does comes from directives in the
   only the first launch in this HOME fails).
 - ``[[echo-env NAME]]``: put the value of ``$NAME`` in its answer and its streamed lines.
 - ``[[max-turns]]`` (claude): ``error_max_turns``. ``[[deny]]`` (claude): deny the write.
-- ``[[spawn-sleep]]``: start a ``sleep 120`` child in its process group. Every launch appends
+- ``[[spawn-sleep]]``: start a ``sleep 120`` child in its process group; ``[[hold-stdout]]``:
+  one that keeps its stdout open after it exits. Every launch appends
   its pid (and that child's) to ``$HOME/.fake-agent/pids``.
 - ``[[json]]``: answer ``{"status": ..., "turn": n}`` as JSON text.
 
@@ -309,6 +310,9 @@ def _record_pids(args: list[str]) -> None:
 
     pids = [os.getpid()]
     if any("[[spawn-sleep]]" in a for a in args):
+        pids.append(subprocess.Popen(["sleep", "120"], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL).pid)
+    if any("[[hold-stdout]]" in a for a in args):  # a descendant keeping stdout open
         pids.append(subprocess.Popen(["sleep", "120"]).pid)
     folder = Path(os.environ["HOME"]) / ".fake-agent"
     folder.mkdir(parents=True, exist_ok=True)

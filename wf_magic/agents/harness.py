@@ -30,6 +30,7 @@ ErrorClass = Literal[
     "max_turns",
     "permission_denied",
     "refused",
+    "stopped",
     "failed",
 ]
 """Why an agent attempt failed:
@@ -46,10 +47,11 @@ ErrorClass = Literal[
 - ``max_turns``: the agent used up ``max_turns`` (Claude ``error_max_turns``): permanent.
 - ``permission_denied``: edits were asked for but the CLI denied its tool calls: permanent.
 - ``refused``: the CLI refused the permission mode (e.g. a bypass as root): permanent.
+- ``stopped``: a Stop or an interrupt ended its process group: transient.
 - ``failed``: anything else: permanent.
 """
 TRANSIENT: frozenset[str] = frozenset(
-    {"rate_limited", "overloaded", "server_error", "network", "timeout"}
+    {"rate_limited", "overloaded", "server_error", "network", "timeout", "stopped"}
 )
 
 

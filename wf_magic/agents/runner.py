@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -40,6 +41,8 @@ TAIL_EVENTS = 500
 """Past the output cap only this many last events are kept (the final result is among them)."""
 _OPTIONS = ("bin", "args", "home", "output_cap")
 _PROGRESS_EVERY_S = 0.1
+EXIT_GRACE_S = 2.0
+"""How long stdout may stay open after the CLI exited (a leftover descendant holds it)."""
 
 
 class AgentRunner(BaseRunner):
@@ -69,6 +72,7 @@ class AgentRunner(BaseRunner):
         self.source_dir = source_dir
         self._version: str | None = None
         self._live: dict[str, subprocess.Popen[bytes]] = {}
+        self._cancelled: set[str] = set()
         self._lock = threading.Lock()
 
     @classmethod
@@ -92,11 +96,23 @@ class AgentRunner(BaseRunner):
         )
 
     def close(self) -> None:
-        """Kill the process group of every launch still running (a stop, an interrupt)."""
+        """Kill the process group of every launch still running (the drive ended)."""
         with self._lock:
-            live = list(self._live.values())
-        for proc in live:
-            _kill_group(proc)
+            live = list(self._live)
+        for dispatch_id in live:
+            self.cancel(dispatch_id)
+
+    def cancel(self, dispatch_id: str) -> None:
+        """End the launch of ``dispatch_id`` (a Stop, an interrupt): its group is killed and
+        the attempt fails transient ("stopped")."""
+        with self._lock:
+            proc = self._live.get(dispatch_id)
+            self._cancelled.add(dispatch_id)
+        if proc is not None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def version(self) -> str | None:
         """The CLI's ``--version`` line (asked once per runner)."""
@@ -242,6 +258,17 @@ class _Launch:
         except BaseException:
             _kill_group(proc)  # an interrupt must not leave the agent running
             raise
+        with runner._lock:
+            cancelled = request.dispatch_id in runner._cancelled
+            runner._cancelled.discard(request.dispatch_id)
+        if cancelled:
+            reader.finish(1.0)
+            raise AgentError(
+                f"{runner.name} was stopped (the drive was stopped or interrupted) and its "
+                "process group was killed; a later drive runs the unit again",
+                transient=True,
+                facts=self._facts(Outcome(), watch, code=code, error_class="stopped"),
+            )
         if code is None:
             _kill_group(proc)
             reader.finish(1.0)
@@ -384,15 +411,25 @@ class _Reader:
             on_text(launch.redactor.redact(self.watch.progress()))
 
     def wait(self, deadline: float | None) -> int | None:
-        """The exit status once stdout ended; None at the deadline."""
-        remaining = None if deadline is None else deadline - time.monotonic()
-        self.thread.join(remaining if remaining is None else max(0.0, remaining))
+        """The CLI's exit status once it exited and stdout ended; None at the deadline.
+
+        A descendant still holding stdout after the CLI exited gets ``EXIT_GRACE_S``, then
+        the group is killed (the result line is out by then).
+        """
+        while True:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return None
+            try:
+                code = self.proc.wait(None if remaining is None else min(remaining, 0.5))
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        self.thread.join(EXIT_GRACE_S)
         if self.thread.is_alive():
-            return None
-        try:
-            return self.proc.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            return None
+            _kill_group(self.proc)
+            self.thread.join(EXIT_GRACE_S)
+        return code
 
     def finish(self, grace_s: float) -> None:
         self.thread.join(grace_s)

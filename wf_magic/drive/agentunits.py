@@ -9,7 +9,7 @@ from typing import Any
 
 from ..spec.plan import PlanStep
 from ..store.records import AttemptRow
-from .context import DriveContext
+from .context import DriveContext, RunState
 from .units import UnitPlan
 
 
@@ -54,3 +54,17 @@ def facts_json(facts: Any) -> str | None:
     if not facts:
         return None
     return json.dumps(facts, sort_keys=True, default=str)
+
+
+def cancel_agents(
+    ctx: DriveContext, state: RunState, units: Sequence[tuple[UnitPlan, AttemptRow]]
+) -> None:
+    """End the process groups of the agent units in flight (a Stop, an interrupt): their
+    attempts fail transient, so a later drive runs them again."""
+    for unit, attempt in units:
+        if unit.kind != "agent":
+            continue
+        runner = state.runner(ctx, unit.runner)
+        cancel = getattr(runner, "cancel", None)
+        if cancel is not None:
+            cancel(attempt.dispatch_id)

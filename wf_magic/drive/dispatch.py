@@ -22,7 +22,7 @@ from ..spec.kinds import KINDS
 from ..spec.plan import PlanStep
 from ..store.records import AttemptRow
 from . import attempts, resume
-from .agentunits import agent_request, prior_session
+from .agentunits import agent_request, cancel_agents, prior_session
 from .children import ChildBlocked, ChildBudgetStop
 from .context import DriveContext, RunState
 from .executors import InlineExecutor
@@ -140,7 +140,9 @@ def _schedule(
     the deferred finishes are flushed before the driver waits on work in flight and when the
     loop ends, so every finish is durable before anything that depends on it proceeds.
     """
-    executor, limit = state.executors.for_step(is_map=step.map is not None)
+    executor, limit = state.executors.for_step(
+        is_map=step.map is not None, threaded=step.kind == "agent"
+    )
     in_flight: dict[Future[UnitResult], tuple[_Job, AttemptRow]] = {}
     finished: SimpleQueue[Future[UnitResult]] = SimpleQueue()
     """Futures as they complete (a done-callback each): no per-wait scan of those in flight."""
@@ -165,13 +167,18 @@ def _schedule(
                     job, attempt = in_flight.pop(future)
                     if not _finish(ctx, state, step, job, attempt, future, work, jobs):
                         halt = halt or step.on_error == "fail"
+                if step.agent and not work.stopped and in_flight and state.should_stop(ctx):
+                    work.stopped = halt = True  # an agent may run for long: end it now
+                    cancel_agents(ctx, state, [(j.unit, a) for j, a in in_flight.values()])
             elif jobs and not halt:
                 ctx.store.flush()
                 time.sleep(min(0.05, max(0.0, jobs[0].not_before - time.monotonic())))
             elif halt:
                 break
     except BaseException:
-        # An interrupt: let in-flight units finish and journal them, then stop.
+        # An interrupt: let in-flight units finish and journal them, then stop (an agent's
+        # process group is ended first: it could run for half an hour).
+        cancel_agents(ctx, state, [(j.unit, a) for j, a in in_flight.values()])
         for future, (job, attempt) in list(in_flight.items()):
             try:
                 future.result()

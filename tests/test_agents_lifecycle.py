@@ -229,6 +229,28 @@ def test_a_descendant_holding_stdout_after_the_cli_exited_is_killed_after_a_grac
     started = time.monotonic()
     run = engine.run(str(workflow(repo, bins, "claude", "Fix. [[hold-stdout]]")))
     assert run.status == "completed" and run.result.startswith("TRIED")
-    assert time.monotonic() - started < 15
+    assert time.monotonic() - started < 60  # not the holder's 120 s
     pids = _pids(state_dir, run.run_id)
     wait_for(lambda: not any(_alive(p) for p in pids), timeout=10, what="the holder to go")
+
+
+def test_agent_cost_is_charged_and_the_remaining_allowance_is_passed_as_claudes_spend_cap(
+    engine: Engine, repo: Path, bins: dict[str, Path]
+) -> None:
+    gate = "gate: {judge: expr, check: \"'FIXED' in output\", criteria: [say FIXED], max_loops: 3}"
+    path = workflow(repo, bins, "claude", "Fix.", extra=gate, top="budget: {max_cost: 1.0}\n")
+    run = engine.run(str(path))
+    assert run.status == "completed"
+    first, second = (json.loads(a.output_json or "null") for a in work(engine, run.run_id))
+    assert first.endswith(" budget=1.000000") and second.endswith(" budget=0.999520")
+    assert run.budget_use().cost == pytest.approx(0.00096)
+
+
+def test_an_agent_unit_is_not_started_once_the_cost_ceiling_is_reached(
+    engine: Engine, repo: Path, bins: dict[str, Path]
+) -> None:
+    gate = "gate: {judge: expr, check: \"'FIXED' in output\", criteria: [say FIXED], max_loops: 3}"
+    path = workflow(repo, bins, "claude", "Fix.", extra=gate, top="budget: {max_cost: 0.0004}\n")
+    run = engine.run(str(path))
+    assert run.status == "failed"
+    assert [a.loop for a in work(engine, run.run_id)] == [1]

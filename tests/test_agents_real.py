@@ -75,7 +75,7 @@ def _codex_home(folder: Path, backend: Backend) -> Path:
 
 def real_workflow(
     name: str, repo: Path, backend: Backend, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-    prompt: str, extra: str = "",
+    prompt: str, extra: str = "", top: str = "",
 ) -> Path:
     """An agent workflow for the real CLI ``name`` against ``backend``."""
     cli = _require(name)
@@ -92,7 +92,7 @@ def real_workflow(
     body = "".join(f"    {line}\n" for line in extra.strip().splitlines())
     path = repo / f"real-{name}.yaml"
     path.write_text(
-        f"name: real{name}\nsteps:\n  - id: fix\n    agent: {name}\n    prompt: {json.dumps(prompt)}\n"
+        f"name: real{name}\n{top}steps:\n  - id: fix\n    agent: {name}\n    prompt: {json.dumps(prompt)}\n"
         f"{model}    pass_env: {passed}\n{body}runners:\n  {name}: {{bin: {cli}}}\n"
     )
     return path
@@ -113,7 +113,7 @@ def test_real_gate_loop_passes_at_loop_2_and_usage_cost_session_are_journaled_ex
     tmp_path: Path, name: str,
 ) -> None:
     path = real_workflow(name, repo, backend, monkeypatch, tmp_path, "Fix the test.",
-                         extra=f"timeout: 120\n{GATE}")
+                         extra=f"timeout: 120\n{GATE}", top="budget: {max_cost: 5.0}\n")
     run = engine.run(str(path))
     assert (run.status, run.result) == ("completed", "FIXED")
     first, second = work(engine, run.run_id)

@@ -163,6 +163,8 @@ def claude(args: list[str]) -> int:
                "errors": ["Reached maximum number of turns (1)"], "total_cost_usd": 0.00048})
         return 1
     answer = _answer(prompt, data["turns"], data["prompts"][:-1])
+    if "--max-budget-usd" in args:
+        answer += f" budget={_opt(args, '--max-budget-usd')}"
     _emit({"type": "assistant", "session_id": session_id,
            "message": {"content": [{"type": "text", "text": answer}]}})
     result: dict[str, Any] = {**base, "subtype": "success", "is_error": False,

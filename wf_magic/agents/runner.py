@@ -68,7 +68,8 @@ class AgentRunner(BaseRunner):
         self.args = [str(a) for a in (args or [])]
         self.home = home
         self.output_cap = output_cap
-        self.state_dir = state_dir
+        self.state_dir = str(Path(state_dir).resolve()) if state_dir else state_dir
+        """Absolute: git and the CLI run in other folders (a relative WF_MAGIC_HOME)."""
         self.source_dir = source_dir
         self._version: str | None = None
         self._live: dict[str, subprocess.Popen[bytes]] = {}

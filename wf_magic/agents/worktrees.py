@@ -28,7 +28,9 @@ def _git(*args: str, cwd: str | Path) -> str:
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise GitError(f"git {args[0]} failed: {exc}") from exc
     if done.returncode != 0:
-        line = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[0]
+        lines = [x for x in done.stderr.strip().splitlines() if x.strip()]
+        fatal = [x for x in lines if x.startswith(("fatal:", "error:"))]
+        line = (fatal or lines or [f"exit status {done.returncode}"])[-1]
         raise GitError(f"git {args[0]} failed: {line}")
     return done.stdout
 

@@ -8,21 +8,19 @@ that lets a reclaimed attempt reap what a killed driver left behind.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import threading
 import time
-from collections import deque
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from ..errors import RunnerError
 from ..redact import Redactor
 from ..runners.base import BaseRunner, RunnerContext, UnitRequest, UnitResult, strip_code_fence
 from ..runners.orphans import forget_unit_process, record_unit_process
-from ..runners.process import STDERR_KEEP, _Drain, _kill_group
+from ..runners.process import _kill_group
 from . import sidecars, worktrees
 from .facts import attempt_facts, unit_output
 from .harness import (
@@ -35,14 +33,10 @@ from .harness import (
     first_line,
     parse_lines,
 )
+from .stream import StreamReader, cli_version
 
 OUTPUT_CAP_BYTES = 8 * 1_048_576
-TAIL_EVENTS = 500
-"""Past the output cap only this many last events are kept (the final result is among them)."""
 _OPTIONS = ("bin", "args", "home", "output_cap")
-_PROGRESS_EVERY_S = 0.1
-EXIT_GRACE_S = 2.0
-"""How long stdout may stay open after the CLI exited (a leftover descendant holds it)."""
 
 
 class AgentRunner(BaseRunner):
@@ -116,16 +110,9 @@ class AgentRunner(BaseRunner):
                 pass
 
     def version(self) -> str | None:
-        """The CLI's ``--version`` line (asked once per runner)."""
+        """The CLI's ``--version`` line (asked once per binary and modification time)."""
         if self._version is None:
-            try:
-                done = subprocess.run(
-                    [self.bin, "--version"], capture_output=True, text=True, timeout=20,
-                    stdin=subprocess.DEVNULL,
-                )
-                self._version = (done.stdout.strip().splitlines() or [""])[0][:120]
-            except (OSError, subprocess.TimeoutExpired):
-                self._version = ""
+            self._version = cli_version(self.bin)
         return self._version or None
 
     def run(self, request: UnitRequest) -> UnitResult:
@@ -253,7 +240,16 @@ class _Launch:
         except (OSError, ValueError):
             pass  # a read-only state dir: only an orphan goes unrecorded
         watch = Watch(session_id=self.sidecar.session_id)
-        reader = _Reader(self, proc, watch)
+        reader = StreamReader(
+            proc,
+            adapter=runner.adapter,
+            watch=watch,
+            redactor=self.redactor,
+            output_cap=runner.output_cap,
+            log_path=sidecars.log_path(runner.state_dir, request.run_id, request.dispatch_id),
+            on_session=self._journal_session,
+            on_text=request.on_text,
+        )
         try:
             code = reader.wait(deadline)
         except BaseException:
@@ -290,6 +286,13 @@ class _Launch:
                 message=f"exited with status {code} without a result (it printed: {seen})",
             )
         return self._result(outcome, watch, code)
+
+    def _journal_session(self, session_id: str) -> None:
+        """Write a session id read from the stream to the sidecar at once (a file: worker
+        threads never write the journal), so a driver killed now still has it."""
+        self.sidecar.session_id = session_id
+        sidecars.save(self.runner.state_dir, self.request.run_id, self.request.dispatch_id,
+                      self.sidecar)
 
     def _result(self, outcome: Outcome, watch: Watch, code: int) -> UnitResult:
         outcome.session_id = outcome.session_id or watch.session_id or self.sidecar.session_id
@@ -353,90 +356,6 @@ def _settle_worktree(repo: Path, path: Path) -> dict[str, Any]:
     if not files:
         worktrees.remove_worktree(repo, path)
     return {"path": str(path), "kept": bool(files), "changed_files": files, "diff_stat": stat}
-
-
-class _Reader:
-    """Reads stdout line by line as it arrives: session id and progress, events kept (capped)."""
-
-    def __init__(self, launch: _Launch, proc: subprocess.Popen[bytes], watch: Watch):
-        self.launch, self.proc, self.watch = launch, proc, watch
-        self.events: deque[dict[str, Any]] = deque()
-        self.kept_bytes = 0
-        self.lines: list[str] = []
-        self.wake = threading.Event()
-        assert proc.stdout is not None and proc.stderr is not None  # PIPE was requested
-        self.err = _Drain(proc.stderr, keep=STDERR_KEEP, wake=self.wake, tail=True)
-        self.log = sidecars.log_path(launch.runner.state_dir, launch.request.run_id,
-                                     launch.request.dispatch_id).open("a", encoding="utf-8")
-        self.thread = threading.Thread(target=self._read, args=(proc.stdout,), daemon=True)
-        self._last_progress = 0.0
-        self.thread.start()
-
-    def _read(self, pipe: IO[bytes]) -> None:
-        try:
-            with pipe:
-                for raw in iter(pipe.readline, b""):
-                    self._line(raw.decode("utf-8", errors="replace"))
-        except (OSError, ValueError):
-            pass
-        finally:
-            self.log.close()
-
-    def _line(self, line: str) -> None:
-        launch = self.launch
-        self.log.write(launch.redactor.redact(line))
-        self.log.flush()
-        cap = launch.runner.output_cap
-        if self.kept_bytes < cap:
-            self.lines.append(line)
-        self.kept_bytes += len(line)
-        try:
-            event = json.loads(line) if line.lstrip().startswith("{") else None
-        except ValueError:
-            event = None
-        if not isinstance(event, dict):
-            return
-        self.events.append(event)
-        if self.kept_bytes > cap and len(self.events) > TAIL_EVENTS:
-            self.events.popleft()
-        before = self.watch.session_id
-        launch.runner.adapter.watch(event, self.watch)
-        if self.watch.session_id and self.watch.session_id != before:
-            launch.sidecar.session_id = self.watch.session_id  # journaled at once (a file)
-            sidecars.save(launch.runner.state_dir, launch.request.run_id,
-                          launch.request.dispatch_id, launch.sidecar)
-        on_text = launch.request.on_text
-        now = time.monotonic()
-        if on_text is not None and now - self._last_progress >= _PROGRESS_EVERY_S:
-            self._last_progress = now
-            on_text(launch.redactor.redact(self.watch.progress()))
-
-    def wait(self, deadline: float | None) -> int | None:
-        """The CLI's exit status once it exited and stdout ended; None at the deadline.
-
-        A descendant still holding stdout after the CLI exited gets ``EXIT_GRACE_S``, then
-        the group is killed (the result line is out by then).
-        """
-        while True:
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                return None
-            try:
-                code = self.proc.wait(None if remaining is None else min(remaining, 0.5))
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        self.thread.join(EXIT_GRACE_S)
-        if self.thread.is_alive():
-            _kill_group(self.proc)
-            self.thread.join(EXIT_GRACE_S)
-        return code
-
-    def finish(self, grace_s: float) -> None:
-        self.thread.join(grace_s)
-
-    def stdout_text(self) -> str:
-        return "".join(self.lines)
 
 
 def _pass_env(request: UnitRequest) -> list[str]:

@@ -307,3 +307,52 @@ def test_wf_show_and_the_unit_drill_down_show_the_agent_facts(
     journal = run_wf(state_dir, "journal", run.run_id, "--format", "csv")
     assert "session_id" in journal.stdout.splitlines()[0]
     assert attempt.session_id in journal.stdout
+
+
+@pytest.mark.parametrize(
+    ("harness", "prompt", "expected"),
+    [
+        ("claude", "Report.", {"status": "TRIED", "turn": 1}),  # native: structured_output
+        ("codex", "Report. [[json]]", {"status": "TRIED", "turn": 1}),  # parsed from the text
+        ("gemini", "Report. [[json]]", {"status": "TRIED", "turn": 1}),
+    ],
+)
+def test_an_output_schema_is_answered_natively_or_parsed_from_the_final_text(
+    engine: Engine, repo: Path, bins: dict[str, Path], harness: str, prompt: str,
+    expected: dict[str, Any],
+) -> None:
+    schema = "output: {type: object, properties: {status: {type: string}}, required: [status]}"
+    run = engine.run(str(workflow(repo, bins, harness, prompt, extra=schema)))
+    assert run.status == "completed"
+    assert run.result == expected
+
+
+def test_a_reclaimed_fresh_session_attempt_gets_a_new_preset_session_id(
+    engine: Engine, repo: Path, bins: dict[str, Path], state_dir: Path
+) -> None:
+    from wf_magic.agents import sidecars
+
+    run = engine.start(str(workflow(repo, bins, "claude", "Fix.")))
+    # a launch of a dead driver left its sidecar (launch 1) for the dispatch id to reclaim
+    [attempt] = engine.store.reserve_attempts([(_key(engine, run.run_id), True)])
+    sidecars.save(state_dir, run.run_id, attempt.dispatch_id,
+                  sidecars.Sidecar(launches=1, session_id=preset_session_id(attempt.dispatch_id, 1)))
+    finished = engine.drive(run.run_id)
+    assert finished.status == "completed"
+    [row] = work(engine, run.run_id)
+    assert row.dispatch_id == attempt.dispatch_id
+    assert row.session_id == preset_session_id(attempt.dispatch_id, 2)
+
+
+def _key(engine: Engine, run_id: str) -> Any:
+    from wf_magic.drive.units import build_units
+    from wf_magic.spec.plan import Plan
+    from wf_magic.store.journal import UnitKey
+
+    run = engine.store.get_run(run_id)
+    assert run is not None
+    plan = Plan.model_validate_json(run.plan_json)
+    [unit] = build_units(plan, plan.steps[0], params={}, outputs={}, loop=1, feedback=None)
+    return UnitKey(run_id=run_id, workflow=plan.name, step_id="fix", unit_id="fix", phase="work",
+                   loop=1, item_index=None, runner="claude", model=None,
+                   input_hash=unit.input_hash, input_json=unit.rendered.input_json)

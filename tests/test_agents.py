@@ -267,13 +267,14 @@ def test_an_agents_streamed_turns_and_tool_uses_reach_the_bus_and_the_progress_l
     printer = ProgressPrinter(out, tty=True)
     engine.subscribe(seen.append)
     engine.subscribe(printer)
-    run = engine.run(str(workflow(repo, bins, "claude", "[[write a.txt x]] [[sleep 0.3]]")))
+    run = engine.run(str(workflow(repo, bins, "claude", "[[sleep 0.3]] [[write a.txt x]]")))
     assert run.status == "completed"
     texts = [e.data["text"] for e in seen if e.kind == "unit_text"]
     assert texts and texts[0] == "starting"
     assert any("1 tool use · Write" in t for t in texts)
     assert {(e.step_id, e.unit_id) for e in seen if e.kind == "unit_text"} == {("fix", "fix")}
-    assert "  … fix: 0 done, 1 running, 0 failed · starting" in out.getvalue()
+    # drawn at most 10 times a second: the tool use comes 0.3 s after the start
+    assert "  … fix: 0 done, 1 running, 0 failed · turn 1 · 1 tool use · Write" in out.getvalue()
 
 
 def test_wf_show_and_the_unit_drill_down_show_the_agent_facts(

@@ -88,13 +88,16 @@ def test_kill_9_mid_agent_then_resume_continues_the_same_dispatch_worktree_and_s
                 return (sidecar.parent / "home" / ".fake-agent" / "slept-once").exists()
         return False
 
-    wait_for(session_journaled, timeout=60, what="the agent to start its session")
+    try:
+        wait_for(session_journaled, timeout=60, what="the agent to start its session")
+    finally:
+        if driver.poll() is None:
+            os.kill(driver.pid, signal.SIGKILL)
+        driver.communicate(timeout=10)
     [sidecar_file] = agents.glob("*/*.json")
     run_id, dispatch_id = sidecar_file.parent.name, sidecar_file.stem
     before = json.loads(sidecar_file.read_text())
     sleeper = int((sidecar_file.parent / "home" / ".fake-agent" / "slept-once").read_text())
-    os.kill(driver.pid, signal.SIGKILL)
-    driver.communicate(timeout=10)
     assert _alive(sleeper)  # the orphan outlived its driver
 
     done = run_wf(state_dir, "resume", run_id, timeout=120)

@@ -223,14 +223,17 @@ def test_real_kill_9_mid_agent_then_resume_continues_dispatch_worktree_and_sessi
     path = real_workflow(name, repo, backend, monkeypatch, tmp_path, "Fix the test.",
                          extra="isolation: worktree\nsession: continue\ntimeout: 120")
     driver = spawn_wf(state_dir, "run", str(path))
-    wait_for(lambda: len(backend.requests) >= 1, timeout=60, what="the agent's first request")
-    [sidecar] = (state_dir / "agents").glob("*/*.json")
-    wait_for(lambda: bool(json.loads(sidecar.read_text()).get("session_id")), timeout=30,
-             what="the session id")
+    try:
+        wait_for(lambda: len(backend.requests) >= 1, timeout=60, what="the agent's request")
+        [sidecar] = (state_dir / "agents").glob("*/*.json")
+        wait_for(lambda: bool(json.loads(sidecar.read_text()).get("session_id")), timeout=30,
+                 what="the session id")
+    finally:
+        if driver.poll() is None:
+            os.kill(driver.pid, signal.SIGKILL)
+        driver.communicate(timeout=10)
     before = json.loads(sidecar.read_text())
     run_id, dispatch_id = sidecar.parent.name, sidecar.stem
-    os.kill(driver.pid, signal.SIGKILL)
-    driver.communicate(timeout=10)
     assert _agent_processes(dispatch_id) != []  # the CLI outlived its driver
     done = run_wf(state_dir, "resume", run_id, timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr

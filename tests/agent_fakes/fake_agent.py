@@ -109,7 +109,9 @@ def _sleep(prompt: str) -> None:
     m = re.search(r"\[\[sleep-once ([\d.]+)\]\]", prompt)
     marker = Path(os.environ["HOME"]) / ".fake-agent" / "slept-once"
     if m and not marker.exists():
-        marker.write_text(str(os.getpid()))
+        tmp = marker.with_suffix(".tmp")
+        tmp.write_text(str(os.getpid()))
+        os.replace(tmp, marker)  # never seen empty
         time.sleep(float(m.group(1)))
 
 

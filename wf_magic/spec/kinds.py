@@ -159,7 +159,8 @@ KINDS: dict[str, KindSpec] = {
         reads_feedback=True,
         runs_inline=False,
         build=_agent,
-        describe=lambda step: f"{step.runner}: {_describe_prompt(step)}",
+        describe=lambda step: _describe_prompt(step)
+        + (" · worktree" if step.agent and step.agent.isolation == "worktree" else ""),
     ),
     "python": KindSpec(
         name="python",

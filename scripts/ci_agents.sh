@@ -8,6 +8,7 @@ CACHE="${WF_AGENTS_CACHE:-$HOME/.cache/wf_magic-agents}"
 PINS=(
   "claude @anthropic-ai/claude-code@2.1.197"
   "codex @openai/codex@0.171.0"
+  "opencode opencode-ai@1.18.33"
 )
 if ! command -v npm >/dev/null 2>&1; then
   echo "ci_agents: npm not found; the real agent tests will skip" >&2

@@ -169,6 +169,34 @@ def _responses_events(body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return events
 
 
+# -- OpenAI Chat Completions (opencode) -------------------------------------------------
+
+
+def _chat_chunks(body: dict[str, Any]) -> list[dict[str, Any]]:
+    messages = body.get("messages") or []
+    conversation = _texts(messages)
+    model = body.get("model") or "fake-model"
+    head = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": model}
+    text = _answer(conversation)
+    return [
+        {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": text},
+                              "finish_reason": None}]},
+        {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        {**head, "choices": [], "usage": {"prompt_tokens": USAGE_IN, "completion_tokens": USAGE_OUT,
+                                          "total_tokens": USAGE_IN + USAGE_OUT}},
+    ]
+
+
+def _sse_data(handler: BaseHTTPRequestHandler, chunks: list[dict[str, Any]]) -> None:
+    handler.send_response(200)
+    handler.send_header("content-type", "text/event-stream")
+    handler.end_headers()
+    for chunk in chunks:
+        handler.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+    handler.wfile.write(b"data: [DONE]\n\n")
+    handler.wfile.flush()
+
+
 def start_backend() -> Backend:
     """A fake backend serving both APIs (``/v1/messages`` and ``/v1/responses``)."""
     backend = Backend()
@@ -204,6 +232,8 @@ def start_backend() -> Backend:
                 _sse(self, _anthropic_events(body))
             elif self.path.startswith("/v1/responses"):
                 _sse(self, _responses_events(body))
+            elif self.path.startswith("/v1/chat/completions"):
+                _sse_data(self, _chat_chunks(body))
             else:
                 _error(self, 404, {"error": {"message": f"no route {self.path}"}})
             self.close_connection = True

@@ -1,9 +1,9 @@
-"""Agent steps (issue 21), real tier: the pinned Claude Code and Codex CLIs against loopback fakes.
+"""Agent steps (issue 21), real tier: pinned Claude Code, Codex and opencode against loopback fakes.
 
 ``scripts/ci_agents.sh`` installs the CLIs into a cache (``.ci/run`` calls it); each is found
 through ``WF_AGENT_<NAME>_BIN`` or that cache, and its tests skip with the reason when it is
 absent. The backends (tests/agent_backends.py) speak streamed Anthropic Messages and OpenAI
-Responses on 127.0.0.1; no real API is reached.
+Responses and Chat Completions (opencode) on 127.0.0.1; no real API is reached.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from wf_magic import Engine
 from wf_magic.agents.sidecars import preset_session_id
 from wf_magic.store.records import AttemptRow
 
-PINS = {"claude": "2.1.197", "codex": "0.171.0"}
+PINS = {"claude": "2.1.197", "codex": "0.171.0", "opencode": "1.18.33"}
 KEYS = {"claude": "sk-ant-fake-key-0123456789", "codex": "sk-fake-key-0123456789"}
 
 
@@ -250,3 +250,61 @@ def test_real_kill_9_mid_agent_then_resume_continues_dispatch_worktree_and_sessi
         engine.close()
     time.sleep(0.1)
     assert _agent_processes(dispatch_id) == []
+
+
+def _opencode_workflow(
+    repo: Path, backend: Backend, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, extra: str
+) -> Path:
+    """An opencode agent workflow whose provider is the fake chat-completions backend."""
+    cli = _require("opencode")
+    config = tmp_path / "opencode.json"
+    config.write_text(json.dumps({
+        "$schema": "https://opencode.ai/config.json", "autoupdate": False, "share": "disabled",
+        "model": "fake/fake-model",
+        "provider": {"fake": {
+            "npm": "@ai-sdk/openai-compatible", "name": "Fake loopback",
+            "options": {"baseURL": f"{backend.url}/v1", "apiKey": "sk-fake-key-0123456789"},
+            "models": {"fake-model": {"name": "Fake model", "cost": {"input": 3, "output": 15},
+                                      "limit": {"context": 100000, "output": 4096}}}}},
+    }))
+    monkeypatch.setenv("OPENCODE_CONFIG", str(config))
+    monkeypatch.setenv("NPM_CONFIG_REGISTRY", "http://127.0.0.1:9/")  # it looks plugins up
+    body = "".join(f"    {line}\n" for line in extra.strip().splitlines())
+    path = repo / "real-opencode.yaml"
+    path.write_text(
+        "name: realopencode\nsteps:\n  - id: fix\n    agent: opencode\n    prompt: Fix it.\n"
+        "    model: fake/fake-model\n    pass_env: [OPENCODE_CONFIG, NPM_CONFIG_REGISTRY]\n"
+        f"{body}runners:\n  opencode: {{bin: {cli}}}\n"
+    )
+    return path
+
+
+def test_real_opencode_gate_loop_continues_its_session_with_usage_and_cost(
+    engine: Engine, repo: Path, backend: Backend, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    path = _opencode_workflow(repo, backend, monkeypatch, tmp_path,
+                              f"session: continue\ntimeout: 180\n{GATE}")
+    run = engine.run(str(path))
+    assert (run.status, run.result) == ("completed", "FIXED")
+    first, second = work(engine, run.run_id)
+    assert first.session_id and first.session_id.startswith("ses_")
+    assert second.session_id == first.session_id
+    # cost from the provider model's configured price: 120 * 3 + 8 * 15 per million tokens
+    for attempt in (first, second):
+        assert (attempt.tokens_in, attempt.tokens_out) == (USAGE_IN, USAGE_OUT)
+        assert attempt.cost == pytest.approx(0.00048)
+
+
+def test_real_opencode_401_fails_permanently(
+    engine: Engine, repo: Path, backend: Backend, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    backend.script.extend([Step(status=401)] * 3)
+    path = _opencode_workflow(repo, backend, monkeypatch, tmp_path,
+                              "timeout: 180\nretry: {max_attempts: 3}")
+    run = engine.run(str(path))
+    assert run.status == "failed"
+    [attempt] = work(engine, run.run_id)
+    assert not attempt.transient
+    assert attempt.failure is not None and attempt.failure.startswith("opencode failed (auth): ")

@@ -9,6 +9,7 @@ PINS=(
   "claude @anthropic-ai/claude-code@2.1.197"
   "codex @openai/codex@0.171.0"
   "opencode opencode-ai@1.18.33"
+  "gemini @google/gemini-cli@0.61.0"
 )
 if ! command -v npm >/dev/null 2>&1; then
   echo "ci_agents: npm not found; the real agent tests will skip" >&2

@@ -197,6 +197,19 @@ def _sse_data(handler: BaseHTTPRequestHandler, chunks: list[dict[str, Any]]) -> 
     handler.wfile.flush()
 
 
+# -- Gemini generateContent -------------------------------------------------------------
+
+
+def _gemini_reply(body: dict[str, Any]) -> dict[str, Any]:
+    conversation = _texts([p for c in body.get("contents") or [] for p in c.get("parts") or []])
+    wants_json = "responseJsonSchema" in json.dumps(body.get("generationConfig") or {})
+    text = json.dumps({"reasoning": "simple", "model_choice": "flash"}) if wants_json else _answer(conversation)
+    return {"candidates": [{"content": {"role": "model", "parts": [{"text": text}]},
+                            "finishReason": "STOP", "index": 0}],
+            "usageMetadata": {"promptTokenCount": USAGE_IN, "candidatesTokenCount": USAGE_OUT,
+                              "totalTokenCount": USAGE_IN + USAGE_OUT}}
+
+
 def start_backend() -> Backend:
     """A fake backend serving both APIs (``/v1/messages`` and ``/v1/responses``)."""
     backend = Backend()
@@ -226,6 +239,9 @@ def start_backend() -> Backend:
             anthropic = self.path.startswith("/v1/messages")
             if step.status is not None:
                 body_err = _ANTHROPIC_ERRORS.get(step.status) if anthropic else None
+                if "generateContent" in self.path:
+                    body_err = {"error": {"code": step.status, "message": f"fake backend: injected HTTP {step.status}",
+                                          "status": "UNAUTHENTICATED" if step.status == 401 else "UNAVAILABLE"}}
                 _error(self, step.status, body_err or {"error": {"message": f"fake backend: injected HTTP {step.status}"}})
                 return
             if anthropic:
@@ -234,6 +250,19 @@ def start_backend() -> Backend:
                 _sse(self, _responses_events(body))
             elif self.path.startswith("/v1/chat/completions"):
                 _sse_data(self, _chat_chunks(body))
+            elif ":streamGenerateContent" in self.path:
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.end_headers()
+                self.wfile.write(f"data: {json.dumps(_gemini_reply(body))}\r\n\r\n".encode())
+                self.wfile.flush()
+            elif ":generateContent" in self.path:
+                raw_reply = json.dumps(_gemini_reply(body)).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(raw_reply)))
+                self.end_headers()
+                self.wfile.write(raw_reply)
             else:
                 _error(self, 404, {"error": {"message": f"no route {self.path}"}})
             self.close_connection = True

@@ -1,9 +1,10 @@
-"""Agent steps (issue 21), real tier: pinned Claude Code, Codex and opencode against loopback fakes.
+"""Agent steps (issue 21), real tier: the four pinned agent CLIs against loopback fake backends.
 
 ``scripts/ci_agents.sh`` installs the CLIs into a cache (``.ci/run`` calls it); each is found
 through ``WF_AGENT_<NAME>_BIN`` or that cache, and its tests skip with the reason when it is
 absent. The backends (tests/agent_backends.py) speak streamed Anthropic Messages and OpenAI
-Responses and Chat Completions (opencode) on 127.0.0.1; no real API is reached.
+Responses, Chat Completions (opencode) and generateContent (Gemini) on 127.0.0.1; no real
+API is reached.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from wf_magic import Engine
 from wf_magic.agents.sidecars import preset_session_id
 from wf_magic.store.records import AttemptRow
 
-PINS = {"claude": "2.1.197", "codex": "0.171.0", "opencode": "1.18.33"}
+PINS = {"claude": "2.1.197", "codex": "0.171.0", "opencode": "1.18.33", "gemini": "0.61.0"}
 KEYS = {"claude": "sk-ant-fake-key-0123456789", "codex": "sk-fake-key-0123456789"}
 
 
@@ -308,3 +309,45 @@ def test_real_opencode_401_fails_permanently(
     [attempt] = work(engine, run.run_id)
     assert not attempt.transient
     assert attempt.failure is not None and attempt.failure.startswith("opencode failed (auth): ")
+
+
+def _gemini_workflow(
+    repo: Path, backend: Backend, monkeypatch: pytest.MonkeyPatch, extra: str
+) -> Path:
+    """A gemini agent workflow against the fake generateContent backend (no router call)."""
+    cli = _require("gemini")
+    monkeypatch.setenv("GEMINI_API_KEY", "fake-gemini-key-0123456789")
+    monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", backend.url)
+    body = "".join(f"    {line}\n" for line in extra.strip().splitlines())
+    path = repo / "real-gemini.yaml"
+    path.write_text(
+        "name: realgemini\nsteps:\n  - id: fix\n    agent: gemini\n    prompt: Fix it.\n"
+        "    model: gemini-2.5-flash\n    pass_env: [GEMINI_API_KEY, GOOGLE_GEMINI_BASE_URL]\n"
+        f"{body}runners:\n  gemini: {{bin: {cli}}}\n"
+    )
+    return path
+
+
+def test_real_gemini_gate_loop_continues_its_preset_session(
+    engine: Engine, repo: Path, backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _gemini_workflow(repo, backend, monkeypatch, f"session: continue\ntimeout: 180\n{GATE}")
+    run = engine.run(str(path))
+    assert (run.status, run.result) == ("completed", "FIXED")
+    first, second = work(engine, run.run_id)
+    assert first.session_id == preset_session_id(first.dispatch_id, 1)
+    assert second.session_id == first.session_id
+    for attempt in (first, second):
+        assert (attempt.tokens_in, attempt.tokens_out, attempt.cost) == (USAGE_IN, USAGE_OUT, None)
+
+
+def test_real_gemini_401_fails_permanently(
+    engine: Engine, repo: Path, backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend.script.extend([Step(status=401)] * 5)
+    path = _gemini_workflow(repo, backend, monkeypatch, "timeout: 180\nretry: {max_attempts: 3}")
+    run = engine.run(str(path))
+    assert run.status == "failed"
+    [attempt] = work(engine, run.run_id)
+    assert not attempt.transient
+    assert attempt.failure is not None and attempt.failure.startswith("gemini failed (auth): ")

@@ -163,3 +163,48 @@ def test_a_registered_harness_runs_agent_steps(engine: Engine, tmp_path: Path) -
     assert run.result == "SHOUT"
     [attempt] = work(engine, run.run_id)
     assert (attempt.session_id, attempt.tokens_in, attempt.runner) == ("echo-1", 3, "echo")
+
+
+@pytest.mark.parametrize(
+    ("text", "objects"),
+    [
+        ('{"a": 1}\n{"b": 2}\n', [{"a": 1}, {"b": 2}]),  # JSONL
+        ('{\n  "c": {\n    "d": 3\n  }\n}\n', [{"c": {"d": 3}}]),  # one pretty-printed object
+        ("Warning: x\n  at f (file.js:1)\n{\n \"error\": {\"code\": 401}\n}\n",
+         [{"error": {"code": 401}}]),  # Gemini's stderr: notices, a stack, then the object
+        ('{broken\n{"e": 5}', [{"e": 5}]),
+        ('[1, 2]\n"text"\n', []),
+        ("", []),
+    ],
+)
+def test_json_objects_are_read_from_jsonl_or_pretty_printed_output(
+    text: str, objects: list[dict[str, Any]]
+) -> None:
+    from wf_magic.agents.harness import parse_lines
+
+    assert parse_lines(text) == objects
+
+
+@pytest.mark.parametrize(
+    ("text", "error_class"),
+    [
+        ("Failed to authenticate. API Error: 401 invalid x-api-key", "auth"),
+        ("API Error: 529 Overloaded. This is a server-side issue", "overloaded"),
+        ("429 Too Many Requests", "rate_limited"),
+        ("We're currently experiencing high demand, which may cause temporary errors.",
+         "server_error"),
+        ("connect ECONNREFUSED 127.0.0.1:9", "network"),
+        ("No conversation found with session ID: abc", "unknown_session"),
+        ("Error: Session ID abc is already in use.", "session_in_use"),
+        ("--dangerously-skip-permissions cannot be used with root/sudo privileges", "refused"),
+        ("error: unexpected argument '--sandbox' found", "bad_flag"),
+        ("something else went wrong", "failed"),
+    ],
+)
+def test_error_text_classes(text: str, error_class: str) -> None:
+    from wf_magic.agents.harness import TRANSIENT, classify_text
+
+    assert classify_text(text) == error_class
+    assert (error_class in TRANSIENT) == (
+        error_class in ("overloaded", "rate_limited", "server_error", "network")
+    )

@@ -93,7 +93,15 @@ class GeminiHarness:
             out.failure = Failure(error_class=error_class or classify_text(message), message=message)
             out.final = out.final or dict(errors[-1])
         elif code != 0:
-            text = first_line(stderr) or f"exited with status {code}"
+            text = first_line(_plain(stderr)) or f"exited with status {code}"
             error_class = "max_turns" if code == 53 else classify_text(text)
             out.failure = Failure(error_class=error_class, message=text)
         return out
+
+
+_NOTICES = ("Warning: 256-color support", "Ripgrep is not available")
+
+
+def _plain(stderr: str) -> str:
+    """stderr without the notices Gemini CLI always prints."""
+    return "\n".join(line for line in stderr.splitlines() if not line.startswith(_NOTICES))

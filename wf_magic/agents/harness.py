@@ -229,25 +229,25 @@ class AgentError(RunnerError):
 
 
 def parse_lines(stdout: str) -> list[dict[str, Any]]:
-    """The JSON objects of ``stdout``, one per line (other lines skipped); a single
-    pretty-printed object (Gemini's ``-o json``) is read whole."""
+    """The JSON objects of ``stdout``: one per line (JSONL), or pretty-printed over several
+    lines (Gemini's ``-o json``, its error object on stderr); other text is skipped."""
+    decoder = json.JSONDecoder()
     out: list[dict[str, Any]] = []
-    for line in stdout.splitlines():
-        line = line.strip()
-        if line.startswith("{"):
+    position = 0
+    while position < len(stdout):
+        end = stdout.find("\n", position)
+        end = len(stdout) if end < 0 else end
+        start = position + (len(stdout[position:end]) - len(stdout[position:end].lstrip()))
+        if stdout.startswith("{", start):
             try:
-                value = json.loads(line)
+                value, stop = decoder.raw_decode(stdout, start)
             except ValueError:
-                continue
+                value, stop = None, end
             if isinstance(value, dict):
                 out.append(value)
-    if not out and stdout.strip().startswith("{"):
-        try:
-            value = json.loads(stdout)
-        except ValueError:
-            return out
-        if isinstance(value, dict):
-            out.append(value)
+            position = max(stop, end if value is None else stop)
+            continue
+        position = end + 1
     return out
 
 

@@ -51,7 +51,7 @@ JOURNAL_DTYPES = {
     "status": "string", "input_hash": "string", "tokens_in": "Int64", "tokens_out": "Int64",
     "cost": "float64", "reused_from": "string", "started_at": "datetime64[ns, UTC]",
     "finished_at": "datetime64[ns, UTC]", "duration_s": "float64", "failure": "string",
-    "loop": "Int64", "charged": "boolean", "saved_tokens": "Int64",
+    "loop": "Int64", "charged": "boolean", "saved_tokens": "Int64", "session_id": "string",
     "reused_from_run": "string", "reused_from_unit": "string",
 }  # fmt: skip
 # (unit, phase, loop, attempt, runner, model, status, tokens_in, tokens_out, charged)

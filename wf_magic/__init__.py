@@ -9,6 +9,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and IDEs
+    from .agents.registry import register_harness
     from .bus import Event
     from .drive.executors import dask_executor, thread_executor
     from .engine import Engine
@@ -61,6 +62,7 @@ _LAZY = {
     "Run": ".run",
     **dict.fromkeys(("Runner", "RunnerContext", "UnitRequest", "UnitResult"), ".runners.base"),
     "register_function": ".runners.functions",
+    "register_harness": ".agents.registry",
     "register_runner": ".runners.registry",
     "ScriptedRunner": ".runners.scripted",
     "Workflow": ".spec.workflow",
@@ -129,6 +131,7 @@ __all__ = [
     "load_ipython_extension",
     "load_workflow",
     "register_function",
+    "register_harness",
     "register_runner",
     "runs",
     "thread_executor",

@@ -224,7 +224,7 @@ def cmd_journal(engine: Engine, args: argparse.Namespace) -> int:
         from .store.frames import JOURNAL_COMPACT
 
         frame = frame[list(JOURNAL_COMPACT)]
-        blanks = ("model", "reused_from_run", "reused_from_unit", "failure")
+        blanks = ("model", "session_id", "reused_from_run", "reused_from_unit", "failure")
         frame = frame.drop(columns=[c for c in blanks if frame[c].isna().all()])
     _frame_out(frame, args.format)
     return EXIT_OK

@@ -488,6 +488,7 @@ class Engine:
                 tree = self.store.delete_finished_tree(rid, cutoff=cutoff, statuses=statuses)
                 for run_id in tree:
                     (lock if run_id == rid else RunLock(self.lock_dir, run_id)).remove()
+                _sweep_agent_files(self.state_dir, list(tree))
             finally:
                 lock.release()
             if tree:
@@ -571,3 +572,13 @@ def _at_least(**checks: tuple[int | None, int]) -> None:
     for label, (value, low) in checks.items():
         if value is not None and value < low:
             raise UsageError(f"{label} must be >= {low} (got {value})")
+
+
+def _sweep_agent_files(state_dir: Path, run_ids: list[str]) -> None:
+    """The worktrees, HOMEs, sidecars and logs of agent attempts of runs gc deleted."""
+    if not run_ids or not ((state_dir / "worktrees").is_dir() or (state_dir / "agents").is_dir()):
+        return
+    from .agents import sidecars, worktrees
+
+    worktrees.sweep(state_dir, run_ids)
+    sidecars.sweep(state_dir, run_ids)

@@ -63,6 +63,10 @@ class AttemptRecord:
             return text if isinstance(text, str) else None
         return None
 
+    session_id: str | None = None
+    agent: dict[str, Any] | None = None
+    """An agent attempt's facts (harness, version, turns, worktree…); None for other kinds."""
+
     @property
     def duration_s(self) -> float | None:
         """Wall seconds from reserve to finish (None while running)."""
@@ -114,11 +118,12 @@ def attempt_record(
     if not rows:
         what = f"attempt {attempt}" if attempt is not None else f"loop {loop}"
         raise UsageError(f"Run {run_id} unit {unit_id} has no {what}.", run_id=run_id)
-    return record_of(store, rows[-1])
+    return record_of(store, rows[-1], with_agent=True)
 
 
-def record_of(store: Store, row: AttemptRow) -> AttemptRecord:
-    """A journal row with its input, decoded output and, when reused, where it came from."""
+def record_of(store: Store, row: AttemptRow, *, with_agent: bool = False) -> AttemptRecord:
+    """A journal row with its input, decoded output and, when reused, where it came from
+    (``with_agent``: and its agent facts)."""
     source = store.attempt_by_dispatch(row.reused_from) if row.reused_from else None
     return AttemptRecord(
         run_id=row.run_id,
@@ -147,6 +152,8 @@ def record_of(store: Store, row: AttemptRow) -> AttemptRecord:
         price_source=(
             store.price_source_of(row.run_id, row.dispatch_id) if row.cost is not None else None
         ),
+        session_id=row.session_id,
+        agent=store.agent_facts(row.dispatch_id) if with_agent and row.phase == "work" else None,
     )
 
 
@@ -170,6 +177,10 @@ def record_text(record: AttemptRecord) -> str:
             else f"dispatch {record.reused_from} (its run was deleted)"
         )
         lines.append(f"reused from {origin}; first cost {record.saved_tokens} tokens")
+    if record.agent:
+        from .display import agent_lines
+
+        lines += ["", "── agent ──", *agent_lines(record.agent, record.cost)]
     lines += ["", "── input ──", input_text(record.input), "", "── output ──"]
     lines.append(f"failed: {record.failure}" if record.failure else _value_text(record.output))
     if record.traceback:

@@ -23,6 +23,8 @@ class _StepUnits:
     running: int = 0
     failed: int = 0
     reused: int = 0
+    text: str = ""
+    """The last streamed line of a running unit (an agent's turns and tool uses)."""
 
 
 class ProgressPrinter:
@@ -51,6 +53,10 @@ class ProgressPrinter:
             self._live = key
         elif event.kind in ("unit_started", "unit_finished", "unit_reused"):
             self._count(key, event)
+        elif event.kind == "unit_text" and event.data.get("text"):
+            lines = str(event.data["text"]).strip().splitlines()
+            self._units.setdefault(key, _StepUnits()).text = lines[-1][:60] if lines else ""
+            self._draw_units(key, force=False)
         elif event.kind == "step_status" and event.data.get("status") in _MARKS:
             self._step_line(event)
         elif event.kind == "gate_rejected":
@@ -86,6 +92,8 @@ class ProgressPrinter:
         text = f"  … {key[1]}: {u.done} done, {u.running} running, {u.failed} failed"
         if u.reused:
             text += f" ({u.reused} reused)"
+        if u.text and u.running:
+            text += f" · {u.text}"
         self.stream.write("\r\x1b[2K" + text)
         self.stream.flush()
         self._line_open = True

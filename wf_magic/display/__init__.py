@@ -6,11 +6,13 @@ The package is the one import path; its modules split the renderings by what the
 - ``facts``: what a run's renderings and the live view both read (rejections, counts, texts);
 - ``run``: the text and HTML summaries of one run;
 - ``review``: the review panel of a blocked gate (artifact cards, diffs, criteria);
-- ``plan``: the text, HTML and Mermaid views of a frozen plan.
+- ``plan``: the text, HTML and Mermaid views of a frozen plan;
+- ``agent``: the facts of an agent attempt (harness, session, turns, worktree).
 """
 
 from __future__ import annotations
 
+from .agent import agent_html, agent_lines
 from .badges import (
     STATUS_COLOURS,
     UNKNOWN_STATUS_COLOUR,
@@ -60,6 +62,8 @@ __all__ = [
     "Rejection",
     "Run",
     "TokenSplit",
+    "agent_html",
+    "agent_lines",
     "artifact_cards_html",
     "badge",
     "budget_text",

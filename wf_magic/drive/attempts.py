@@ -12,6 +12,7 @@ from ..runners.base import UnitResult
 from ..spec.plan import PlanStep
 from ..store.journal import Finish, UnitKey
 from ..store.records import AttemptRow, Phase
+from .agentunits import facts_json
 from .context import DriveContext, RunState
 from .units import UnitPlan
 
@@ -106,6 +107,7 @@ def finish_ok(
             cost=cost,
             model=result.model,
             session_id=result.session_id,
+            agent_json=facts_json(state.redactor.redact_value(result.facts)),
             finished_at=time.time(),
             price_source=price_source,
         ),
@@ -156,6 +158,7 @@ def finish_error(
             cut = len(kept) - TRACEBACK_CHARS
             kept = f"… ({cut:,} characters cut)\n" + kept[-TRACEBACK_CHARS:]
         output_json = json.dumps({"traceback": kept})
+    facts = state.redactor.redact_value(getattr(exc, "facts", None))  # an AgentError's
     finish_with(
         ctx,
         state,
@@ -167,6 +170,8 @@ def finish_error(
             transient=exc.transient,
             tokens_in=exc.tokens_in,
             tokens_out=exc.tokens_out,
+            session_id=facts.get("session_id") if facts else None,
+            agent_json=facts_json(facts),
             finished_at=time.time(),
         ),
         defer=defer,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..agents.registry import harness_runner_factory
 from ..bus import EventBus
 from ..errors import RunnerError
 from ..redact import Redactor, secret_strings
@@ -76,7 +78,7 @@ class RunnerPool:
             if key not in self._runners:
                 options = dict(plan.runners.get(name, {}))
                 kind = str(options.pop("type", name))
-                factory = runner_factory(kind)
+                factory = runner_factory(kind) or harness_runner_factory(kind)
                 if factory is None:
                     raise RunnerError(f"unknown runner {kind!r}")
                 self._runners[key] = factory(
@@ -175,6 +177,7 @@ class RunState:
                 [
                     *secret_strings(params),
                     *secret_strings(list(ctx.options.secrets.values()), secret=True),
+                    *_agent_env_values(plan),
                 ]
             ),
             executors=UnitExecutors(
@@ -220,3 +223,10 @@ class RunState:
                 self.stats.stopped_by = "stop_request"
                 return True
         return False
+
+
+def _agent_env_values(plan: Plan) -> list[str]:
+    """The values of the variables agent steps pass through (``pass_env``): an agent may echo
+    them anywhere, so they are masked wherever they would be journaled."""
+    names = {n for step in plan.steps if step.kind == "agent" for n in step.pass_env}
+    return [os.environ[n] for n in sorted(names) if n in os.environ]

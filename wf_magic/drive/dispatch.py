@@ -22,6 +22,7 @@ from ..spec.kinds import KINDS
 from ..spec.plan import PlanStep
 from ..store.records import AttemptRow
 from . import attempts, resume
+from .agentunits import agent_request, cancel_agents, prior_session
 from .children import ChildBlocked, ChildBudgetStop
 from .context import DriveContext, RunState
 from .executors import InlineExecutor
@@ -42,6 +43,8 @@ class _Job:
     not_before: float = 0.0
     offer: int | None = None
     """Tokens reserved for this dispatch (``UnitRequest.max_tokens``); released on finish."""
+    resume: dict[str, Any] | None = None
+    """The session an agent unit of a ``session: continue`` loop resumes (agentunits.py)."""
 
 
 InlineRun = Callable[[PlanStep, UnitPlan, AttemptRow], UnitResult]
@@ -89,7 +92,8 @@ def run_units(
                 work.outputs[i] = _load(reused.output_json)
                 continue
         tries = 0 if state.reopened else _retry_streak(history_of, unit.input_hash)
-        jobs.append(_Job(index=i, unit=unit, reclaimed=reclaim, tries=tries))
+        resume_from = prior_session(ctx, step, unit, history_of) if step.agent else None
+        jobs.append(_Job(index=i, unit=unit, reclaimed=reclaim, tries=tries, resume=resume_from))
     if jobs:
         _schedule(ctx, state, step, jobs, work, inline)
     return work
@@ -136,7 +140,9 @@ def _schedule(
     the deferred finishes are flushed before the driver waits on work in flight and when the
     loop ends, so every finish is durable before anything that depends on it proceeds.
     """
-    executor, limit = state.executors.for_step(is_map=step.map is not None)
+    executor, limit = state.executors.for_step(
+        is_map=step.map is not None, threaded=step.kind == "agent"
+    )
     in_flight: dict[Future[UnitResult], tuple[_Job, AttemptRow]] = {}
     finished: SimpleQueue[Future[UnitResult]] = SimpleQueue()
     """Futures as they complete (a done-callback each): no per-wait scan of those in flight."""
@@ -161,13 +167,18 @@ def _schedule(
                     job, attempt = in_flight.pop(future)
                     if not _finish(ctx, state, step, job, attempt, future, work, jobs):
                         halt = halt or step.on_error == "fail"
+                if step.agent and not work.stopped and in_flight and state.should_stop(ctx):
+                    work.stopped = halt = True  # an agent may run for long: end it now
+                    cancel_agents(ctx, state, [(j.unit, a) for j, a in in_flight.values()])
             elif jobs and not halt:
                 ctx.store.flush()
                 time.sleep(min(0.05, max(0.0, jobs[0].not_before - time.monotonic())))
             elif halt:
                 break
     except BaseException:
-        # An interrupt: let in-flight units finish and journal them, then stop.
+        # An interrupt: let in-flight units finish and journal them, then stop (an agent's
+        # process group is ended first: it could run for half an hour).
+        cancel_agents(ctx, state, [(j.unit, a) for j, a in in_flight.values()])
         for future, (job, attempt) in list(in_flight.items()):
             try:
                 future.result()
@@ -316,6 +327,7 @@ def _launch(
         attempt,
         job.offer,
         ctx=ctx if isinstance(executor, ThreadPoolExecutor | InlineExecutor) else None,
+        resume_from=job.resume,
     )
     try:
         runner = state.runner(ctx, unit.runner)
@@ -340,11 +352,12 @@ def _request(
     job_offer: int | None,
     *,
     ctx: DriveContext | None = None,
+    resume_from: dict[str, Any] | None = None,
 ) -> UnitRequest:
     """The runner's request; ``ctx`` is given when the unit runs in this process, so a
     prompt unit somebody watches gets an ``on_text`` that emits ``unit_text`` events."""
     on_text: Callable[[str], None] | None = None
-    if ctx is not None and unit.kind == "prompt" and ctx.bus.has_observers:
+    if ctx is not None and unit.kind in ("prompt", "agent") and ctx.bus.has_observers:
         emit, redactor = ctx.emit, state.redactor
 
         def on_text(text: str) -> None:
@@ -358,7 +371,7 @@ def _request(
             )
 
     env: dict[str, str] = {}
-    if unit.kind == "exec":
+    if unit.kind in ("exec", "agent"):
         item = (
             unit.item
             if isinstance(unit.item, str)
@@ -381,7 +394,7 @@ def _request(
         dispatch_id=attempt.dispatch_id,
         input_hash=unit.input_hash,
         attempt=attempt.attempt,
-        kind=unit.kind if unit.kind in ("prompt", "exec", "python") else "prompt",  # type: ignore[arg-type]
+        kind=unit.kind if unit.kind in ("prompt", "exec", "python", "agent") else "prompt",  # type: ignore[arg-type]
         prompt=unit.prompt,
         argv=unit.argv,
         target=unit.target,
@@ -394,6 +407,7 @@ def _request(
         index=unit.item_index,
         max_tokens=job_offer,
         env=env,
+        agent=agent_request(ctx, unit, resume_from),
         on_text=on_text,
     )
 

@@ -148,14 +148,23 @@ class UnitExecutors:
         self.cap = cap
         self.external = external
         self._pool: ThreadPoolExecutor | None = None
+        self._solo: ThreadPoolExecutor | None = None
 
-    def for_step(self, *, is_map: bool) -> tuple[Executor, int]:
-        """The executor for a step's units and the most units it may have in flight."""
+    def for_step(self, *, is_map: bool, threaded: bool = False) -> tuple[Executor, int]:
+        """The executor for a step's units and the most units it may have in flight.
+
+        ``threaded``: a lone unit runs on a worker thread too, so the driver keeps polling
+        for a Stop while it runs (agent units, which may run for long).
+        """
         limit = self.plan_limit if self.cap is None else min(self.plan_limit, self.cap)
         if not is_map:
             limit = 1
         if self.external is not None:
             return self.external, max(1, limit)
+        if limit <= 1 and threaded:
+            if self._solo is None:
+                self._solo = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wf-unit")
+            return self._solo, 1
         if limit <= 1:
             return InlineExecutor(), 1
         if self._pool is None:
@@ -164,6 +173,7 @@ class UnitExecutors:
 
     def shutdown(self) -> None:
         """Stop the owned thread pool (a caller's executor is never shut down)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        for pool in (self._pool, self._solo):
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+        self._pool = self._solo = None

@@ -114,6 +114,11 @@ class UnitPlan:
         return self.rendered.fields.get("target")
 
     @property
+    def agent(self) -> dict[str, Any] | None:
+        """An agent unit's settings (harness, permission, workdir, isolation, session, …)."""
+        return self.rendered.fields.get("agent")
+
+    @property
     def kwargs(self) -> dict[str, Any] | None:
         return self.rendered.fields.get("kwargs")
 
@@ -317,7 +322,11 @@ class LoopUnits(Sequence[UnitPlan]):
         """
         step, feedback, idx = self.step, self.feedback, unit.item_index
         block = None
-        if feedback and step.kind == "prompt" and not _places_feedback(step.prompt or ""):
+        if (
+            feedback
+            and step.kind in ("prompt", "agent")
+            and not _places_feedback(step.prompt or "")
+        ):
             block = feedback_block(feedback)
         from ..spec.kinds import UnitSource  # on first use: see _kind
 

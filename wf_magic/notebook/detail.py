@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 import ipywidgets as w
 
-from ..display import STATUS_COLOURS, UNKNOWN_STATUS_COLOUR
+from ..display import STATUS_COLOURS, UNKNOWN_STATUS_COLOUR, agent_html
 from ..inspection import AttemptRecord, diff_html, input_text, record_of, unit_diff
 from ..store import Store
 from ..store.records import AttemptRow
@@ -125,6 +125,7 @@ def unit_loops_html(records: list[AttemptRecord], verdicts: dict[int, object]) -
             f"<div class='wf-loop' style='border-top:1px solid #d0d7de;padding:4px 0'>{head}"
             "<details class='wf-input'><summary>input</summary><pre style='white-space:pre-wrap'>"
             f"{html.escape(input_text(record.input), quote=False)}</pre></details>"
+            f"{agent_html(record.agent, record.cost) if record.agent else ''}"
             f"<div><small>output</small>{_value_html(record)}</div>"
             f"{verdict_html(verdicts.get(record.loop))}{diff}</div>"
         )
@@ -226,7 +227,7 @@ class StepDetail:
                 newest[a.loop] = a
             elif a.phase == "gate" and a.status in ("succeeded", "reused") and a.output_json:
                 verdicts[a.loop] = json.loads(a.output_json)
-        records = [record_of(self.store, newest[loop]) for loop in sorted(newest)]
+        records = [record_of(self.store, newest[loop], with_agent=True) for loop in sorted(newest)]
         self.unit_view.value = (
             f"<div><code>{html.escape(unit_id)}</code></div>{unit_loops_html(records, verdicts)}"
         )

@@ -17,13 +17,14 @@ def strip_code_fence(text: str) -> str:
     return fenced.group(1).strip() if fenced else stripped
 
 
-UnitKind = Literal["prompt", "exec", "python", "judge"]
+UnitKind = Literal["prompt", "exec", "python", "judge", "agent"]
 """What a unit asks for:
 
 - ``prompt``: an LLM/agent call with ``request.prompt``.
 - ``exec``: a subprocess with ``request.argv``.
 - ``python``: a callable ``request.target`` with ``request.kwargs``.
 - ``judge``: a gate judge call (an LLM prompt that must answer a verdict).
+- ``agent``: a coding-agent CLI run on ``request.prompt`` with ``request.agent``'s settings.
 """
 
 
@@ -55,7 +56,10 @@ class UnitRequest:
     max_tokens: int | None = None
     """Tokens left in the run budget (None: unlimited); a runner should cap its output."""
     env: Mapping[str, str] = field(default_factory=dict)
-    """Environment for exec units (minimal env + pass_env + WF_* names)."""
+    """Environment for exec and agent units (minimal env + pass_env + WF_* names)."""
+    agent: Mapping[str, Any] | None = None
+    """An agent unit's settings: harness, permission, workdir, isolation, session, max_turns,
+    pass_env, the feedback block, and (``resume``) the session a continued loop resumes."""
     on_text: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
     """Set when somebody watches the unit live: a runner that can stream calls it with the
     text so far (at most ~10 times a second); one that cannot ignores it. Not part of the
@@ -85,6 +89,9 @@ class UnitResult:
     """Where ``cost`` came from when the runner set it (default ``runner``)."""
     tokens_estimated: bool = False
     """The counts are an estimate (the server reported none): never priced."""
+    facts: Mapping[str, Any] | None = None
+    """Facts about how the result came about (an agent's harness, version, turns, worktree…),
+    journaled beside the attempt."""
 
 
 @runtime_checkable

@@ -187,9 +187,10 @@ def _unknown_keywords(schema: Any) -> set[str]:
 
 def check_runners(spec: WorkflowSpec, src: Source) -> None:
     """Runner types are known, hold no secret values, build; every runner named exists."""
+    from ..agents.registry import known_harnesses
     from ..runners.registry import known_runners
 
-    known = set(known_runners())
+    known = set(known_runners()) | set(known_harnesses())
     for name, options in spec.runners.items():
         kind = options.get("type", name)
         if kind not in known:
@@ -225,10 +226,11 @@ def _try_runner(workflow: str, name: str, kind: str, options: dict[str, Any], sr
 
     Factories are lazy (no client, no connection until the first unit), so this is cheap.
     """
+    from ..agents.registry import harness_runner_factory
     from ..runners.base import RunnerContext
     from ..runners.registry import runner_factory
 
-    factory = runner_factory(kind)
+    factory = runner_factory(kind) or harness_runner_factory(kind)
     if factory is None:
         return
     context = RunnerContext(

@@ -28,9 +28,9 @@ from .checks import (
 )
 from .kinds import KINDS
 from .literals import check_literals
-from .models import ENV_NAME_PATTERN, ID_PATTERN, GateSpec, StepSpec, WorkflowSpec
+from .models import AGENT_TIMEOUT_S, ENV_NAME_PATTERN, ID_PATTERN, GateSpec, StepSpec, WorkflowSpec
 from .models_resolve import ModelFieldError, ModelPick, freeze_model, judge_runner
-from .plan import Plan, PlanGate, PlanStep
+from .plan import AgentPlan, Plan, PlanGate, PlanStep
 from .source import Source, read_source, split_documents
 from .workflow import Workflow
 from .yamlload import Path
@@ -177,7 +177,7 @@ class _Freezer:
     ) -> PlanStep:
         at: Path = ("steps", i)
         kind = cast(StepKind, step.kind)
-        runner = KINDS[kind].fixed_runner or step.runner or spec.runner
+        runner = KINDS[kind].fixed_runner or step.agent or step.runner or spec.runner
         model = _model(spec, step.model, runner, aliases, src, (*at, "model"))
         target_hash = None
         if step.python is not None:
@@ -223,7 +223,7 @@ class _Freezer:
             model=model.id,
             model_alias=model.alias,
             model_template=model.template,
-            timeout_s=step.timeout,
+            timeout_s=AGENT_TIMEOUT_S if step.timeout is None and step.agent else step.timeout,
             retry=step.retry,
             on_error=step.on_error,
             output=step.output,
@@ -232,6 +232,7 @@ class _Freezer:
             loops_capped=capped,
             cache=KINDS[kind].cached_by_default if step.cache is None else step.cache,
             pass_env=step.pass_env,
+            agent=_agent_plan(step, src, at),
         )
 
     def _child(self, name: str, src: Source, at: Path, depth: int) -> Plan:
@@ -293,6 +294,38 @@ def _gate(
         **{**gate.model_dump(), "model": model.id},
         model_alias=model.alias,
         model_template=model.template,
+    )
+
+
+def _agent_plan(step: StepSpec, src: Source, at: Path) -> AgentPlan | None:
+    """An agent step's frozen harness settings; the harness must be known and the workdir a
+    relative folder that stays inside the workflow's folder."""
+    if step.agent is None:
+        return None
+    from ..agents.registry import known_harnesses
+
+    known = known_harnesses()
+    if step.agent not in known:
+        raise src.error(
+            f"unknown agent harness {step.agent!r}; known harnesses: {', '.join(known)} "
+            "(register one with wf_magic.register_harness)",
+            (*at, "agent"),
+        )
+    workdir = step.workdir or "."
+    parts = FsPath(workdir).parts
+    if FsPath(workdir).is_absolute() or ".." in parts or workdir.startswith("~"):
+        raise src.error(
+            f"expected a relative folder inside the workflow's folder (got {workdir!r}); "
+            "write a path like . or src/pkg",
+            (*at, "workdir"),
+        )
+    return AgentPlan(
+        harness=step.agent,
+        permission=step.permission or "edits",
+        workdir=workdir,
+        isolation=step.isolation or "none",
+        session=step.session or "fresh",
+        max_turns=step.max_turns,
     )
 
 

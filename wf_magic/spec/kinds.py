@@ -68,6 +68,30 @@ def _exec(src: UnitSource) -> UnitInput:
     return {"argv": argv}, {"argv": list(argv), "pass_env": src.step.pass_env}
 
 
+def _agent(src: UnitSource) -> UnitInput:
+    """An agent unit: the rendered prompt (feedback block appended) and the harness settings.
+
+    The session id is never part of the input: it is an outcome, journaled with the attempt.
+    """
+    step, agent = src.step, src.step.agent
+    if agent is None:  # pragma: no cover - frozen with the kind
+        raise ValueError(f"step {step.id} is an agent step without agent settings")
+    prompt = render_text(step.prompt or "", src.context)
+    if src.feedback_block:
+        prompt += src.feedback_block
+    settings = agent.model_dump(mode="json")
+    fields = {
+        "prompt": prompt,
+        "agent": {**settings, "pass_env": list(step.pass_env), "feedback": src.feedback_block},
+    }
+    return fields, {
+        "prompt": prompt,
+        "output": step.output,
+        "pass_env": step.pass_env,
+        **settings,
+    }
+
+
 def _python(src: UnitSource) -> UnitInput:
     kwargs = bindings(src.step, src.context, src.item, src.index)
     step = src.step
@@ -125,6 +149,20 @@ KINDS: dict[str, KindSpec] = {
         runs_inline=False,
         build=_exec,
         describe=lambda step: " ".join(step.argv or [])[:60],
+    ),
+    "agent": KindSpec(
+        name="agent",
+        fixed_runner=None,  # the harness's own runner, named by ``agent:``
+        charged=True,
+        cacheable=True,
+        cached_by_default=False,  # its edits are side effects: a reuse would skip them
+        reads_feedback=True,
+        runs_inline=False,
+        build=_agent,
+        describe=lambda step: (
+            _describe_prompt(step)
+            + (" · worktree" if step.agent and step.agent.isolation == "worktree" else "")
+        ),
     ),
     "python": KindSpec(
         name="python",

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 ID_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
 STEP_ID_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
-KIND_KEYS = ("prompt", "exec", "python", "workflow", "route")
+KIND_KEYS = ("prompt", "exec", "python", "workflow", "route", "agent")
+AGENT_KEYS = ("permission", "workdir", "isolation", "session", "max_turns")
+"""Keys read only by ``agent:`` steps."""
+AGENT_TIMEOUT_S = 1800.0
+"""An agent step's ``timeout`` when none is written (30 minutes)."""
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$")
+_UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 class _Strict(BaseModel):
@@ -69,7 +76,7 @@ class RouteSpec(_Strict):
 
 
 class StepSpec(_Strict):
-    """One step; exactly one of prompt / exec / python / workflow / route."""
+    """One step; exactly one of prompt / exec / python / workflow / route / agent."""
 
     id: str = Field(pattern=STEP_ID_PATTERN, max_length=64)
     """Unique step id, usable in templates as ``steps.<id>.output``."""
@@ -82,6 +89,26 @@ class StepSpec(_Strict):
     workflow: str | None = None
     """Name of a child workflow, frozen into this plan."""
     route: RouteSpec | None = None
+    agent: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=64)
+    """A coding-agent harness (``claude``, ``codex``, ``opencode``, ``gemini`` or a registered
+    one) run headless on ``prompt:`` in ``workdir``; see docs/agents.md."""
+    permission: Literal["read", "edits", "full"] | None = None
+    """What an agent may do (default ``edits``):
+
+    - ``read``: read files only.
+    - ``edits``: read and edit files in its folder.
+    - ``full``: edit and run any tool without asking (the harness's bypass mode)."""
+    workdir: str | None = None
+    """The agent's folder, relative to the workflow file's folder and inside it (default: that
+    folder)."""
+    isolation: Literal["none", "worktree"] | None = None
+    """- ``none`` (default): the agent works in ``workdir`` itself.
+    - ``worktree``: each attempt gets a fresh ``git worktree add --detach`` under the state dir."""
+    session: Literal["fresh", "continue"] | None = None
+    """- ``fresh`` (default): every loop starts a new agent session.
+    - ``continue``: loop n+1 and a reclaimed attempt resume the previous session."""
+    max_turns: int | None = Field(None, ge=1, le=10_000)
+    """Agent turns before the harness stops (passed where the harness accepts it)."""
     with_: dict[str, Any] | None = Field(None, alias="with")
     """Template bindings: a child workflow's params, or a python callable's keyword arguments."""
     map: str | None = None
@@ -94,7 +121,8 @@ class StepSpec(_Strict):
     """Model passed to the runner: an id, an alias (``models:``), or a template over params
     rendered when the run starts (``"{{ params.model }}"``)."""
     timeout: float | None = Field(None, gt=0, le=86_400)
-    """Seconds before an attempt is killed and failed."""
+    """Seconds (or ``90s``, ``30m``, ``2h``) before an attempt is killed and failed; agent steps
+    default to 30 minutes."""
     retry: RetrySpec = RetrySpec()
     on_error: Literal["fail", "continue"] = "fail"
     """``fail`` stops the run on a failed unit; ``continue`` records it and goes on."""
@@ -109,9 +137,21 @@ class StepSpec(_Strict):
     pass_env: list[str] = Field(default_factory=list)
     """Extra environment variable names an ``exec`` unit receives (never ``WF_*``)."""
 
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        found = _DURATION.match(value)
+        if found is None:
+            raise ValueError(f"expected seconds or a duration like 90s, 30m or 2h (got {value!r})")
+        return float(found.group(1)) * _UNIT_S[found.group(2)]
+
     @model_validator(mode="after")
     def _one_kind(self) -> StepSpec:
         given = [k for k in KIND_KEYS if getattr(self, k) is not None]
+        if self.agent is not None and "prompt" in given:
+            given.remove("prompt")  # an agent step's prompt is what the agent is asked
         if len(given) != 1:
             got = ", ".join(given) if given else "none"
             raise ValueError(f"a step needs exactly one of {', '.join(KIND_KEYS)} (got {got})")
@@ -120,19 +160,27 @@ class StepSpec(_Strict):
         if self.with_ is not None and self.python is None and self.workflow is None:
             raise ValueError("`with:` is read only by python and workflow steps")
         kind = self.kind
-        if self.pass_env and kind != "exec":
-            raise ValueError("`pass_env:` is read only by exec steps")
+        if self.pass_env and kind not in ("exec", "agent"):
+            raise ValueError("`pass_env:` is read only by exec and agent steps")
+        if self.agent is not None and self.prompt is None:
+            raise ValueError("an agent step needs `prompt:` (what the agent is asked to do)")
+        for key in AGENT_KEYS:
+            if getattr(self, key) is not None and kind != "agent":
+                raise ValueError(f"`{key}:` is read only by agent steps (this is a {kind} step)")
         if self.reduce != "collect" and self.map is None:
             raise ValueError("`reduce:` needs `map:` (it combines the outputs of a fan-out)")
         if self.runner is not None and kind != "prompt":
             raise ValueError(f"`runner:` is read only by prompt steps (this is a {kind} step)")
-        if self.model is not None and kind != "prompt":
+        if self.model is not None and kind not in ("prompt", "agent"):
             raise ValueError(f"`model:` is read only by prompt steps (this is a {kind} step)")
         return self
 
     @property
     def kind(self) -> str:
-        """The step kind: prompt, exec, python, workflow or route."""
+        """The step kind: prompt, exec, python, workflow, route or agent (an agent step has a
+        ``prompt:`` too: ``agent:`` decides)."""
+        if self.agent is not None:
+            return "agent"
         return next(k for k in KIND_KEYS if getattr(self, k) is not None)
 
 

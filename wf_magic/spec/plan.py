@@ -17,16 +17,30 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-_OMITTED_WHEN_UNSET = frozenset({"model_alias", "model_template", "aliases"})
-"""Fields added after plan_version 1 shipped: left out of the JSON while unset, so a plan
-that does not use them keeps the hash it had before they existed."""
+_OMITTED_WHEN_UNSET: dict[str, Any] = {
+    "model_alias": None,
+    "model_template": None,
+    "aliases": {},
+    "agent": None,
+    "charged": None,
+}
+"""Fields added after plan_version 1 shipped, with their unset value: left out of the JSON
+while unset, so a plan that does not use them keeps the hash it had before they existed
+(``charged: false`` is kept: it differs from unset)."""
+_BUDGET_UNSET: dict[str, Any] = {"charge_judges": False}
+"""The same for the budget's fields added since."""
 
 
 def _omit_unset(data: Any) -> Any:
     if isinstance(data, dict):
-        for key in _OMITTED_WHEN_UNSET & data.keys():
-            if not data[key]:
+        for key in _OMITTED_WHEN_UNSET.keys() & data.keys():
+            if data[key] == _OMITTED_WHEN_UNSET[key] and data[key] is not False:
                 del data[key]
+        budget = data.get("budget")
+        if isinstance(budget, dict):
+            for key in _BUDGET_UNSET.keys() & budget.keys():
+                if budget[key] is _BUDGET_UNSET[key]:
+                    del budget[key]
     return data
 
 
@@ -41,6 +55,19 @@ class PlanGate(GateSpec):
     @model_serializer(mode="wrap")
     def _serialize(self, handler: SerializerFunctionWrapHandler) -> Any:
         return _omit_unset(handler(self))
+
+
+class AgentPlan(_Frozen):
+    """An agent step's harness settings as frozen (defaults filled in)."""
+
+    harness: str
+    """The harness name (``claude``, ``codex``, ``opencode``, ``gemini`` or a registered one)."""
+    permission: Literal["read", "edits", "full"] = "edits"
+    workdir: str = "."
+    """Relative to the workflow file's folder (the driver's cwd for a notebook workflow)."""
+    isolation: Literal["none", "worktree"] = "none"
+    session: Literal["fresh", "continue"] = "fresh"
+    max_turns: int | None = None
 
 
 class PlanStep(_Frozen):
@@ -81,6 +108,8 @@ class PlanStep(_Frozen):
     cache: bool = True
     """Reuse across runs allowed: the authored ``cache``, else the kind's default (exec: off)."""
     pass_env: list[str] = Field(default_factory=list)
+    agent: AgentPlan | None = None
+    """An agent step's harness settings (None for other kinds)."""
 
     @model_serializer(mode="wrap")
     def _serialize(self, handler: SerializerFunctionWrapHandler) -> Any:

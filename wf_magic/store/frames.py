@@ -38,6 +38,7 @@ _JOURNAL: _Spec = (
     ("loop", "loop", "int"),
     ("charged", "charged", "bool"),
     ("saved_tokens", "saved_tokens", "int"),
+    ("session_id", "session_id", "str"),
     (
         "reused_from_run",
         "(SELECT src.run_id FROM attempts AS src WHERE src.dispatch_id = attempts.reused_from)",
@@ -52,13 +53,14 @@ _JOURNAL: _Spec = (
 JOURNAL_COLUMNS: tuple[str, ...] = (
     "run", "step", "unit", "attempt", "dispatch_id", "phase", "runner", "model", "status",
     "input_hash", "tokens_in", "tokens_out", "cost", "reused_from", "started_at", "finished_at",
-    "duration_s", "failure", "loop", "charged", "saved_tokens", "reused_from_run",
-    "reused_from_unit",
+    "duration_s", "failure", "loop", "charged", "saved_tokens", "session_id",
+    "reused_from_run", "reused_from_unit",
 )  # fmt: skip
 """The columns of :func:`journal_frame`, in order."""
 JOURNAL_COMPACT: tuple[str, ...] = (
     "step", "unit", "attempt", "loop", "phase", "status", "runner", "model", "tokens_in",
-    "tokens_out", "duration_s", "started_at", "reused_from_run", "reused_from_unit", "failure",
+    "tokens_out", "duration_s", "started_at", "session_id", "reused_from_run",
+    "reused_from_unit", "failure",
 )  # fmt: skip
 """The columns ``wf journal`` prints as a table by default (``--all``: every column)."""
 
@@ -235,6 +237,7 @@ def journal_frame(
         - ``loop`` (Int64): the gate loop the attempt belongs to, from 1.
         - ``charged`` (boolean): counted in the budget (False for gate and reused attempts).
         - ``saved_tokens`` (Int64): tokens a reused attempt saved, 0 otherwise.
+        - ``session_id`` (string): the agent session (or completion) id, <NA> when none.
         - ``reused_from_run``, ``reused_from_unit`` (string): the run and unit whose attempt
           answered a reused one (<NA> otherwise, or when that run was deleted by gc).
     """

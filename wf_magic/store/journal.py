@@ -182,6 +182,8 @@ class Finish:
     cost: float | None = None
     model: str | None = None
     session_id: str | None = None
+    agent_json: str | None = None
+    """An agent attempt's facts (JSON, redacted), kept in ``agent_facts``."""
     finished_at: float | None = None
     """When the unit finished (a deferred finish commits later); None: at the write."""
     price_source: str | None = None
@@ -218,6 +220,8 @@ def finish_attempt_txn(conn: sqlite3.Connection, attempt: AttemptRow, finish: Fi
     )
     if cur.rowcount == 0:
         return False
+    if finish.agent_json is not None:
+        record_agent_facts_txn(conn, attempt.run_id, attempt.dispatch_id, finish.agent_json)
     # The unit row exists since the reservation: only its status and clock move.
     conn.execute(
         "UPDATE units SET status = ?, attempts = ?, updated_at = ?"
@@ -243,6 +247,37 @@ def finish_attempt_txn(conn: sqlite3.Connection, attempt: AttemptRow, finish: Fi
         },
     )
     return True
+
+
+def record_agent_facts_txn(
+    conn: sqlite3.Connection, run_id: str, dispatch_id: str, facts_json: str
+) -> None:
+    """Keep an agent attempt's facts (one row per dispatch id; the harness is read from them)."""
+    harness = str(json.loads(facts_json).get("harness") or "")
+    conn.execute(
+        "INSERT OR REPLACE INTO agent_facts (dispatch_id, run_id, harness, facts_json)"
+        " VALUES (?, ?, ?, ?)",
+        (dispatch_id, run_id, harness, facts_json),
+    )
+
+
+def agent_facts(conn: sqlite3.Connection, dispatch_id: str) -> str | None:
+    """The facts JSON of one agent attempt (None when it has none)."""
+    row = conn.execute(
+        "SELECT facts_json FROM agent_facts WHERE dispatch_id = ?", (dispatch_id,)
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def agent_facts_of_run(conn: sqlite3.Connection, run_id: str) -> list[tuple[str, str]]:
+    """(dispatch id, facts JSON) of a run's agent attempts, in journal order."""
+    rows = conn.execute(
+        "SELECT f.dispatch_id, f.facts_json FROM agent_facts f"
+        " JOIN attempts a ON a.dispatch_id = f.dispatch_id"
+        " WHERE f.run_id = ? ORDER BY a.attempt_pk",
+        (run_id,),
+    ).fetchall()
+    return [(str(r[0]), str(r[1])) for r in rows]
 
 
 def record_terminal_attempt_txn(

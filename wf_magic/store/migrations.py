@@ -361,3 +361,23 @@ def m009_loop_contexts(conn: sqlite3.Connection) -> None:
         ) WITHOUT ROWID;
         """,
     )
+
+
+@migration
+def m010_agent_facts(conn: sqlite3.Connection) -> None:
+    # What an agent attempt's harness reported beyond the attempt row: harness and version,
+    # exit code, error class, turns, permission denials, workdir/worktree, changed files and
+    # the CLI's final JSON (capped, redacted), as one JSON object per attempt. Written with
+    # the attempt's finish; deleted with its run.
+    _script(
+        conn,
+        """
+        CREATE TABLE agent_facts (
+            dispatch_id TEXT PRIMARY KEY,
+            run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+            harness TEXT NOT NULL,
+            facts_json TEXT NOT NULL
+        );
+        CREATE INDEX agent_facts_run ON agent_facts(run_id);
+        """,
+    )

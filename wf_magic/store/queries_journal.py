@@ -30,6 +30,16 @@ class JournalQueries(StoreAccess):
         """unit_id → input_hash → output JSON of a step's newest succeeded/reused attempts."""
         return self._read(lambda c: journal.done_outputs(c, run_id, step_id), run_id)
 
+    def agent_facts(self, dispatch_id: str) -> dict[str, Any] | None:
+        """The journaled facts of one agent attempt (None when it has none)."""
+        text = self._read(lambda c: journal.agent_facts(c, dispatch_id))
+        return None if text is None else dict(json.loads(text))
+
+    def agent_facts_of_run(self, run_id: str) -> dict[str, dict[str, Any]]:
+        """dispatch id → facts of a run's agent attempts, in journal order."""
+        rows = self._read(lambda c: journal.agent_facts_of_run(c, run_id), run_id)
+        return {dispatch_id: dict(json.loads(text)) for dispatch_id, text in rows}
+
     def attempts_of_units(self, run_id: str, unit_ids: Sequence[str]) -> list[AttemptRow]:
         """The attempts of the given units of a run, in journal order."""
         ids = list(unit_ids)

@@ -24,7 +24,7 @@ AttemptStatus = Literal["running", "succeeded", "failed", "reused"]
 
 Phase = Literal["work", "gate"]
 """Attempt phase: ``work`` (a step's unit) or ``gate`` (a verdict unit ``<step>.gate:l<n>``)."""
-StepKind = Literal["prompt", "exec", "python", "workflow", "route"]
+StepKind = Literal["prompt", "exec", "python", "workflow", "route", "agent"]
 """Step kind (``wf_magic.spec.kinds.KINDS`` says how each behaves)."""
 
 TERMINAL_RUN = ("completed", "abandoned")

@@ -1,0 +1,414 @@
+"""The agent runner: one coding-agent CLI launch per attempt, as a subprocess in its own process
+group, in its workdir or a worktree, with its own HOME, timed out, streamed, journaled.
+
+It reuses the exec runner's machinery: the minimal environment, the process-group kill at
+the timeout or an interrupt, and the sidecar of the running group (``runners/orphans.py``)
+that lets a reclaimed attempt reap what a killed driver left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import RunnerError
+from ..redact import Redactor
+from ..runners.base import BaseRunner, RunnerContext, UnitRequest, UnitResult, strip_code_fence
+from ..runners.orphans import forget_unit_process, record_unit_process
+from ..runners.process import _kill_group
+from . import sidecars, worktrees
+from .facts import attempt_facts, unit_output
+from .harness import (
+    AgentCall,
+    AgentError,
+    Failure,
+    Harness,
+    Outcome,
+    Watch,
+    first_line,
+    parse_lines,
+)
+from .stream import StreamReader, cli_version
+
+OUTPUT_CAP_BYTES = 8 * 1_048_576
+_OPTIONS = ("bin", "args", "home", "output_cap")
+
+
+class AgentRunner(BaseRunner):
+    """Runs ``agent:`` units of one harness (``runners: {<harness>: {bin, args, home}}``)."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        adapter: Harness,
+        bin: str | None = None,
+        args: list[str] | None = None,
+        home: str = "isolated",
+        output_cap: int = OUTPUT_CAP_BYTES,
+        state_dir: str = "",
+        source_dir: str | None = None,
+    ):
+        if home not in ("isolated", "user"):
+            raise ValueError(f"home: expected isolated or user (got {home!r})")
+        self.name = name
+        self.adapter = adapter
+        self.bin = bin or adapter.default_bin
+        self.args = [str(a) for a in (args or [])]
+        self.home = home
+        self.output_cap = output_cap
+        self.state_dir = str(Path(state_dir).resolve()) if state_dir else state_dir
+        """Absolute: git and the CLI run in other folders (a relative WF_MAGIC_HOME)."""
+        self.source_dir = source_dir
+        self._version: str | None = None
+        self._live: dict[str, subprocess.Popen[bytes]] = {}
+        self._cancelled: set[str] = set()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_context(cls, ctx: RunnerContext, *, name: str, adapter: Harness) -> AgentRunner:
+        """Factory; unknown option keys are refused (they may be typos of bin/args/home)."""
+        unknown = sorted(set(ctx.options) - set(_OPTIONS))
+        if unknown:
+            raise ValueError(f"unknown option(s) {unknown} for harness {name!r}; known: {_OPTIONS}")
+        args = ctx.options.get("args") or []
+        if not isinstance(args, list):
+            raise ValueError(f"args: expected a list of strings (got {type(args).__name__})")
+        return cls(
+            name=name,
+            adapter=adapter,
+            bin=ctx.options.get("bin"),
+            args=args,
+            home=str(ctx.options.get("home", "isolated")),
+            output_cap=int(ctx.options.get("output_cap", OUTPUT_CAP_BYTES)),
+            state_dir=ctx.state_dir,
+            source_dir=ctx.source_dir,
+        )
+
+    def close(self) -> None:
+        """Kill the process group of every launch still running (the drive ended)."""
+        with self._lock:
+            live = list(self._live)
+        for dispatch_id in live:
+            self.cancel(dispatch_id)
+
+    def cancel(self, dispatch_id: str) -> None:
+        """End the launch of ``dispatch_id`` (a Stop, an interrupt): its group is killed and
+        the attempt fails transient ("stopped")."""
+        with self._lock:
+            proc = self._live.get(dispatch_id)
+            self._cancelled.add(dispatch_id)
+        if proc is not None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def version(self) -> str | None:
+        """The CLI's ``--version`` line (asked once per binary and modification time)."""
+        if self._version is None:
+            self._version = cli_version(self.bin)
+        return self._version or None
+
+    def run(self, request: UnitRequest) -> UnitResult:
+        if request.kind != "agent" or request.agent is None:
+            raise RunnerError(
+                f"runner {self.name!r} runs agent: steps only (step {request.step_id} is a "
+                f"{request.kind} step); give it another runner",
+                executed=False,
+            )
+        plan = _Launch.prepare(self, request)
+        try:
+            return plan.execute()
+        finally:
+            forget_unit_process(self.state_dir, request.dispatch_id)
+            with self._lock:
+                self._live.pop(request.dispatch_id, None)
+
+
+class _Launch:
+    """One launch of an attempt: where it runs, which session, and the reading of its output."""
+
+    def __init__(self, runner: AgentRunner, request: UnitRequest, call: AgentCall, **kw: Any):
+        self.runner, self.request, self.call = runner, request, call
+        self.repo: Path | None = kw["repo"]
+        self.worktree: Path | None = kw["worktree"]
+        self.sidecar: sidecars.Sidecar = kw["sidecar"]
+        self.usage_base: tuple[int, int] = kw["usage_base"]
+        self.env: dict[str, str] = kw["env"]
+        self.reclaimed: bool = kw["reclaimed"]
+        self.redactor = Redactor.from_environ(
+            request.env, extra=[request.env[k] for k in _pass_env(request) if k in request.env]
+        )
+
+    @classmethod
+    def prepare(cls, runner: AgentRunner, request: UnitRequest) -> _Launch:
+        agent = dict(request.agent or {})
+        state, run_id, dispatch = runner.state_dir, request.run_id, request.dispatch_id
+        workdir = _workdir(runner.source_dir, str(agent.get("workdir") or "."), request)
+        previous = sidecars.load(state, run_id, dispatch)
+        sidecar = previous or sidecars.Sidecar()
+        resume: dict[str, Any] = dict(agent.get("resume") or {})
+        repo, worktree, cwd = None, None, workdir
+        if agent.get("isolation") == "worktree":
+            repo = worktrees.repo_root(workdir)
+            if repo is None:
+                raise AgentError(
+                    f"step {request.step_id}: isolation: worktree needs a git repository, but "
+                    f"{workdir} is not inside one; run `git init` there or use isolation: none",
+                    executed=False,
+                )
+            worktree = Path(
+                sidecar.worktree
+                or resume.get("worktree")
+                or worktrees.worktree_path(state, run_id, dispatch)
+            )
+            try:
+                worktrees.ensure_worktree(repo, worktree)
+            except worktrees.GitError as exc:
+                raise AgentError(f"step {request.step_id}: {exc}", executed=False) from exc
+            cwd = worktree / workdir.relative_to(repo)
+            cwd.mkdir(parents=True, exist_ok=True)
+        continues = agent.get("session") == "continue"
+        prompt, resume_id, preset = request.prompt or "", None, None
+        usage_base: tuple[int, ...] = (0, 0)
+        if continues and previous is not None and previous.session_id:
+            resume_id, usage_base = previous.session_id, tuple(previous.usage_total)  # reclaimed
+        elif continues and resume.get("session_id"):
+            resume_id = str(resume["session_id"])
+            usage_base = tuple(resume.get("usage_total") or (0, 0))
+        elif runner.adapter.presets_session:
+            preset = sidecars.preset_session_id(dispatch, sidecar.launches + 1)
+        if resume.get("session_id") and resume_id == resume.get("session_id"):
+            prompt = str(agent.get("feedback") or "").strip() or prompt  # only the feedback
+        home = (
+            sidecars.isolated_home(state, run_id)
+            if runner.home == "isolated"
+            else Path(request.env.get("HOME") or os.path.expanduser("~"))
+        )
+        call = AgentCall(
+            prompt=prompt,
+            model=request.model,
+            permission=agent.get("permission") or "edits",
+            max_turns=agent.get("max_turns"),
+            cwd=str(cwd),
+            home=str(home),
+            scratch=str(sidecars.scratch(state, run_id, dispatch)),
+            session_id=preset,
+            resume_id=resume_id,
+            output_schema=request.output_schema,
+            max_cost=agent.get("max_cost"),
+        )
+        sidecar.launches += 1
+        sidecar.session_id = resume_id or preset
+        sidecar.worktree = str(worktree) if worktree else None
+        sidecar.usage_total = list(usage_base)
+        sidecars.save(state, run_id, dispatch, sidecar)
+        env = _environment(runner.adapter, call, request, isolated=runner.home == "isolated")
+        return cls(
+            runner,
+            request,
+            call,
+            repo=repo,
+            worktree=worktree,
+            sidecar=sidecar,
+            usage_base=usage_base,
+            env=env,
+            reclaimed=previous is not None,
+        )
+
+    def execute(self) -> UnitResult:
+        runner, request = self.runner, self.request
+        argv = [runner.bin, *runner.args, *runner.adapter.argv(self.call)]
+        deadline = None if request.timeout_s is None else time.monotonic() + request.timeout_s
+        try:
+            proc = subprocess.Popen(
+                argv,
+                cwd=self.call.cwd,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise AgentError(
+                f"cannot start {runner.bin!r} ({exc.strerror}); install the {runner.name} CLI "
+                f"or set runners: {{{runner.name}: {{bin: PATH}}}}",
+                executed=False,
+            ) from exc
+        with runner._lock:
+            runner._live[request.dispatch_id] = proc
+        try:
+            record_unit_process(
+                runner.state_dir,
+                dispatch_id=request.dispatch_id,
+                run_id=request.run_id,
+                unit_id=request.unit_id,
+                pid=proc.pid,
+                argv0=runner.bin,
+            )
+        except (OSError, ValueError):
+            pass  # a read-only state dir: only an orphan goes unrecorded
+        watch = Watch(session_id=self.sidecar.session_id)
+        reader = StreamReader(
+            proc,
+            adapter=runner.adapter,
+            watch=watch,
+            redactor=self.redactor,
+            output_cap=runner.output_cap,
+            log_path=sidecars.log_path(runner.state_dir, request.run_id, request.dispatch_id),
+            on_session=self._journal_session,
+            on_text=request.on_text,
+        )
+        try:
+            code = reader.wait(deadline)
+        except BaseException:
+            _kill_group(proc)  # an interrupt must not leave the agent running
+            raise
+        with runner._lock:
+            cancelled = request.dispatch_id in runner._cancelled
+            runner._cancelled.discard(request.dispatch_id)
+        if cancelled:
+            reader.finish(1.0)
+            raise AgentError(
+                f"{runner.name} was stopped (the drive was stopped or interrupted) and its "
+                "process group was killed; a later drive runs the unit again",
+                transient=True,
+                facts=self._facts(Outcome(), watch, code=code, error_class="stopped"),
+            )
+        if code is None:
+            _kill_group(proc)
+            reader.finish(1.0)
+            facts = self._facts(Outcome(), watch, code=None, error_class="timeout")
+            raise AgentError(
+                f"{runner.name} timed out after {request.timeout_s:g}s and its process group "
+                "was killed",
+                transient=True,
+                facts=facts,
+            )
+        stdout = reader.stdout_text()
+        events = list(reader.events) or parse_lines(stdout)  # one pretty-printed object
+        outcome = runner.adapter.outcome(events, stdout, reader.err.text(), code, self.call)
+        if outcome.failure is None and outcome.text is None and outcome.structured is None:
+            seen = first_line(stdout) or first_line(reader.err.text()) or "nothing"
+            outcome.failure = Failure(
+                error_class="failed",
+                message=f"exited with status {code} without a result (it printed: {seen})",
+            )
+        return self._result(outcome, watch, code)
+
+    def _journal_session(self, session_id: str) -> None:
+        """Write a session id read from the stream to the sidecar at once (a file: worker
+        threads never write the journal), so a driver killed now still has it."""
+        self.sidecar.session_id = session_id
+        sidecars.save(
+            self.runner.state_dir, self.request.run_id, self.request.dispatch_id, self.sidecar
+        )
+
+    def _result(self, outcome: Outcome, watch: Watch, code: int) -> UnitResult:
+        outcome.session_id = outcome.session_id or watch.session_id or self.sidecar.session_id
+        total = (outcome.tokens_in, outcome.tokens_out)
+        if outcome.usage_cumulative and self.call.resume_id:
+            outcome.tokens_in = max(0, total[0] - self.usage_base[0])
+            outcome.tokens_out = max(0, total[1] - self.usage_base[1])
+        if not outcome.usage_cumulative:
+            total = (self.usage_base[0] + total[0], self.usage_base[1] + total[1])
+        self.sidecar.session_id = outcome.session_id
+        self.sidecar.usage_total = list(total)
+        sidecars.save(
+            self.runner.state_dir, self.request.run_id, self.request.dispatch_id, self.sidecar
+        )
+        failure = outcome.failure
+        facts = self._facts(
+            outcome, watch, code=code, error_class=failure.error_class if failure else None
+        )
+        facts["usage_total"] = list(total)
+        if failure is not None:
+            raise AgentError(
+                f"{self.runner.name} failed ({failure.error_class}): {failure.message}",
+                transient=failure.transient,
+                facts=facts,
+                tokens_in=outcome.tokens_in,
+                tokens_out=outcome.tokens_out,
+            )
+        return UnitResult(
+            output=unit_output(outcome, self.request.output_schema, strip_code_fence),
+            tokens_in=outcome.tokens_in,
+            tokens_out=outcome.tokens_out,
+            model=self.request.model,
+            cost=outcome.cost,
+            session_id=outcome.session_id,
+            facts=facts,
+        )
+
+    def _facts(
+        self, outcome: Outcome, watch: Watch, *, code: int | None, error_class: str | None
+    ) -> dict[str, Any]:
+        worktree = None
+        if self.worktree is not None and self.repo is not None:
+            worktree = _settle_worktree(self.repo, self.worktree)
+        return attempt_facts(
+            harness=self.runner.name,
+            version=self.runner.version(),
+            call=self.call,
+            outcome=outcome,
+            watch=watch,
+            exit_code=code,
+            error_class=error_class,
+            worktree=worktree,
+            reclaimed=self.reclaimed,
+            redactor=self.redactor,
+        )
+
+
+def _settle_worktree(repo: Path, path: Path) -> dict[str, Any]:
+    """Changed files and diff stat of the attempt's worktree; removed when clean."""
+    try:
+        files, stat = worktrees.changes(path)
+    except worktrees.GitError as exc:
+        return {"path": str(path), "kept": True, "error": str(exc)}
+    if not files:
+        worktrees.remove_worktree(repo, path)
+    return {"path": str(path), "kept": bool(files), "changed_files": files, "diff_stat": stat}
+
+
+def _pass_env(request: UnitRequest) -> list[str]:
+    return [str(n) for n in ((request.agent or {}).get("pass_env") or [])]
+
+
+def _environment(
+    adapter: Harness, call: AgentCall, request: UnitRequest, *, isolated: bool
+) -> dict[str, str]:
+    """The minimal env, the isolated HOME, the harness's quiet defaults, then ``pass_env``
+    names as the user set them (they win over the defaults)."""
+    passed = _pass_env(request)
+    env = {k: v for k, v in request.env.items() if k not in passed}
+    if isolated:
+        env["HOME"] = call.home
+    env.update(adapter.quiet_env(call))
+    env.update({k: request.env[k] for k in passed if k in request.env})
+    return env
+
+
+def _workdir(source_dir: str | None, workdir: str, request: UnitRequest) -> Path:
+    """The agent's folder: ``workdir`` under the workflow's folder, never outside it."""
+    base = Path(source_dir or os.getcwd()).resolve()
+    folder = (base / workdir).resolve()
+    if not folder.is_relative_to(base):
+        raise AgentError(
+            f"step {request.step_id}: workdir {workdir!r} resolves to {folder}, outside the "
+            f"workflow's folder {base}; use a folder inside it",
+            executed=False,
+        )
+    if not folder.is_dir():
+        raise AgentError(
+            f"step {request.step_id}: workdir {folder} is not a folder; create it or fix workdir",
+            executed=False,
+        )
+    return folder

@@ -1,0 +1,94 @@
+"""What an agent attempt leaves in the state dir: its sidecar (launches, session id, worktree,
+usage so far), its redacted stream log, and the run's isolated HOME.
+
+The sidecar is written from the worker thread the moment the session id is known (a plain
+file: worker threads never write the journal), so a driver killed mid-agent leaves it for the
+reclaimed attempt, which continues that session in the same worktree.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+AGENTS_DIR = "agents"
+_NAMESPACE = uuid.UUID("6f1c7f0e-8a59-4c1b-9d55-1e0d7f2a9b31")
+
+
+@dataclass(slots=True, kw_only=True)
+class Sidecar:
+    """The state of one dispatch id's launches."""
+
+    launches: int = 0
+    session_id: str | None = None
+    worktree: str | None = None
+    usage_total: list[int] = field(default_factory=lambda: [0, 0])
+    """The session's cumulative (tokens in, out) as the harness last reported them."""
+
+
+def run_folder(state_dir: str | Path, run_id: str) -> Path:
+    """The run's agent folder (0700): sidecars, logs, scratch files and its HOME."""
+    folder = Path(state_dir) / AGENTS_DIR / run_id
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)
+    return folder
+
+
+def isolated_home(state_dir: str | Path, run_id: str) -> Path:
+    """The HOME of the run's agents (0700): no user settings leak in, sessions survive."""
+    home = run_folder(state_dir, run_id) / "home"
+    home.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(home, 0o700)
+    return home
+
+
+def scratch(state_dir: str | Path, run_id: str, dispatch_id: str) -> Path:
+    """A folder of ``dispatch_id`` for files given to the CLI (a schema file)."""
+    folder = run_folder(state_dir, run_id) / "scratch" / dispatch_id
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return folder
+
+
+def _path(state_dir: str | Path, run_id: str, dispatch_id: str, suffix: str) -> Path:
+    return run_folder(state_dir, run_id) / f"{dispatch_id}{suffix}"
+
+
+def load(state_dir: str | Path, run_id: str, dispatch_id: str) -> Sidecar | None:
+    """The sidecar of ``dispatch_id`` (None: never launched, or unreadable)."""
+    try:
+        data: dict[str, Any] = json.loads(
+            _path(state_dir, run_id, dispatch_id, ".json").read_text()
+        )
+        return Sidecar(**{k: v for k, v in data.items() if k in Sidecar.__dataclass_fields__})
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def save(state_dir: str | Path, run_id: str, dispatch_id: str, sidecar: Sidecar) -> None:
+    """Write the sidecar atomically (a crash leaves the old one or the new one)."""
+    path = _path(state_dir, run_id, dispatch_id, ".json")
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(asdict(sidecar)))
+    os.replace(tmp, path)
+
+
+def log_path(state_dir: str | Path, run_id: str, dispatch_id: str) -> Path:
+    """Where the attempt's (redacted) stream log goes."""
+    return _path(state_dir, run_id, dispatch_id, ".log")
+
+
+def preset_session_id(dispatch_id: str, launch: int) -> str:
+    """The session id a harness that takes one is started with: derived from the dispatch id
+    and the launch number, so it is known before the CLI prints anything."""
+    return str(uuid.uuid5(_NAMESPACE, f"{dispatch_id}/{launch}"))
+
+
+def sweep(state_dir: str | Path, run_ids: list[str]) -> None:
+    """Remove the agent folders (HOME, sidecars, logs) of runs gc deleted."""
+    for run_id in run_ids:
+        shutil.rmtree(Path(state_dir) / AGENTS_DIR / run_id, ignore_errors=True)

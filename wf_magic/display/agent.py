@@ -1,0 +1,60 @@
+"""The facts of an agent attempt as text and HTML: harness, session, turns, denials, worktree."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping
+from typing import Any
+
+
+def agent_lines(facts: Mapping[str, Any], cost: float | None = None) -> list[str]:
+    """One agent attempt's facts, a line each (``wf show``, the unit drill-down)."""
+    version = facts.get("version") or "version unknown"
+    lines = [f"harness    {facts.get('harness')} ({version})"]
+    session = facts.get("session_id") or "none"
+    if facts.get("resumed_session"):
+        session += " (resumed)"
+    if facts.get("reclaimed"):
+        session += ", reclaimed after a driver crash"
+    lines.append(f"session    {session}")
+    exit_code = facts.get("exit_code")
+    outcome = "killed" if exit_code is None else f"exit {exit_code}"
+    if facts.get("error_class"):
+        outcome += f", error class {facts['error_class']}"
+    lines.append(f"outcome    {outcome}")
+    turns = facts.get("turns")
+    lines.append(
+        f"turns      {turns if turns is not None else '?'}, "
+        f"{facts.get('tool_uses') or 0} tool use(s), permission {facts.get('permission')}"
+    )
+    if cost is not None and facts.get("cost_source"):
+        lines.append(f"cost       ${cost:.6f} ({facts['cost_source']})")
+    denials = facts.get("permission_denials") or []
+    if denials:
+        named = ", ".join(
+            f"{d.get('tool_name')} {d.get('target') or ''}".strip()
+            if isinstance(d, Mapping)
+            else str(d)
+            for d in denials
+        )
+        lines.append(f"denied     {len(denials)}: {named}")
+    lines.append(f"workdir    {facts.get('workdir')}")
+    tree = facts.get("worktree")
+    if tree:
+        state = "kept" if tree.get("kept") else "removed (clean)"
+        lines.append(f"worktree   {tree.get('path')} — {state}")
+        files = tree.get("changed_files") or []
+        if files:
+            lines.append(f"changed    {', '.join(files[:20])}{' …' if len(files) > 20 else ''}")
+        stat = str(tree.get("diff_stat") or "").strip()
+        lines.extend(f"           {line.strip()}" for line in stat.splitlines()[-1:])
+    return lines
+
+
+def agent_html(facts: Mapping[str, Any], cost: float | None = None) -> str:
+    """:func:`agent_lines` in a collapsible block."""
+    text = "\n".join(agent_lines(facts, cost))
+    return (
+        "<details class='wf-agent' open><summary>agent</summary>"
+        f"<pre style='white-space:pre-wrap'>{html.escape(text, quote=False)}</pre></details>"
+    )

@@ -1,0 +1,70 @@
+"""What an agent unit's request carries beyond its rendered input: the session a continued loop
+resumes (with its worktree and usage so far) and the run's remaining cost allowance."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from ..spec.plan import PlanStep
+from ..store.records import AttemptRow
+from .context import DriveContext, RunState
+from .units import UnitPlan
+
+
+def prior_session(
+    ctx: DriveContext, step: PlanStep, unit: UnitPlan, history: Sequence[AttemptRow]
+) -> dict[str, Any] | None:
+    """The session loop n+1 of a ``session: continue`` step resumes: the latest attempt of an
+    earlier loop of this unit that journaled a session id (None: nothing to continue)."""
+    if step.agent is None or step.agent.session != "continue" or unit.loop <= 1:
+        return None
+    earlier = [a for a in history if a.loop < unit.loop and a.session_id and a.phase == "work"]
+    if not earlier:
+        return None
+    prior = earlier[-1]
+    facts = ctx.store.agent_facts(prior.dispatch_id) or {}
+    worktree = facts.get("worktree") or {}
+    return {
+        "session_id": prior.session_id,
+        "dispatch_id": prior.dispatch_id,
+        "worktree": worktree.get("path"),
+        "usage_total": facts.get("usage_total") or [0, 0],
+    }
+
+
+def agent_request(
+    ctx: DriveContext | None, unit: UnitPlan, resume: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """The ``UnitRequest.agent`` of ``unit`` (None for other kinds)."""
+    agent = unit.agent
+    if agent is None:
+        return None
+    out = dict(agent)
+    if resume is not None:
+        out["resume"] = resume
+    if ctx is not None and ctx.budget.spec.max_cost is not None:
+        out["max_cost"] = max(0.0, ctx.budget.spec.max_cost - ctx.budget.cost)
+    return out
+
+
+def facts_json(facts: Any) -> str | None:
+    """An attempt's agent facts as journaled JSON (None when there are none)."""
+    if not facts:
+        return None
+    return json.dumps(facts, sort_keys=True, default=str)
+
+
+def cancel_agents(
+    ctx: DriveContext, state: RunState, units: Sequence[tuple[UnitPlan, AttemptRow]]
+) -> None:
+    """End the process groups of the agent units in flight (a Stop, an interrupt): their
+    attempts fail transient, so a later drive runs them again."""
+    for unit, attempt in units:
+        if unit.kind != "agent":
+            continue
+        runner = state.runner(ctx, unit.runner)
+        cancel = getattr(runner, "cancel", None)
+        if cancel is not None:
+            cancel(attempt.dispatch_id)

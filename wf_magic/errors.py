@@ -5,6 +5,8 @@
     WorkflowError (Exception)
     ├── DefinitionError (ValueError)     a workflow source is wrong: line + field
     ├── UsageError (ValueError)          a call or command line is wrong
+    │   ├── FileRefused                  a named file is special, too large or unreadable
+    │   └── StateDirReadOnly             the state dir cannot be written (a verb that writes)
     ├── PlanIntegrityError               a stored plan or params were edited
     │   └── PlanVersionError             a plan from a newer/older plan_version
     ├── RunLockHeld                      another driver holds the run (CLI exit 75)
@@ -20,6 +22,7 @@ Messages say what happened, to which run/step/unit, and what the user can do nex
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal
 
 
@@ -64,6 +67,52 @@ class DefinitionError(WorkflowError, ValueError):
 
 class UsageError(WorkflowError, ValueError):
     """A command line, API call or param value is wrong."""
+
+
+FileRefusal = Literal["missing", "os", "special", "too_large"]
+"""Why a file was not read:
+
+- ``missing``: it does not exist.
+- ``os``: the operating system refused it (``errno`` says how: permissions, a loop of links).
+- ``special``: it is a directory, FIFO, device or socket, not a regular file.
+- ``too_large``: it holds more bytes than the reader's bound.
+"""
+
+
+class FileRefused(UsageError):
+    """A file was not read (``wf_magic.reading.read_bounded``); the message names the path.
+
+    Readers turn it into their own error (a definition error for a workflow file, a library
+    or runner error for an index or a cassette), quoting ``problem``.
+    """
+
+    def __init__(
+        self, path: str, problem: str, *, reason: FileRefusal, errno: int | None = None
+    ):
+        self.path = path
+        self.problem = problem
+        self.reason = reason
+        self.errno = errno
+        super().__init__(f"{path}: {problem}")
+
+
+class StateDirReadOnly(UsageError):
+    """The state dir (or its database file) cannot be written, and the verb must write.
+
+    Verbs that only read (``status``, ``list``, ``journal``, ...) work on a read-only state dir;
+    this names the directory and why it cannot be written, never a damaged database.
+    """
+
+    def __init__(self, state_dir: str, *, reason: str, run_id: str | None = None):
+        self.state_dir = state_dir
+        self.reason = reason
+        head = f"Run {run_id}: " if run_id else ""
+        super().__init__(
+            f"{head}the state dir {state_dir} is read-only ({reason}); this needs to write to "
+            "it. Make it writable, or point --db / WF_MAGIC_HOME at a writable directory "
+            "(verbs that only read, such as `wf status` and `wf list`, work as they are).",
+            run_id=run_id,
+        )
 
 
 class PlanIntegrityError(WorkflowError):
@@ -241,3 +290,43 @@ def clip(text: str, limit: int = 120) -> str:
     """
     line = " ".join(str(text).split())
     return line if len(line) <= limit else line[: max(limit - 1, 0)] + "…"
+
+
+MAX_MESSAGE_CHARS = 2000
+"""The faces print no error message longer than this (:func:`clip_message`)."""
+
+
+def count_text(count: int) -> str:
+    """``99990`` → ``"99 990"``: digits grouped by threes with a space."""
+    return f"{count:,}".replace(",", " ")
+
+
+def clip_message(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``text`` on one line and at most ``limit`` characters, saying how many were left out.
+
+    ``"… (and 12 345 more characters)"`` ends a clipped message, so a reader knows there was
+    more (``--debug`` shows it whole).
+    """
+    line = " ".join(str(text).split())
+    if len(line) <= limit:
+        return line
+    tail_room = len(" … (and 9 999 999 999 more characters)")
+    kept = line[: max(limit - tail_room, 0)].rstrip()
+    return f"{kept} … (and {count_text(len(line) - len(kept))} more characters)"
+
+
+def clip_list(items: Iterable[object], limit: int = 10, *, each: int = 60) -> str:
+    """``repr`` of the first ``limit`` items joined by ", ", then ``… (and N more)``.
+
+    Each item is clipped to ``each`` characters: a list of 100 000 names, or of one giant
+    name, stays a short line.
+    """
+    shown: list[str] = []
+    more = 0
+    for item in items:
+        if len(shown) < limit:
+            shown.append(clip(repr(item), each))
+        else:
+            more += 1
+    tail = f", … (and {count_text(more)} more)" if more else ""
+    return ", ".join(shown) + tail

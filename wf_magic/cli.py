@@ -5,17 +5,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal as signals
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, Protocol, TextIO
 
-from .errors import RunAbandoned, WorkflowError
+from .errors import RunAbandoned, WorkflowError, clip_message, unexpected_text
 from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, error_exit_code
-from .verbs import add_global_options, add_verb_parsers, parse_params
+from .verbs import add_global_options, add_verb_parsers, argv_problem, parse_params
 
 # The engine, the plan models (pydantic), Jinja and pandas are imported inside the verbs
 # that use them, not here, for start-up time: `wf --help` and `wf list` never load them.
@@ -335,8 +337,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``wf`` console script; returns the exit code."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    problem = argv_problem(words)  # stored as UTF-8 text in state.db: refused before anything
+    if problem is not None:
+        print(f"wf: error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(words)
+    with _printable_stdout():
+        return _main(args, words)
+
+
+def _main(args: argparse.Namespace, words: list[str]) -> int:
     from .store import Store
     from .store.db import DB_FILENAME, default_state_dir
 
@@ -366,19 +378,43 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         code = error_exit_code(exc)
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {clip_message(str(exc))}", file=sys.stderr)
         return code
-    except Exception as exc:  # noqa: BLE001 - a row no layer could read: one line, not a wall
+    except Exception as exc:  # noqa: BLE001 - an error no layer translated: one line, not a wall
         if args.debug:
             raise
-        print(f"error: {_unreadable(store, args, exc)}", file=sys.stderr)
+        from .store.faults import is_state_db_fault
+
+        text = (
+            _unreadable(store, args, exc)
+            if is_state_db_fault(exc)
+            else unexpected_text(exc, command=shlex.join(["wf", *words]))
+        )
+        print(f"error: {clip_message(text)}", file=sys.stderr)
         return EXIT_FAILED
     finally:
         store.close()
 
 
+@contextmanager
+def _printable_stdout() -> Iterator[None]:
+    """Text that is not UTF-8 (a lone surrogate in an output) prints escaped, never raises."""
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    errors = getattr(sys.stdout, "errors", None)
+    if reconfigure is None or errors is None:
+        yield
+        return
+    stream = sys.stdout
+    reconfigure(errors="backslashreplace")
+    try:
+        yield
+    finally:
+        with suppress(ValueError):  # closed meanwhile
+            stream.reconfigure(errors=errors)
+
+
 def _unreadable(store: Store, args: argparse.Namespace, exc: Exception) -> str:
-    """What to say about an unexpected failure: most likely a row edited by hand."""
+    """What to say about an SQLite error no layer translated: most likely a hand edit."""
     run = getattr(args, "run", None)
     head = f"Run {run}: " if run else ""
     first = " ".join((str(exc).splitlines() or [""])[0].split())

@@ -22,6 +22,7 @@ Messages say what happened, to which run/step/unit, and what the user can do nex
 
 from __future__ import annotations
 
+import errno as _errno
 from collections.abc import Iterable
 from typing import Literal
 
@@ -113,6 +114,20 @@ class StateDirReadOnly(UsageError):
             "(verbs that only read, such as `wf status` and `wf list`, work as they are).",
             run_id=run_id,
         )
+
+    @classmethod
+    def from_os_error(
+        cls, state_dir: str, exc: OSError, *, run_id: str | None = None
+    ) -> StateDirReadOnly | None:
+        """The error for ``exc`` when it says the state dir cannot be written, else None."""
+        if exc.errno not in READ_ONLY_ERRNOS:
+            return None
+        return cls(state_dir, reason=str(exc.strerror or exc), run_id=run_id)
+
+
+READ_ONLY_ERRNOS = frozenset({_errno.EROFS, _errno.EACCES, _errno.EPERM})
+"""What the OS says when a file cannot be written: a read-only filesystem, permissions, an
+immutable attribute (``chattr +i``)."""
 
 
 class PlanIntegrityError(WorkflowError):
@@ -330,3 +345,39 @@ def clip_list(items: Iterable[object], limit: int = 10, *, each: int = 60) -> st
             more += 1
     tail = f", … (and {count_text(more)} more)" if more else ""
     return ", ".join(shown) + tail
+
+
+def unexpected_text(exc: BaseException, *, command: str) -> str:
+    """One line about an exception no layer translated: its class, its input, what next.
+
+    Never blames the state database (the ``wf`` command says that only for SQLite's own
+    faults): a ``MemoryError`` says the input was too large, a ``UnicodeError`` shows the
+    text it could not encode or decode, anything else names its class and message.
+    """
+    detail = clip(str(exc), 300)
+    name = type(exc).__name__
+    if isinstance(exc, MemoryError):
+        what = f"ran out of memory ({name}{': ' + detail if detail else ''}); its input is too "
+        what += "large for this machine: give it less (fewer params, smaller files)"
+    elif isinstance(exc, UnicodeError):
+        what = f"met text it cannot handle as UTF-8 ({name}: {_unicode_text(exc) or detail})"
+    else:
+        what = f"failed with {name}: {detail or 'no message'}"
+    return (
+        f"`{clip(command, 200)}` {what}. This is not a fault of the state database; "
+        "`--debug` shows the traceback (please report it if the input is valid)."
+    )
+
+
+def _unicode_text(exc: UnicodeError) -> str:
+    """What a Unicode error choked on: the characters or bytes, and where."""
+    obj = getattr(exc, "object", None)
+    start, end = getattr(exc, "start", None), getattr(exc, "end", None)
+    if not isinstance(obj, str | bytes) or not isinstance(start, int) or not isinstance(end, int):
+        return ""
+    bad = ascii(obj[start:end])
+    context = ascii(obj[max(start - 20, 0) : end + 20])
+    verb = "cannot encode" if isinstance(obj, str) else "cannot decode"
+    reason = getattr(exc, "reason", "")
+    return f"{verb} {clip(bad, 40)} ({reason}) at position {start} of {clip(context, 120)}"
+

@@ -12,7 +12,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from .errors import FileRefused, RunLockHeld, UsageError
+from .errors import FileRefused, RunLockHeld, StateDirReadOnly, UsageError
 from .reading import read_bounded_text
 
 HOLDER_BYTES = 64 * 1024
@@ -29,7 +29,12 @@ class RunLock:
     def __init__(self, lock_dir: Path, run_id: str):
         try:
             lock_dir.mkdir(parents=True, exist_ok=True)
-        except (FileExistsError, NotADirectoryError):
+        except OSError as exc:
+            read_only = StateDirReadOnly.from_os_error(str(lock_dir.parent), exc, run_id=run_id)
+            if read_only is not None:
+                raise read_only from None
+            if not isinstance(exc, FileExistsError | NotADirectoryError):
+                raise
             raise UsageError(
                 f"Run {run_id}: the lock dir {lock_dir} is not a directory; move that file "
                 "aside (wf_magic keeps its run locks there), then retry.",
@@ -47,6 +52,11 @@ class RunLock:
         except Timeout:
             raise self._held() from None
         except OSError as exc:  # a read-only state dir, a permission problem
+            read_only = StateDirReadOnly.from_os_error(
+                str(self.path.parent.parent), exc, run_id=self.run_id
+            )
+            if read_only is not None:
+                raise read_only from None
             raise UsageError(
                 f"Run {self.run_id}: cannot take its lock {self.path} "
                 f"({exc.strerror or exc}); driving a run needs a writable state dir. Fix its "

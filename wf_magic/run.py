@@ -287,7 +287,22 @@ class Run:
     def __repr__(self) -> str:
         from .display import run_text
 
-        return run_text(self)
+        try:
+            return run_text(self)
+        except ValueError as exc:
+            raise self._undecodable(exc) from exc
+
+    def _undecodable(self, exc: ValueError) -> Exception:
+        """A stored row that does not decode (edited by hand) as the state DB's error; any
+        other ``ValueError`` (a bug, a Unicode error) stays itself."""
+        from pydantic import ValidationError
+
+        if not isinstance(exc, json.JSONDecodeError | ValidationError):
+            return exc
+        first = " ".join((str(exc).splitlines() or [""])[0].split())
+        return self.store.unreadable(
+            self.run_id, f"its stored rows do not decode ({type(exc).__name__}: {first})"
+        )
 
     def _repr_html_(self) -> str:
         from .display import run_html

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import FileRefused, UsageError
+from .errors import FileRefused, StateDirReadOnly, UsageError
 from .hashing import canonical_json
 from .reading import file_kind, read_bounded
 from .redact import is_secret_key
@@ -221,6 +221,9 @@ def _size_text(path: Path) -> str:
 
 
 def _unusable(path: Path, exc: OSError) -> UsageError:
+    read_only = StateDirReadOnly.from_os_error(str(path.parent), exc)
+    if read_only is not None:
+        return read_only
     return UsageError(
         f"cannot use the secret key file {path} ({exc.strerror or exc}); secret params are "
         "sealed with it. Fix its permissions, or point --db / WF_MAGIC_HOME at a writable "

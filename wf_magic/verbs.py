@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from .errors import UsageError
+from .errors import UsageError, clip
 
 Face = Literal["cli", "notebook"]
 """Where a verb or option exists:
@@ -47,9 +47,41 @@ def parse_params(pairs: Sequence[str]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise UsageError(f"--param expects k=v (got {pair!r})")
+            raise UsageError(f"--param expects k=v (got {clip(repr(pair))})")
+        problem = text_problem(pair)
+        if problem is not None:
+            raise UsageError(f"--param {clip(ascii(key.strip()), 60)}: {problem}")
         out[key.strip()] = value
     return out
+
+
+def text_problem(text: str) -> str | None:
+    """Why ``text`` cannot be stored or printed as UTF-8, or None when it can.
+
+    A command-line argument that is not UTF-8 reaches Python as lone surrogates
+    (``surrogateescape``: byte 0xff is U+DCFF); the byte is named, and the fix.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        char = ord(text[exc.start])
+        what = (
+            f"byte 0x{char - 0xDC00:02x}" if 0xDC80 <= char <= 0xDCFF else f"U+{char:04X}"
+        )
+        return (
+            f"not valid UTF-8 text ({what}, a lone surrogate, at character {exc.start}); "
+            "pass it as UTF-8"
+        )
+    return None
+
+
+def argv_problem(argv: Sequence[str]) -> str | None:
+    """The first command-line argument that is not valid UTF-8, named with its problem."""
+    for number, arg in enumerate(argv, start=1):
+        problem = text_problem(arg)
+        if problem is not None:
+            return f"argument {number} ({clip(ascii(arg), 80)}) is {problem}"
+    return None
 
 
 def count_at_least(low: int) -> Callable[[str], int]:

@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..errors import UsageError
+from ..errors import UsageError, clip_list
 from ..redact import is_secret_key
 from .plan import Plan
 
@@ -88,9 +88,10 @@ def resolve_params(
     given = dict(given or {})
     unknown = sorted(set(given) - set(plan.params))
     if unknown:
+        declared = clip_list(sorted(plan.params)) if plan.params else "none"
         raise UsageError(
-            f"workflow {plan.name!r} declares no param {', '.join(map(repr, unknown))}; "
-            f"declared: {sorted(plan.params) or 'none'}"
+            f"workflow {plan.name!r} declares no param {clip_list(unknown)}; "
+            f"declared: {declared}"
         )
     out: dict[str, Any] = {}
     for name, schema in plan.params.items():

@@ -347,6 +347,25 @@ def clip_list(items: Iterable[object], limit: int = 10, *, each: int = 60) -> st
     return ", ".join(shown) + tail
 
 
+def text_problem(text: str) -> str | None:
+    """Why ``text`` cannot be stored or printed as UTF-8, or None when it can.
+
+    A command-line argument that is not UTF-8 reaches Python as lone surrogates
+    (``surrogateescape``: byte 0xff is U+DCFF); the byte is named, and the fix.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        char = ord(text[exc.start])
+        what = (
+            f"byte 0x{char - 0xDC00:02x}"  # how Python decodes a byte that is not UTF-8
+            if 0xDC80 <= char <= 0xDCFF
+            else f"a lone surrogate U+{char:04X}"
+        )
+        return f"not valid UTF-8 text ({what} at character {exc.start}); pass it as UTF-8"
+    return None
+
+
 def unexpected_text(exc: BaseException, *, command: str) -> str:
     """One line about an exception no layer translated: its class, its input, what next.
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from .errors import UsageError, clip
+from .errors import UsageError, clip, text_problem
 
 Face = Literal["cli", "notebook"]
 """Where a verb or option exists:
@@ -48,31 +48,20 @@ def parse_params(pairs: Sequence[str]) -> dict[str, str]:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
             raise UsageError(f"--param expects k=v (got {clip(repr(pair))})")
-        problem = text_problem(pair)
+        problem = text_problem(key) or text_problem(value)
         if problem is not None:
-            raise UsageError(f"--param {clip(ascii(key.strip()), 60)}: {problem}")
+            raise UsageError(f"--param {clip(_shown(key.strip()), 60)}: {problem}")
         out[key.strip()] = value
     return out
 
 
-def text_problem(text: str) -> str | None:
-    """Why ``text`` cannot be stored or printed as UTF-8, or None when it can.
-
-    A command-line argument that is not UTF-8 reaches Python as lone surrogates
-    (``surrogateescape``: byte 0xff is U+DCFF); the byte is named, and the fix.
-    """
+def _shown(arg: str) -> str:
+    """``arg`` as typed: its undecodable bytes as ``\\xff``, quoted."""
     try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        char = ord(text[exc.start])
-        what = (
-            f"byte 0x{char - 0xDC00:02x}" if 0xDC80 <= char <= 0xDCFF else f"U+{char:04X}"
-        )
-        return (
-            f"not valid UTF-8 text ({what}, a lone surrogate, at character {exc.start}); "
-            "pass it as UTF-8"
-        )
-    return None
+        raw = arg.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return ascii(arg)
+    return "'" + raw.decode("utf-8", "backslashreplace") + "'"
 
 
 def argv_problem(argv: Sequence[str]) -> str | None:
@@ -80,7 +69,7 @@ def argv_problem(argv: Sequence[str]) -> str | None:
     for number, arg in enumerate(argv, start=1):
         problem = text_problem(arg)
         if problem is not None:
-            return f"argument {number} ({clip(ascii(arg), 80)}) is {problem}"
+            return f"argument {number} ({clip(_shown(arg), 80)}) is {problem}"
     return None
 
 

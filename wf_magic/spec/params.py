@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..errors import UsageError, clip_list
+from ..errors import UsageError, clip_list, text_problem
 from ..redact import is_secret_key
 from .plan import Plan
 
@@ -105,6 +105,9 @@ def resolve_params(
             raise UsageError(
                 f"param {name!r} of workflow {plan.name!r} is required; pass --param {name}=VALUE"
             )
+        problem = _text_problem(value)
+        if problem is not None:
+            raise UsageError(f"param {name}: {problem}")
         try:
             json.dumps(value, allow_nan=False)
         except (TypeError, ValueError):
@@ -121,6 +124,19 @@ def resolve_params(
             raise UsageError(f"param {name}: {problem}")
         out[name] = value
     return out
+
+
+def _text_problem(value: Any) -> str | None:
+    """Why a string in ``value`` (at any depth) cannot be stored as UTF-8, or None."""
+    if isinstance(value, str):
+        return text_problem(value)
+    if isinstance(value, dict):
+        items: list[Any] = [*value, *value.values()]
+    elif isinstance(value, list):
+        items = value
+    else:
+        return None
+    return next((p for p in map(_text_problem, items) if p is not None), None)
 
 
 def coerce_param(schema: Mapping[str, Any], text: str, *, name: str) -> Any:

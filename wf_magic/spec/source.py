@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path as FsPath
 
-from ..errors import DefinitionError, FileRefused, clip
+from ..errors import DefinitionError, FileRefused, clip, clip_message
 from ..reading import read_bounded
 from .workflow import MAX_SOURCE_BYTES
 from .yamlload import Path, dotted, line_of, load_with_lines
@@ -35,7 +35,7 @@ class Source:
         if self.child is not None:
             problem = f"in child workflow {self.child!r}: {problem}"
         return DefinitionError(
-            clip(problem, MAX_PROBLEM_CHARS),
+            clip_message(problem, MAX_PROBLEM_CHARS),
             field=clip(dotted(path), 120) or "(top level)",
             line=line_of(self.lines, path),
             source_name=self.name,

@@ -116,7 +116,8 @@ def _load_run_source(engine: Engine, args: argparse.Namespace) -> Workflow:
     with Library.from_environ(store=engine.store, ttl_s=ttl_s) as library, library.using():
         target = Path(args.file)
         if target.is_file() or not NAME_PATTERN.match(args.file):
-            _importable(target.resolve().parent)
+            # realpath, not resolve(): a loop of links is for the reader to refuse by name
+            _importable(Path(os.path.realpath(target)).parent)
             return engine.load(target)
         found = library.find(args.file)
         if not getattr(args, "quiet", False):

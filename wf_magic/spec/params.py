@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..errors import UsageError, clip_list, text_problem
+from ..errors import UsageError, clip, clip_list, text_problem
 from ..redact import is_secret_key
 from .plan import Plan
 
@@ -73,7 +73,7 @@ def coerce(schema: Mapping[str, Any], text: str) -> Any:
             return json.loads(text)
     except ValueError:
         article = "an" if str(kind)[:1] in "aeiou" else "a"
-        raise UsageError(f"expected {article} {kind} (got {text!r})") from None
+        raise UsageError(f"expected {article} {kind} (got {clip(repr(text), 200)})") from None
     return text
 
 
@@ -111,7 +111,7 @@ def resolve_params(
         try:
             json.dumps(value, allow_nan=False)
         except (TypeError, ValueError):
-            got = _unechoed(name, value) or repr(value)
+            got = _unechoed(name, value) or clip(repr(value), 200)
             raise UsageError(
                 f"param {name}: expected a JSON value with finite numbers (got {got})"
             ) from None
@@ -121,7 +121,7 @@ def resolve_params(
             hidden = _unechoed(name, value)
             if hidden is not None:  # a schema message quotes the value: say less
                 problem = f"does not match its schema {_schema_text(schema)} (got {hidden})"
-            raise UsageError(f"param {name}: {problem}")
+            raise UsageError(f"param {name}: {clip(problem, 600)}")
         out[name] = value
     return out
 

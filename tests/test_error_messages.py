@@ -151,7 +151,7 @@ def test_any_exception_from_any_verb_is_one_bounded_line_naming_it_and_blames_sq
         return
     for advice in MISLEADING:
         assert advice not in line, line[:300]
-    assert f"`wf --db {state_dir} {VERB_ARGS[verb][0]}" in line  # the input: the command
+    assert f"`wf {VERB_ARGS[verb][0]}" in line  # the input: the command
     if isinstance(exc, UnicodeEncodeError):
         assert ascii(exc.object[exc.start])[1:-1] in line  # the character it choked on
     if isinstance(exc, MemoryError):
@@ -168,10 +168,35 @@ def test_a_memory_error_says_out_of_memory_not_restore_the_database(
     result = wf_inproc(capsys, state_dir, "run", str(flow), "--quiet")
     assert result.returncode == 1
     assert result.stderr == (
-        f"error: `wf --db {state_dir} run {flow} --quiet` ran out of memory (MemoryError); its "
+        f"error: `wf run {flow}` ran out of memory (MemoryError); its "
         "input is too large for this machine: give it less (fewer params, smaller files). This "
         "is not a fault of the state database; `--debug` shows the traceback (please report "
         "it if the input is valid).\n"
+    )
+
+
+def test_an_unexpected_error_never_echoes_a_secret_param_or_an_option_value(
+    state_dir: Path, flow: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "sk-live-" + "q7Zr" * 6
+
+    def fails(target: object, args: argparse.Namespace) -> int:
+        raise RuntimeError(f"could not use {secret}")
+
+    monkeypatch.setitem(cli.HANDLERS, "run", fails)
+    result = wf_inproc(
+        capsys, state_dir, "run", str(flow), "--param", f"api_key={secret}", "--key", secret
+    )
+    line = one_bounded_line(result)
+    assert secret not in result.stderr and secret[:12] not in result.stderr
+    head, masked, tail = line.partition("***")
+    assert masked and head in (  # the redactor's mask of a credential shape keeps its kind
+        f"error: `wf run {flow}` failed with RuntimeError: could not use ",
+        f"error: `wf run {flow}` failed with RuntimeError: could not use sk-",
+    )
+    assert tail == (
+        ". This is not a fault of the state database; `--debug` shows the traceback (please "
+        "report it if the input is valid)."
     )
 
 

@@ -23,6 +23,7 @@ from .verbs import add_global_options, add_verb_parsers, argv_problem, parse_par
 # that use them, not here, for start-up time: `wf --help` and `wf list` never load them.
 if TYPE_CHECKING:
     from .engine import Engine
+    from .redact import Redactor
     from .run import Run
     from .spec.workflow import Workflow
     from .store import Store
@@ -421,12 +422,27 @@ def _main(args: argparse.Namespace, words: list[str]) -> int:
         text = (
             _unreadable(store, args, exc)
             if is_state_db_fault(exc)
-            else unexpected_text(exc, command=shlex.join(["wf", *words]))
+            else unexpected_text(exc, command=_command_text(args))
         )
-        print(f"error: {clip_message(text)}", file=sys.stderr)
+        print(f"error: {clip_message(_redactor(args).redact(text))}", file=sys.stderr)
         return EXIT_FAILED
     finally:
         store.close()
+
+
+def _command_text(args: argparse.Namespace) -> str:
+    """The command an unexpected error names: the verb and what it was given to act on
+    (never option values: a ``--param`` or ``--feedback`` may hold a secret)."""
+    named = [getattr(args, dest, None) for dest in ("file", "run", "unit", "other")]
+    return shlex.join(["wf", str(args.command), *(str(v) for v in named if v is not None)])
+
+
+def _redactor(args: argparse.Namespace) -> Redactor:
+    """Masks the environment's secrets and the secret-looking ``--param`` values."""
+    from .redact import Redactor, is_secret_key
+
+    pairs = (str(p).partition("=") for p in getattr(args, "param", None) or ())
+    return Redactor.from_environ(extra=[v for k, _, v in pairs if is_secret_key(k.strip())])
 
 
 @contextmanager

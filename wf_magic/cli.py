@@ -5,22 +5,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal as signals
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, Protocol, TextIO
 
-from .errors import RunAbandoned, RunLockHeld, WorkflowError
+from .errors import RunAbandoned, RunLockHeld, WorkflowError, clip_message, unexpected_text
 from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, error_exit_code
-from .verbs import add_global_options, add_verb_parsers, parse_params
+from .verbs import add_global_options, add_verb_parsers, argv_problem, parse_params
 
 # The engine, the plan models (pydantic), Jinja and pandas are imported inside the verbs
 # that use them, not here, for start-up time: `wf --help` and `wf list` never load them.
 if TYPE_CHECKING:
     from .engine import Engine
+    from .redact import Redactor
     from .run import Run
     from .spec.workflow import Workflow
     from .store import Store
@@ -119,7 +122,8 @@ def _load_run_source(engine: Engine, args: argparse.Namespace) -> Workflow:
     with Library.from_environ(store=engine.store, ttl_s=ttl_s) as library, library.using():
         target = Path(args.file)
         if target.is_file() or not NAME_PATTERN.match(args.file):
-            _importable(target.resolve().parent)
+            # realpath, not resolve(): a loop of links is for the reader to refuse by name
+            _importable(Path(os.path.realpath(target)).parent)
             return engine.load(target)
         found = library.find(args.file)
         if not getattr(args, "quiet", False):
@@ -406,10 +410,52 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``wf`` console script; returns the exit code."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    problem = argv_problem(words)  # stored as UTF-8 text in state.db: refused before anything
+    if problem is not None:
+        print(f"wf: error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     parser = build_parser()
-    args = parser.parse_args(argv)
+    rest, params = _take_params(words)
+    args = parser.parse_args(rest)
+    if params:
+        if not hasattr(args, "param"):  # a verb without --param: argparse says so
+            args = parser.parse_args(words)
+        args.param = [*(args.param or ()), *params]
     if getattr(args, "authoring", None) is not None:
         return _authoring(args)
+    with _printable_stdout():
+        return _main(args, words)
+
+
+def _take_params(words: list[str]) -> tuple[list[str], list[str]]:
+    """``words`` without their ``--param K=V`` pairs, and those values in order.
+
+    argparse rescans the indices of every option left for each option it consumes, which
+    is quadratic: 100 000 ``--param`` took a quarter of an hour to parse. Taken out first,
+    they cost a pass (``--`` ends the options, as for argparse).
+    """
+    rest: list[str] = []
+    params: list[str] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word == "--":
+            rest.extend(words[i:])
+            break
+        if word == "--param" and i + 1 < len(words) and not words[i + 1].startswith("--"):
+            params.append(words[i + 1])
+            i += 2
+            continue
+        if word.startswith("--param="):
+            params.append(word.removeprefix("--param="))
+        else:
+            rest.append(word)
+        i += 1
+    return rest, params
+
+
+def _main(args: argparse.Namespace, words: list[str]) -> int:
     from .store import Store
     from .store.db import DB_FILENAME, default_state_dir
 
@@ -443,10 +489,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     except WorkflowError as exc:
         return _error(args, exc, store)
-    except Exception as exc:  # noqa: BLE001 - a row no layer could read: one line, not a wall
+    except Exception as exc:  # noqa: BLE001 - an error no layer translated: one line, not a wall
         if args.debug:
             raise
-        print(_masked(f"error: {_unreadable(store, args, exc)}", store, args), file=sys.stderr)
+        from .store.faults import is_state_db_fault
+
+        text = (
+            _unreadable(store, args, exc)
+            if is_state_db_fault(exc)
+            else unexpected_text(exc, command=_command_text(args))
+        )
+        print(f"error: {clip_message(_masked(text, store, args))}", file=sys.stderr)
         return EXIT_FAILED
     finally:
         store.close()
@@ -455,8 +508,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _error(args: argparse.Namespace, exc: WorkflowError, store: Store | None = None) -> int:
     if args.debug:
         raise exc
-    text = f"error: {exc}"
-    print(_masked(text, store, args) if store is not None else text, file=sys.stderr)
+    text = _masked(str(exc), store, args) if store is not None else _redactor(args).redact(str(exc))
+    print(f"error: {clip_message(text)}", file=sys.stderr)
     return error_exit_code(exc)
 
 
@@ -485,8 +538,39 @@ def _masked(text: str, store: Store, args: argparse.Namespace) -> str:
     return store.scrubber.redactor(None).with_secrets(secret_strings(given)).redact(text)
 
 
+def _command_text(args: argparse.Namespace) -> str:
+    """The command an unexpected error names: the verb and what it was given to act on
+    (never option values: a ``--param`` or ``--feedback`` may hold a secret)."""
+    named = [getattr(args, dest, None) for dest in ("file", "run", "unit", "other")]
+    return shlex.join(["wf", str(args.command), *(str(v) for v in named if v is not None)])
+
+
+def _redactor(args: argparse.Namespace) -> Redactor:
+    """Masks the environment's secrets and the secret-looking ``--param`` values."""
+    from .redact import Redactor, is_secret_key
+
+    pairs = (str(p).partition("=") for p in getattr(args, "param", None) or ())
+    return Redactor.from_environ(extra=[v for k, _, v in pairs if is_secret_key(k.strip())])
+
+
+@contextmanager
+def _printable_stdout() -> Iterator[None]:
+    """Text that is not UTF-8 (a lone surrogate in an output) prints escaped, never raises."""
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    errors = getattr(sys.stdout, "errors", None)
+    if reconfigure is None or errors is None:
+        yield
+        return
+    reconfigure(errors="backslashreplace")
+    try:
+        yield
+    finally:
+        with suppress(ValueError):  # closed meanwhile
+            reconfigure(errors=errors)
+
+
 def _unreadable(store: Store, args: argparse.Namespace, exc: Exception) -> str:
-    """What to say about an unexpected failure: most likely a row edited by hand."""
+    """What to say about an SQLite error no layer translated: most likely a hand edit."""
     run = getattr(args, "run", None)
     head = f"Run {run}: " if run else ""
     first = " ".join((str(exc).splitlines() or [""])[0].split())

@@ -5,7 +5,9 @@
     WorkflowError (Exception)
     ├── DefinitionError (ValueError)     a workflow source is wrong: line + field
     ├── UsageError (ValueError)          a call or command line is wrong
-    │   └── StateDirReplaced             the state dir went away under an open run
+    │   ├── StateDirReplaced             the state dir went away under an open run
+    │   ├── FileRefused                  a named file is special, too large or unreadable
+    │   └── StateDirReadOnly             the state dir cannot be written (a verb that writes)
     ├── PlanIntegrityError               a stored plan or params were edited
     │   └── PlanVersionError             a plan from a newer/older plan_version
     │       └── PlanVersionTooNew        a newer wf_magic froze it: left untouched (CLI exit 2)
@@ -22,6 +24,8 @@ Messages say what happened, to which run/step/unit, and what the user can do nex
 
 from __future__ import annotations
 
+import errno as _errno
+from collections.abc import Iterable
 from typing import Literal
 
 MAX_RETRY_AFTER_S = 600.0
@@ -73,6 +77,64 @@ class UsageError(WorkflowError, ValueError):
 
 class StateDirReplaced(UsageError):
     """The state dir was deleted or replaced while a run in it was open (its journal is gone)."""
+
+
+FileRefusal = Literal["missing", "os", "special", "too_large"]
+"""Why a file was not read:
+
+- ``missing``: it does not exist.
+- ``os``: the operating system refused it (``errno`` says how: permissions, a loop of links).
+- ``special``: it is a directory, FIFO, device or socket, not a regular file.
+- ``too_large``: it holds more bytes than the reader's bound.
+"""
+
+
+class FileRefused(UsageError):
+    """A file was not read (``wf_magic.reading.read_bounded``); the message names the path.
+
+    Readers turn it into their own error (a definition error for a workflow file, a library
+    or runner error for an index or a cassette), quoting ``problem``.
+    """
+
+    def __init__(self, path: str, problem: str, *, reason: FileRefusal, errno: int | None = None):
+        self.path = path
+        self.problem = problem
+        self.reason = reason
+        self.errno = errno
+        super().__init__(f"{path}: {problem}")
+
+
+class StateDirReadOnly(UsageError):
+    """The state dir (or its database file) cannot be written, and the verb must write.
+
+    Verbs that only read (``status``, ``list``, ``journal``, ...) work on a read-only state dir;
+    this names the directory and why it cannot be written, never a damaged database.
+    """
+
+    def __init__(self, state_dir: str, *, reason: str, run_id: str | None = None):
+        self.state_dir = state_dir
+        self.reason = reason
+        head = f"Run {run_id}: " if run_id else ""
+        super().__init__(
+            f"{head}the state dir {state_dir} is read-only ({reason}); this needs to write to "
+            "it. Make it writable, or point --db / WF_MAGIC_HOME at a writable directory "
+            "(verbs that only read, such as `wf status` and `wf list`, work as they are).",
+            run_id=run_id,
+        )
+
+    @classmethod
+    def from_os_error(
+        cls, state_dir: str, exc: OSError, *, run_id: str | None = None
+    ) -> StateDirReadOnly | None:
+        """The error for ``exc`` when it says the state dir cannot be written, else None."""
+        if exc.errno not in READ_ONLY_ERRNOS:
+            return None
+        return cls(state_dir, reason=str(exc.strerror or exc), run_id=run_id)
+
+
+READ_ONLY_ERRNOS = frozenset({_errno.EROFS, _errno.EACCES, _errno.EPERM})
+"""What the OS says when a file cannot be written: a read-only filesystem, permissions, an
+immutable attribute (``chattr +i``)."""
 
 
 class PlanIntegrityError(WorkflowError):
@@ -264,3 +326,97 @@ def clip(text: str, limit: int = 120) -> str:
     """
     line = " ".join(str(text).split())
     return line if len(line) <= limit else line[: max(limit - 1, 0)] + "…"
+
+
+MAX_MESSAGE_CHARS = 2000
+"""The faces print no error message longer than this (:func:`clip_message`)."""
+
+
+def count_text(count: int) -> str:
+    """``99990`` → ``"99 990"``: digits grouped by threes with a space."""
+    return f"{count:,}".replace(",", " ")
+
+
+def clip_message(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``text`` on one line and at most ``limit`` characters, saying how many were left out.
+
+    ``"… (and 12 345 more characters)"`` ends a clipped message, so a reader knows there was
+    more (``--debug`` shows it whole).
+    """
+    line = " ".join(str(text).split())
+    if len(line) <= limit:
+        return line
+    tail_room = len(" … (and 9 999 999 999 more characters)")
+    kept = line[: max(limit - tail_room, 0)].rstrip()
+    return f"{kept} … (and {count_text(len(line) - len(kept))} more characters)"
+
+
+def clip_list(items: Iterable[object], limit: int = 10, *, each: int = 60) -> str:
+    """``repr`` of the first ``limit`` items joined by ", ", then ``… (and N more)``.
+
+    Each item is clipped to ``each`` characters: a list of 100 000 names, or of one giant
+    name, stays a short line.
+    """
+    shown: list[str] = []
+    more = 0
+    for item in items:
+        if len(shown) < limit:
+            shown.append(clip(repr(item), each))
+        else:
+            more += 1
+    tail = f", … (and {count_text(more)} more)" if more else ""
+    return ", ".join(shown) + tail
+
+
+def text_problem(text: str) -> str | None:
+    """Why ``text`` cannot be stored or printed as UTF-8, or None when it can.
+
+    A command-line argument that is not UTF-8 reaches Python as lone surrogates
+    (``surrogateescape``: byte 0xff is U+DCFF); the byte is named, and the fix.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        char = ord(text[exc.start])
+        what = (
+            f"byte 0x{char - 0xDC00:02x}"  # how Python decodes a byte that is not UTF-8
+            if 0xDC80 <= char <= 0xDCFF
+            else f"a lone surrogate U+{char:04X}"
+        )
+        return f"not valid UTF-8 text ({what} at character {exc.start}); pass it as UTF-8"
+    return None
+
+
+def unexpected_text(exc: BaseException, *, command: str) -> str:
+    """One line about an exception no layer translated: its class, its input, what next.
+
+    Never blames the state database (the ``wf`` command says that only for SQLite's own
+    faults): a ``MemoryError`` says the input was too large, a ``UnicodeError`` shows the
+    text it could not encode or decode, anything else names its class and message.
+    """
+    detail = clip(str(exc), 300)
+    name = type(exc).__name__
+    if isinstance(exc, MemoryError):
+        what = f"ran out of memory ({name}{': ' + detail if detail else ''}); its input is too "
+        what += "large for this machine: give it less (fewer params, smaller files)"
+    elif isinstance(exc, UnicodeError):
+        what = f"met text it cannot handle as UTF-8 ({name}: {_unicode_text(exc) or detail})"
+    else:
+        what = f"failed with {name}: {detail or 'no message'}"
+    return (
+        f"`{clip(command, 200)}` {what}. This is not a fault of the state database; "
+        "`--debug` shows the traceback (please report it if the input is valid)."
+    )
+
+
+def _unicode_text(exc: UnicodeError) -> str:
+    """What a Unicode error choked on: the characters or bytes, and where."""
+    obj = getattr(exc, "object", None)
+    start, end = getattr(exc, "start", None), getattr(exc, "end", None)
+    if not isinstance(obj, str | bytes) or not isinstance(start, int) or not isinstance(end, int):
+        return ""
+    bad = ascii(obj[start:end])
+    context = ascii(obj[max(start - 20, 0) : end + 20])
+    verb = "cannot encode" if isinstance(obj, str) else "cannot decode"
+    reason = getattr(exc, "reason", "")
+    return f"{verb} {clip(bad, 40)} ({reason}) at position {start} of {clip(context, 120)}"

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import UsageError, clip
+from .errors import FileRefused, UsageError, clip
 from .library_index import (
     MAX_DOCUMENT_BYTES,
     IndexEntry,
@@ -44,6 +44,7 @@ from .library_index import (
     is_url,
     parse_index,
 )
+from .reading import read_bounded
 from .store import Store
 from .store.db import DB_FILENAME, default_state_dir
 from .store.library_cache import LibraryCopy
@@ -422,11 +423,13 @@ def _local(
 
 def _read_text(path: Path, *, what: str, hint: str) -> str:
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise LibraryIndexError(f"{what} {path} cannot be read: {exc.strerror}; {hint}") from None
-    if len(data) > MAX_DOCUMENT_BYTES:
-        raise LibraryIndexError(f"{what} {path} is larger than {MAX_DOCUMENT_BYTES} bytes; {hint}")
+        data = read_bounded(path, limit=MAX_DOCUMENT_BYTES)
+    except FileRefused as exc:
+        if exc.reason == "too_large":
+            problem = f"is {exc.problem}"
+        else:
+            problem = f"cannot be read: {exc.problem}"
+        raise LibraryIndexError(f"{what} {path} {problem}; {hint}") from None
     return _utf8(data, str(path))
 
 

@@ -8,10 +8,15 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock, Timeout
 
-from .errors import RunLockHeld, UsageError
+from .errors import FileRefused, RunLockHeld, StateDirReadOnly, UsageError
+from .reading import read_bounded_text
+
+HOLDER_BYTES = 64 * 1024
+"""A holder file is a few dozen bytes of JSON; anything past this is not one of ours."""
 
 
 class RunLock:
@@ -24,7 +29,12 @@ class RunLock:
     def __init__(self, lock_dir: Path, run_id: str):
         try:
             lock_dir.mkdir(parents=True, exist_ok=True)
-        except (FileExistsError, NotADirectoryError):
+        except OSError as exc:
+            read_only = StateDirReadOnly.from_os_error(str(lock_dir.parent), exc, run_id=run_id)
+            if read_only is not None:
+                raise read_only from None
+            if not isinstance(exc, FileExistsError | NotADirectoryError):
+                raise
             raise UsageError(
                 f"Run {run_id}: the lock dir {lock_dir} is not a directory; move that file "
                 "aside (wf_magic keeps its run locks there), then retry.",
@@ -42,6 +52,11 @@ class RunLock:
         except Timeout:
             raise self._held() from None
         except OSError as exc:  # a read-only state dir, a permission problem
+            read_only = StateDirReadOnly.from_os_error(
+                str(self.path.parent.parent), exc, run_id=self.run_id
+            )
+            if read_only is not None:
+                raise read_only from None
             raise UsageError(
                 f"Run {self.run_id}: cannot take its lock {self.path} "
                 f"({exc.strerror or exc}); driving a run needs a writable state dir. Fix its "
@@ -79,13 +94,19 @@ class RunLock:
         self.release()
 
     def _held(self) -> RunLockHeld:
-        try:
-            info = json.loads(self.info_path.read_text())
-        except (OSError, ValueError):
-            info = {}
+        info = read_holder(self.info_path)
         since = info.get("since")
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if since else None
         return RunLockHeld(self.run_id, pid=info.get("pid"), since=stamp, host=info.get("host"))
+
+
+def read_holder(path: Path) -> dict[str, Any]:
+    """A lock's holder file (pid, since, host, thread); {} when missing or not one of ours."""
+    try:
+        info = json.loads(read_bounded_text(path, limit=HOLDER_BYTES))
+    except (FileRefused, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
 
 
 def is_locked(lock_dir: Path, run_id: str) -> bool:
@@ -98,9 +119,9 @@ def is_locked(lock_dir: Path, run_id: str) -> bool:
     another host (a shared state dir) cannot be checked and reads as held.
     """
     try:
-        info = json.loads((lock_dir / f"{run_id}.holder.json").read_text())
+        info = read_holder(lock_dir / f"{run_id}.holder.json")
         pid, host = int(info["pid"]), info.get("host")
-    except (OSError, ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError):
         return False  # holder files are replaced atomically: an unreadable one is no driver's
     if host and host != socket.gethostname():
         return True

@@ -330,7 +330,25 @@ class Run:
     def __repr__(self) -> str:
         from .display import run_text
 
-        return run_text(self)
+        try:
+            return run_text(self)
+        except ValueError as exc:
+            unreadable = self._undecodable(exc)
+            if unreadable is None:
+                raise
+            raise unreadable from exc
+
+    def _undecodable(self, exc: ValueError) -> Exception | None:
+        """A stored row that does not decode (edited by hand) as the state DB's error; None
+        for any other ``ValueError`` (a bug, a Unicode error), which stays itself."""
+        from pydantic import ValidationError
+
+        if not isinstance(exc, json.JSONDecodeError | ValidationError):
+            return None
+        first = " ".join((str(exc).splitlines() or [""])[0].split())
+        return self.store.unreadable(
+            self.run_id, f"its stored rows do not decode ({type(exc).__name__}: {first})"
+        )
 
     def _repr_html_(self) -> str:
         from .display import run_html

@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import UsageError
+from .errors import FileRefused, StateDirReadOnly, UsageError
 from .hashing import canonical_json
+from .reading import file_kind, read_bounded
 from .redact import is_secret_key
 
 KEY_FILENAME = "secret.key"
@@ -101,15 +102,18 @@ class Sealer:
         """
         path = Path(state_dir) / KEY_FILENAME
         try:
-            key = path.read_bytes()
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise _unusable(path, exc) from None
+            key = read_bounded(path, limit=KEY_BYTES)
+        except FileRefused as exc:
+            if exc.reason == "missing":
+                return None
+            if exc.reason == "os":
+                raise _unusable(path, OSError(exc.errno, exc.problem)) from None
+            key = b""  # a FIFO, a device or a larger file: not a key either
         if len(key) != KEY_BYTES:
             raise UsageError(
-                f"{path} is not a secret key file (expected {KEY_BYTES} bytes, got {len(key)}); "
-                "move it aside: runs sealed with it cannot be resumed, new runs get a new key"
+                f"{path} is not a secret key file (expected a regular file of {KEY_BYTES} "
+                f"bytes, got {_size_text(path)}); move it aside: runs sealed with it cannot be "
+                "resumed, new runs get a new key"
             )
         return cls(key)
 
@@ -226,7 +230,19 @@ def _seals(value: Any, *, secret: bool) -> list[str]:
     return []
 
 
+def _size_text(path: Path) -> str:
+    """What the key file is instead of a key: its size, or its kind (``a FIFO (named pipe)``)."""
+    try:
+        info = path.stat()
+    except OSError as exc:
+        return str(exc.strerror or exc)
+    return file_kind(info.st_mode) or f"{info.st_size} bytes"
+
+
 def _unusable(path: Path, exc: OSError) -> UsageError:
+    read_only = StateDirReadOnly.from_os_error(str(path.parent), exc)
+    if read_only is not None:
+        return read_only
     return UsageError(
         f"cannot use the secret key file {path} ({exc.strerror or exc}); secret params are "
         "sealed with it. Fix its permissions, or point --db / WF_MAGIC_HOME at a writable "

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from .errors import UsageError
+from .errors import UsageError, clip, text_problem
 
 Face = Literal["cli", "notebook"]
 """Where a verb or option exists:
@@ -47,9 +47,30 @@ def parse_params(pairs: Sequence[str]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise UsageError(f"--param expects k=v (got {pair!r})")
+            raise UsageError(f"--param expects k=v (got {clip(repr(pair))})")
+        problem = text_problem(key) or text_problem(value)
+        if problem is not None:
+            raise UsageError(f"--param {clip(_shown(key.strip()), 60)}: {problem}")
         out[key.strip()] = value
     return out
+
+
+def _shown(arg: str) -> str:
+    """``arg`` as typed: its undecodable bytes as ``\\xff``, quoted."""
+    try:
+        raw = arg.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return ascii(arg)
+    return "'" + raw.decode("utf-8", "backslashreplace") + "'"
+
+
+def argv_problem(argv: Sequence[str]) -> str | None:
+    """The first command-line argument that is not valid UTF-8, named with its problem."""
+    for number, arg in enumerate(argv, start=1):
+        problem = text_problem(arg)
+        if problem is not None:
+            return f"argument {number} ({clip(_shown(arg), 80)}) is {problem}"
+    return None
 
 
 def count_at_least(low: int) -> Callable[[str], int]:

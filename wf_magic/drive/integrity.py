@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
 from ..bus import EventBus
-from ..errors import PlanIntegrityError, PlanVersionError, PlanVersionTooNew
+from ..errors import FileRefused, PlanIntegrityError, PlanVersionError, PlanVersionTooNew
 from ..hashing import sha256_text
+from ..reading import read_bounded
 from ..spec.plan import Plan
 from ..spec.stored import version_problem
+from ..spec.workflow import MAX_SOURCE_BYTES, Workflow
 from ..store import Store
 from ..store.records import RunRow
-
-if TYPE_CHECKING:
-    from ..spec.workflow import Workflow
 
 
 class UnsupportedPlan(Exception):
@@ -83,13 +82,26 @@ def drift_warnings(run: RunRow, live: Workflow | None) -> list[str]:
     if live is not None:
         current = live.source_hash
     elif run.source_path and Path(run.source_path).is_file():
-        current = sha256_text(Path(run.source_path).read_text(encoding="utf-8"))
+        current = _file_hash(run.source_path)
     if current is not None and current != run.source_hash:
         return [
             f"the workflow source changed since run {run.run_id} started; continuing "
             "with its frozen plan (start a new run with --new to pick up the edit)"
         ]
     return []
+
+
+def _file_hash(path: str) -> str | None:
+    """The source hash of the file at ``path`` now, read bounded (None: it cannot be read)."""
+    try:
+        data = read_bounded(path, limit=MAX_SOURCE_BYTES)
+    except FileRefused as exc:
+        # Grown past the bound: the frozen source (within it) cannot be what it holds now.
+        return "(larger than the bound)" if exc.reason == "too_large" else None
+    try:
+        return sha256_text(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        return "(not UTF-8)"  # no frozen source was
 
 
 def verified_plan(store: Store, bus: EventBus, run: RunRow) -> tuple[Plan, dict[str, Any]]:

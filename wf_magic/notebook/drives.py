@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import threading
@@ -12,7 +11,7 @@ from dataclasses import dataclass, field
 
 from ..engine import Engine
 from ..errors import UsageError, WorkflowError
-from ..locking import RunLock
+from ..locking import RunLock, read_holder
 from ..run import Run
 from ..spec.workflow import Workflow
 
@@ -213,9 +212,8 @@ def driver_text(engine: Engine, run_id: str) -> str | None:
     or None when no driver holds its lock."""
     if not engine.is_driving(run_id):
         return None
-    try:
-        info = json.loads(RunLock(engine.lock_dir, run_id).info_path.read_text())
-    except (OSError, ValueError):
+    info = read_holder(RunLock(engine.lock_dir, run_id).info_path)
+    if not info:
         return "driven by another process"
     since = info.get("since")
     stamp = f" since {time.strftime('%H:%M:%S', time.localtime(since))}" if since else ""

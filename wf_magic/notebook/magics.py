@@ -20,7 +20,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from traitlets import Bool, CaselessStrEnum, Float, Integer, Unicode
 
 from ..engine import Engine
-from ..errors import RunLockHeld, WorkflowError
+from ..errors import RunLockHeld, WorkflowError, clip_message
 from ..run import Run
 from ..spec.workflow import Workflow
 from ..store.db import default_state_dir
@@ -54,7 +54,7 @@ def _as_usage_errors(drives: Drives) -> Iterator[None]:
     except RunLockHeld as exc:
         raise IPythonUsageError(_lock_message(exc, drives)) from None
     except WorkflowError as exc:
-        raise IPythonUsageError(str(exc)) from None
+        raise IPythonUsageError(clip_message(str(exc))) from None
 
 
 def _lock_message(exc: RunLockHeld, drives: Drives) -> str:

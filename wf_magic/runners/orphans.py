@@ -28,8 +28,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..errors import FileRefused
+from ..reading import read_bounded_text
+
 PROCS_DIR = "procs"
 """The sidecar folder inside the state dir."""
+SIDECAR_BYTES = 64 * 1024
+"""A sidecar is a few hundred bytes of JSON; anything past this is not one of ours."""
 TERM_GRACE_S = 1.0
 """How long a group gets between SIGTERM and SIGKILL."""
 _POLL_S = 0.02
@@ -93,9 +98,9 @@ def record_unit_process(
 def read_unit_process(state_dir: str | Path, dispatch_id: str) -> UnitProcess | None:
     """The sidecar of ``dispatch_id``; None when there is none (or it is unreadable)."""
     try:
-        data = json.loads(sidecar_path(state_dir, dispatch_id).read_text(encoding="utf-8"))
-        return UnitProcess(**data)
-    except (OSError, ValueError, TypeError):
+        text = read_bounded_text(sidecar_path(state_dir, dispatch_id), limit=SIDECAR_BYTES)
+        return UnitProcess(**json.loads(text))
+    except (FileRefused, ValueError, TypeError):
         return None
 
 

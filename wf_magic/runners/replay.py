@@ -30,8 +30,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import MigrationError, RunnerError, UsageError
+from ..errors import FileRefused, MigrationError, RunnerError, UsageError
 from ..hashing import canonical_json
+from ..reading import read_bounded
 from ..store import Store
 from ..store.db import DB_FILENAME
 from ..store.recordings import RecordingRow
@@ -39,6 +40,8 @@ from .base import RunnerContext, UnitRequest, UnitResult
 from .pricing import PRICE_OPTIONS
 
 _OPTION_NAMES = frozenset({"cassette", "journal"}) | PRICE_OPTIONS
+MAX_CASSETTE_BYTES = 100_000_000
+"""A cassette larger than this is refused unread (about 50 000 recordings of 2 KB each)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -258,18 +261,27 @@ class ReplayRunner:
 def load_cassette(path: Path) -> dict[tuple[str, str], Recording]:
     """A cassette's recordings keyed by (phase, input_hash); later lines win.
 
+    At most ``MAX_CASSETTE_BYTES + 1`` bytes are read; a FIFO, a device or a directory is
+    refused before it is opened.
+
     Raises:
-        RunnerError: permanent, when the file is missing or a line is not a recording.
+        RunnerError: permanent, when the file is missing, unreadable, not a regular file,
+            larger than ``MAX_CASSETTE_BYTES``, not UTF-8, or a line is not a recording.
     """
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError as exc:
+        text = read_bounded(path, limit=MAX_CASSETTE_BYTES).decode("utf-8")
+    except FileRefused as exc:
+        if exc.reason == "missing":
+            raise RunnerError(
+                f"Replay cassette {path} does not exist; write one with "
+                f"`wf export-cassette RUN > {path}` after a run against a real runner."
+            ) from None
+        raise RunnerError(f"Replay cassette {path} cannot be read: {exc.problem}.") from None
+    except UnicodeDecodeError as exc:
         raise RunnerError(
-            f"Replay cassette {path} does not exist; write one with "
-            f"`wf export-cassette RUN > {path}` after a run against a real runner."
-        ) from exc
-    except OSError as exc:
-        raise RunnerError(f"Replay cassette {path} cannot be read: {exc}.") from exc
+            f"Replay cassette {path} is not UTF-8 (byte offset {exc.start}); write it again "
+            "with `wf export-cassette RUN`."
+        ) from None
     tape: dict[tuple[str, str], Recording] = {}
     by_content: dict[tuple[str, str], Recording] = {}
     for number, line in enumerate(text.splitlines(), start=1):

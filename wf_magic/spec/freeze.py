@@ -5,6 +5,7 @@ The static checks it runs on each source live in checks.py; reading the source i
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path as FsPath
@@ -337,9 +338,9 @@ def _child_file(folder: FsPath, name: str, src: Source, at: Path) -> str | None:
         folder / f"{name}.yml",
         folder / "workflows" / f"{name}.yaml",
     ):
-        if not candidate.is_file():
-            continue
-        if not candidate.resolve().is_relative_to(root):
+        if not os.path.lexists(candidate):
+            continue  # anything else there (a FIFO, a directory) is refused by name below
+        if not os.path.realpath(candidate).startswith(str(root) + os.sep):
             raise src.error(
                 f"child workflow file {candidate} links outside the workflow's folder; "
                 "copy the child into the folder",

@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..errors import UsageError
+from ..errors import UsageError, clip, clip_list, text_problem
 from ..redact import Redactor, is_secret_key, secret_strings
 from .plan import Plan
 
@@ -73,7 +73,7 @@ def coerce(schema: Mapping[str, Any], text: str) -> Any:
             return json.loads(text)
     except ValueError:
         article = "an" if str(kind)[:1] in "aeiou" else "a"
-        raise UsageError(f"expected {article} {kind} (got {text!r})") from None
+        raise UsageError(f"expected {article} {kind} (got {clip(repr(text), 200)})") from None
     return text
 
 
@@ -88,9 +88,9 @@ def resolve_params(
     given = dict(given or {})
     unknown = sorted(set(given) - set(plan.params))
     if unknown:
+        declared = clip_list(sorted(plan.params)) if plan.params else "none"
         raise UsageError(
-            f"workflow {plan.name!r} declares no param {', '.join(map(repr, unknown))}; "
-            f"declared: {sorted(plan.params) or 'none'}"
+            f"workflow {plan.name!r} declares no param {clip_list(unknown)}; declared: {declared}"
         )
     out: dict[str, Any] = {}
     for name, schema in plan.params.items():
@@ -104,10 +104,13 @@ def resolve_params(
             raise UsageError(
                 f"param {name!r} of workflow {plan.name!r} is required; pass --param {name}=VALUE"
             )
+        problem = _text_problem(value)
+        if problem is not None:
+            raise UsageError(f"param {name}: {problem}")
         try:
             json.dumps(value, allow_nan=False)
         except (TypeError, ValueError):
-            got = _unechoed(name, value) or _without_secrets(repr(value), value)
+            got = _unechoed(name, value) or clip(_without_secrets(repr(value), value), 200)
             raise UsageError(
                 f"param {name}: expected a JSON value with finite numbers (got {got})"
             ) from None
@@ -117,9 +120,22 @@ def resolve_params(
             hidden = _unechoed(name, value)
             if hidden is not None:  # a schema message quotes the value: say less
                 problem = f"does not match its schema {_schema_text(schema)} (got {hidden})"
-            raise UsageError(f"param {name}: {_without_secrets(problem, value)}")
+            raise UsageError(f"param {name}: {clip(_without_secrets(problem, value), 600)}")
         out[name] = value
     return out
+
+
+def _text_problem(value: Any) -> str | None:
+    """Why a string in ``value`` (at any depth) cannot be stored as UTF-8, or None."""
+    if isinstance(value, str):
+        return text_problem(value)
+    if isinstance(value, dict):
+        items: list[Any] = [*value, *value.values()]
+    elif isinstance(value, list):
+        items = value
+    else:
+        return None
+    return next((p for p in map(_text_problem, items) if p is not None), None)
 
 
 def coerce_param(schema: Mapping[str, Any], text: str, *, name: str) -> Any:

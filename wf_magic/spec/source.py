@@ -5,10 +5,11 @@ from __future__ import annotations
 import re
 from pathlib import Path as FsPath
 
-from ..errors import DefinitionError, clip
+from ..errors import DefinitionError, FileRefused, clip, clip_message
+from ..reading import read_bounded
+from .workflow import MAX_SOURCE_BYTES
 from .yamlload import Path, dotted, line_of, load_with_lines
 
-MAX_SOURCE_BYTES = 1_000_000
 MAX_PROBLEM_CHARS = 600
 """A message's problem text is clipped here, whatever the values it echoes."""
 
@@ -34,7 +35,7 @@ class Source:
         if self.child is not None:
             problem = f"in child workflow {self.child!r}: {problem}"
         return DefinitionError(
-            clip(problem, MAX_PROBLEM_CHARS),
+            clip_message(problem, MAX_PROBLEM_CHARS),
             field=clip(dotted(path), 120) or "(top level)",
             line=line_of(self.lines, path),
             source_name=self.name,
@@ -45,18 +46,19 @@ def read_source(path: FsPath) -> str:
     """The text of a workflow file.
 
     Raises:
-        DefinitionError: the file cannot be read, or is not UTF-8 (naming the line).
+        DefinitionError: the file cannot be read, is not a regular file (a FIFO, a device,
+            a directory), is larger than ``MAX_SOURCE_BYTES``, or is not UTF-8 (naming the
+            line). At most ``MAX_SOURCE_BYTES + 1`` bytes are read, whatever the file.
     """
     try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise DefinitionError(
-            f"cannot read workflow file: {exc.strerror}", field="(file)", source_name=str(path)
-        ) from exc
-    if len(data) > MAX_SOURCE_BYTES:
-        raise DefinitionError(
-            f"source is larger than {MAX_SOURCE_BYTES} bytes", field="(file)", source_name=str(path)
+        data = read_bounded(path, limit=MAX_SOURCE_BYTES)
+    except FileRefused as exc:
+        problem = (
+            f"source is {exc.problem}"
+            if exc.reason == "too_large"
+            else f"cannot read workflow file: {exc.problem}"
         )
+        raise DefinitionError(problem, field="(file)", source_name=str(path)) from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

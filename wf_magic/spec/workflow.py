@@ -10,6 +10,9 @@ from dataclasses import dataclass
 
 from .plan import Plan
 
+MAX_SOURCE_BYTES = 1_000_000
+"""A workflow source (file or text) holds at most this many bytes (UTF-8)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Workflow:

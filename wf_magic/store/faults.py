@@ -34,6 +34,12 @@ def state_db_fault(exc: sqlite3.Error, db_path: Path, run_id: str | None) -> Sta
     )
 
 
+def is_state_db_fault(exc: BaseException) -> bool:
+    """Whether ``exc`` is SQLite reporting on the database (not a misuse of the API by a bug:
+    ``ProgrammingError``, ``InterfaceError``), so that advice about state.db applies."""
+    return isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.ProgrammingError)
+
+
 def integrity_summary(db_path: Path) -> str:
     """``PRAGMA integrity_check`` in one line: ``ok``, or its first problem and how many."""
     try:
@@ -60,5 +66,5 @@ def unreadable_row(db_path: Path, run_id: str, what: str) -> StateDBError:
         detail=what,
         db_path=str(db_path),
         run_id=run_id,
-        integrity=None if integrity == "ok" else integrity,
+        integrity=integrity,  # "ok" too: the file is sound, the row is what is wrong
     )

@@ -6,13 +6,15 @@ module sits on both, so neither needs a function-level import of the other.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sqlite3
 import threading
 import time
 import warnings
 from pathlib import Path
 
-from ..errors import UsageError
+from ..errors import READ_ONLY_ERRNOS, StateDirReadOnly, UsageError
 from .db import BUSY_TIMEOUT_MS, StateDirWarning, connect, read_only_uri
 from .faults import state_db_fault
 from .migrations import apply_migrations, ledger_is_current
@@ -47,6 +49,7 @@ def open_state_db(db_path: Path, *, durability: str = "normal") -> sqlite3.Conne
     """Open and migrate the state database, translating OS/SQLite failures for the user.
 
     Raises:
+        StateDirReadOnly: the state dir or its database file cannot be written.
         UsageError: the state dir cannot be created, or the file is not a usable database.
         MigrationError: the migration ledger diverges.
     """
@@ -54,6 +57,9 @@ def open_state_db(db_path: Path, *, durability: str = "normal") -> sqlite3.Conne
     try:
         conn = connect(db_path, durability=durability)
     except OSError as exc:
+        read_only = StateDirReadOnly.from_os_error(str(db_path.parent), exc)
+        if read_only is not None:
+            raise read_only from None
         raise UsageError(
             f"Cannot use state dir {db_path.parent}: {exc.strerror or exc}. Point --db or "
             "WF_MAGIC_HOME at a directory you can write."
@@ -92,10 +98,43 @@ def _warn_if_empty(db_path: Path) -> None:
     )
 
 
+def write_problem(db_path: Path) -> str | None:
+    """Why the state dir or its database file cannot be written; None when both can.
+
+    Asked only after SQLite failed to open or write (it says "unable to open database file"
+    of a directory it cannot create its ``-wal`` in): a file is created and removed in the
+    directory, and the database is opened for writing (never written), so the reason is the
+    operating system's own (a read-only filesystem, permissions, ``chattr +i``).
+    """
+    probe = db_path.parent / f".wf_magic-write-probe-{os.getpid()}-{threading.get_ident()}"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        if exc.errno in READ_ONLY_ERRNOS:
+            return f"creating a file in it: {exc.strerror}"
+        return None
+    else:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+    try:
+        os.close(os.open(db_path, os.O_WRONLY))
+    except OSError as exc:
+        if exc.errno in READ_ONLY_ERRNOS:
+            return f"opening {db_path.name} for writing: {exc.strerror}"
+    return None
+
+
 def _unusable(path: Path, exc: sqlite3.DatabaseError) -> Exception:
-    """Only a file that is not a database at all is worth moving aside; a damaged one, a full
-    disk or a held lock is said as it is (``StateDBError``)."""
+    """Only a file that is not a database at all is worth moving aside; a state dir that
+    cannot be written is named as such (``StateDirReadOnly``), a damaged database, a full disk
+    or a held lock is said as it is (``StateDBError``)."""
     code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF in (sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_READONLY):
+        problem = write_problem(path)
+        if problem is not None:
+            return StateDirReadOnly(str(path.parent), reason=problem)
     if code != sqlite3.SQLITE_NOTADB:
         fault = state_db_fault(exc, path, None)
         if fault is not None:

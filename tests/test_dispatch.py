@@ -8,6 +8,7 @@ returns or raises ends as a finished attempt — never one left running.
 from __future__ import annotations
 
 import math
+import signal
 import threading
 import time
 from pathlib import Path
@@ -32,7 +33,8 @@ def test_a_unit_interrupted_mid_run_is_reclaimed_in_place_with_its_dispatch_id(
 
     def reply(request: UnitRequest) -> object:
         if interrupt["now"]:
-            raise KeyboardInterrupt  # the driver dies while the unit runs
+            signal.raise_signal(signal.SIGINT)  # a real Ctrl-C while the unit runs
+            time.sleep(5)  # the handler raises KeyboardInterrupt here
         return "done"
 
     rec = use_runner("interruptible", reply)

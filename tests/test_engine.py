@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -271,7 +273,8 @@ class _Closing:
         from wf_magic import UnitResult
 
         if self.interrupt:
-            raise KeyboardInterrupt
+            signal.raise_signal(signal.SIGINT)  # a real Ctrl-C while the unit runs
+            time.sleep(5)
         return UnitResult(output="ok", tokens_in=1, tokens_out=1)
 
     def close(self) -> None:

@@ -56,10 +56,12 @@ def _drive(
     previous = {sig: signals.getsignal(sig) for sig in (signals.SIGTERM, signals.SIGINT)}
 
     def on_signal(signum: int, frame: object) -> None:
-        if stop.is_set() and signum == signals.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: stop now; the unit in flight is owed
+        if stop.is_set():
+            # A second Ctrl-C or SIGTERM: stop now (exit 130); the units in flight are owed.
+            raise KeyboardInterrupt
         stop.set()
-        print("stopping after the units in flight (Ctrl-C again to stop at once)", file=sys.stderr)
+        again = "Ctrl-C" if signum == signals.SIGINT else "SIGTERM"
+        print(f"stopping after the units in flight ({again} again to stop at once)", file=sys.stderr)
 
     for sig in previous:
         signals.signal(sig, on_signal)
@@ -361,6 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + 13
     except KeyboardInterrupt:
         print("interrupted: the run stays active; `wf resume` continues it", file=sys.stderr)
+        _exit_past_stuck_units(store)
         return EXIT_INTERRUPTED
     except WorkflowError as exc:
         if args.debug:
@@ -375,6 +378,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
     finally:
         store.close()
+
+
+def _exit_past_stuck_units(store: Store) -> None:
+    """End the process now when a unit thread still runs after an interrupt.
+
+    The interpreter joins every thread-pool thread at exit, so a unit that never returns
+    would keep the process alive for ever. Its attempt stays ``running`` (owed to the next
+    drive, which reaps an exec unit's process group); everything journaled is committed.
+    """
+    stuck = [
+        t
+        for t in threading.enumerate()
+        if t.name.startswith("wf-unit") and t.is_alive() and not t.daemon
+    ]
+    if not stuck:
+        return
+    store.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_INTERRUPTED)
 
 
 def _unreadable(store: Store, args: argparse.Namespace, exc: Exception) -> str:

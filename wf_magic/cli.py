@@ -222,8 +222,13 @@ def cmd_events(engine: Engine, args: argparse.Namespace) -> int:
 
 
 def cmd_abandon(engine: Engine, args: argparse.Namespace) -> int:
-    engine.abandon(args.run)
-    print(f"run {args.run} abandoned")
+    rid = engine.resolve_run_id(args.run)
+    done = engine.abandon(rid)
+    below = ", ".join(r for r in done if r != rid)
+    if rid not in done:  # abandoned before abandoning cascaded: its family is ended now
+        print(f"run {rid} was already abandoned; abandoned its unfinished child run(s) {below}")
+    else:
+        print(f"run {rid} abandoned" + (f" with its unfinished child run(s) {below}" if below else ""))
     return EXIT_OK
 
 
@@ -246,7 +251,10 @@ def cmd_reject(engine: Engine, args: argparse.Namespace) -> int:
 
 
 def cmd_stop(engine: Engine, args: argparse.Namespace) -> int:
-    engine.stop(args.run)
+    if not engine.stop(args.run):
+        row = engine.get_run(engine.resolve_run_id(args.run))
+        print(f"run {row.run_id} is {row.status}; there is nothing to stop (nothing was changed)")
+        return EXIT_OK
     print(f"stop requested for {args.run}; its driver stops after the units in flight")
     return EXIT_OK
 
@@ -254,8 +262,15 @@ def cmd_stop(engine: Engine, args: argparse.Namespace) -> int:
 def cmd_gc(engine: Engine, args: argparse.Namespace) -> int:
     seconds = args.older_than_s if args.older_than_s is not None else args.older_than_days * 86400
     statuses = args.statuses or ("completed", "failed", "abandoned")
+    def kept(run_id: str, why: str) -> None:
+        print(f"kept {run_id}: {why}", file=sys.stderr)
+
     deleted = engine.gc(
-        older_than_s=seconds, statuses=statuses, dry_run=args.dry_run, vacuum=args.vacuum
+        older_than_s=seconds,
+        statuses=statuses,
+        dry_run=args.dry_run,
+        vacuum=args.vacuum,
+        on_skip=kept,
     )
     for run_id in deleted:
         print(run_id)

@@ -15,7 +15,7 @@ from typing import Any
 from . import journal, resume, runs
 from .access import StoreAccess
 from .journal import Finish, UnitKey
-from .records import AttemptRow, BudgetUse, EventRow, StepRow
+from .records import AttemptRow, BudgetUse, EventRow, RunRow, StepRow
 
 
 class JournalQueries(StoreAccess):
@@ -134,17 +134,20 @@ class JournalQueries(StoreAccess):
         self,
         run_id: str,
         step_id: str,
-        decide: Callable[[StepRow | None, Callable[[str, str], AttemptRow | None]], UnitKey],
+        decide: Callable[
+            [RunRow | None, StepRow | None, Callable[[str, str], AttemptRow | None]], UnitKey
+        ],
         finish: Finish,
     ) -> UnitKey:
         """Compare-and-set a person's verdict in one transaction.
 
-        ``decide(step_row, latest_verdict)`` sees the step row and a lookup of the newest
-        verdict of ``(unit_id, input_hash)``; it returns the key to journal, or raises to
-        refuse (nothing is written).
+        ``decide(run_row, step_row, latest_verdict)`` sees the run and step rows and a lookup
+        of the newest verdict of ``(unit_id, input_hash)``; it returns the key to journal, or
+        raises to refuse (nothing is written).
         """
 
         def txn(conn: sqlite3.Connection) -> UnitKey:
+            run = runs.get_run(conn, run_id)
             row = next((s for s in runs.steps_of(conn, run_id) if s.step_id == step_id), None)
 
             def latest(unit_id: str, input_hash: str) -> AttemptRow | None:
@@ -152,7 +155,7 @@ class JournalQueries(StoreAccess):
                     conn, run_id=run_id, unit_id=unit_id, input_hash=input_hash
                 )
 
-            key = decide(row, latest)
+            key = decide(run, row, latest)
             journal.record_terminal_attempt_txn(conn, key, finish, event="human_verdict")
             return key
 

@@ -28,8 +28,8 @@ MAX_INT_BITS = 10_000
 """The widest integer in an output (Python refuses to print ints past ~14 000 bits as text)."""
 MAX_TOKENS = 2**62
 """The largest token count a result may report (SQLite integers are 64-bit)."""
-MAX_REASON_CHARS = 2_000
-"""The longest reason made from an exception's text."""
+MAX_REASON_CHARS = 4_000
+"""The longest failure reason journaled (an exec failure's stderr tail is 2 000)."""
 
 
 def checked_output(result: object) -> tuple[UnitResult, str]:
@@ -176,7 +176,8 @@ def unit_failure(exc: BaseException, *, redact: Callable[[str], str]) -> RunnerE
     other error, permanently.
     """
     if isinstance(exc, RunnerError):
-        message = safe_text(_text_of(exc))
+        # A runner's own message keeps its lines (an exec failure's stderr tail).
+        message = _clipped(redact(safe_text(_text_of(exc))))
         if message == exc.message and _int_or_none(exc.tokens_in, exc.tokens_out):
             return exc
         failure = RunnerError(
@@ -220,10 +221,13 @@ def safe_text(text: str) -> str:
 
 def one_line(text: str) -> str:
     """``text`` as valid UTF-8 on one line, clipped to ``MAX_REASON_CHARS`` with a count."""
-    line = " ".join(safe_text(text).split())
-    if len(line) <= MAX_REASON_CHARS:
-        return line
-    return f"{line[:MAX_REASON_CHARS]}… ({len(line) - MAX_REASON_CHARS} more characters)"
+    return _clipped(" ".join(safe_text(text).split()))
+
+
+def _clipped(text: str) -> str:
+    if len(text) <= MAX_REASON_CHARS:
+        return text
+    return f"{text[:MAX_REASON_CHARS]}… ({len(text) - MAX_REASON_CHARS} more characters)"
 
 
 def _int_or_none(*values: object) -> bool:

@@ -244,7 +244,8 @@ def test_a_runner_handing_back_an_unusable_result_fails_the_attempt(
 ) -> None:
     register_runner("handing", lambda ctx: _Handing(result), replace=True)
     with Engine(tmp_path) as engine:
-        run_id = engine.run("name: hand\nrunner: handing\nsteps:\n  - id: s\n    prompt: go\n").run_id
+        src = "name: hand\nrunner: handing\nsteps:\n  - id: s\n    prompt: go\n"
+        run_id = engine.run(src).run_id
         assert_fails_for_good(engine, run_id, words)
         assert [a.tokens_in + a.tokens_out for a in engine.attempts(run_id)] == [0, 0]
 

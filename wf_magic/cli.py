@@ -61,7 +61,9 @@ def _drive(
             raise KeyboardInterrupt
         stop.set()
         again = "Ctrl-C" if signum == signals.SIGINT else "SIGTERM"
-        print(f"stopping after the units in flight ({again} again to stop at once)", file=sys.stderr)
+        print(
+            f"stopping after the units in flight ({again} again to stop at once)", file=sys.stderr
+        )
 
     for sig in previous:
         signals.signal(sig, on_signal)
@@ -228,7 +230,8 @@ def cmd_abandon(engine: Engine, args: argparse.Namespace) -> int:
     if rid not in done:  # abandoned before abandoning cascaded: its family is ended now
         print(f"run {rid} was already abandoned; abandoned its unfinished child run(s) {below}")
     else:
-        print(f"run {rid} abandoned" + (f" with its unfinished child run(s) {below}" if below else ""))
+        with_children = f" with its unfinished child run(s) {below}" if below else ""
+        print(f"run {rid} abandoned{with_children}")
     return EXIT_OK
 
 

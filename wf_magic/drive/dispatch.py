@@ -435,9 +435,9 @@ def _finish(
         try:
             # Checked before it is redacted or journaled (drive/outcomes.py): an output the
             # journal cannot hold unchanged fails the attempt here, for every runner kind.
-            result, _ = outcomes.checked_output(future.result())
+            result = outcomes.checked_result(future.result())
             output = state.redactor.redact_value(result.output)
-            output_json = json.dumps(output, allow_nan=False)
+            output_json = outcomes.bounded_json(output)
         except RunnerError as problem:
             raised = problem
         else:

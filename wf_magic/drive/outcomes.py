@@ -1,6 +1,6 @@
 """What a unit hands back — a result or whatever it raised — checked before it is journaled.
 
-Every runner kind finishes through :func:`checked_output` or :func:`unit_failure` (called by
+Every runner kind finishes through :func:`checked_result` or :func:`unit_failure` (called by
 ``drive/dispatch.py`` on each finished future), so nothing a unit returns or raises can reach
 the journal in a shape a later write or read would choke on: an output that is not valid
 UTF-8 text (a lone surrogate), not JSON (bytes, a set, an object), not finite (NaN, inf), too
@@ -32,8 +32,8 @@ MAX_REASON_CHARS = 4_000
 """The longest failure reason journaled (an exec failure's stderr tail is 2 000)."""
 
 
-def checked_output(result: object) -> tuple[UnitResult, str]:
-    """``result`` and its output as JSON text, or the one-line reason it cannot be journaled.
+def checked_result(result: object) -> UnitResult:
+    """``result``, once its output and usage fields are known to journal unchanged.
 
     Raises:
         RunnerError: permanent, naming the first problem (its path inside the output).
@@ -44,12 +44,23 @@ def checked_output(result: object) -> tuple[UnitResult, str]:
             "a runner's run() must return UnitResult(output=...)"
         )
     problem = result_problem(result) or output_problem(result.output)
-    if problem is None:
-        text = json.dumps(result.output, allow_nan=False)
-        if len(text) <= MAX_OUTPUT_BYTES:
-            return result, text
-        problem = f"output is {len(text)} bytes, over the bound of {MAX_OUTPUT_BYTES} bytes"
-    raise RunnerError(problem)
+    if problem is not None:
+        raise RunnerError(problem)
+    return result
+
+
+def bounded_json(output: Any) -> str:
+    """The JSON text of a checked (and redacted) output.
+
+    Raises:
+        RunnerError: the text is over ``MAX_OUTPUT_BYTES``.
+    """
+    text = json.dumps(output, allow_nan=False)
+    if len(text) > MAX_OUTPUT_BYTES:
+        raise RunnerError(
+            f"output is {len(text)} bytes, over the bound of {MAX_OUTPUT_BYTES} bytes"
+        )
+    return text
 
 
 def result_problem(result: UnitResult) -> str | None:
@@ -231,7 +242,9 @@ def _clipped(text: str) -> str:
 
 
 def _int_or_none(*values: object) -> bool:
-    return all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_TOKENS for v in values)
+    return all(
+        isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_TOKENS for v in values
+    )
 
 
 def _whole(value: object) -> int:

@@ -98,7 +98,9 @@ class FunctionRunner(BaseRunner):
             try:
                 return fn(**kwargs)
             except Exception as exc:
-                raise RunnerError(f"{target} raised {type(exc).__name__}: {_described(exc)}") from exc
+                raise RunnerError(
+                    f"{target} raised {type(exc).__name__}: {_described(exc)}"
+                ) from exc
 
         # What it returns is checked by the driver, like every runner's output, before it is
         # journaled (drive/outcomes.py): valid UTF-8 text, JSON, finite, bounded.

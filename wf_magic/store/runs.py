@@ -253,8 +253,8 @@ def delete_finished_tree_txn(
 
     The status is re-read inside the caller's transaction: a ``failed`` run resumed (re-opened)
     since it was listed is left alone, and so is a tree with a live member (an ``active`` or
-    ``blocked`` child, left by a parent abandoned before abandoning cascaded). Returns the deleted run ids (root first; empty when
-    nothing was deleted).
+    ``blocked`` child, left by a parent abandoned before abandoning cascaded). Returns the
+    deleted run ids (root first; empty when nothing was deleted).
     """
     wanted = [s for s in statuses if s in FINISHED]
     marks = ", ".join("?" for _ in wanted) or "NULL"

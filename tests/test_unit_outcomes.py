@@ -333,3 +333,35 @@ def test_on_error_continue_goes_past_a_unit_that_raised_system_exit(tmp_path: Pa
             "  - id: t\n    python: then\n"
         )
         assert (run.status, run.result) == ("completed", "after")
+
+
+# -- a judge is a unit too ----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("reply", "words"),
+    [
+        (lambda: {"complete": True, "feedback": "ok \ud800", "missing": []}, "lone surrogate"),
+        (lambda: {"complete": True, "feedback": math.nan, "missing": []}, "not a finite number"),
+        (lambda: _raise(SystemExit(4)), "the unit's code raised SystemExit(4)"),
+        (lambda: _raise(KeyboardInterrupt()), "the unit's code raised KeyboardInterrupt"),
+        (lambda: _raise(RuntimeError("judge \udc80 broke")), "judge \\udc80 broke"),
+    ],
+)
+def test_a_judge_that_returns_a_bad_verdict_or_raises_blocks_its_step(
+    tmp_path: Path, reply: Callable[[], Any], words: str
+) -> None:
+    use_runner("judge_fn", lambda request: reply() if request.kind == "judge" else "work")
+    src = (
+        "name: judged\nrunner: judge_fn\nsteps:\n  - id: s\n    prompt: go\n"
+        "    gate: {judge: llm, criteria: [good]}\n"
+    )
+    with Engine(tmp_path) as engine:
+        run = engine.run(src)
+        gate = [a for a in engine.attempts(run.run_id) if a.phase == "gate"]
+        assert (run.status, [a.status for a in gate]) == ("blocked", ["failed"])
+        assert words in (gate[0].failure or "") and "\n" not in (gate[0].failure or "")
+        again = engine.drive(run.run_id)  # re-judged, blocked the same way, no crash
+        assert (again.status, again.reason) == ("blocked", run.reason)
+
+
+def _raise(exc: BaseException) -> Any:
+    raise exc

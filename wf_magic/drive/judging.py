@@ -29,7 +29,7 @@ from ..spec.plan import PlanStep
 from ..store.journal import Finish, UnitKey
 from ..store.records import AttemptRow
 from ..templates import TemplateError
-from . import attempts
+from . import attempts, interrupts, outcomes
 from .context import DriveContext, RunState
 from .units import template_context
 
@@ -214,6 +214,7 @@ def _judge_llm(
     summary: str,
 ) -> Verdict:
     attempt = _reclaim_or_reserve(ctx, state, key)
+    seen = interrupts.delivered()
     try:
         request = UnitRequest(
             run_id=state.run_id,
@@ -228,12 +229,18 @@ def _judge_llm(
             output_schema=VERDICT_SCHEMA,
             timeout_s=step.timeout_s,
         )
-        result = state.runner(ctx, key.runner).run(request)
+        # Checked like a work unit's (drive/outcomes.py) before anything of it is journaled.
+        result = outcomes.checked_result(state.runner(ctx, key.runner).run(request))
         verdict = parse_verdict(result.output)
-    except Exception as exc:
+    except BaseException as exc:
         # Whatever the judge raised, its attempt ends failed and the step blocks: a judge
-        # bug never leaves the attempt running or kills the drive.
-        failure = _judge_failure(exc)
+        # bug (its own SystemExit too) never leaves the attempt running or kills the drive.
+        if interrupts.is_real_interrupt(exc, seen):
+            raise
+        failure = outcomes.unit_failure(
+            _judge_failure(exc) if isinstance(exc, Exception) else exc,
+            redact=state.redactor.redact,
+        )
         attempts.finish_error(ctx, state, attempt, failure)
         if failure is exc:
             raise

@@ -8,7 +8,6 @@ returns or raises ends as a finished attempt — never one left running.
 from __future__ import annotations
 
 import math
-import signal
 import threading
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from wf_magic import (
     register_function,
     register_runner,
 )
+from wf_magic.drive import interrupts
 
 
 def test_a_unit_interrupted_mid_run_is_reclaimed_in_place_with_its_dispatch_id(
@@ -33,8 +33,8 @@ def test_a_unit_interrupted_mid_run_is_reclaimed_in_place_with_its_dispatch_id(
 
     def reply(request: UnitRequest) -> object:
         if interrupt["now"]:
-            signal.raise_signal(signal.SIGINT)  # a real Ctrl-C while the unit runs
-            time.sleep(5)  # the handler raises KeyboardInterrupt here
+            interrupts.note_delivery()  # what a Ctrl-C's handler does, before it raises
+            raise KeyboardInterrupt  # the driver is interrupted while the unit runs
         return "done"
 
     rec = use_runner("interruptible", reply)

@@ -125,3 +125,25 @@ def test_a_second_signal_ends_a_drive_stuck_in_a_unit_and_the_unit_stays_owed(
     assert _rows(state, "SELECT unit_id, attempt, status, dispatch_id FROM attempts") == [
         (u, 1, "succeeded", d) for u, _, _, d in owed
     ]  # reclaimed in place: same attempt, same dispatch_id
+
+
+def test_the_watch_counts_a_delivered_signal_and_puts_the_handler_back() -> None:
+    """In-process: a delivered SIGINT is counted before the original handler raises."""
+    from wf_magic.drive import interrupts
+
+    def raising(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, raising)
+    try:
+        seen = interrupts.delivered()
+        with interrupts.watching():
+            assert signal.getsignal(signal.SIGINT) is not raising
+            own = KeyboardInterrupt()
+            assert not interrupts.is_real_interrupt(own, seen)  # raised, not delivered
+            with pytest.raises(KeyboardInterrupt) as caught:
+                signal.raise_signal(signal.SIGINT)
+            assert interrupts.is_real_interrupt(caught.value, seen)
+        assert signal.getsignal(signal.SIGINT) is raising
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -32,10 +32,10 @@ def record_human_verdict(
             already decided; nothing is recorded.
     """
 
-    def decide(
-        run: RunRow | None, row: StepRow | None, latest: Callable[[str, str], AttemptRow | None]
-    ) -> UnitKey:
+    def check_run(run: RunRow | None) -> None:
         _check_blocked(run_id, step_id, run)
+
+    def decide(row: StepRow | None, latest: Callable[[str, str], AttemptRow | None]) -> UnitKey:
         waiting = _waiting_on(run_id, step_id, row, loop)
         unit_id = gate_unit_id(step_id, waiting.loop)
         refusal = _refusal(
@@ -59,7 +59,7 @@ def record_human_verdict(
         )
 
     finish = Finish(status="succeeded", output_json=json.dumps(verdict.to_json()))
-    return store.record_decision(run_id, step_id, decide, finish).loop
+    return store.record_decision(run_id, step_id, decide, finish, check_run=check_run).loop
 
 
 _NOT_BLOCKED = {

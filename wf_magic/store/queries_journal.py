@@ -134,20 +134,22 @@ class JournalQueries(StoreAccess):
         self,
         run_id: str,
         step_id: str,
-        decide: Callable[
-            [RunRow | None, StepRow | None, Callable[[str, str], AttemptRow | None]], UnitKey
-        ],
+        decide: Callable[[StepRow | None, Callable[[str, str], AttemptRow | None]], UnitKey],
         finish: Finish,
+        *,
+        check_run: Callable[[RunRow | None], None] | None = None,
     ) -> UnitKey:
         """Compare-and-set a person's verdict in one transaction.
 
-        ``decide(run_row, step_row, latest_verdict)`` sees the run and step rows and a lookup
-        of the newest verdict of ``(unit_id, input_hash)``; it returns the key to journal, or
-        raises to refuse (nothing is written).
+        ``check_run(run_row)`` may refuse on the run's row first (raising); ``decide(step_row,
+        latest_verdict)`` sees the step row and a lookup of the newest verdict of
+        ``(unit_id, input_hash)``; it returns the key to journal, or raises to refuse
+        (nothing is written).
         """
 
         def txn(conn: sqlite3.Connection) -> UnitKey:
-            run = runs.get_run(conn, run_id)
+            if check_run is not None:
+                check_run(runs.get_run(conn, run_id))
             row = next((s for s in runs.steps_of(conn, run_id) if s.step_id == step_id), None)
 
             def latest(unit_id: str, input_hash: str) -> AttemptRow | None:
@@ -155,7 +157,7 @@ class JournalQueries(StoreAccess):
                     conn, run_id=run_id, unit_id=unit_id, input_hash=input_hash
                 )
 
-            key = decide(run, row, latest)
+            key = decide(row, latest)
             journal.record_terminal_attempt_txn(conn, key, finish, event="human_verdict")
             return key
 

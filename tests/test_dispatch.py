@@ -23,6 +23,7 @@ from wf_magic import (
     register_function,
     register_runner,
 )
+from wf_magic.drive import interrupts
 
 
 def test_a_unit_interrupted_mid_run_is_reclaimed_in_place_with_its_dispatch_id(
@@ -32,7 +33,8 @@ def test_a_unit_interrupted_mid_run_is_reclaimed_in_place_with_its_dispatch_id(
 
     def reply(request: UnitRequest) -> object:
         if interrupt["now"]:
-            raise KeyboardInterrupt  # the driver dies while the unit runs
+            interrupts.note_delivery()  # what a Ctrl-C's handler does, before it raises
+            raise KeyboardInterrupt  # the driver is interrupted while the unit runs
         return "done"
 
     rec = use_runner("interruptible", reply)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from wf_magic import Engine, UsageError, register_function
+from wf_magic.drive import interrupts
 
 from .conftest import db_rows, table_counts
 
@@ -271,7 +272,8 @@ class _Closing:
         from wf_magic import UnitResult
 
         if self.interrupt:
-            raise KeyboardInterrupt
+            interrupts.note_delivery()  # what a Ctrl-C's handler does, before it raises
+            raise KeyboardInterrupt  # the driver is interrupted while the unit runs
         return UnitResult(output="ok", tokens_in=1, tokens_out=1)
 
     def close(self) -> None:

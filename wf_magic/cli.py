@@ -64,10 +64,14 @@ def _drive(
     previous = {sig: signals.getsignal(sig) for sig in (signals.SIGTERM, signals.SIGINT)}
 
     def on_signal(signum: int, frame: object) -> None:
-        if stop.is_set() and signum == signals.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: stop now; the unit in flight is owed
+        if stop.is_set():
+            # A second Ctrl-C or SIGTERM: stop now (exit 130); the units in flight are owed.
+            raise KeyboardInterrupt
         stop.set()
-        print("stopping after the units in flight (Ctrl-C again to stop at once)", file=sys.stderr)
+        again = "Ctrl-C" if signum == signals.SIGINT else "SIGTERM"
+        print(
+            f"stopping after the units in flight ({again} again to stop at once)", file=sys.stderr
+        )
 
     for sig in previous:
         signals.signal(sig, on_signal)
@@ -277,8 +281,14 @@ def cmd_new(args: argparse.Namespace) -> int:
 
 def cmd_abandon(engine: Engine, args: argparse.Namespace) -> int:
     _warn(engine.handle(args.run).warnings)  # abandoning never decodes the plan
-    engine.abandon(args.run)
-    print(f"run {args.run} abandoned")
+    rid = engine.resolve_run_id(args.run)
+    done = engine.abandon(rid)
+    below = ", ".join(r for r in done if r != rid)
+    if rid not in done:  # abandoned before abandoning cascaded: its family is ended now
+        print(f"run {rid} was already abandoned; abandoned its unfinished child run(s) {below}")
+    else:
+        with_children = f" with its unfinished child run(s) {below}" if below else ""
+        print(f"run {rid} abandoned{with_children}")
     return EXIT_OK
 
 
@@ -301,7 +311,10 @@ def cmd_reject(engine: Engine, args: argparse.Namespace) -> int:
 
 
 def cmd_stop(engine: Engine, args: argparse.Namespace) -> int:
-    engine.stop(args.run)
+    if not engine.stop(args.run):
+        row = engine.get_run(engine.resolve_run_id(args.run))
+        print(f"run {row.run_id} is {row.status}; there is nothing to stop (nothing was changed)")
+        return EXIT_OK
     print(f"stop requested for {args.run}; its driver stops after the units in flight")
     return EXIT_OK
 
@@ -309,8 +322,16 @@ def cmd_stop(engine: Engine, args: argparse.Namespace) -> int:
 def cmd_gc(engine: Engine, args: argparse.Namespace) -> int:
     seconds = args.older_than_s if args.older_than_s is not None else args.older_than_days * 86400
     statuses = args.statuses or ("completed", "failed", "abandoned")
+
+    def kept(run_id: str, why: str) -> None:
+        print(f"kept {run_id}: {why}", file=sys.stderr)
+
     deleted = engine.gc(
-        older_than_s=seconds, statuses=statuses, dry_run=args.dry_run, vacuum=args.vacuum
+        older_than_s=seconds,
+        statuses=statuses,
+        dry_run=args.dry_run,
+        vacuum=args.vacuum,
+        on_skip=kept,
     )
     for run_id in deleted:
         print(run_id)
@@ -480,6 +501,7 @@ def _main(args: argparse.Namespace, words: list[str]) -> int:
         return 128 + 13
     except KeyboardInterrupt:
         print("interrupted: the run stays active; `wf resume` continues it", file=sys.stderr)
+        _exit_past_stuck_units(store)
         return EXIT_INTERRUPTED
     except RunLockHeld as exc:
         if not getattr(args, "skip_if_locked", False):
@@ -567,6 +589,26 @@ def _printable_stdout() -> Iterator[None]:
     finally:
         with suppress(ValueError):  # closed meanwhile
             reconfigure(errors=errors)
+
+
+def _exit_past_stuck_units(store: Store) -> None:
+    """End the process now when a unit thread still runs after an interrupt.
+
+    The interpreter joins every thread-pool thread at exit, so a unit that never returns
+    would keep the process alive for ever. Its attempt stays ``running`` (owed to the next
+    drive, which reaps an exec unit's process group); everything journaled is committed.
+    """
+    stuck = [
+        t
+        for t in threading.enumerate()
+        if t.name.startswith("wf-unit") and t.is_alive() and not t.daemon
+    ]
+    if not stuck:
+        return
+    store.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_INTERRUPTED)
 
 
 def _unreadable(store: Store, args: argparse.Namespace, exc: Exception) -> str:

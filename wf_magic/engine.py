@@ -344,26 +344,47 @@ class Engine:
         """The journal of a run, in order."""
         return self.store.attempts_of(run_ref(run_id))
 
-    def abandon(self, run_id: RunRef, *, reason: str = "abandoned by user") -> None:
-        """Give up a run (refused while another driver holds it, or once it completed).
+    def abandon(self, run_id: RunRef, *, reason: str = "abandoned by user") -> list[str]:
+        """Give up a run and every unfinished run below it (its child workflow runs).
+
+        Each run of the family is taken under its lock first, so nothing is abandoned while
+        any of them is driven. An abandoned run with unfinished descendants (abandoned before
+        abandoning cascaded) has them abandoned now.
+
+        Returns:
+            The run ids abandoned, ``run_id`` first when it was unfinished.
 
         Raises:
-            RunLockHeld: the run is being driven.
+            RunLockHeld: the run, or one of its descendants, is being driven (nothing changed).
             UsageError: the run already completed.
-            RunAbandoned: the run was already abandoned (its reason is kept).
+            RunAbandoned: the run and all below it were already abandoned or finished.
         """
+        import contextlib
+
         from .locking import RunLock
+        from .store.runs import UNFINISHED
 
         rid = self.resolve_run_id(run_id)
-        with RunLock(self.lock_dir, rid):
+        with contextlib.ExitStack() as held:
+            held.enter_context(RunLock(self.lock_dir, rid))
             row = self.get_run(rid)
             if row.status == "completed":
                 raise UsageError(f"Run {rid} completed; there is nothing to abandon.", run_id=rid)
-            if row.status == "abandoned":
+            below = [c for c in self.store.descendants(rid) if c.status in UNFINISHED]
+            if row.status == "abandoned" and not below:
                 raise RunAbandoned(rid, reason=row.status_reason, verb="abandon")
-            self.store.set_run_status(rid, "abandoned", reason=reason)
-            shown = self.store.scrubber.text(rid, reason)
-            self.bus.notify("run_status", run_id=rid, status="abandoned", reason=shown)
+            for child in below:
+                try:
+                    held.enter_context(RunLock(self.lock_dir, child.run_id))
+                except RunLockHeld as exc:
+                    exc.message = f"Run {rid} was not abandoned: its child {exc.message}"
+                    raise
+            reason = self.store.scrubber.text(rid, reason) or reason  # a person's words
+            done = self.store.abandon_tree(rid, reason=reason)
+        for each in done:
+            why = reason if each == rid else "its parent run was abandoned"
+            self.bus.notify("run_status", run_id=each, status="abandoned", reason=why)
+        return done
 
     def fork(self, run_id: RunRef, *, from_step: str) -> Run:
         """A new run with the same frozen plan reusing every result before ``from_step``.
@@ -414,10 +435,19 @@ class Engine:
         handle = self.handle(run_id)
         return handle.reject(step_id, feedback=feedback, missing=missing, loop=loop)
 
-    def stop(self, run_id: RunRef) -> None:
-        """Ask the run's driver (anywhere) to stop gracefully between units."""
+    def stop(self, run_id: RunRef) -> bool:
+        """Ask the run's driver (anywhere) to stop gracefully between units.
+
+        A completed or abandoned run has nothing to stop: nothing is written.
+
+        Returns:
+            Whether a stop was requested (False: the run is completed or abandoned).
+        """
         run = self.get_run(self.resolve_run_id(run_id))
+        if run.status in ("completed", "abandoned"):
+            return False
         self.store.set_stop_requested(run.root_run_id, True)
+        return True
 
     def is_driving(self, run_id: RunRef) -> bool:
         """Whether a driver holds the run now."""
@@ -432,11 +462,14 @@ class Engine:
         statuses: Sequence[str] = GC_STATUSES,
         dry_run: bool = False,
         vacuum: bool = False,
+        on_skip: Callable[[str, str], None] | None = None,
     ) -> list[str]:
         """Delete finished root runs (and their children) older than the retention.
 
-        Each run is deleted under its lock (one being driven or resumed is skipped), and its
-        status is re-checked inside the delete, so a failed run resumed meanwhile is kept.
+        Each run is deleted under its lock and its descendants' (a family any member of which
+        is being driven is skipped), and its status is re-checked inside the delete, so a
+        failed run resumed meanwhile is kept. A tree with a live member (an ``active`` or
+        ``blocked`` child of a finished root) is never deleted; abandon the root to end it.
         Each deleted run leaves a receipt in the same transaction (``runs(include_deleted=
         True)``). The lock files of deleted runs go too.
 
@@ -445,6 +478,7 @@ class Engine:
             statuses: only root runs of these (finished) statuses.
             dry_run: only list what would be deleted.
             vacuum: afterwards rebuild the file to return the freed pages to the disk.
+            on_skip: called with ``(run_id, why)`` for each candidate kept.
 
         Returns:
             The deleted root run ids (with ``dry_run``: those that would be deleted).
@@ -465,32 +499,62 @@ class Engine:
         if set(statuses) != set(GC_STATUSES):
             rows = [self.store.get_run(c) for c in candidates]
             candidates = [r.run_id for r in rows if r is not None and r.status in statuses]
+        candidates = self._without_live_members(candidates, on_skip)
         if dry_run:
             return candidates
-        deleted = self._delete_finished(candidates, cutoff=cutoff, statuses=statuses)
+        deleted = self._delete_finished(
+            candidates, cutoff=cutoff, statuses=statuses, on_skip=on_skip
+        )
         if vacuum:
             self.store.vacuum()
         return deleted
 
-    def _delete_finished(
-        self, candidates: list[str], *, cutoff: float, statuses: Sequence[str]
+    def _without_live_members(
+        self, candidates: list[str], on_skip: Callable[[str, str], None] | None
     ) -> list[str]:
+        """The candidates none of whose descendants is active or blocked."""
+        from .store.runs import LIVE
+
+        kept = []
+        for rid in candidates:
+            live = [c for c in self.store.descendants(rid) if c.status in LIVE]
+            if not live:
+                kept.append(rid)
+            elif on_skip is not None:
+                on_skip(
+                    rid,
+                    f"its child run {live[0].run_id} is {live[0].status}; "
+                    f"`wf abandon {rid}` ends the family, then gc deletes it",
+                )
+        return kept
+
+    def _delete_finished(
+        self,
+        candidates: list[str],
+        *,
+        cutoff: float,
+        statuses: Sequence[str],
+        on_skip: Callable[[str, str], None] | None,
+    ) -> list[str]:
+        import contextlib
+
         from .locking import RunLock
 
         deleted = []
         for rid in candidates:
-            lock = RunLock(self.lock_dir, rid)
-            try:
-                lock.acquire()
-            except RunLockHeld:
-                continue
-            try:
+            with contextlib.ExitStack() as held:
+                locks = {}
+                try:
+                    for member in [rid, *(c.run_id for c in self.store.descendants(rid))]:
+                        locks[member] = held.enter_context(RunLock(self.lock_dir, member))
+                except RunLockHeld as exc:
+                    if on_skip is not None:
+                        on_skip(rid, f"{exc.message} (kept)")
+                    continue
                 tree = self.store.delete_finished_tree(rid, cutoff=cutoff, statuses=statuses)
                 for run_id in tree:
-                    (lock if run_id == rid else RunLock(self.lock_dir, run_id)).remove()
+                    (locks.get(run_id) or RunLock(self.lock_dir, run_id)).remove()
                 _sweep_agent_files(self.state_dir, list(tree))
-            finally:
-                lock.release()
             if tree:
                 deleted.append(rid)
         return deleted

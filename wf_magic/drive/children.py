@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..errors import RunnerError, UsageError
+from ..errors import RunLockHeld, RunnerError, UsageError
 from ..hashing import sha256_text
 from ..redact import is_secret_key
 from ..runners.base import UnitResult
@@ -31,6 +31,24 @@ class ChildBlocked(Exception):
 
 class ChildBudgetStop(Exception):
     """A child workflow run was stopped by the (shared) budget: a hard stop for the parent."""
+
+
+class ChildLockHeld(RunLockHeld):
+    """A parent's drive reached a child run another driver holds: the parent's unit stays
+    owed and its drive ends (CLI exit 75), naming the child and its holder."""
+
+    def __init__(self, parent_run_id: str, step_id: str, held: RunLockHeld):
+        super().__init__(held.run_id or "", pid=held.pid, since=held.since, host=held.host)
+        self.child_run_id = held.run_id
+        self.run_id, self.step_id = parent_run_id, step_id
+        who = f"pid {held.pid}" if held.pid is not None else "another driver"
+        who += f" on {held.host}" if held.host else ""
+        who += f" since {held.since}" if held.since else ""
+        self.message = (
+            f"Run {parent_run_id}: step {step_id} waits on its child run {held.run_id}, which "
+            f"is being driven by {who}; the step stays owed. Wait for that driver (or "
+            f"`wf stop {held.run_id}`), then `wf resume {parent_run_id}`."
+        )
 
 
 def publish(ctx: DriveContext, state: RunState, step: PlanStep, unit: UnitPlan) -> RunRow:

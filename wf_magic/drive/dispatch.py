@@ -14,22 +14,23 @@ from dataclasses import dataclass
 from queue import Empty, SimpleQueue
 from typing import Any
 
-from ..errors import MAX_RETRY_AFTER_S, BudgetExceeded, RunnerError
+from ..errors import MAX_RETRY_AFTER_S, BudgetExceeded, RunLockHeld, RunnerError
 from ..runners.base import UnitRequest, UnitResult
 from ..runners.orphans import reap_orphan
 from ..runners.process import minimal_env
 from ..spec.kinds import KINDS
 from ..spec.plan import PlanStep
 from ..store.records import AttemptRow
-from . import attempts, resume
+from . import attempts, outcomes, resume
 from .agentunits import agent_request, cancel_agents, prior_session
 from .children import ChildBlocked, ChildBudgetStop
 from .context import DriveContext, RunState
 from .executors import InlineExecutor
+from .interrupts import delivered, is_real_interrupt
 from .spine import LoopWork, start_loop
 from .units import UnitPlan
 
-MAX_OUTPUT_BYTES = 10_000_000
+MAX_OUTPUT_BYTES = outcomes.MAX_OUTPUT_BYTES
 OWED_LOOKUP_MAX = 500
 """Past this many owed units, their history is read with one scan of the step instead."""
 
@@ -175,15 +176,21 @@ def _schedule(
                 time.sleep(min(0.05, max(0.0, jobs[0].not_before - time.monotonic())))
             elif halt:
                 break
-    except BaseException:
-        # An interrupt: let in-flight units finish and journal them, then stop (an agent's
-        # process group is ended first: it could run for half an hour).
+    except BaseException as exc:
+        # An interrupt: let in-flight units finish and journal them, then stop. A second one
+        # (the stop was asked already, or it lands while waiting) stops at once: a unit that
+        # never returns must not hold the driver; what is still running is owed.
+        at_once = not isinstance(exc, KeyboardInterrupt) or state.should_stop(ctx)
+        # An agent's process group is ended first: it could run for half an hour.
         cancel_agents(ctx, state, [(j.unit, a) for j, a in in_flight.values()])
         for future, (job, attempt) in list(in_flight.items()):
-            try:
-                future.result()
-            except BaseException:  # noqa: S110 - journaled below or owed to the next drive
-                pass
+            if not at_once:
+                try:
+                    future.result()
+                except KeyboardInterrupt:
+                    at_once = True
+                except BaseException:  # noqa: S110 - journaled below
+                    pass
             if future.done() and not future.cancelled():
                 _finish(ctx, state, step, job, attempt, future, work, deque())
         raise
@@ -304,8 +311,13 @@ def _launch(
     if KINDS[unit.kind].runs_inline:
         ctx.store.flush()  # a child's drive or a route decision may read this loop's journal
         future: Future[UnitResult] = Future()
+        seen = delivered()
         try:
             future.set_result(inline(step, unit, attempt))
+        except RunLockHeld:
+            # A child driven elsewhere: this unit stays owed (its attempt running, reclaimed
+            # by the next drive) and the drive ends naming the holder (exit 75).
+            raise
         except ChildBudgetStop as exc:
             # The child stays as it is (failed on the shared budget) and so does this unit's
             # attempt: a re-drive re-stops exactly the same way and writes nothing.
@@ -317,7 +329,9 @@ def _launch(
             else:
                 work.blocked = str(exc)
             return None
-        except Exception as exc:
+        except BaseException as exc:
+            if is_real_interrupt(exc, seen):
+                raise
             future.set_exception(exc)
         return future
     request = _request(
@@ -329,16 +343,21 @@ def _launch(
         ctx=ctx if isinstance(executor, ThreadPoolExecutor | InlineExecutor) else None,
         resume_from=job.resume,
     )
+    seen = delivered()
     try:
         runner = state.runner(ctx, unit.runner)
-    except (
-        Exception
-    ) as exc:  # a runner that cannot be built fails the attempt, never leaves it running
+    except BaseException as exc:  # a runner that cannot be built fails the attempt
+        if is_real_interrupt(exc, seen):
+            raise
         failed: Future[UnitResult] = Future()
         failed.set_exception(
             exc
             if isinstance(exc, RunnerError)
-            else RunnerError(f"runner {unit.runner!r} could not be created: {exc}", executed=False)
+            else RunnerError(
+                f"runner {unit.runner!r} could not be created: "
+                f"{outcomes.unit_failure(exc, redact=state.redactor.redact)}",
+                executed=False,
+            )
         )
         return failed
     return executor.submit(runner.run, request)
@@ -425,20 +444,21 @@ def _finish(
     """Journal a finished unit; returns False when it failed for good."""
     ctx.budget.release(job.offer)
     job.offer = None
-    exc = future.exception()
-    if exc is None:
-        result = future.result()
-        output = state.redactor.redact_value(result.output)
-        output_json, problem = _output_json(output)
-        if problem is None:
+    raised = future.exception()
+    if raised is None:
+        try:
+            # Checked before it is redacted or journaled (drive/outcomes.py): an output the
+            # journal cannot hold unchanged fails the attempt here, for every runner kind.
+            result = outcomes.checked_result(future.result())
+            output = state.redactor.redact_value(result.output)
+            output_json = outcomes.bounded_json(output)
+        except RunnerError as problem:
+            raised = problem
+        else:
             attempts.finish_ok(ctx, state, attempt, result, output_json, defer=True)
             work.outputs[job.index] = output
             return True
-        exc = RunnerError(problem)
-    if not isinstance(exc, RunnerError):
-        if not isinstance(exc, Exception):
-            raise exc
-        exc = RunnerError(f"runner raised {type(exc).__name__}: {exc}")
+    exc = outcomes.unit_failure(raised, redact=state.redactor.redact)
     failure = attempts.finish_error(ctx, state, attempt, exc, defer=True)
     retry = step.retry
     if exc.transient and job.tries < retry.max_attempts:
@@ -452,19 +472,6 @@ def _finish(
     work.executed_failure = work.executed_failure or exc.executed
     work.outputs[job.index] = None
     return False
-
-
-def _output_json(output: Any) -> tuple[str, str | None]:
-    """The journaled JSON of a (redacted) output, or the problem that keeps it out."""
-    try:
-        text = json.dumps(output, allow_nan=False)
-    except ValueError:
-        return "", "output contains NaN or Infinity, which JSON cannot hold; return finite numbers"
-    except TypeError:
-        return "", f"output of type {type(output).__name__} is not JSON-serialisable"
-    if len(text) > MAX_OUTPUT_BYTES:
-        return "", f"output is {len(text)} bytes, over the bound of {MAX_OUTPUT_BYTES} bytes"
-    return text, None
 
 
 def _load(output_json: str | None) -> Any:

@@ -19,6 +19,7 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RunnerError, UsageError
+from .interrupts import delivered, is_real_interrupt
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -124,13 +125,21 @@ class _DaskExecutor(Executor):
 
 
 class InlineExecutor(Executor):
-    """Runs each submitted call at once in the calling thread (concurrency 1, no threads)."""
+    """Runs each submitted call at once in the calling thread (concurrency 1, no threads).
+
+    Whatever the call raises lands on its future, ``SystemExit`` and a ``KeyboardInterrupt``
+    of the call's own included; only an interrupt delivered meanwhile propagates
+    (:mod:`wf_magic.drive.interrupts`).
+    """
 
     def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
         future: Future[Any] = Future()
+        seen = delivered()
         try:
             future.set_result(fn(*args, **kwargs))
-        except Exception as exc:
+        except BaseException as exc:
+            if is_real_interrupt(exc, seen):
+                raise
             future.set_exception(exc)
         return future
 
@@ -171,9 +180,13 @@ class UnitExecutors:
             self._pool = ThreadPoolExecutor(max_workers=limit, thread_name_prefix="wf-unit")
         return self._pool, limit
 
-    def shutdown(self) -> None:
-        """Stop the owned thread pool (a caller's executor is never shut down)."""
+    def shutdown(self, *, wait: bool = True) -> None:
+        """Stop the owned thread pools (a caller's executor is never shut down).
+
+        ``wait=False`` (an interrupt) does not wait for units still running: a unit that never
+        returns must not hold the driver, and its attempt stays owed to the next drive.
+        """
         for pool in (self._pool, self._solo):
             if pool is not None:
-                pool.shutdown(wait=True, cancel_futures=True)
+                pool.shutdown(wait=wait, cancel_futures=True)
         self._pool = self._solo = None

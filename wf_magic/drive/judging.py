@@ -30,7 +30,7 @@ from ..spec.plan import PlanStep
 from ..store.journal import Finish, UnitKey
 from ..store.records import AttemptRow
 from ..templates import TemplateError, references
-from . import attempts
+from . import attempts, interrupts, outcomes
 from .context import DriveContext, RunState
 from .units import template_context
 
@@ -297,6 +297,7 @@ def _judge_llm(
 ) -> Verdict:
     charged = judge_is_charged(state, step.gate or GateSpec())
     attempt = _reclaim_or_reserve(ctx, state, key, charged=charged)
+    seen = interrupts.delivered()
     try:
         request = UnitRequest(
             run_id=state.run_id,
@@ -311,15 +312,21 @@ def _judge_llm(
             output_schema=VERDICT_SCHEMA,
             timeout_s=step.timeout_s,
         )
-        result = state.runner(ctx, key.runner).run(request)
-        # Redacted before parsing: an unparsable reply is quoted, clipped, in the failure.
+        # Checked like a work unit's (drive/outcomes.py) before anything of it is journaled;
+        # redacted before parsing: an unparsable reply is quoted, clipped, in the failure.
+        result = outcomes.checked_result(state.runner(ctx, key.runner).run(request))
         verdict, kept = as_journaled(
             ctx, state, parse_verdict(state.redactor.redact_value(result.output))
         )
-    except Exception as exc:
+    except BaseException as exc:
         # Whatever the judge raised, its attempt ends failed and the step blocks: a judge
-        # bug never leaves the attempt running or kills the drive.
-        failure = _judge_failure(exc)
+        # bug (its own SystemExit too) never leaves the attempt running or kills the drive.
+        if interrupts.is_real_interrupt(exc, seen):
+            raise
+        failure = outcomes.unit_failure(
+            _judge_failure(exc) if isinstance(exc, Exception) else exc,
+            redact=state.redactor.redact,
+        )
         attempts.finish_error(ctx, state, attempt, failure)
         if failure is exc:
             raise

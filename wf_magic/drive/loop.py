@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from ..errors import RunnerError
+from ..errors import RunLockHeld, RunnerError
 from ..gates.verdict import gate_unit_id
 from ..hashing import canonical_json
 from ..locking import RunLock
@@ -41,13 +41,15 @@ def drive_run(ctx: DriveContext, run: RunRow, *, plan: Plan | None = None) -> Dr
     durable = ctx.store.synchronous_full(plan.execution.durability == "full")
     # Every text this drive writes for the run is redacted with the run's own redactor.
     with durable, ctx.store.scrubber.driving(run.run_id, state.redactor):
+        interrupted = False
         try:
             _walk(ctx, state)
         except KeyboardInterrupt:
             state.stats.stopped_by = "interrupt"
+            interrupted = True
             raise
         finally:
-            state.executors.shutdown()
+            state.executors.shutdown(wait=not interrupted)
     return state.stats
 
 
@@ -209,7 +211,11 @@ def _run_inline(ctx: DriveContext, state: RunState, step: PlanStep, unit: UnitPl
     if unit.kind == "route":
         return _route_decision(step, unit)
     child = children.publish(ctx, state, step, unit)
-    with RunLock(ctx.store.lock_dir, child.run_id):
+    try:
+        lock = RunLock(ctx.store.lock_dir, child.run_id).acquire()
+    except RunLockHeld as exc:
+        raise children.ChildLockHeld(state.run_id, step.id, exc) from None
+    with lock:
         drive_run(ctx.child(state.redactor), ctx.store.get_run(child.run_id) or child)
     return children.child_result(ctx.store, ctx.store.get_run(child.run_id) or child)
 

@@ -16,6 +16,7 @@ from ..spec.plan import Plan
 from ..spec.workflow import Workflow
 from ..store import Store
 from ..store.records import RunRow
+from . import interrupts
 from .budget import seed_budget
 from .context import DriveContext, DriveOptions, DriveStats, RunnerPool
 from .integrity import drift_warnings, verified_plan
@@ -43,7 +44,9 @@ def drive_locked_run(
             resumable, nothing half-written.
     """
     try:
-        with RunLock(store.lock_dir, run_id):
+        # In the main thread, count the interrupts delivered, so a unit's own
+        # KeyboardInterrupt fails its attempt while a real one stops the drive.
+        with interrupts.watching(), RunLock(store.lock_dir, run_id):
             run = _row(store, run_id)
             warnings = drift_warnings(run, live_source)
             drive = _Drive(store, bus, options=options, redactor=redactor, namespace=namespace)

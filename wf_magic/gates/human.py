@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from ..errors import GateDecisionRefused
+from ..errors import GateDecisionRefused, clip
 from ..store import Store
 from ..store.journal import Finish, UnitKey
-from ..store.records import AttemptRow, StepRow
+from ..store.records import AttemptRow, RunRow, StepRow
 from .verdict import Verdict, Waiting, gate_unit_id
 
 
@@ -27,9 +27,13 @@ def record_human_verdict(
         The loop decided.
 
     Raises:
-        GateDecisionRefused: nothing waits, another loop waits (``loop`` is stale), or the
-            loop was already decided; nothing is recorded.
+        GateDecisionRefused: the run is not ``blocked`` (active, completed, failed,
+            abandoned), nothing waits, another loop waits (``loop`` is stale), or the loop was
+            already decided; nothing is recorded.
     """
+
+    def check_run(run: RunRow | None) -> None:
+        _check_blocked(run_id, step_id, run)
 
     def decide(row: StepRow | None, latest: Callable[[str, str], AttemptRow | None]) -> UnitKey:
         waiting = _waiting_on(run_id, step_id, row, loop)
@@ -55,7 +59,36 @@ def record_human_verdict(
         )
 
     finish = Finish(status="succeeded", output_json=json.dumps(verdict.to_json()))
-    return store.record_decision(run_id, step_id, decide, finish).loop
+    return store.record_decision(run_id, step_id, decide, finish, check_run=check_run).loop
+
+
+_NOT_BLOCKED = {
+    "active": "the run is active, not blocked on a gate",
+    "completed": "the run completed; there is nothing left to decide",
+    "failed": "the run failed{why}; `wf resume {run_id}` re-opens it",
+    "abandoned": (
+        "the run was abandoned{why}; `wf fork {run_id} --from STEP` continues its work in a new run"
+    ),
+}
+"""Why a decision on a run in each status other than ``blocked`` is refused."""
+
+
+def _check_blocked(run_id: str, step_id: str, run: RunRow | None) -> None:
+    """Refuse a decision unless the run is ``blocked`` (compare-and-set on the run row)."""
+    if run is None:
+        raise GateDecisionRefused(f"No run {run_id!r}; nothing was recorded.", run_id=run_id)
+    if run.status == "blocked":
+        return
+    why = f" ({clip(run.status_reason, 200)})" if run.status_reason else ""
+    text = _NOT_BLOCKED.get(run.status, "the run is {status}").format(
+        why=why, run_id=run_id, status=run.status
+    )
+    raise GateDecisionRefused(
+        f"Run {run_id} step {step_id} is not waiting for a decision (status {run.status}): "
+        f"{text}; nothing was recorded.",
+        run_id=run_id,
+        step_id=step_id,
+    )
 
 
 def _waiting_on(run_id: str, step_id: str, row: StepRow | None, loop: int | None) -> Waiting:

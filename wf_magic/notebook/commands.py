@@ -376,8 +376,9 @@ def cmd_abandon(ctx: CommandContext, args: LineArgs) -> None:
     run_id = _run(ctx, args)
     for warning in ctx.engine.handle(run_id).warnings:  # abandoning never decodes the plan
         print(f"warning: {warning}")
-    ctx.engine.abandon(run_id, reason=args.reason or "abandoned by user")
-    print(f"run {run_id} abandoned")
+    done = ctx.engine.abandon(run_id, reason=args.reason or "abandoned by user")
+    below = ", ".join(r for r in done if r != run_id)
+    print(f"run {run_id} abandoned" + (f"; so are its child run(s) {below}" if below else ""))
 
 
 def cmd_approve(ctx: CommandContext, args: LineArgs) -> None:
@@ -461,8 +462,10 @@ def cmd_budget(ctx: CommandContext, args: LineArgs) -> Any:
 def cmd_stop(ctx: CommandContext, args: LineArgs) -> None:
     run_id = _run(ctx, args)
     ctx.drives.stop(run_id)
-    ctx.engine.stop(run_id)
-    print(f"stop requested for {run_id}; its driver stops after the units in flight")
+    if ctx.engine.stop(run_id):
+        print(f"stop requested for {run_id}; its driver stops after the units in flight")
+    else:
+        print(f"run {run_id} is finished; there is nothing to stop (nothing was changed)")
 
 
 def cmd_gc(ctx: CommandContext, args: LineArgs) -> None:

@@ -11,7 +11,6 @@ the calling thread.
 from __future__ import annotations
 
 import contextvars
-import json
 import threading
 import traceback
 from collections.abc import Callable, Mapping
@@ -64,7 +63,7 @@ def call_with_timeout(call: Callable[[], T], timeout_s: float | None, *, what: s
 
 
 class FunctionRunner(BaseRunner):
-    """Runs ``python:`` units: ``fn(**kwargs)``; the return value must be JSON-serialisable.
+    """Runs ``python:`` units: ``fn(**kwargs)``; the return value must be a JSON value.
 
     ``request.timeout_s`` is enforced by abandoning the call (see the module docstring).
     """
@@ -105,18 +104,22 @@ class FunctionRunner(BaseRunner):
                 return fn(**kwargs)
             except Exception as exc:
                 raise RunnerError(
-                    f"{target} raised {type(exc).__name__}: {exc}", detail=own_traceback(exc)
+                    f"{target} raised {type(exc).__name__}: {_described(exc)}",
+                    detail=own_traceback(exc),
                 ) from exc
 
-        output = call_with_timeout(call, request.timeout_s, what=target)
-        try:
-            json.dumps(output, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise RunnerError(
-                f"{target} returned a {type(output).__name__} that is not JSON-serialisable "
-                f"({exc}); return dicts, lists, strings and finite numbers"
-            ) from exc
-        return UnitResult(output=output)
+        # What it returns is checked by the driver, like every runner's output, before it is
+        # journaled (drive/outcomes.py): valid UTF-8 text, JSON, finite, bounded.
+        return UnitResult(output=call_with_timeout(call, request.timeout_s, what=target))
+
+
+def _described(exc: Exception) -> str:
+    """The message of ``exc`` on one line (a stand-in when its ``__str__`` fails)."""
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - a broken __str__ must not lose the failure
+        return f"<{type(exc).__name__} whose message cannot be shown>"
+    return " ".join(text.split())
 
 
 _PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)

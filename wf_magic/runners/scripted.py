@@ -262,6 +262,15 @@ def _check_reply(reply: Any, where: str) -> None:
 ReplyFunction = Callable[[UnitRequest], Any]
 
 
+def _reply_text(reply: Any) -> str:
+    """A reply as the text its tokens are counted on; "" for one that is no JSON value (the
+    driver fails such an output before it is journaled)."""
+    try:
+        return json.dumps(reply, sort_keys=True)
+    except (TypeError, ValueError, RecursionError):
+        return ""
+
+
 class ScriptedRunner(BaseRunner):
     """Deterministic, offline runner answering from rules or a function."""
 
@@ -343,7 +352,7 @@ class ScriptedRunner(BaseRunner):
                 reply = json.loads(reply)
             except ValueError:
                 pass  # the engine validates and feeds the mismatch back
-        reply_text = reply if isinstance(reply, str) else json.dumps(reply, sort_keys=True)
+        reply_text = reply if isinstance(reply, str) else _reply_text(reply)
         tokens_out = (
             rule.tokens_out if rule and rule.tokens_out is not None else count_tokens(reply_text)
         )

@@ -15,7 +15,7 @@ from typing import Any
 from . import journal, resume, runs
 from .access import StoreAccess
 from .journal import Finish, UnitKey
-from .records import AttemptRow, BudgetUse, EventRow, StepRow
+from .records import AttemptRow, BudgetUse, EventRow, RunRow, StepRow
 
 
 class JournalQueries(StoreAccess):
@@ -158,15 +158,20 @@ class JournalQueries(StoreAccess):
         step_id: str,
         decide: Callable[[StepRow | None, Callable[[str, str], AttemptRow | None]], UnitKey],
         finish: Finish,
+        *,
+        check_run: Callable[[RunRow | None], None] | None = None,
     ) -> UnitKey:
         """Compare-and-set a person's verdict in one transaction.
 
-        ``decide(step_row, latest_verdict)`` sees the step row and a lookup of the newest
-        verdict of ``(unit_id, input_hash)``; it returns the key to journal, or raises to
-        refuse (nothing is written). The verdict's texts (a person's feedback) are redacted.
+        ``check_run(run_row)`` may refuse on the run's row first (raising); ``decide(step_row,
+        latest_verdict)`` sees the step row and a lookup of the newest verdict of
+        ``(unit_id, input_hash)``; it returns the key to journal, or raises to refuse
+        (nothing is written). The verdict's texts (a person's feedback) are redacted.
         """
 
         def txn(conn: sqlite3.Connection) -> UnitKey:
+            if check_run is not None:
+                check_run(runs.get_run(conn, run_id))
             row = next((s for s in runs.steps_of(conn, run_id) if s.step_id == step_id), None)
 
             def latest(unit_id: str, input_hash: str) -> AttemptRow | None:

@@ -59,6 +59,10 @@ class RunQueries(StoreAccess):
         """Whether someone asked the run's driver to stop."""
         return self._read(lambda c: runs.is_stop_requested(c, run_id), run_id)
 
+    def descendants(self, run_id: str) -> list[RunRow]:
+        """Every run below ``run_id`` (children, their children, ...), oldest first."""
+        return self._read(lambda c: runs.descendants(c, run_id), run_id)
+
     def finished_runs_before(self, cutoff: float) -> list[str]:
         """Finished root runs older than ``cutoff`` (gc candidates)."""
         return self._read(lambda c: runs.finished_runs_before(c, cutoff))
@@ -178,6 +182,11 @@ class RunQueries(StoreAccess):
             ),
             run_id,
         )
+
+    def abandon_tree(self, run_id: str, *, reason: str) -> list[str]:
+        """Abandon ``run_id`` and its unfinished descendants in one transaction (statuses
+        re-read inside it); returns the run ids abandoned."""
+        return self._write(lambda c: runs.abandon_tree_txn(c, run_id, reason=reason), run_id)
 
     def set_stop_requested(self, run_id: str, value: bool) -> None:
         """Ask a run's driver to stop between units (or clear the request)."""

@@ -53,7 +53,8 @@ def create_run_txn(
     *,
     supersede: str | None,
 ) -> None:
-    """Insert a run, first superseding ``supersede`` (so the scope never has two unfinished).
+    """Insert a run, first superseding ``supersede`` and abandoning its unfinished descendants
+    (so the scope never has two unfinished runs, and no child outlives its parent).
 
     An active or blocked run is abandoned ("superseded by <run>"); a failed one keeps its
     status and reason, so its failure stays visible, and a ``run_superseded`` event names the
@@ -61,12 +62,52 @@ def create_run_txn(
     """
     if supersede is not None:
         old = conn.execute("SELECT status FROM runs WHERE run_id = ?", (supersede,)).fetchone()
-        if old is not None and old[0] == "failed":
+        failed = old is not None and old[0] == "failed"
+        if failed:  # it keeps its status and reason: its failure stays visible
             append_event_txn(conn, supersede, "run_superseded", data={"by": run.run_id})
-        else:
-            reason = f"superseded by {run.run_id}"
-            set_run_status_txn(conn, supersede, "abandoned", reason=reason)
+        abandon_tree_txn(conn, supersede, reason=f"superseded by {run.run_id}", own=not failed)
     insert_run_txn(conn, run, steps)
+
+
+UNFINISHED = ("active", "blocked", "failed")
+"""The run statuses abandoning a run ends (its own, and its descendants')."""
+LIVE = ("active", "blocked")
+"""The statuses of a run that may still move on its own (gc never deletes a tree with one)."""
+
+
+def descendants(conn: sqlite3.Connection, run_id: str) -> list[RunRow]:
+    """Every run below ``run_id`` (children, their children, ...), oldest first."""
+    cols = ", ".join(f"r.{c}" for c in RunRow.__dataclass_fields__)
+    rows = conn.execute(
+        "WITH RECURSIVE below(run_id) AS (SELECT run_id FROM runs WHERE parent_run_id = ?"
+        " UNION SELECT r.run_id FROM runs r JOIN below b ON r.parent_run_id = b.run_id)"
+        f" SELECT {cols} FROM runs r JOIN below b ON r.run_id = b.run_id"
+        " ORDER BY r.created_at, r.rowid",
+        (run_id,),
+    )
+    return [from_row(RunRow, r) for r in rows]
+
+
+def abandon_tree_txn(
+    conn: sqlite3.Connection, run_id: str, *, reason: str, own: bool = True
+) -> list[str]:
+    """Abandon ``run_id`` and each unfinished run below it, re-reading every status here.
+
+    A descendant is abandoned with the reason "parent run <id> was abandoned". Returns the
+    run ids abandoned (``run_id`` first when it was unfinished). ``own=False``: only those
+    below it (a superseded failed run keeps its own status).
+    """
+    done = []
+    row = get_run(conn, run_id) if own else None
+    if row is not None and row.status in UNFINISHED:
+        set_run_status_txn(conn, run_id, "abandoned", reason=reason)
+        done.append(run_id)
+    for child in descendants(conn, run_id):
+        if child.status in UNFINISHED:
+            why = f"parent run {child.parent_run_id} was abandoned"
+            set_run_status_txn(conn, child.run_id, "abandoned", reason=why)
+            done.append(child.run_id)
+    return done
 
 
 def superseded_by(conn: sqlite3.Connection, run_id: str) -> str | None:
@@ -256,14 +297,16 @@ def delete_finished_tree_txn(
     keeping one receipt per deleted run (:func:`insert_receipts_txn`).
 
     The status is re-read inside the caller's transaction: a ``failed`` run resumed (re-opened)
-    since it was listed is left alone. Returns the deleted run ids (root first; empty when
-    nothing was deleted).
+    since it was listed is left alone, and so is a tree with a live member (an ``active`` or
+    ``blocked`` child, left by a parent abandoned before abandoning cascaded). Returns the
+    deleted run ids (root first; empty when nothing was deleted).
     """
     wanted = [s for s in statuses if s in FINISHED]
     marks = ", ".join("?" for _ in wanted) or "NULL"
     row = conn.execute(
         f"SELECT 1 FROM runs WHERE run_id = ? AND parent_run_id IS NULL AND status IN ({marks})"
-        " AND COALESCE(finished_at, updated_at) < ?",
+        " AND COALESCE(finished_at, updated_at) < ? AND NOT EXISTS (SELECT 1 FROM runs m"
+        " WHERE m.root_run_id = runs.run_id AND m.status IN ('active', 'blocked'))",
         (run_id, *wanted, cutoff),
     ).fetchone()
     if row is None:

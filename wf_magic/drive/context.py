@@ -21,7 +21,7 @@ from ..sealing import unseal
 from ..spec.plan import Plan, PlanStep
 from ..store import Store
 from ..store.records import RunRow, StepRow
-from .budget import Budget
+from .budget import Budget, SharedBudget
 from .executors import UnitExecutors
 from .units import StepOutputs
 
@@ -40,6 +40,9 @@ class DriveOptions:
     secrets: dict[str, Any] = field(default_factory=dict, repr=False)
     """Seal → value of the secret params the caller handed to this drive, plus those of the
     child runs it publishes (never stored)."""
+    shared_budget: SharedBudget | None = None
+    """Ceilings shared with other runs (a sweep's): a charged unit they refuse is not
+    dispatched and the drive stops, leaving the run resumable (``stopped_by='shared_budget'``)."""
 
 
 @dataclass(slots=True, kw_only=True)

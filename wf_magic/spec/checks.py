@@ -251,7 +251,7 @@ def check_step_templates(
             refs = references(text, expression=bare)
         except TemplateError as exc:
             raise src.error(str(exc), at) from None
-        allowed = {"params", "steps", "gate"} | _JINJA_GLOBALS
+        allowed = {"params", "steps", "gate", "sweep"} | _JINJA_GLOBALS
         if step.map is not None and rel[0] != "map":
             allowed |= {"item", "index"}
         if rel[0] == "gate" and rel[1] == "check":

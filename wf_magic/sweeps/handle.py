@@ -115,7 +115,9 @@ class Sweep:
         for name in keys:
             if name not in mine.columns or name not in theirs.columns:
                 raise UsageError(f"sweep compare: {name!r} is not a column of both sweeps")
+        mine["_order"] = range(len(mine))
         joined = mine.merge(theirs, on=keys, how="outer", suffixes=("_a", "_b"))
+        joined = joined.sort_values("_order", na_position="last", kind="stable")
         out = []
         for rec in joined.to_dict(orient="records"):
             run_a, run_b = rec.get("run_id_a"), rec.get("run_id_b")
@@ -123,7 +125,7 @@ class Sweep:
                 changed, units = True, None
             else:
                 comparison = compare_runs(self._store, str(run_a), str(run_b))
-                units = len(comparison.differing)
+                units = len(comparison.differing())
                 changed = rec["result_a"] != rec["result_b"]
             if not changed:
                 continue
@@ -135,8 +137,9 @@ class Sweep:
                     "result_a": rec.get("result_a"),
                     "result_b": rec.get("result_b"),
                     "units_differing": units,
-                    "tokens_delta": _num(rec.get("tokens_original_b"))
-                    - _num(rec.get("tokens_original_a")),
+                    "tokens_delta": int(
+                        _num(rec.get("tokens_original_b")) - _num(rec.get("tokens_original_a"))
+                    ),
                     "cost_delta": _num(rec.get("cost_original_b"))
                     - _num(rec.get("cost_original_a")),
                 }

@@ -343,3 +343,22 @@ def test_the_cli_sweep_verbs(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         "declared: ['model', 'n', 'style', 'topic']"
     )
     assert run_cli(state, "sweep-status", "sw-nothing") == 2
+
+
+def test_the_readme_sweeps_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+    import shutil
+    from contextlib import redirect_stdout
+
+    root = Path(__file__).resolve().parent.parent
+    section = (root / "README.md").read_text().split("## Sweeps", 1)[1].split("\n## ", 1)[0]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    shutil.copytree(root / "examples", tmp_path / "examples")
+    monkeypatch.chdir(tmp_path)
+    out = io.StringIO()
+    with redirect_stdout(out):
+        exec(compile(code, "README.md", "exec"), {})  # noqa: S102 - our own documentation
+    lines = out.getvalue().splitlines()
+    assert lines[:2] == ["stopped", "completed"]
+    assert lines[4].split() == ["long", "3.0", "3.0", "3.0"]
+    assert lines[5].split() == ["terse", "1.0", "1.0", "1.0"]

@@ -1,0 +1,60 @@
+"""``%%sweep``: parses the cell line, runs ``Engine.sweep`` over the cell's YAML and shows the
+sweep's grid (which stays in the saved notebook as static HTML)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..errors import UsageError
+from ..sweep_cli import parse_grid
+
+if TYPE_CHECKING:
+    from ..sweeps.handle import Sweep
+    from .context import CommandContext
+
+
+def sweep_rows(value: str | None, user_ns: Mapping[str, Any]) -> Any:
+    """``--rows``: a notebook variable (a DataFrame or a list of dicts), else a file path."""
+    if value is None:
+        return None
+    if value.isidentifier() and value in user_ns:
+        return user_ns[value]
+    return value
+
+
+def run_sweep_cell(ctx: CommandContext, ns: argparse.Namespace, source: str) -> Sweep:
+    """Freeze the cell's workflow, run the sweep, display its grid, bind ``--as``.
+
+    Raises:
+        UsageError: the cell is empty, a bad ``--grid``, or what ``Engine.sweep`` refuses.
+    """
+    from IPython.display import HTML, display
+
+    from .commands import load_cell
+
+    if not source.strip():
+        raise UsageError("the cell is empty: write the workflow YAML under %%sweep")
+    if ns.as_var is not None and not ns.as_var.isidentifier():
+        raise UsageError(f"--as expects a Python variable name (got {ns.as_var!r})")
+    wf = load_cell(ctx, source, None)
+    budget = {
+        k: getattr(ns, k)
+        for k in ("max_tokens", "max_cost", "max_units")
+        if getattr(ns, k) is not None
+    }
+    sweep = ctx.engine.sweep(
+        wf,
+        grid=parse_grid(ns.grid or ()),
+        rows=sweep_rows(ns.rows, ctx.user_ns),
+        repeat=ns.repeat,
+        budget=budget or None,
+        max_concurrency=ns.max_concurrency,
+        key=ns.key,
+        values_from_strings=True,
+    )
+    display(HTML(sweep._repr_html_()))  # type: ignore[no-untyped-call]
+    if ns.as_var:
+        ctx.user_ns[ns.as_var] = sweep
+    return sweep

@@ -26,12 +26,13 @@ def outputs_text(nb: nbformat.NotebookNode) -> str:
     return "\n".join(parts)
 
 
-def test_the_four_demo_notebooks_exist() -> None:
+def test_the_five_demo_notebooks_exist() -> None:
     assert [p.name for p in NOTEBOOKS] == [
         "01_quickstart.ipynb",
         "02_rerun_and_reuse.ipynb",
         "03_gates.ipynb",
         "04_budget_analysis.ipynb",
+        "05_sweeps.ipynb",
     ]
 
 

@@ -1,5 +1,5 @@
-"""``%%sweep``: parses the cell line, runs ``Engine.sweep`` over the cell's YAML and shows the
-sweep's grid (which stays in the saved notebook as static HTML)."""
+"""``%%sweep``: runs ``Engine.sweep`` over the cell's YAML; the cell's value is the ``Sweep``,
+whose rich display is the sweep's grid (static HTML that stays in the saved notebook)."""
 
 from __future__ import annotations
 
@@ -25,13 +25,11 @@ def sweep_rows(value: str | None, user_ns: Mapping[str, Any]) -> Any:
 
 
 def run_sweep_cell(ctx: CommandContext, ns: argparse.Namespace, source: str) -> Sweep:
-    """Freeze the cell's workflow, run the sweep, display its grid, bind ``--as``.
+    """Freeze the cell's workflow, run the sweep, bind ``--as``; the handle shows the grid.
 
     Raises:
         UsageError: the cell is empty, a bad ``--grid``, or what ``Engine.sweep`` refuses.
     """
-    from IPython.display import HTML, display
-
     from .commands import load_cell
 
     if not source.strip():
@@ -54,7 +52,6 @@ def run_sweep_cell(ctx: CommandContext, ns: argparse.Namespace, source: str) -> 
         key=ns.key,
         values_from_strings=True,
     )
-    display(HTML(sweep._repr_html_()))  # type: ignore[no-untyped-call]
     if ns.as_var:
         ctx.user_ns[ns.as_var] = sweep
     return sweep

@@ -20,6 +20,7 @@ from .run import Run, RunRef, run_ref
 from .store import Store
 from .store.db import DB_FILENAME, default_state_dir
 from .store.records import AttemptRow, EventRow, RunRow, StepRow
+from .sweeps.verbs import SweepVerbs
 
 # The verbs that freeze, drive or lock a run import lifecycle, the drive, the spec (the plan
 # models, Jinja, YAML) and the run locks when called: `wf status` and the other read-only
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
     from . import lifecycle
     from .comparison import RunComparison
     from .spec.workflow import Workflow
-    from .sweeps.handle import Sweep
 
 _AMBIGUOUS_SHOWN = 8
 """How many matches an ambiguous run id prefix lists."""
@@ -41,8 +41,11 @@ GC_STATUSES: tuple[str, ...] = ("completed", "failed", "abandoned")
 """The run statuses gc deletes (finished ones); ``wf gc --status`` picks among them."""
 
 
-class Engine:
+class Engine(SweepVerbs):
     """Everything wf_magic does, as plain Python; the CLI and the magics are thin shells.
+
+    The sweep verbs (``sweep``, ``sweep_resume``, ``sweep_handle``, ``sweeps``) come from
+    :class:`wf_magic.sweeps.verbs.SweepVerbs`.
 
     Args:
         state_dir: where ``state.db`` and the run locks live (default ``$WF_MAGIC_HOME`` or
@@ -532,127 +535,6 @@ class Engine:
         return compare_runs(self.store, a, b, show_all=show_all)
 
     # -- helpers ----------------------------------------------------------------------------
-    # -- sweeps -----------------------------------------------------------------------------
-    def sweep(
-        self,
-        source: Workflow | str | Path,
-        *,
-        grid: Mapping[str, Sequence[Any]] | None = None,
-        rows: Any = None,
-        repeat: int = 1,
-        budget: Mapping[str, Any] | None = None,
-        max_concurrency: int | None = None,
-        key: str | None = None,
-        signal: threading.Event | None = None,
-        progress: Callable[[int, int], None] | None = None,
-        values_from_strings: bool = False,
-    ) -> Sweep:
-        """Run ``source`` over every cell of ``grid`` × ``rows`` × ``repeat``, under one
-        ``budget`` (``max_units`` / ``max_tokens`` / ``max_cost``) over the whole sweep.
-
-        The same definition again resumes (or shows) its sweep; a changed one is a new sweep
-        whose unchanged cells find their completed runs. See docs/sweeps.md.
-
-        Raises:
-            UsageError: an axis or row column is not a declared param, a cell's params are
-                invalid, a bad budget or repeat, or ``key`` launched another definition.
-            DefinitionError: the source is invalid.
-        """
-        from .spec.workflow import Workflow
-        from .sweeps.driver import open_sweep
-        from .sweeps.expand import definition
-
-        _at_least(max_concurrency=(max_concurrency, 1))
-        wf = source if isinstance(source, Workflow) else self.load(source)
-        spec = definition(
-            wf.plan, grid=grid, rows=rows, repeat=repeat, from_strings=values_from_strings
-        )
-        row = open_sweep(self.store, wf, spec, budget=budget, key=key)
-        return self._drive_sweep(row.sweep_id, wf, max_concurrency, signal, progress)
-
-    def sweep_resume(
-        self,
-        sweep_id: str,
-        *,
-        budget: Mapping[str, Any] | None = None,
-        max_concurrency: int | None = None,
-        signal: threading.Event | None = None,
-        progress: Callable[[int, int], None] | None = None,
-    ) -> Sweep:
-        """Drive a sweep's owed cells again; ``budget`` sets new ceilings (the keys given
-        replace the stored ones), else the stored ones hold.
-
-        Raises:
-            UsageError: no such sweep, or a bad budget.
-        """
-        from .store.sweeps import SweepRow
-        from .sweeps.driver import check_budget
-
-        _at_least(max_concurrency=(max_concurrency, 1))
-        row: SweepRow = self.sweep_handle(sweep_id).row
-        if budget:
-            import json
-
-            ceilings = {**json.loads(row.budget_json), **check_budget(budget)}
-            self.store.set_sweep_status(
-                row.sweep_id, "running", None, budget_json=json.dumps(ceilings, sort_keys=True)
-            )
-        wf = self.load(row.source, source_name=row.workflow)
-        if wf.plan_hash != row.plan_hash:
-            raise UsageError(
-                f"sweep {row.sweep_id}: its stored source now freezes into another plan "
-                "(a python target or library workflow changed); start a new sweep instead"
-            )
-        return self._drive_sweep(row.sweep_id, wf, max_concurrency, signal, progress)
-
-    def _drive_sweep(
-        self,
-        sweep_id: str,
-        wf: Workflow,
-        max_concurrency: int | None,
-        signal: threading.Event | None,
-        progress: Callable[[int, int], None] | None,
-    ) -> Sweep:
-        from .sweeps.driver import SweepDrive, drive_sweep
-        from .sweeps.handle import Sweep
-
-        ctx = SweepDrive(
-            store=self.store,
-            bus=self.bus,
-            redactor=self.redactor,
-            namespace=self.namespace,
-            max_concurrency=max_concurrency or self.max_concurrency or 1,
-            executor=self.executor,
-            signal=signal,
-            progress=progress,
-        )
-        row = self.store.get_sweep(sweep_id)
-        assert row is not None  # noqa: S101 - opened by the caller
-        drive_sweep(ctx, row, wf)
-        return Sweep(self.store, sweep_id, skipped=ctx.skipped)
-
-    def sweep_handle(self, sweep_id: str) -> Sweep:
-        """A handle on a sweep by id (or a unique prefix of one).
-
-        Raises:
-            UsageError: no sweep matches, or the prefix is ambiguous.
-        """
-        from .sweeps.handle import Sweep
-
-        if self.store.get_sweep(sweep_id) is None:
-            near = self.store.find_sweep_prefix(sweep_id, limit=_AMBIGUOUS_SHOWN + 1)
-            if len(near) != 1:
-                hint = f" It matches {', '.join(near)}." if near else " `wf sweeps` lists them."
-                raise UsageError(f"No sweep {sweep_id!r} in {self.db_path}.{hint}")
-            sweep_id = near[0]
-        return Sweep(self.store, sweep_id)
-
-    def sweeps(self) -> pd.DataFrame:
-        """One row per sweep: id, workflow, status, reason, cells, budget, created_at."""
-        from .sweeps.handle import sweeps_frame
-
-        return sweeps_frame(self.store)
-
     def _handle(self, started: lifecycle.Started) -> Run:
         handle = Run(self.store, started.run_id, created=started.created, bus=self.bus)
         handle.warnings.extend(started.warnings)

@@ -98,8 +98,7 @@ def open_sweep(
             store.set_sweep_status(
                 sweep_id, "running", None, budget_json=canonical_json(ceilings)
             )
-            found = store.get_sweep(sweep_id)
-        assert found is not None  # noqa: S101 - just written under this id
+            found = sweep_row(store, sweep_id)
         return found
     cells = expand(wf.plan, spec)
     now = time.time()
@@ -132,6 +131,21 @@ def open_sweep(
             for c in cells
         ],
     )
+    return row
+
+
+def reopen_sweep(store: Store, sweep_id: str, *, budget: Mapping[str, Any] | None) -> SweepRow:
+    """The sweep to resume, its ceilings updated by ``budget`` (the keys given replace the
+    stored ones; the others hold).
+
+    Raises:
+        UsageError: no such sweep, or a bad budget.
+    """
+    row = sweep_row(store, sweep_id)
+    if budget:
+        ceilings = {**json.loads(row.budget_json), **check_budget(budget)}
+        store.set_sweep_status(sweep_id, "running", None, budget_json=canonical_json(ceilings))
+        row = sweep_row(store, sweep_id)
     return row
 
 
@@ -237,6 +251,16 @@ def settle_sweep(store: Store, sweep: SweepRow, shared: SharedBudget) -> SweepRo
             status = "failed"
             reason = f"{len(bad)} cell(s) failed, blocked or abandoned (first: cell {bad[0].cell_index})"
     store.set_sweep_status(sweep.sweep_id, status, reason)
-    row = store.get_sweep(sweep.sweep_id)
-    assert row is not None  # noqa: S101 - written just above
+    return sweep_row(store, sweep.sweep_id)
+
+
+def sweep_row(store: Store, sweep_id: str) -> SweepRow:
+    """The row of ``sweep_id``.
+
+    Raises:
+        UsageError: no such sweep (deleted under this drive, or a mistyped id).
+    """
+    row = store.get_sweep(sweep_id)
+    if row is None:
+        raise UsageError(f"No sweep {sweep_id!r} in {store.db_path}; `wf sweeps` lists them.")
     return row

@@ -362,3 +362,40 @@ def test_the_readme_sweeps_example_runs(tmp_path: Path, monkeypatch: pytest.Monk
     assert lines[:2] == ["stopped", "completed"]
     assert lines[4].split() == ["long", "3.0", "3.0", "3.0"]
     assert lines[5].split() == ["terse", "1.0", "1.0", "1.0"]
+
+
+def test_a_cell_driven_elsewhere_is_skipped_and_reported(tmp_path: Path) -> None:
+    from wf_magic.locking import RunLock
+
+    state = tmp_path / "st"
+    with Engine(state) as engine:
+        sweep = engine.sweep(WORKFLOW, grid={"n": [1, 2, 3]}, budget={"max_units": 1})
+        held = sweep.frame()["run_id"].tolist()[1]  # the cell the ceiling cut: active
+        assert engine.get_run(held).status == "active"
+        with RunLock(engine.store.lock_dir, held):
+            again = engine.sweep_resume(sweep.sweep_id, budget={"max_units": 10})
+            assert again.status == "running"
+            assert again.status_reason == f"1 cell(s) owed; `wf sweep-resume {sweep.sweep_id}`"
+            assert len(again.skipped) == 1
+            assert again.skipped[0].startswith(f"cell 1 ({held}) skipped: Run {held} is being driven")
+            assert again.frame()["status"].tolist() == ["completed", "active", "completed"]
+        done = engine.sweep_resume(sweep.sweep_id)
+        assert done.status == "completed" and done.skipped == []
+        assert charged(state) == 3
+
+
+def test_a_templated_model_axis_sends_each_cell_to_its_model(tmp_path: Path) -> None:
+    """Needs `model: "{{ params.model }}"` rendered at freeze time (branch p19b); skipped
+    until a templated model freezes."""
+    template = "{{ params.model }}"
+    source = WORKFLOW.replace("  - id: write\n", f'  - id: write\n    model: "{template}"\n', 1)
+    state = tmp_path / "st"
+    with Engine(state) as engine:
+        sweep = engine.sweep(source, grid={"model": ["m-small", "m-large"]})
+        models = [
+            [a.model for a in engine.attempts(rid) if a.charged]
+            for rid in sweep.frame()["run_id"]
+        ]
+    if models == [[template], [template]]:
+        pytest.skip("templated model: this build sends the template text (lands with p19b)")
+    assert models == [["m-small"], ["m-large"]]

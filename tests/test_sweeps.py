@@ -399,3 +399,22 @@ def test_a_templated_model_axis_sends_each_cell_to_its_model(tmp_path: Path) -> 
     if models == [[template], [template]]:
         pytest.skip("templated model: this build sends the template text (lands with p19b)")
     assert models == [["m-small"], ["m-large"]]
+
+
+def test_the_frame_has_a_gate_outcome_and_loops_per_gated_step_matching_the_journal(
+    tmp_path: Path,
+) -> None:
+    source = WORKFLOW + """    gate: {judge: expr, check: "params.n > 1", max_loops: 2}
+"""
+    with Engine(tmp_path / "st") as engine:
+        sweep = engine.sweep(source, grid={"n": [1, 2]})
+        frame = sweep.frame()
+        assert list(frame.columns) == ["n", *FRAME_FIXED, "gate_write", "gate_write_loops"]
+        assert frame["gate_write"].tolist() == ["blocked", "passed"]
+        assert frame["gate_write_loops"].tolist() == [2, 1]
+        verdicts = [
+            len([a for a in engine.attempts(rid) if a.phase == "gate"]) for rid in frame["run_id"]
+        ]
+        assert verdicts == frame["gate_write_loops"].tolist()
+        assert frame["status"].tolist() == ["blocked", "completed"]
+        assert sweep.status == "failed"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from . import sweeps
 from .access import StoreAccess
-from .sweeps import CellSpec, SweepCellRow, SweepRow, SweepStatus
+from .sweeps import CellSpec, CellStepRow, SweepCellRow, SweepRow, SweepStatus
 
 
 class SweepQueries(StoreAccess):
@@ -34,6 +34,10 @@ class SweepQueries(StoreAccess):
     def sweep_usage(self, sweep_id: str, *, since: float) -> tuple[int, int, float]:
         """(charged attempts, tokens, cost) of the sweep's cells since ``since``."""
         return self._read(lambda c: sweeps.sweep_usage(c, sweep_id, since))
+
+    def sweep_cell_steps(self, sweep_id: str, step_ids: list[str]) -> list[CellStepRow]:
+        """The rows of ``step_ids`` in every cell's run (the frame's gate columns)."""
+        return self._read(lambda c: sweeps.sweep_cell_steps(c, sweep_id, step_ids))
 
     # -- writes ----------------------------------------------------------------------------
     def create_sweep(self, row: SweepRow, cells: list[CellSpec]) -> None:

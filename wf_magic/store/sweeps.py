@@ -208,3 +208,29 @@ def sweep_usage(conn: sqlite3.Connection, sweep_id: str, since: float) -> tuple[
         (since, sweep_id),
     ).fetchone()
     return int(row[0]), int(row[1]), float(row[2])
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CellStepRow:
+    """One step of a cell's run: its status and the loop it reached (gate columns)."""
+
+    cell_index: int
+    step_id: str
+    status: str
+    loop: int
+
+
+def sweep_cell_steps(
+    conn: sqlite3.Connection, sweep_id: str, step_ids: list[str]
+) -> list[CellStepRow]:
+    """The rows of ``step_ids`` in every cell's run (cells without a run have none)."""
+    if not step_ids:
+        return []
+    marks = ", ".join("?" * len(step_ids))
+    rows = conn.execute(
+        "SELECT c.cell_index, s.step_id, s.status, s.loop FROM sweep_cells c"
+        " JOIN steps s ON s.run_id = c.run_id"
+        f" WHERE c.sweep_id = ? AND s.step_id IN ({marks}) ORDER BY c.cell_index",
+        (sweep_id, *step_ids),
+    ).fetchall()
+    return [from_row(CellStepRow, r) for r in rows]

@@ -77,19 +77,38 @@ class Sweep:
 
     def frame(self) -> pd.DataFrame:
         """One row per cell: the axes, ``row``, ``repeat``, ``run_id``, ``status``,
-        ``result`` (and its top-level fields when it is an object), ``tokens_paid``,
-        ``tokens_original``, ``cost_paid``, ``cost_original``, ``duration_s``."""
+        ``result``, ``tokens_paid``, ``tokens_original``, ``cost_paid``, ``cost_original``,
+        ``duration_s``, then ``gate_<step>`` / ``gate_<step>_loops`` per gated step, then the
+        result's top-level fields when it is an object."""
         import pandas as pd
 
         axes = self.axes
         records = [_record(cell, axes) for cell in self.cells()]
+        gate_columns = self._gate_columns(records)
         fields: list[str] = []
         for rec in records:
             for name in rec.pop("_fields"):
                 if name not in fields and name not in axes and name not in FRAME_COLUMNS:
                     fields.append(name)
-        frame = pd.DataFrame(records, columns=[*axes, *FRAME_COLUMNS, *fields])
+        frame = pd.DataFrame(records, columns=[*axes, *FRAME_COLUMNS, *gate_columns, *fields])
         return frame
+
+    def _gate_columns(self, records: list[dict[str, Any]]) -> list[str]:
+        """Add ``gate_<step>`` (passed / blocked / the step's status) and
+        ``gate_<step>_loops`` (loops used) for each gated step to ``records``."""
+        plan = json.loads(self.row.plan_json)
+        gated = [s["id"] for s in plan.get("steps", []) if s.get("gate")]
+        outcome = {"completed": "passed", "blocked": "blocked"}
+        found = {
+            (r.cell_index, r.step_id): r
+            for r in self._store.sweep_cell_steps(self.sweep_id, gated)
+        }
+        for index, rec in enumerate(records):
+            for step in gated:
+                row = found.get((index, step))
+                rec[f"gate_{step}"] = None if row is None else outcome.get(row.status, row.status)
+                rec[f"gate_{step}_loops"] = None if row is None else row.loop
+        return [name for step in gated for name in (f"gate_{step}", f"gate_{step}_loops")]
 
     def totals(self) -> dict[str, float]:
         """What the sweep paid: units, tokens and cost, over all its cells."""

@@ -84,3 +84,33 @@ def test_sweep_cell_errors_are_one_line_usage_errors(
         assert "\n" not in str(result.error_in_exec)
     blank = shell.run_cell("%%sweep --grid style=a\n   \n")
     assert "the cell is empty" in str(blank.error_in_exec)
+
+
+def test_in_a_kernel_the_sweep_is_a_live_widget_and_leaves_its_static_grid(
+    tmp_path: Path,
+) -> None:
+    import nbformat
+
+    from tests.helpers_notebook import execute_notebook
+
+    nb = nbformat.v4.new_notebook(
+        metadata={
+            "kernelspec": {"name": "python3", "language": "python", "display_name": "Python 3"}
+        }
+    )
+    nb.cells = [
+        nbformat.v4.new_code_cell(src)
+        for src in (
+            f"%env WF_MAGIC_HOME={tmp_path / 'state'}\n%load_ext wf_magic",
+            "%%sweep --grid style=a,b,c --grid topic=x,y --as s\n" + YAML,
+            "print(s.status, len(s.frame()))",
+        )
+    ]
+    execute_notebook(nb, tmp_path)
+    kinds = [o["output_type"] for o in nb.cells[1].outputs]
+    assert kinds == ["display_data", "execute_result"]
+    live, final = nb.cells[1].outputs
+    assert "application/vnd.jupyter.widget-view+json" in live["data"]
+    html = final["data"]["text/html"]
+    assert html.count("<span title=") == 6 and "completed · 6 cells" in html
+    assert nb.cells[2].outputs[0]["text"].strip() == "completed 6"

@@ -11,8 +11,10 @@ from ..errors import UsageError
 from ..sweep_cli import parse_grid
 
 if TYPE_CHECKING:
+    from ..spec.workflow import Workflow
     from ..sweeps.handle import Sweep
     from .context import CommandContext
+    from .sweepview import SweepGridView
 
 
 def sweep_rows(value: str | None, user_ns: Mapping[str, Any]) -> Any:
@@ -42,16 +44,43 @@ def run_sweep_cell(ctx: CommandContext, ns: argparse.Namespace, source: str) -> 
         for k in ("max_tokens", "max_cost", "max_units")
         if getattr(ns, k) is not None
     }
-    sweep = ctx.engine.sweep(
-        wf,
-        grid=parse_grid(ns.grid or ()),
-        rows=sweep_rows(ns.rows, ctx.user_ns),
-        repeat=ns.repeat,
-        budget=budget or None,
-        max_concurrency=ns.max_concurrency,
-        key=ns.key,
-        values_from_strings=True,
-    )
+    grid, rows = parse_grid(ns.grid or ()), sweep_rows(ns.rows, ctx.user_ns)
+    view = _live_view(ctx, wf, grid, rows, ns.repeat) if ctx.use_widgets else None
+    try:
+        sweep = ctx.engine.sweep(
+            wf,
+            grid=grid,
+            rows=rows,
+            repeat=ns.repeat,
+            budget=budget or None,
+            max_concurrency=ns.max_concurrency,
+            key=ns.key,
+            progress=view.poke if view is not None else None,
+            values_from_strings=True,
+        )
+    finally:
+        if view is not None:
+            view.close()
     if ns.as_var:
         ctx.user_ns[ns.as_var] = sweep
     return sweep
+
+
+def _live_view(
+    ctx: CommandContext, wf: Workflow, grid: dict[str, list[str]], rows: Any, repeat: int
+) -> SweepGridView | None:
+    """The live grid, displayed before the sweep drives (None when the definition is bad:
+    ``Engine.sweep`` then says why)."""
+    from IPython.display import display
+
+    from ..sweeps.expand import definition, sweep_identity
+    from .sweepview import SweepGridView
+
+    try:
+        spec = definition(wf.plan, grid=grid, rows=rows, repeat=repeat, from_strings=True)
+    except UsageError:
+        return None
+    sweep_id, _ = sweep_identity(wf.plan_hash, spec)
+    view = SweepGridView(ctx.engine.store, sweep_id)
+    display(view.widget)  # type: ignore[no-untyped-call]
+    return view

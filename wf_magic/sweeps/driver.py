@@ -9,12 +9,13 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .. import lifecycle
 from ..bus import EventBus
 from ..drive.budget import SharedBudget
-from ..drive.context import DriveOptions
+from ..drive.context import DriveOptions, RunnerPool
 from ..drive.executors import thread_executor
 from ..drive.root import drive_locked_run
 from ..errors import RunLockHeld, UsageError
@@ -174,11 +175,14 @@ def drive_sweep(ctx: SweepDrive, sweep: SweepRow, wf: Workflow) -> SweepRow:
         executor=pool,
         shared_budget=shared,
     )
+    # One runner pool for every cell: the cells share a plan, so one runner (one HTTP client
+    # and its connections) serves them all, as it serves the units of one map.
+    runners = RunnerPool(state_dir=Path(ctx.store.db_path).parent, namespace=ctx.namespace)
 
     def one(cell: SweepCellRow) -> None:
         if shared.reached or (ctx.signal is not None and ctx.signal.is_set()):
             return
-        _drive_cell(ctx, sweep, wf, cell, options)
+        _drive_cell(ctx, sweep, wf, cell, options, runners)
         with lock:
             settled[0] += 1
             if ctx.progress is not None:
@@ -195,11 +199,17 @@ def drive_sweep(ctx: SweepDrive, sweep: SweepRow, wf: Workflow) -> SweepRow:
     finally:
         if pool is not None and pool is not ctx.executor:
             pool.shutdown(wait=True)
+        runners.close()
     return settle_sweep(ctx.store, sweep, shared)
 
 
 def _drive_cell(
-    ctx: SweepDrive, sweep: SweepRow, wf: Workflow, cell: SweepCellRow, options: DriveOptions
+    ctx: SweepDrive,
+    sweep: SweepRow,
+    wf: Workflow,
+    cell: SweepCellRow,
+    options: DriveOptions,
+    runners: RunnerPool,
 ) -> None:
     run_id = cell.run_id
     if run_id is None:
@@ -217,6 +227,7 @@ def _drive_cell(
             options=options,
             redactor=ctx.redactor,
             namespace=ctx.namespace,
+            runners=runners,
         )
     except RunLockHeld as exc:
         note = f"skipped: {exc}"

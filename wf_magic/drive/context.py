@@ -54,7 +54,8 @@ class DriveStats:
     saved_tokens: int = 0
     steps_finished: int = 0
     stopped_by: str | None = None
-    """None, ``max_steps``, ``signal``, ``stop_request`` or ``interrupt``."""
+    """None, ``max_steps``, ``signal``, ``stop_request``, ``interrupt`` or ``shared_budget``
+    (a sweep's ceiling refused a dispatch; the run stays active)."""
     retryable_failure: bool = False
     """The run failed on a unit that really ran (run-level retries may re-open it)."""
 

@@ -35,22 +35,38 @@ def _cli(fake: bool, tmp: Path) -> Path:
     if fake:
         return make_bins(tmp / "bin")["claude"]
     cache = Path(os.environ.get("WF_AGENTS_CACHE") or Path.home() / ".cache" / "wf_magic-agents")
-    path = Path(os.environ.get("WF_AGENT_CLAUDE_BIN") or
-                cache / "claude-2.1.197" / "node_modules" / ".bin" / "claude")
+    path = Path(
+        os.environ.get("WF_AGENT_CLAUDE_BIN")
+        or cache / "claude-2.1.197" / "node_modules" / ".bin" / "claude"
+    )
     if not path.exists():
         sys.exit(f"no Claude Code at {path}: run scripts/ci_agents.sh, or pass --fake")
     return path
 
 
 def _direct(cli: Path, folder: Path, home: Path, env: dict[str, str]) -> float:
-    call = AgentCall(prompt="Say hello.", model="claude-sonnet-4-5", permission="edits",
-                     max_turns=None, cwd=str(folder), home=str(home), scratch=str(home),
-                     session_id=str(uuid.uuid4()))
+    call = AgentCall(
+        prompt="Say hello.",
+        model="claude-sonnet-4-5",
+        permission="edits",
+        max_turns=None,
+        cwd=str(folder),
+        home=str(home),
+        scratch=str(home),
+        session_id=str(uuid.uuid4()),
+    )
     harness = ClaudeHarness()
     full = {**env, "HOME": str(home), **harness.quiet_env(call)}
     started = time.perf_counter()
-    done = subprocess.run([str(cli), *harness.argv(call)], cwd=folder, env=full,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [str(cli), *harness.argv(call)],
+        cwd=folder,
+        env=full,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     took = time.perf_counter() - started
     if done.returncode != 0:
         sys.exit(f"direct run failed: {done.stdout[-500:]} {done.stderr[-500:]}")
@@ -79,8 +95,12 @@ def main() -> None:
             folder, home = tmp / "work", tmp / "home"
             folder.mkdir()
             home.mkdir(mode=0o700)
-            env = {"PATH": os.environ["PATH"], "LANG": "C.UTF-8",
-                   "ANTHROPIC_BASE_URL": backend.url, "ANTHROPIC_API_KEY": "sk-ant-fake-0123456789"}
+            env = {
+                "PATH": os.environ["PATH"],
+                "LANG": "C.UTF-8",
+                "ANTHROPIC_BASE_URL": backend.url,
+                "ANTHROPIC_API_KEY": "sk-ant-fake-0123456789",
+            }
             os.environ.update({k: v for k, v in env.items() if k.startswith("ANTHROPIC")})
             path = folder / "bench.yaml"
             path.write_text(
@@ -99,13 +119,20 @@ def main() -> None:
     finally:
         backend.stop()
     d, w = statistics.median(direct), statistics.median(wf)
-    print(json.dumps({
-        "cli": "fake" if args.fake else "claude-2.1.197", "reps": args.reps,
-        "direct_s": round(d, 4), "wf_magic_s": round(w, 4),
-        "overhead_ms": round((w - d) * 1000, 1), "ratio": round(w / d, 3),
-        "direct_min_max": [round(min(direct), 4), round(max(direct), 4)],
-        "wf_min_max": [round(min(wf), 4), round(max(wf), 4)],
-    }))
+    print(
+        json.dumps(
+            {
+                "cli": "fake" if args.fake else "claude-2.1.197",
+                "reps": args.reps,
+                "direct_s": round(d, 4),
+                "wf_magic_s": round(w, 4),
+                "overhead_ms": round((w - d) * 1000, 1),
+                "ratio": round(w / d, 3),
+                "direct_min_max": [round(min(direct), 4), round(max(direct), 4)],
+                "wf_min_max": [round(min(wf), 4), round(max(wf), 4)],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

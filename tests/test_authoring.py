@@ -64,7 +64,7 @@ BAD_INPUTS: list[tuple[str, str, str]] = [
         "item-outside-a-map",
         "name: x\nsteps:\n  - id: a\n    prompt: '{{ item }}'\n",
         ":4: error: steps[0].prompt: template names unknown variable(s) ['item']; in scope: "
-        "['gate', 'params', 'steps']",
+        "['gate', 'params', 'steps', 'sweep']",
     ),
     (
         "duplicate-step-id",

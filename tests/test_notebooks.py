@@ -32,7 +32,8 @@ def test_the_demo_notebooks_exist() -> None:
         "02_rerun_and_reuse.ipynb",
         "03_gates.ipynb",
         "04_budget_analysis.ipynb",
-        "05_agent_steps.ipynb",
+        "05_sweeps.ipynb",
+        "06_agent_steps.ipynb",
     ]
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, NoReturn, Protocol, TextIO
 
 from .errors import RunAbandoned, RunLockHeld, WorkflowError, clip_message, unexpected_text
 from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, error_exit_code
+from .sweep_cli import SWEEP_HANDLERS
 from .verbs import add_global_options, add_verb_parsers, argv_problem, parse_params
 
 # The engine, the plan models (pydantic), Jinja and pandas are imported inside the verbs
@@ -408,6 +409,7 @@ HANDLERS: dict[str, Callable[[Engine, argparse.Namespace], int]] = {
     "compare": cmd_compare,
     "gc": cmd_gc,
     "export-cassette": cmd_export_cassette,
+    **SWEEP_HANDLERS,
 }
 """The function behind each ``wf`` verb of the table in verbs.py that reads or writes runs."""
 

@@ -20,6 +20,7 @@ from .run import Run, RunRef, run_ref
 from .store import Store
 from .store.db import DB_FILENAME, default_state_dir
 from .store.records import AttemptRow, EventRow, RunRow, StepRow
+from .sweeps.verbs import SweepVerbs
 
 # The verbs that freeze, drive or lock a run import lifecycle, the drive, the spec (the plan
 # models, Jinja, YAML) and the run locks when called: `wf status` and the other read-only
@@ -40,8 +41,11 @@ GC_STATUSES: tuple[str, ...] = ("completed", "failed", "abandoned")
 """The run statuses gc deletes (finished ones); ``wf gc --status`` picks among them."""
 
 
-class Engine:
+class Engine(SweepVerbs):
     """Everything wf_magic does, as plain Python; the CLI and the magics are thin shells.
+
+    The sweep verbs (``sweep``, ``sweep_resume``, ``sweep_handle``, ``sweeps``) come from
+    :class:`wf_magic.sweeps.verbs.SweepVerbs`.
 
     Args:
         state_dir: where ``state.db`` and the run locks live (default ``$WF_MAGIC_HOME`` or

@@ -201,6 +201,50 @@ FORMAT = Option(
     flag="--format", choices=FORMATS, default="table", help="how to print the frame", faces=CLI
 )
 
+SWEEP = Option(flag="sweep", help="a sweep id, or a unique prefix of one")
+SWEEP_CEILINGS = (
+    Option(flag="--max-tokens", type=count_at_least(0), metavar="N", help="sweep token ceiling"),
+    Option(flag="--max-cost", type=float, metavar="X", help="sweep cost ceiling"),
+    Option(flag="--max-units", type=count_at_least(0), metavar="N", help="sweep unit ceiling"),
+)
+SWEEP_VERBS: tuple[Verb, ...] = (
+    Verb(
+        name="sweep",
+        help="run a workflow over a grid of params × dataset rows × repeats, under one budget",
+        faces=CLI,
+        options=(
+            Option(flag="file", metavar="FILE", help="the workflow's YAML file"),
+            Option(
+                flag="--grid",
+                action="append",
+                metavar="K=V1,V2",
+                help="a grid axis: a declared param and its values (repeatable)",
+            ),
+            Option(flag="--rows", metavar="FILE", help="dataset rows: a .csv or .jsonl file"),
+            Option(flag="--repeat", type=count_at_least(1), default=1, metavar="N"),
+            *SWEEP_CEILINGS,
+            Option(flag="--key", metavar="K", help="a launch key naming this sweep"),
+            MAX_CONCURRENCY,
+            QUIET,
+        ),
+    ),
+    Verb(name="sweeps", help="list sweeps", faces=CLI),
+    Verb(name="sweep-status", help="show a sweep's cells by status", faces=CLI, options=(SWEEP,)),
+    Verb(
+        name="sweep-resume",
+        help="drive a sweep's owed cells; a ceiling option sets a new ceiling",
+        faces=CLI,
+        options=(SWEEP, *SWEEP_CEILINGS, MAX_CONCURRENCY, QUIET),
+    ),
+    Verb(
+        name="sweep-frame",
+        help="print a sweep's frame: one row per cell",
+        faces=CLI,
+        options=(SWEEP, FORMAT),
+    ),
+)
+"""The sweep verbs (docs/sweeps.md); their handlers are in ``wf_magic.sweep_cli``."""
+
 GLOBAL_OPTIONS: tuple[Option, ...] = (
     Option(flag="--db", help="state dir (default $WF_MAGIC_HOME or ./.wf_magic)", faces=CLI),
     Option(flag="--debug", action="store_true", help="show tracebacks", faces=CLI),
@@ -515,6 +559,7 @@ VERBS: tuple[Verb, ...] = (
         faces=CLI,
         options=(RUN,),
     ),
+    *SWEEP_VERBS,
 )
 """Every verb of either face, in the order the help lists them."""
 

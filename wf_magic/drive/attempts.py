@@ -200,6 +200,10 @@ def finish_with(
         wrote = ctx.store.finish_attempt(attempt, finish)
     if wrote and attempt.charged:
         ctx.budget.charge_usage(finish.tokens_in + finish.tokens_out, finish.cost)
+        if ctx.options.shared_budget is not None:
+            ctx.options.shared_budget.charge_usage(
+                finish.tokens_in + finish.tokens_out, finish.cost
+            )
     ctx.emit(
         "unit_finished",
         run_id=state.run_id,

@@ -93,3 +93,50 @@ def seed_budget(store: Store, run: RunRow, plan: Plan) -> Budget:
     else:
         units, tokens, cost = store.budget_usage(run.root_run_id)
     return Budget(root_run_id=run.root_run_id, spec=spec, units=units, tokens=tokens, cost=cost)
+
+
+@dataclass(slots=True)
+class SharedBudget:
+    """Ceilings over several runs driven at once (a sweep's cells), checked before each
+    charged dispatch of any of them; seeded by the caller from the journal.
+
+    Every check happens at reservation, under one lock, so ``max_units`` is exact; tokens
+    and cost are known only when a unit finishes, so they overshoot by at most what the
+    units already reserved (in flight) use.
+    """
+
+    max_units: int | None = None
+    max_tokens: int | None = None
+    max_cost: float | None = None
+    units: int = 0
+    tokens: int = 0
+    cost: float = 0.0
+    reached: str | None = None
+    """The first ceiling that refused a dispatch (``max_units`` / ``max_tokens`` / ``max_cost``)."""
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def try_charge(self) -> bool:
+        """Count one more charged dispatch if it fits every ceiling; False (and ``reached``
+        set) when it does not."""
+        with self._lock:
+            ceiling = self._passed()
+            if ceiling is not None:
+                self.reached = self.reached or ceiling
+                return False
+            self.units += 1
+            return True
+
+    def _passed(self) -> str | None:
+        if self.max_units is not None and self.units + 1 > self.max_units:
+            return "max_units"
+        if self.max_tokens is not None and self.tokens >= self.max_tokens:
+            return "max_tokens"
+        if self.max_cost is not None and self.cost >= self.max_cost:
+            return "max_cost"
+        return None
+
+    def charge_usage(self, tokens: int, cost: float | None) -> None:
+        """Add a finished attempt's tokens and cost."""
+        with self._lock:
+            self.tokens += tokens
+            self.cost += cost or 0.0

@@ -23,7 +23,7 @@ from ..sealing import unseal
 from ..spec.plan import Plan, PlanStep
 from ..store import Store
 from ..store.records import RunRow, StepRow
-from .budget import Budget
+from .budget import Budget, SharedBudget
 from .executors import UnitExecutors
 from .units import StepOutputs
 
@@ -42,6 +42,9 @@ class DriveOptions:
     secrets: dict[str, Any] = field(default_factory=dict, repr=False)
     """Seal → value of the secret params the caller handed to this drive, plus those of the
     child runs it publishes (never stored)."""
+    shared_budget: SharedBudget | None = None
+    """Ceilings shared with other runs (a sweep's): a charged unit they refuse is not
+    dispatched and the drive stops, leaving the run resumable (``stopped_by='shared_budget'``)."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -53,7 +56,8 @@ class DriveStats:
     saved_tokens: int = 0
     steps_finished: int = 0
     stopped_by: str | None = None
-    """None, ``max_steps``, ``signal``, ``stop_request`` or ``interrupt``."""
+    """None, ``max_steps``, ``signal``, ``stop_request``, ``interrupt`` or ``shared_budget``
+    (a sweep's ceiling refused a dispatch; the run stays active)."""
     retryable_failure: bool = False
     """The run failed on a unit that really ran (run-level retries may re-open it)."""
 

@@ -264,6 +264,14 @@ def _start_batch(
                 work.budget_error = str(exc)
                 ctx.emit("warning", run_id=state.run_id, step_id=step.id, message=str(exc))
                 break
+            shared = ctx.options.shared_budget
+            if shared is not None and not shared.try_charge():
+                # The sweep's ceiling: not a failure of this run, which stays owed.
+                budget.release(job.offer)
+                jobs.appendleft(job)
+                work.stopped = True
+                state.stats.stopped_by = "shared_budget"
+                break
             budget.charge_unit()  # counted now, so the next unit of the batch sees it
         batch.append(job)
         if inline:

@@ -33,8 +33,12 @@ def drive_locked_run(
     namespace: Mapping[str, Any] | None,
     max_retries: int = 0,
     live_source: Workflow | None = None,
+    runners: RunnerPool | None = None,
 ) -> tuple[DriveStats, list[str]]:
     """Take the run's lock and drive it; returns the last drive's stats and the warnings.
+
+    ``runners``: a pool shared by several drives (a sweep's cells), left open; by default
+    each drive builds its own and closes it.
 
     Raises:
         RunLockHeld: another driver holds the run.
@@ -49,7 +53,9 @@ def drive_locked_run(
         with interrupts.watching(), RunLock(store.lock_dir, run_id):
             run = _row(store, run_id)
             warnings = drift_warnings(run, live_source)
-            drive = _Drive(store, bus, options=options, redactor=redactor, namespace=namespace)
+            drive = _Drive(
+                store, bus, options=options, redactor=redactor, namespace=namespace, runners=runners
+            )
             stats = drive.once(run)
             retries = 0
             while retries < max_retries and stats.retryable_failure and stats.stopped_by is None:
@@ -77,9 +83,11 @@ class _Drive:
         options: DriveOptions,
         redactor: Redactor,
         namespace: Mapping[str, Any] | None,
+        runners: RunnerPool | None = None,
     ):
         self.store, self.bus, self.options = store, bus, options
         self.redactor, self.namespace = redactor, namespace
+        self.shared_runners = runners
 
     def once(self, run: RunRow) -> DriveStats:
         plan, _ = verified_plan(self.store, self.bus, run)
@@ -87,7 +95,8 @@ class _Drive:
         ctx = DriveContext(
             store=self.store,
             bus=self.bus,
-            runners=RunnerPool(state_dir=Path(self.store.db_path).parent, namespace=self.namespace),
+            runners=self.shared_runners
+            or RunnerPool(state_dir=Path(self.store.db_path).parent, namespace=self.namespace),
             budget=seed_budget(self.store, run, plan),
             redactor=self.redactor,
             options=self.options,
@@ -95,7 +104,8 @@ class _Drive:
         try:
             return drive_run(ctx, run, plan=plan)
         finally:
-            ctx.runners.close()
+            if ctx.runners is not self.shared_runners:
+                ctx.runners.close()
 
 
 def _check_step_rows(store: Store, run: RunRow, plan: Plan) -> None:

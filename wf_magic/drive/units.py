@@ -167,6 +167,7 @@ def template_context(
     """The names in scope of a template: params, steps.<id>.output, item/index, gate."""
     return {
         "params": params,
+        "sweep": params.get("sweep") or _NO_SWEEP,
         "steps": (
             outputs.scope
             if isinstance(outputs, StepOutputs)
@@ -180,6 +181,10 @@ def template_context(
             "loop": (feedback.loop + 1) if feedback else 1,
         },
     }
+
+
+_NO_SWEEP = {"repeat": 0}
+"""``sweep`` in the templates of a run that is no repeated sweep cell."""
 
 
 @functools.lru_cache(maxsize=1024)
@@ -354,6 +359,8 @@ class LoopUnits(Sequence[UnitPlan]):
             "feedback": fb,
         }
         resolved.update(resolved_kind)
+        if "sweep" in self.params and "sweep" not in self.plan.params:
+            resolved["sweep"] = self.params["sweep"]  # a repeat is a fresh call, not a reuse
         text = canonical_json(resolved)
         settings = self.runner_identity
         if settings:

@@ -296,6 +296,28 @@ class WorkflowMagics(Magics):
             args = cell_args(ns, self.user_ns)
             return commands.run_cell(self, args, cell, key=ns.key)
 
+    @magic_arguments(name="%sweep")
+    @argument("--grid", action="append", metavar="K=V1,V2", help="a grid axis (repeatable)")
+    @argument("--rows", metavar="VAR_OR_PATH", help="a DataFrame/list variable, or .csv/.jsonl")
+    @argument("--repeat", type=int, default=1, metavar="N", help="run each cell N times")
+    @argument("--max-tokens", type=int, metavar="N", help="the sweep's token ceiling")
+    @argument("--max-cost", type=float, metavar="X", help="the sweep's cost ceiling")
+    @argument("--max-units", type=int, metavar="N", help="the sweep's unit ceiling")
+    @argument("--max-concurrency", type=int, metavar="N", help="cells driven at once")
+    @argument("--key", metavar="K", help="a launch key naming this sweep")
+    @argument("--as", dest="as_var", metavar="VAR", help="also store the Sweep handle in VAR")
+    @cell_magic("sweep")  # type: ignore[arg-type]
+    def sweep_cell(self, line: str, cell: str) -> Any:
+        """Run the workflow in this cell (YAML, or a line naming a file) over a grid of params
+        × dataset rows × repeats under one budget; shows the sweep's grid. Re-running the
+        unchanged cell resumes (or shows) the same sweep. The cell evaluates to the ``Sweep``.
+        """
+        from .sweeps import run_sweep_cell
+
+        with _as_usage_errors(self.drives):
+            ns = parse_argstring(self.sweep_cell, line)
+            return run_sweep_cell(self, ns, cell)
+
     @magic_arguments(name="workflow")
     @argument(
         "command",
@@ -330,6 +352,7 @@ def unload_ipython_extension(ipython: Any) -> None:
     magics = registry.pop("WorkflowMagics", None)
     for kind in ("line", "cell"):
         ipython.magics_manager.magics[kind].pop("workflow", None)
+        ipython.magics_manager.magics[kind].pop("sweep", None)
     if isinstance(magics, WorkflowMagics):
         ipython.events.unregister("post_run_cell", magics.publish_finished)
         magics.close()

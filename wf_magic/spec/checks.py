@@ -283,7 +283,7 @@ def _scope(step: StepSpec, rel: Path) -> set[str]:
     if rel[0] == "gate":
         names = {"output", "params"} if rel[1] == "check" else {"params", "steps"}
         return names | _JINJA_GLOBALS
-    allowed = {"params", "steps", "gate"} | _JINJA_GLOBALS
+    allowed = {"params", "steps", "gate", "sweep"} | _JINJA_GLOBALS  # sweep.repeat in a cell
     if step.map is not None and rel[0] != "map":
         allowed |= {"item", "index"}
     return allowed

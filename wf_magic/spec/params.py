@@ -16,6 +16,10 @@ _JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?P<frac>\.[0-9]+)?(?P<exp>[eE][+
 """A JSON number (RFC 8259 §6): no ``+``, no leading zeros, no ``1_000``, ``nan`` or ``inf``."""
 _EXACT_INT = 2**53
 """Floats up to this magnitude are exact integers when integral."""
+SWEEP_PARAM = "sweep"
+"""The reserved run param a sweep's cell carries when its sweep repeats (``repeat > 1``):
+``{"repeat": n}``. Templates read it as ``sweep.repeat``; it is part of every unit's input
+hash, so repeats are fresh calls, not reuses. A plain run has none (``sweep.repeat`` is 0)."""
 
 
 def normalise(value: Any) -> Any:
@@ -86,6 +90,12 @@ def resolve_params(
         UsageError: an undeclared param, a missing required one, or a value of the wrong type.
     """
     given = dict(given or {})
+    sweep = given.pop(SWEEP_PARAM, None) if SWEEP_PARAM not in plan.params else None
+    if sweep is not None and not _is_sweep_value(sweep):
+        raise UsageError(
+            f"param {SWEEP_PARAM}: expected {{'repeat': <int ≥ 0>}} (got {sweep!r}); it is "
+            "reserved for sweep cells"
+        )
     unknown = sorted(set(given) - set(plan.params))
     if unknown:
         declared = clip_list(sorted(plan.params)) if plan.params else "none"
@@ -122,6 +132,8 @@ def resolve_params(
                 problem = f"does not match its schema {_schema_text(schema)} (got {hidden})"
             raise UsageError(f"param {name}: {clip(_without_secrets(problem, value), 600)}")
         out[name] = value
+    if sweep is not None:
+        out[SWEEP_PARAM] = {"repeat": sweep["repeat"]}
     return out
 
 
@@ -136,6 +148,16 @@ def _text_problem(value: Any) -> str | None:
     else:
         return None
     return next((p for p in map(_text_problem, items) if p is not None), None)
+
+
+def _is_sweep_value(value: Any) -> bool:
+    return (
+        isinstance(value, dict)
+        and set(value) == {"repeat"}
+        and isinstance(value["repeat"], int)
+        and not isinstance(value["repeat"], bool)
+        and value["repeat"] >= 0
+    )
 
 
 def coerce_param(schema: Mapping[str, Any], text: str, *, name: str) -> Any:

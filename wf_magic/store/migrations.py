@@ -381,3 +381,44 @@ def m010_agent_facts(conn: sqlite3.Connection) -> None:
         CREATE INDEX agent_facts_run ON agent_facts(run_id);
         """,
     )
+
+
+@migration
+def m012_sweeps(conn: sqlite3.Connection) -> None:
+    # A sweep is one workflow over a grid × rows × repeat of cells; each cell is a run. The
+    # plan is stored once here (not once per cell), with the definition it was expanded
+    # from and its hash (the sweep's identity). A cell's run is recorded once it is known,
+    # so a resume after kill -9 finds it again; its status is read from the run itself.
+    _script(
+        conn,
+        """
+        CREATE TABLE sweeps (
+            sweep_id TEXT PRIMARY KEY,
+            workflow TEXT NOT NULL,
+            source TEXT NOT NULL,
+            plan_json TEXT NOT NULL,
+            plan_hash TEXT NOT NULL,
+            definition_json TEXT NOT NULL,
+            definition_hash TEXT NOT NULL UNIQUE,
+            budget_json TEXT NOT NULL,
+            sweep_key TEXT UNIQUE,
+            status TEXT NOT NULL CHECK (status IN ('running','completed','stopped','failed')),
+            status_reason TEXT,
+            cells INTEGER NOT NULL,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        );
+        CREATE TABLE sweep_cells (
+            sweep_id TEXT NOT NULL REFERENCES sweeps(sweep_id) ON DELETE CASCADE,
+            cell_index INTEGER NOT NULL,
+            point_json TEXT NOT NULL,
+            row_index INTEGER,
+            repeat INTEGER NOT NULL,
+            params_json TEXT NOT NULL,
+            run_id TEXT,
+            note TEXT,
+            PRIMARY KEY (sweep_id, cell_index)
+        ) WITHOUT ROWID;
+        CREATE INDEX sweep_cells_run ON sweep_cells(run_id);
+        """,
+    )

@@ -29,6 +29,7 @@ from .journal import Finish
 from .opening import open_state_db, schema_is_current
 from .queries_journal import JournalQueries
 from .queries_runs import RunQueries
+from .queries_sweeps import SweepQueries
 from .queries_views import ViewQueries
 from .records import AttemptRow
 from .scrub import Scrubber
@@ -36,7 +37,7 @@ from .scrub import Scrubber
 T = TypeVar("T")
 
 
-class Store(RunQueries, JournalQueries, ViewQueries):
+class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
     """Named queries and writes over ``state.db`` (opened and migrated on first use).
 
     The queries and writes themselves are inherited, grouped by concern: runs and steps

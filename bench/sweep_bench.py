@@ -1,0 +1,169 @@
+"""Sweep benchmarks: throughput of one-unit cells against a loopback OpenAI-compatible server
+that answers after a fixed latency (beside a plain thread-pool loop with the ``openai``
+client, the floor), and the whole cost of a no-op cell beside a unit of one big map.
+
+    .venv/bin/python bench/sweep_bench.py --cells 2000 --latency 0.1 --concurrency 32 --noop 10000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from wf_magic import Engine
+
+
+def _server(latency_s: float) -> ThreadingHTTPServer:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            time.sleep(latency_s)
+            body = json.dumps(
+                {
+                    "id": "c",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": "m",
+                    "choices": [
+                        {
+                            "index": 0,
+                            "finish_reason": "stop",
+                            "message": {"role": "assistant", "content": "ok"},
+                        }
+                    ],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+                }
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    class Server(ThreadingHTTPServer):
+        request_queue_size = 256  # 32 clients connecting at once overflow the default 5
+
+    httpd = Server(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd
+
+
+def throughput(cells: int, latency_s: float, concurrency: int) -> dict[str, float]:
+    httpd = _server(latency_s)
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    source = f"""
+name: sweep-bench
+params:
+  i: {{type: integer}}
+runner: openai
+runners:
+  openai: {{base_url: "{url}", model: m, api_key_env: SWEEP_BENCH_KEY}}
+steps:
+  - id: ask
+    prompt: "cell {{{{ params.i }}}}"
+"""
+    import os
+
+    os.environ["SWEEP_BENCH_KEY"] = "x"
+    state = Path(tempfile.mkdtemp())
+    try:
+        with Engine(state) as engine:
+            started = time.perf_counter()
+            sweep = engine.sweep(
+                source, grid={"i": list(range(cells))}, max_concurrency=concurrency
+            )
+            sweep_s = time.perf_counter() - started
+            assert sweep.status == "completed", sweep.status_reason
+        import openai
+
+        client = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
+
+        def call(i: int) -> str | None:
+            reply = client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": f"cell {i}"}]
+            )
+            return reply.choices[0].message.content
+
+        started = time.perf_counter()
+        with ThreadPoolExecutor(concurrency) as pool:
+            list(pool.map(call, range(cells)))
+        floor_s = time.perf_counter() - started
+    finally:
+        httpd.shutdown()
+        shutil.rmtree(state, ignore_errors=True)
+    ideal = cells * latency_s / concurrency
+    return {
+        "cells": cells,
+        "ideal_s": ideal,
+        "sweep_s": sweep_s,
+        "floor_s": floor_s,
+        "sweep_vs_ideal": sweep_s / ideal,
+        "floor_vs_ideal": floor_s / ideal,
+    }
+
+
+NOOP = """
+name: noop-NAME
+params:
+  i: {type: integer, default: 0}
+runner: scripted
+steps:
+  - id: one
+    MAP
+    prompt: "x {{ params.i }}ITEM"
+"""
+
+
+def cell_cost(n: int) -> dict[str, float]:
+    out: dict[str, float] = {"cells": n}
+    for label in ("map", "sweep"):
+        state = Path(tempfile.mkdtemp())
+        try:
+            with Engine(state) as engine:
+                started = time.perf_counter()
+                if label == "map":
+                    src = (
+                        NOOP.replace("NAME", "map")
+                        .replace("ITEM", " {{ item }}")
+                        .replace("MAP", f'map: "{{{{ range({n}) | list }}}}"')
+                    )
+                    assert engine.run(src).status == "completed"
+                else:
+                    src = NOOP.replace("NAME", "sweep").replace("    MAP\n", "").replace("ITEM", "")
+                    assert engine.sweep(src, grid={"i": list(range(n))}).status == "completed"
+                elapsed = time.perf_counter() - started
+            size = sum(p.stat().st_size for p in state.glob("state.db*"))
+        finally:
+            shutil.rmtree(state, ignore_errors=True)
+        out[f"{label}_us_each"] = elapsed / n * 1e6
+        out[f"{label}_db_bytes_each"] = size / n
+    out["cell_vs_unit"] = out["sweep_us_each"] / out["map_us_each"]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--cells", type=int, default=2000)
+    parser.add_argument("--latency", type=float, default=0.1)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--noop", type=int, default=10000)
+    args = parser.parse_args()
+    print(json.dumps(throughput(args.cells, args.latency, args.concurrency)))
+    print(json.dumps(cell_cost(args.noop)))
+
+
+if __name__ == "__main__":
+    main()

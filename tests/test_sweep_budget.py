@@ -1,0 +1,173 @@
+"""One budget over a sweep: a unit is not dispatched when it would pass the sweep's ceiling,
+whichever cell it belongs to; the sweep stops (status ``stopped``, a reason naming the
+ceiling); a plain resume dispatches nothing more and a new ceiling is set explicitly."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from wf_magic import Engine
+
+ONE_UNIT = """
+name: cells
+params:
+  i: {type: integer}
+runner: scripted
+runners:
+  scripted:
+    rules:
+      - {match: ".*", reply: "done", tokens_in: 6, tokens_out: 4, sleep_s: SLEEP}
+steps:
+  - id: only
+    prompt: "cell {{ params.i }}"
+"""
+
+MAP_CELL = """
+name: map-cells
+params:
+  i: {type: integer}
+runner: scripted
+runners:
+  scripted:
+    rules:
+      - {match: ".*", reply: "ok", tokens_in: 1, tokens_out: 1}
+steps:
+  - id: each
+    map: "{{ [1, 2, 3] }}"
+    prompt: "cell {{ params.i }} item {{ item }}"
+"""
+
+
+def one_unit(sleep_s: float = 0.0) -> str:
+    return ONE_UNIT.replace("SLEEP", str(sleep_s))
+
+
+def charged(state: Path) -> list[tuple[str, str, int]]:
+    """(run, unit, attempt) of every charged attempt."""
+    conn = sqlite3.connect(state / "state.db")
+    try:
+        rows = conn.execute(
+            "SELECT run_id, unit_id, attempt FROM attempts WHERE charged = 1"
+        ).fetchall()
+    finally:
+        conn.close()
+    return [tuple(r) for r in rows]
+
+
+def test_max_units_stops_the_sweep_at_exactly_the_ceiling_and_resumes_explicitly(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "st"
+    with Engine(state) as engine:
+        sweep = engine.sweep(one_unit(), grid={"i": list(range(12))}, budget={"max_units": 7})
+        assert sweep.status == "stopped"
+        assert sweep.status_reason == (
+            f"sweep budget max_units reached (used 7 of 7); 5 cell(s) owed; `wf sweep-resume "
+            f"{sweep.sweep_id} --max-units N` sets a new ceiling"
+        )
+        assert len(charged(state)) == 7
+        frame = sweep.frame()
+        assert frame["status"].tolist()[:7] == ["completed"] * 7
+        assert set(frame["status"].tolist()[7:]) <= {"active", "pending"}
+        # A plain resume keeps the ceiling: nothing more is dispatched.
+        assert engine.sweep_resume(sweep.sweep_id).status == "stopped"
+        assert len(charged(state)) == 7
+        # The same definition through engine.sweep without a budget keeps it too.
+        assert engine.sweep(one_unit(), grid={"i": list(range(12))}).status == "stopped"
+        assert len(charged(state)) == 7
+        # A new ceiling is set explicitly and counts what the sweep already paid.
+        assert engine.sweep_resume(sweep.sweep_id, budget={"max_units": 10}).status == "stopped"
+        assert len(charged(state)) == 10
+        done = engine.sweep_resume(sweep.sweep_id, budget={"max_units": 100})
+        assert done.status == "completed" and done.status_reason is None
+        assert len(charged(state)) == 12
+        assert done.budget == {"max_units": 100}
+        assert done.totals() == {"units": 12, "tokens": 120, "cost": 0.0}
+
+
+def test_a_ceiling_mid_cell_leaves_that_cell_owed_and_charges_each_unit_once(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "st"
+    with Engine(state) as engine:
+        sweep = engine.sweep(MAP_CELL, grid={"i": [0, 1, 2, 3]}, budget={"max_units": 5})
+        assert sweep.status == "stopped" and len(charged(state)) == 5
+        assert sweep.frame()["status"].tolist() == ["completed", "active", "pending", "pending"]
+        done = engine.sweep_resume(sweep.sweep_id, budget={"max_units": 12})
+        assert done.status == "completed"
+        rows = charged(state)
+        assert len(rows) == 12 and len(set(rows)) == 12
+        assert {attempt for _, _, attempt in rows} == {1}
+
+
+def test_max_tokens_stops_within_the_units_in_flight_across_concurrent_cells(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "st"
+    concurrency = 4
+    with Engine(state) as engine:
+        sweep = engine.sweep(
+            one_unit(0.05),
+            grid={"i": list(range(40))},
+            budget={"max_tokens": 100},
+            max_concurrency=concurrency,
+        )
+        assert sweep.status == "stopped"
+        assert sweep.status_reason is not None
+        assert sweep.status_reason.startswith("sweep budget max_tokens reached (used ")
+        paid = sweep.totals()["tokens"]
+        # At most the units in flight when the ceiling was reached overshoot it (10 each).
+        assert 100 <= paid <= 100 + 10 * (concurrency - 1)
+        before = len(charged(state))
+        assert engine.sweep_resume(sweep.sweep_id, max_concurrency=concurrency).status == "stopped"
+        assert len(charged(state)) == before
+        again = engine.sweep_resume(
+            sweep.sweep_id, budget={"max_tokens": 250}, max_concurrency=concurrency
+        )
+        assert 250 <= again.totals()["tokens"] <= 250 + 10 * (concurrency - 1)
+        final = engine.sweep_resume(
+            sweep.sweep_id, budget={"max_tokens": 10_000}, max_concurrency=concurrency
+        )
+        assert final.status == "completed"
+        rows = charged(state)
+        assert len(rows) == 40 and len(set(rows)) == 40
+
+
+@pytest.mark.parametrize("concurrency", [1, 3, 8])
+def test_max_units_is_exact_whatever_the_concurrency(tmp_path: Path, concurrency: int) -> None:
+    state = tmp_path / "st"
+    with Engine(state) as engine:
+        sweep = engine.sweep(
+            one_unit(0.01),
+            grid={"i": list(range(30))},
+            budget={"max_units": 13},
+            max_concurrency=concurrency,
+        )
+        assert sweep.status == "stopped"
+        assert len(charged(state)) == 13
+        assert engine.sweep_resume(sweep.sweep_id, max_concurrency=concurrency).status == "stopped"
+        assert len(charged(state)) == 13
+
+
+def test_a_zero_ceiling_dispatches_nothing(tmp_path: Path) -> None:
+    state = tmp_path / "st"
+    with Engine(state) as engine:
+        sweep = engine.sweep(one_unit(), grid={"i": [1, 2]}, budget={"max_cost": 0})
+        assert sweep.status == "stopped"
+        assert sweep.status_reason is not None
+        assert sweep.status_reason.startswith("sweep budget max_cost reached (used 0 of 0)")
+        assert charged(state) == []
+
+
+def test_each_cells_own_budget_still_holds(tmp_path: Path) -> None:
+    source = MAP_CELL.replace("runner: scripted\n", "runner: scripted\nbudget: {max_units: 2}\n", 1)
+    state = tmp_path / "st"
+    with Engine(state) as engine:
+        sweep = engine.sweep(source, grid={"i": [0, 1]}, budget={"max_units": 100})
+        assert sweep.status == "failed"
+        assert sweep.status_reason == ("2 cell(s) failed, blocked or abandoned (first: cell 0)")
+        assert len(charged(state)) == 4
+        assert sweep.frame()["status"].tolist() == ["failed", "failed"]

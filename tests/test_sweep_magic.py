@@ -1,0 +1,116 @@
+"""``%%sweep`` in a real IPython: the cell's YAML over a grid × a notebook variable's rows,
+its sweep budget, the grid it shows, and one-line errors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+from tests.helpers_notebook import ipython_shell, magics_in
+from wf_magic.notebook.magics import WorkflowMagics
+from wf_magic.sweeps.handle import Sweep
+
+YAML = """name: nb-sweep
+params:
+  style: {type: string}
+  topic: {type: string}
+  n: {type: integer, default: 1}
+runner: scripted
+runners:
+  scripted:
+    rules:
+      - {match: ".*", reply: "ok", tokens_in: 2, tokens_out: 3}
+steps:
+  - id: write
+    prompt: "{{ params.style }} {{ params.topic }} {{ params.n }} {{ sweep.repeat }}"
+"""
+
+
+@pytest.fixture(scope="module")
+def shell() -> Iterator[InteractiveShell]:
+    yield from ipython_shell()
+
+
+@pytest.fixture
+def magics(shell: InteractiveShell, tmp_path: Path) -> Iterator[WorkflowMagics]:
+    with magics_in(shell, tmp_path / "state") as found:
+        yield found
+
+
+def test_sweep_cell_runs_the_grid_over_a_notebook_frame_and_binds_the_handle(
+    shell: InteractiveShell, magics: WorkflowMagics
+) -> None:
+    shell.user_ns["topics"] = pd.DataFrame({"topic": ["cats", "owls", "rain"]})
+    result = shell.run_cell(
+        "%%sweep --grid style=terse,long --grid n=1,2 --rows topics --repeat 2 "
+        "--max-units 10 --as s\n" + YAML
+    )
+    result.raise_error()
+    sweep = shell.user_ns["s"]
+    assert isinstance(sweep, Sweep) and result.result is sweep
+    assert sweep.status == "stopped"
+    assert sweep.totals()["units"] == 10
+    frame = sweep.frame()
+    assert len(frame) == 2 * 2 * 3 * 2
+    assert frame["n"].tolist()[:6] == [1] * 6  # coerced to the declared integer
+    html = sweep._repr_html_()
+    assert html.count("<span title=") == 24 and "tokens 50" in html
+    # The unchanged cell again is the same sweep; a larger ceiling finishes it.
+    again = shell.run_cell(
+        "%%sweep --grid style=terse,long --grid n=1,2 --rows topics --repeat 2 "
+        "--max-units 100 --as s\n" + YAML
+    )
+    again.raise_error()
+    assert shell.user_ns["s"].sweep_id == sweep.sweep_id
+    assert shell.user_ns["s"].status == "completed"
+    assert shell.user_ns["s"].totals()["units"] == 24
+
+
+def test_sweep_cell_errors_are_one_line_usage_errors(
+    shell: InteractiveShell, magics: WorkflowMagics, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for line, message in [
+        ("%%sweep --grid colour=red", "sweep grid axis 'colour' is not a param of workflow"),
+        ("%%sweep --grid style", "--grid expects K=V1,V2 (got 'style')"),
+        ("%%sweep --grid style=a --rows nowhere.csv", "sweep rows: no file 'nowhere.csv'"),
+    ]:
+        result = shell.run_cell(f"{line}\n{YAML}")
+        assert result.error_in_exec is not None
+        assert message in str(result.error_in_exec)
+        assert "\n" not in str(result.error_in_exec)
+    blank = shell.run_cell("%%sweep --grid style=a\n   \n")
+    assert "the cell is empty" in str(blank.error_in_exec)
+
+
+def test_in_a_kernel_the_sweep_is_a_live_widget_and_leaves_its_static_grid(
+    tmp_path: Path,
+) -> None:
+    import nbformat
+
+    from tests.helpers_notebook import execute_notebook
+
+    nb = nbformat.v4.new_notebook(
+        metadata={
+            "kernelspec": {"name": "python3", "language": "python", "display_name": "Python 3"}
+        }
+    )
+    nb.cells = [
+        nbformat.v4.new_code_cell(src)
+        for src in (
+            f"%env WF_MAGIC_HOME={tmp_path / 'state'}\n%load_ext wf_magic",
+            "%%sweep --grid style=a,b,c --grid topic=x,y --as s\n" + YAML,
+            "print(s.status, len(s.frame()))",
+        )
+    ]
+    execute_notebook(nb, tmp_path)
+    kinds = [o["output_type"] for o in nb.cells[1].outputs]
+    assert kinds == ["display_data", "execute_result"]
+    live, final = nb.cells[1].outputs
+    assert "application/vnd.jupyter.widget-view+json" in live["data"]
+    html = final["data"]["text/html"]
+    assert html.count("<span title=") == 6 and "completed · 6 cells" in html
+    assert nb.cells[2].outputs[0]["text"].strip() == "completed 6"

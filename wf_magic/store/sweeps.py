@@ -1,0 +1,238 @@
+"""SQL for sweeps: the sweep rows, their cells, what each cell's run paid, the sweep's use."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+from .records import from_row
+
+SweepStatus = Literal["running", "completed", "stopped", "failed"]
+"""Where a sweep stands:
+
+- ``running``: cells are owed (being driven now, or by the next ``sweep-resume``).
+- ``completed``: every cell's run completed.
+- ``stopped``: the sweep's budget stopped it; ``status_reason`` names the ceiling.
+- ``failed``: every cell settled and at least one is failed, blocked or was skipped.
+"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SweepRow:
+    """A row of ``sweeps``: the definition (and the plan, once) of one sweep."""
+
+    sweep_id: str
+    workflow: str
+    source: str
+    plan_json: str
+    plan_hash: str
+    definition_json: str
+    """Canonical JSON of ``{"grid": …, "rows": […], "repeat": n}``."""
+    definition_hash: str
+    budget_json: str
+    """The sweep's ceilings (``max_units`` / ``max_tokens`` / ``max_cost``), JSON."""
+    sweep_key: str | None
+    status: SweepStatus
+    status_reason: str | None
+    cells: int
+    created_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SweepCellRow:
+    """A row of ``sweep_cells``, with what its run reports (None until it has a run)."""
+
+    cell_index: int
+    point_json: str
+    row_index: int | None
+    repeat: int
+    params_json: str
+    run_id: str | None
+    note: str | None
+    run_status: str | None
+    status_reason: str | None
+    result_json: str | None
+    run_created_at: float | None
+    run_finished_at: float | None
+    units_paid: int
+    tokens_paid: int
+    cost_paid: float
+    tokens_original: int
+    cost_original: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CellSpec:
+    """A cell to insert: its index, grid point, row, repeat and the params of its run."""
+
+    cell_index: int
+    point_json: str
+    row_index: int | None
+    repeat: int
+    params_json: str
+
+
+_SWEEP_COLUMNS = (
+    "sweep_id, workflow, source, plan_json, plan_hash, definition_json, definition_hash,"
+    " budget_json, sweep_key, status, status_reason, cells, created_at, updated_at"
+)
+
+
+def get_sweep(conn: sqlite3.Connection, sweep_id: str) -> SweepRow | None:
+    """The sweep ``sweep_id`` (None when there is none)."""
+    row = conn.execute(
+        f"SELECT {_SWEEP_COLUMNS} FROM sweeps WHERE sweep_id = ?", (sweep_id,)
+    ).fetchone()
+    return from_row(SweepRow, row) if row is not None else None
+
+
+def sweep_by_key(conn: sqlite3.Connection, key: str) -> SweepRow | None:
+    """The sweep launched with ``key``, if any."""
+    row = conn.execute(
+        f"SELECT {_SWEEP_COLUMNS} FROM sweeps WHERE sweep_key = ?", (key,)
+    ).fetchone()
+    return from_row(SweepRow, row) if row is not None else None
+
+
+def find_sweep_prefix(conn: sqlite3.Connection, prefix: str, *, limit: int) -> list[str]:
+    """Sweep ids starting with ``prefix``."""
+    rows = conn.execute(
+        "SELECT sweep_id FROM sweeps WHERE sweep_id >= ? AND sweep_id < ? ORDER BY sweep_id"
+        " LIMIT ?",
+        (prefix, prefix + "\uffff", limit),
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def list_sweeps(conn: sqlite3.Connection) -> list[SweepRow]:
+    """Every sweep, newest first."""
+    rows = conn.execute(
+        f"SELECT {_SWEEP_COLUMNS} FROM sweeps ORDER BY created_at DESC, sweep_id"
+    ).fetchall()
+    return [from_row(SweepRow, r) for r in rows]
+
+
+def create_sweep_txn(conn: sqlite3.Connection, row: SweepRow, cells: list[CellSpec]) -> None:
+    """Insert a sweep and all its cells (one transaction: a sweep never lacks cells)."""
+    conn.execute(
+        f"INSERT INTO sweeps ({_SWEEP_COLUMNS}) VALUES ({', '.join('?' * 14)})",
+        tuple(getattr(row, name.strip()) for name in _SWEEP_COLUMNS.split(",")),
+    )
+    conn.executemany(
+        "INSERT INTO sweep_cells (sweep_id, cell_index, point_json, row_index, repeat,"
+        " params_json) VALUES (?, ?, ?, ?, ?, ?)",
+        [
+            (row.sweep_id, c.cell_index, c.point_json, c.row_index, c.repeat, c.params_json)
+            for c in cells
+        ],
+    )
+
+
+def set_sweep_status_txn(
+    conn: sqlite3.Connection,
+    sweep_id: str,
+    status: SweepStatus,
+    reason: str | None,
+    budget_json: str | None = None,
+) -> None:
+    """Write a sweep's status (and, when given, its new ceilings)."""
+    conn.execute(
+        "UPDATE sweeps SET status = ?, status_reason = ?, updated_at = ?,"
+        " budget_json = COALESCE(?, budget_json) WHERE sweep_id = ?",
+        (status, reason, time.time(), budget_json, sweep_id),
+    )
+
+
+def set_cell_run_txn(
+    conn: sqlite3.Connection, sweep_id: str, cell_index: int, run_id: str, note: str | None
+) -> None:
+    """Record the run a cell settled on (and a note: why it was skipped, say)."""
+    conn.execute(
+        "UPDATE sweep_cells SET run_id = ?, note = ? WHERE sweep_id = ? AND cell_index = ?",
+        (run_id, note, sweep_id, cell_index),
+    )
+
+
+# Per cell: its run's fields, and the charged attempts of the run's tree. "Paid" counts the
+# attempts started since the sweep was created (what this sweep paid); "original" counts
+# every charged attempt plus what reused attempts cost where they were first paid.
+_CELLS = """
+WITH tree AS (
+    SELECT c.cell_index, r.run_id FROM sweep_cells c
+    JOIN runs r ON r.root_run_id = c.run_id
+    WHERE c.sweep_id = :sweep
+),
+paid AS (
+    SELECT t.cell_index,
+        SUM(CASE WHEN a.charged = 1 AND a.started_at >= :since THEN 1 ELSE 0 END) AS units,
+        SUM(CASE WHEN a.charged = 1 AND a.started_at >= :since
+            THEN a.tokens_in + a.tokens_out ELSE 0 END) AS tokens,
+        SUM(CASE WHEN a.charged = 1 AND a.started_at >= :since
+            THEN COALESCE(a.cost, 0) ELSE 0 END) AS cost,
+        SUM(CASE WHEN a.charged = 1 THEN a.tokens_in + a.tokens_out ELSE 0 END
+            + CASE WHEN a.status = 'reused' THEN a.saved_tokens ELSE 0 END) AS tokens_original,
+        SUM(CASE WHEN a.charged = 1 THEN COALESCE(a.cost, 0)
+            WHEN a.status = 'reused' THEN COALESCE(o.cost, 0) ELSE 0 END) AS cost_original
+    FROM tree t JOIN attempts a ON a.run_id = t.run_id
+    LEFT JOIN attempts o ON a.status = 'reused' AND o.dispatch_id = a.reused_from
+    GROUP BY t.cell_index
+)
+SELECT c.cell_index, c.point_json, c.row_index, c.repeat, c.params_json, c.run_id, c.note,
+    r.status AS run_status, r.status_reason, r.result_json, r.created_at AS run_created_at,
+    r.finished_at AS run_finished_at,
+    COALESCE(p.units, 0) AS units_paid, COALESCE(p.tokens, 0) AS tokens_paid,
+    COALESCE(p.cost, 0.0) AS cost_paid, COALESCE(p.tokens_original, 0) AS tokens_original,
+    COALESCE(p.cost_original, 0.0) AS cost_original
+FROM sweep_cells c
+LEFT JOIN runs r ON r.run_id = c.run_id
+LEFT JOIN paid p ON p.cell_index = c.cell_index
+WHERE c.sweep_id = :sweep
+ORDER BY c.cell_index
+"""
+
+
+def sweep_cells(conn: sqlite3.Connection, sweep_id: str, since: float) -> list[SweepCellRow]:
+    """Every cell of ``sweep_id`` with its run's status, result and what it paid since ``since``."""
+    rows = conn.execute(_CELLS, {"sweep": sweep_id, "since": since}).fetchall()
+    return [from_row(SweepCellRow, r) for r in rows]
+
+
+def sweep_usage(conn: sqlite3.Connection, sweep_id: str, since: float) -> tuple[int, int, float]:
+    """(charged attempts, tokens, cost) of the cells' runs started since ``since``."""
+    row = conn.execute(
+        "SELECT COUNT(*), COALESCE(SUM(a.tokens_in + a.tokens_out), 0), COALESCE(SUM(a.cost), 0)"
+        " FROM attempts a JOIN runs r ON r.run_id = a.run_id"
+        " WHERE a.charged = 1 AND a.started_at >= ? AND r.root_run_id IN"
+        " (SELECT DISTINCT run_id FROM sweep_cells WHERE sweep_id = ? AND run_id IS NOT NULL)",
+        (since, sweep_id),
+    ).fetchone()
+    return int(row[0]), int(row[1]), float(row[2])
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CellStepRow:
+    """One step of a cell's run: its status and the loop it reached (gate columns)."""
+
+    cell_index: int
+    step_id: str
+    status: str
+    loop: int
+
+
+def sweep_cell_steps(
+    conn: sqlite3.Connection, sweep_id: str, step_ids: list[str]
+) -> list[CellStepRow]:
+    """The rows of ``step_ids`` in every cell's run (cells without a run have none)."""
+    if not step_ids:
+        return []
+    marks = ", ".join("?" * len(step_ids))
+    rows = conn.execute(
+        "SELECT c.cell_index, s.step_id, s.status, s.loop FROM sweep_cells c"
+        " JOIN steps s ON s.run_id = c.run_id"
+        f" WHERE c.sweep_id = ? AND s.step_id IN ({marks}) ORDER BY c.cell_index",
+        (sweep_id, *step_ids),
+    ).fetchall()
+    return [from_row(CellStepRow, r) for r in rows]

@@ -1,0 +1,281 @@
+"""Opens a sweep (its definition and cells stored once) and drives its owed cells under one
+shared budget, at most ``max_concurrency`` cells at a time, each under its run's lock."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import lifecycle
+from ..bus import EventBus
+from ..drive.budget import SharedBudget
+from ..drive.context import DriveOptions, RunnerPool
+from ..drive.executors import thread_executor
+from ..drive.root import drive_locked_run
+from ..errors import RunLockHeld, UsageError
+from ..hashing import canonical_json
+from ..redact import Redactor
+from ..spec.workflow import Workflow
+from ..store import Store
+from ..store.sweeps import CellSpec, SweepCellRow, SweepRow, SweepStatus
+from .expand import Definition, expand, sweep_identity
+
+CEILINGS = ("max_units", "max_tokens", "max_cost")
+"""The sweep budget's keys (the same words as a workflow's ``budget:``)."""
+SETTLED = ("completed", "abandoned")
+"""Run statuses after which a cell is owed nothing."""
+
+
+@dataclass(slots=True, kw_only=True)
+class SweepDrive:
+    """What driving a sweep needs from the facade (never the Engine itself)."""
+
+    store: Store
+    bus: EventBus
+    redactor: Redactor
+    namespace: Mapping[str, Any] | None
+    max_concurrency: int = 1
+    executor: Executor | None = None
+    signal: threading.Event | None = None
+    progress: Callable[[int, int], None] | None = None
+    """Called with (cells settled, cells) as cells settle (terminal progress)."""
+    skipped: list[str] = field(default_factory=list)
+    """One line per cell skipped because its run was driven elsewhere."""
+
+
+def check_budget(budget: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A sweep budget as a dict of known ceilings.
+
+    Raises:
+        UsageError: an unknown key or a value that is not a number >= 0.
+    """
+    out: dict[str, Any] = {}
+    for name, value in (budget or {}).items():
+        if name not in CEILINGS:
+            raise UsageError(f"sweep budget: unknown ceiling {name!r}; expected one of {CEILINGS}")
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise UsageError(f"sweep budget {name}: expected a number >= 0 (got {value!r})")
+        if name != "max_cost" and not float(value).is_integer():
+            raise UsageError(f"sweep budget {name}: expected an integer (got {value!r})")
+        out[name] = value if name == "max_cost" else int(value)
+    return out
+
+
+def open_sweep(
+    store: Store,
+    wf: Workflow,
+    spec: Definition,
+    *,
+    budget: Mapping[str, Any] | None,
+    key: str | None,
+) -> SweepRow:
+    """The sweep of this definition: found (its ceilings replaced when ``budget`` is given) or
+    created with all its cells in one transaction.
+
+    Raises:
+        UsageError: a cell's params are invalid, or ``key`` launched another definition.
+    """
+    sweep_id, digest = sweep_identity(wf.plan_hash, spec)
+    if key is not None:
+        prior = store.sweep_by_key(key)
+        if prior is not None and prior.sweep_id != sweep_id:
+            raise UsageError(
+                f"sweep key {key!r} launched sweep {prior.sweep_id}, of another definition; "
+                "use another key, or `wf sweep-resume "
+                f"{prior.sweep_id}` to continue that one"
+            )
+    ceilings = check_budget(budget)
+    found = store.get_sweep(sweep_id)
+    if found is not None:
+        if budget is not None:
+            store.set_sweep_status(sweep_id, "running", None, budget_json=canonical_json(ceilings))
+            found = sweep_row(store, sweep_id)
+        return found
+    cells = expand(wf.plan, spec)
+    now = time.time()
+    row = SweepRow(
+        sweep_id=sweep_id,
+        workflow=wf.name,
+        source=wf.source,
+        plan_json=wf.plan_json,
+        plan_hash=wf.plan_hash,
+        definition_json=spec.as_json(),
+        definition_hash=digest,
+        budget_json=canonical_json(ceilings),
+        sweep_key=key,
+        status="running",
+        status_reason=None,
+        cells=len(cells),
+        created_at=now,
+        updated_at=now,
+    )
+    store.create_sweep(
+        row,
+        [
+            CellSpec(
+                cell_index=c.index,
+                point_json=canonical_json(c.point),
+                row_index=c.row_index,
+                repeat=c.repeat,
+                params_json=canonical_json(c.params),
+            )
+            for c in cells
+        ],
+    )
+    return row
+
+
+def reopen_sweep(store: Store, sweep_id: str, *, budget: Mapping[str, Any] | None) -> SweepRow:
+    """The sweep to resume, its ceilings updated by ``budget`` (the keys given replace the
+    stored ones; the others hold).
+
+    Raises:
+        UsageError: no such sweep, or a bad budget.
+    """
+    row = sweep_row(store, sweep_id)
+    if budget:
+        ceilings = {**json.loads(row.budget_json), **check_budget(budget)}
+        store.set_sweep_status(sweep_id, "running", None, budget_json=canonical_json(ceilings))
+        row = sweep_row(store, sweep_id)
+    return row
+
+
+def seed_shared_budget(store: Store, sweep: SweepRow) -> SharedBudget:
+    """The sweep's ceilings and what its cells' runs already charged since it was created."""
+    ceilings = json.loads(sweep.budget_json)
+    units, tokens, cost = store.sweep_usage(sweep.sweep_id, since=sweep.created_at)
+    return SharedBudget(**ceilings, units=units, tokens=tokens, cost=cost)
+
+
+def drive_sweep(ctx: SweepDrive, sweep: SweepRow, wf: Workflow) -> SweepRow:
+    """Drive every owed cell of ``sweep``; returns its row with the status it settled on.
+
+    A cell's run is recorded before it is driven, so a killed sweep finds it again; a run
+    another process drives is skipped (and listed in ``ctx.skipped``), never raced.
+    """
+    shared = seed_shared_budget(ctx.store, sweep)
+    cells = ctx.store.sweep_cells(sweep.sweep_id, since=sweep.created_at)
+    owed = [c for c in cells if c.run_status not in SETTLED]
+    settled = [len(cells) - len(owed)]
+    lock = threading.Lock()
+    pool = ctx.executor or (
+        thread_executor(ctx.max_concurrency) if ctx.max_concurrency > 1 else None
+    )
+    options = DriveOptions(
+        signal=ctx.signal,
+        max_concurrency=ctx.max_concurrency,
+        executor=pool,
+        shared_budget=shared,
+    )
+    # One runner pool for every cell: the cells share a plan, so one runner (one HTTP client
+    # and its connections) serves them all, as it serves the units of one map.
+    runners = RunnerPool(state_dir=Path(ctx.store.db_path).parent, namespace=ctx.namespace)
+
+    def one(cell: SweepCellRow) -> None:
+        if shared.reached or (ctx.signal is not None and ctx.signal.is_set()):
+            return
+        _drive_cell(ctx, sweep, wf, cell, options, runners)
+        with lock:
+            settled[0] += 1
+            if ctx.progress is not None:
+                ctx.progress(settled[0], len(cells))
+
+    try:
+        if ctx.max_concurrency > 1 and len(owed) > 1:
+            with ThreadPoolExecutor(
+                ctx.max_concurrency, thread_name_prefix="wf-cell"
+            ) as cells_pool:
+                for future in [cells_pool.submit(one, c) for c in owed]:
+                    future.result()
+        else:
+            for cell in owed:
+                one(cell)
+    finally:
+        if pool is not None and pool is not ctx.executor:
+            pool.shutdown(wait=True)
+        runners.close()
+    return settle_sweep(ctx.store, sweep, shared)
+
+
+def _drive_cell(
+    ctx: SweepDrive,
+    sweep: SweepRow,
+    wf: Workflow,
+    cell: SweepCellRow,
+    options: DriveOptions,
+    runners: RunnerPool,
+) -> None:
+    run_id = cell.run_id
+    if run_id is None:
+        started = lifecycle.start(ctx.store, ctx.bus, wf, params=json.loads(cell.params_json))
+        run_id = started.run_id
+        ctx.store.set_cell_run(sweep.sweep_id, cell.cell_index, run_id)
+    row = ctx.store.get_run(run_id)
+    if row is None or row.status in SETTLED or row.status == "blocked":
+        return
+    try:
+        drive_locked_run(
+            ctx.store,
+            ctx.bus,
+            run_id,
+            options=options,
+            redactor=ctx.redactor,
+            namespace=ctx.namespace,
+            runners=runners,
+        )
+    except RunLockHeld as exc:
+        note = f"skipped: {exc}"
+        ctx.skipped.append(f"cell {cell.cell_index} ({run_id}) {note}")
+        ctx.store.set_cell_run(sweep.sweep_id, cell.cell_index, run_id, note=note)
+
+
+def settle_sweep(store: Store, sweep: SweepRow, shared: SharedBudget) -> SweepRow:
+    """Write the status the sweep's cells add up to, and return its row."""
+    cells = store.sweep_cells(sweep.sweep_id, since=sweep.created_at)
+    status: SweepStatus
+    done = sum(c.run_status == "completed" for c in cells)
+    if done == len(cells):
+        status, reason = "completed", None
+    elif shared.reached is not None:
+        limit = getattr(shared, shared.reached)
+        used = {"max_units": shared.units, "max_tokens": shared.tokens, "max_cost": shared.cost}[
+            shared.reached
+        ]
+        status = "stopped"
+        reason = (
+            f"sweep budget {shared.reached} reached (used {used:g} of {limit:g}); "
+            f"{len(cells) - done} cell(s) owed; `wf sweep-resume {sweep.sweep_id} "
+            f"--{shared.reached.replace('_', '-')} N` sets a new ceiling"
+        )
+    else:
+        bad = [c for c in cells if c.run_status in ("failed", "blocked", "abandoned")]
+        owed = len(cells) - done - len(bad)
+        if owed:
+            status, reason = "running", f"{owed} cell(s) owed; `wf sweep-resume {sweep.sweep_id}`"
+        else:
+            status = "failed"
+            reason = (
+                f"{len(bad)} cell(s) failed, blocked or abandoned (first: cell {bad[0].cell_index})"
+            )
+    store.set_sweep_status(sweep.sweep_id, status, reason)
+    return sweep_row(store, sweep.sweep_id)
+
+
+def sweep_row(store: Store, sweep_id: str) -> SweepRow:
+    """The row of ``sweep_id``.
+
+    Raises:
+        UsageError: no such sweep (deleted under this drive, or a mistyped id).
+    """
+    row = store.get_sweep(sweep_id)
+    if row is None:
+        raise UsageError(f"No sweep {sweep_id!r} in {store.db_path}; `wf sweeps` lists them.")
+    return row

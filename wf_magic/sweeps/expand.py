@@ -1,0 +1,193 @@
+"""A sweep's definition (grid × rows × repeat) checked against the plan's params, expanded into
+cells, and hashed into the sweep's identity."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+from ..hashing import canonical_json, hash_value
+from ..spec.params import SWEEP_PARAM, coerce_param, normalise, resolve_params
+from ..spec.plan import Plan
+
+SWEEP_ID_PREFIX = "sw-"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Definition:
+    """What a sweep is: its grid (axis → values, in the given order), rows and repeat count."""
+
+    grid: dict[str, list[Any]]
+    rows: list[dict[str, Any]] | None
+    repeat: int
+
+    def as_json(self) -> str:
+        """Canonical JSON of the definition (stored with the sweep)."""
+        return canonical_json({"grid": self.grid, "rows": self.rows, "repeat": self.repeat})
+
+    @property
+    def axes(self) -> list[str]:
+        return list(self.grid)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cell:
+    """One cell: a grid point, a row (its index in the rows) and a repeat index."""
+
+    index: int
+    point: dict[str, Any]
+    row_index: int | None
+    repeat: int
+    params: dict[str, Any]
+    """The run's params: the point ∪ the row's fields (∪ ``sweep.repeat`` when repeat > 1)."""
+
+
+def definition(
+    plan: Plan,
+    *,
+    grid: Mapping[str, Sequence[Any]] | None,
+    rows: Any,
+    repeat: int,
+    from_strings: bool = False,
+) -> Definition:
+    """Check a sweep's grid, rows and repeat against ``plan``'s params.
+
+    Raises:
+        UsageError: an axis or row column the workflow does not declare, an axis that is
+            also a column, an empty axis, no rows in a given rows source, a bad repeat.
+    """
+    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
+        raise UsageError(f"sweep repeat: expected an integer >= 1 (got {repeat!r})")
+    declared = sorted(plan.params)
+    axes: dict[str, list[Any]] = {}
+    for name, values in (grid or {}).items():
+        if name not in plan.params:
+            raise UsageError(
+                f"sweep grid axis {name!r} is not a param of workflow {plan.name!r}; "
+                f"declared: {declared or 'none'}"
+            )
+        listed = [values] if isinstance(values, str) else list(values)
+        if not listed:
+            raise UsageError(f"sweep grid axis {name!r} has no values; give at least one")
+        schema = plan.params[name]
+        axes[name] = [
+            normalise(
+                coerce_param(schema, v, name=name) if from_strings and isinstance(v, str) else v
+            )
+            for v in listed
+        ]
+    table = None if rows is None else load_rows(rows)
+    if table is not None:
+        _check_columns(plan, table, axes, declared)
+        table = [{k: normalise(_coerced(plan, k, v)) for k, v in row.items()} for row in table]
+    return Definition(grid=axes, rows=table, repeat=repeat)
+
+
+def _coerced(plan: Plan, name: str, value: Any) -> Any:
+    """A CSV cell is text: coerce it to the param's declared type (JSON rows keep theirs)."""
+    if isinstance(value, str) and plan.params[name].get("type") not in (None, "string"):
+        return coerce_param(plan.params[name], value, name=name)
+    return value
+
+
+def _check_columns(
+    plan: Plan, table: list[dict[str, Any]], axes: Mapping[str, Any], declared: list[str]
+) -> None:
+    for i, row in enumerate(table):
+        for column in row:
+            if column not in plan.params:
+                raise UsageError(
+                    f"sweep rows: row {i} has column {column!r}, which is not a param of "
+                    f"workflow {plan.name!r}; declared: {declared or 'none'}"
+                )
+            if column in axes:
+                raise UsageError(
+                    f"sweep rows: column {column!r} is also a grid axis; keep it in one of the two"
+                )
+
+
+def load_rows(rows: Any) -> list[dict[str, Any]]:
+    """Rows as a list of dicts, from a DataFrame, a list of dicts or a .csv / .jsonl path.
+
+    Raises:
+        UsageError: the file is missing or of another kind, a line or item is not an object,
+            or there are no rows.
+    """
+    if isinstance(rows, (str, Path)):
+        table = _read_rows_file(Path(rows))
+    elif hasattr(rows, "to_dict") and hasattr(rows, "columns"):  # a pandas DataFrame
+        table = [dict(r) for r in rows.to_dict(orient="records")]
+    elif isinstance(rows, Iterable) and not isinstance(rows, Mapping):
+        table = list(rows)
+    else:
+        raise UsageError(
+            "sweep rows: expected a DataFrame, a list of dicts or a path to a .csv or "
+            f".jsonl file (got {type(rows).__name__})"
+        )
+    for i, row in enumerate(table):
+        if not isinstance(row, Mapping):
+            raise UsageError(f"sweep rows: row {i} is not an object (got {type(row).__name__})")
+    if not table:
+        raise UsageError("sweep rows: no rows; give at least one or leave rows out")
+    return [{str(k): v for k, v in row.items()} for row in table]
+
+
+def _read_rows_file(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise UsageError(f"sweep rows: no file {str(path)!r}")
+    if path.suffix == ".csv":
+        with path.open(newline="", encoding="utf-8") as fh:
+            return [dict(r) for r in csv.DictReader(fh)]
+    if path.suffix == ".jsonl":
+        out = []
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except ValueError as exc:
+                raise UsageError(f"sweep rows: {path} line {n} is not JSON ({exc})") from None
+        return out
+    raise UsageError(f"sweep rows: expected a .csv or .jsonl file (got {path.name!r})")
+
+
+def expand(plan: Plan, spec: Definition) -> list[Cell]:
+    """Every cell of ``spec``: grid points (axes in order) × rows × repeats, in that order.
+
+    Raises:
+        UsageError: a cell's params are invalid (a missing required param, a wrong type).
+    """
+    points = [
+        dict(zip(spec.grid, combo, strict=True)) for combo in itertools.product(*spec.grid.values())
+    ]
+    rows: list[tuple[int | None, dict[str, Any]]] = (
+        [(None, {})] if spec.rows is None else list(enumerate(spec.rows))
+    )
+    cells: list[Cell] = []
+    for point, (row_index, row), rep in itertools.product(points, rows, range(spec.repeat)):
+        given: dict[str, Any] = {**point, **row}
+        if spec.repeat > 1:
+            given[SWEEP_PARAM] = {"repeat": rep}
+        try:
+            params = resolve_params(plan, given)
+        except UsageError as exc:
+            where = f"cell {len(cells)} (point {point}, row {row_index}, repeat {rep})"
+            raise UsageError(f"sweep {where}: {exc}") from None
+        cells.append(
+            Cell(index=len(cells), point=point, row_index=row_index, repeat=rep, params=params)
+        )
+    return cells
+
+
+def sweep_identity(plan_hash: str, spec: Definition) -> tuple[str, str]:
+    """(sweep id, definition hash): the hash of the plan, grid, rows and repeat."""
+    digest = hash_value(
+        {"plan_hash": plan_hash, "grid": spec.grid, "rows": spec.rows, "repeat": spec.repeat}
+    )
+    return SWEEP_ID_PREFIX + digest[:16], digest

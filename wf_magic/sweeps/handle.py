@@ -1,0 +1,292 @@
+"""The ``Sweep`` handle: a sweep's status, its one-row-per-cell frame, comparisons, pivots and
+its static HTML grid."""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..comparison import compare_runs
+from ..display.badges import STATUS_COLOURS
+from ..errors import UsageError
+from ..store import Store
+from ..store.sweeps import SweepCellRow, SweepRow
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+FRAME_COLUMNS = (
+    "row",
+    "repeat",
+    "run_id",
+    "status",
+    "result",
+    "tokens_paid",
+    "tokens_original",
+    "cost_paid",
+    "cost_original",
+    "duration_s",
+)
+"""The frame's fixed columns, after one column per grid axis (result fields come after)."""
+
+
+class Sweep:
+    """A handle on one sweep (reads its rows; driving goes through ``Engine.sweep``)."""
+
+    def __init__(self, store: Store, sweep_id: str, *, skipped: Sequence[str] = ()):
+        self._store = store
+        self.sweep_id = sweep_id
+        self.skipped = list(skipped)
+        """Cells skipped by the last drive because another process drove their run."""
+
+    def __repr__(self) -> str:
+        row = self.row
+        return f"<Sweep {self.sweep_id} {row.workflow} {row.status} ({row.cells} cells)>"
+
+    @property
+    def row(self) -> SweepRow:
+        row = self._store.get_sweep(self.sweep_id)
+        if row is None:
+            raise UsageError(f"No sweep {self.sweep_id!r}; `wf sweeps` lists them.")
+        return row
+
+    @property
+    def status(self) -> str:
+        """``running``, ``completed``, ``stopped`` or ``failed``."""
+        return self.row.status
+
+    @property
+    def status_reason(self) -> str | None:
+        return self.row.status_reason
+
+    @property
+    def axes(self) -> list[str]:
+        return list(json.loads(self.row.definition_json)["grid"])
+
+    @property
+    def budget(self) -> dict[str, Any]:
+        return dict(json.loads(self.row.budget_json))
+
+    def cells(self) -> list[SweepCellRow]:
+        """The cell rows, with what their runs report."""
+        return self._store.sweep_cells(self.sweep_id, since=self.row.created_at)
+
+    def frame(self) -> pd.DataFrame:
+        """One row per cell: the axes, ``row``, ``repeat``, ``run_id``, ``status``,
+        ``result``, ``tokens_paid``, ``tokens_original``, ``cost_paid``, ``cost_original``,
+        ``duration_s``, then ``gate_<step>`` / ``gate_<step>_loops`` per gated step, then the
+        result's top-level fields when it is an object."""
+        import pandas as pd
+
+        axes = self.axes
+        records = [_record(cell, axes) for cell in self.cells()]
+        gate_columns = self._gate_columns(records)
+        fields: list[str] = []
+        for rec in records:
+            for name in rec.pop("_fields"):
+                if name not in fields and name not in axes and name not in FRAME_COLUMNS:
+                    fields.append(name)
+        frame = pd.DataFrame(records, columns=[*axes, *FRAME_COLUMNS, *gate_columns, *fields])
+        return frame
+
+    def _gate_columns(self, records: list[dict[str, Any]]) -> list[str]:
+        """Add ``gate_<step>`` (passed / blocked / the step's status) and
+        ``gate_<step>_loops`` (loops used) for each gated step to ``records``."""
+        plan = json.loads(self.row.plan_json)
+        gated = [s["id"] for s in plan.get("steps", []) if s.get("gate")]
+        outcome = {"completed": "passed", "blocked": "blocked"}
+        found = {
+            (r.cell_index, r.step_id): r for r in self._store.sweep_cell_steps(self.sweep_id, gated)
+        }
+        for index, rec in enumerate(records):
+            for step in gated:
+                row = found.get((index, step))
+                rec[f"gate_{step}"] = None if row is None else outcome.get(row.status, row.status)
+                rec[f"gate_{step}_loops"] = None if row is None else row.loop
+        return [name for step in gated for name in (f"gate_{step}", f"gate_{step}_loops")]
+
+    def totals(self) -> dict[str, float]:
+        """What the sweep paid: units, tokens and cost, over all its cells."""
+        units, tokens, cost = self._store.sweep_usage(self.sweep_id, since=self.row.created_at)
+        return {"units": units, "tokens": tokens, "cost": cost}
+
+    def pivot(self, values: str, index: str, columns: str, aggfunc: str = "mean") -> pd.DataFrame:
+        """``values`` by ``index`` × ``columns`` (e.g. score by model × style), aggregated."""
+        return self.frame().pivot_table(
+            values=values, index=index, columns=columns, aggfunc=aggfunc
+        )
+
+    def compare(self, other: Sweep, *, on: Sequence[str] | None = None) -> pd.DataFrame:
+        """Cells of ``other`` beside this sweep's, matched ``on`` axes (default: the shared
+        axes, the row and the repeat): the rows whose result changed, with token and cost
+        deltas and the units that differ (``wf_magic.comparison.compare_runs``)."""
+        import pandas as pd
+
+        keys = (
+            list(on)
+            if on is not None
+            else [a for a in self.axes if a in other.axes] + ["row", "repeat"]
+        )
+        mine, theirs = self.frame(), other.frame()
+        for name in keys:
+            if name not in mine.columns or name not in theirs.columns:
+                raise UsageError(f"sweep compare: {name!r} is not a column of both sweeps")
+        mine["_order"] = range(len(mine))
+        joined = mine.merge(theirs, on=keys, how="outer", suffixes=("_a", "_b"))
+        joined = joined.sort_values("_order", na_position="last", kind="stable")
+        out = []
+        for rec in joined.to_dict(orient="records"):
+            run_a, run_b = rec.get("run_id_a"), rec.get("run_id_b")
+            if _missing(run_a) or _missing(run_b):
+                changed, units = True, None
+            else:
+                comparison = compare_runs(self._store, str(run_a), str(run_b))
+                units = len(comparison.differing())
+                changed = rec["result_a"] != rec["result_b"]
+            if not changed:
+                continue
+            out.append(
+                {
+                    **{k: rec[k] for k in keys},
+                    "run_a": run_a,
+                    "run_b": run_b,
+                    "result_a": rec.get("result_a"),
+                    "result_b": rec.get("result_b"),
+                    "units_differing": units,
+                    "tokens_delta": int(
+                        _num(rec.get("tokens_original_b")) - _num(rec.get("tokens_original_a"))
+                    ),
+                    "cost_delta": _num(rec.get("cost_original_b"))
+                    - _num(rec.get("cost_original_a")),
+                }
+            )
+        columns = [
+            *keys,
+            "run_a",
+            "run_b",
+            "result_a",
+            "result_b",
+            "units_differing",
+            "tokens_delta",
+            "cost_delta",
+        ]
+        return pd.DataFrame(out, columns=columns)
+
+    def heatmap(self, value: str, x: str, y: str) -> Figure:
+        """A Matplotlib heatmap of ``value`` (its mean) by ``x`` × ``y``."""
+        from matplotlib.figure import Figure
+
+        table = self.pivot(values=value, index=y, columns=x)
+        fig = Figure(figsize=(1.2 + 1.1 * len(table.columns), 1.0 + 0.6 * len(table.index)))
+        ax = fig.add_subplot()
+        image = ax.imshow(table.to_numpy(dtype=float), aspect="auto", cmap="viridis")
+        ax.set_xticks(range(len(table.columns)), [str(c) for c in table.columns])
+        ax.set_yticks(range(len(table.index)), [str(i) for i in table.index])
+        ax.set_xlabel(x)
+        ax.set_ylabel(y)
+        ax.set_title(f"{value} by {x} × {y}")
+        fig.colorbar(image, ax=ax)
+        return fig
+
+    def _repr_html_(self) -> str:
+        return grid_html(self)
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _num(value: Any) -> float:
+    return 0.0 if _missing(value) else float(value)
+
+
+def _record(cell: SweepCellRow, axes: list[str]) -> dict[str, Any]:
+    point = json.loads(cell.point_json)
+    result = json.loads(cell.result_json) if cell.result_json is not None else None
+    duration = (
+        cell.run_finished_at - cell.run_created_at
+        if cell.run_finished_at is not None and cell.run_created_at is not None
+        else None
+    )
+    rec: dict[str, Any] = {a: point.get(a) for a in axes}
+    rec.update(
+        row=cell.row_index,
+        repeat=cell.repeat,
+        run_id=cell.run_id,
+        status=cell.run_status or "pending",
+        result=result,
+        tokens_paid=cell.tokens_paid,
+        tokens_original=cell.tokens_original,
+        cost_paid=cell.cost_paid,
+        cost_original=cell.cost_original,
+        duration_s=duration,
+    )
+    names = list(result) if isinstance(result, dict) else []
+    for name in names:
+        if name not in rec:
+            rec[name] = result[name]  # type: ignore[index]
+    rec["_fields"] = names
+    return rec
+
+
+def grid_html(sweep: Sweep) -> str:
+    """A static HTML grid of the sweep: one coloured square per cell (its status), tokens
+    paid against the sweep's token ceiling."""
+    row = sweep.row
+    cells = sweep.cells()
+    totals = sweep.totals()
+    limit = sweep.budget.get("max_tokens")
+    of = f" of {limit}" if limit is not None else ""
+    squares = "".join(
+        "<span title='{t}' style='display:inline-block;width:12px;height:12px;margin:1px;"
+        "background:{c}'></span>".format(
+            t=html.escape(
+                f"cell {c.cell_index} {c.point_json} row {c.row_index} "
+                f"repeat {c.repeat}: {c.run_status or 'pending'} {c.run_id or ''}"
+            ),
+            c=STATUS_COLOURS.get(c.run_status or "pending", "#ccc"),
+        )
+        for c in cells
+    )
+    reason = f"<div>{html.escape(row.status_reason)}</div>" if row.status_reason else ""
+    return (
+        f"<div class='wf-sweep'><b>sweep {html.escape(row.sweep_id)}</b> "
+        f"{html.escape(row.workflow)} · {html.escape(row.status)} · {len(cells)} cells · "
+        f"tokens {int(totals['tokens'])}{of}{reason}<div>{squares}</div></div>"
+    )
+
+
+def sweeps_frame(store: Store) -> pd.DataFrame:
+    """One row per sweep, newest first."""
+    import pandas as pd
+
+    columns = [
+        "sweep_id",
+        "workflow",
+        "status",
+        "status_reason",
+        "cells",
+        "budget",
+        "created_at",
+        "updated_at",
+    ]
+    return pd.DataFrame(
+        [
+            {
+                "sweep_id": r.sweep_id,
+                "workflow": r.workflow,
+                "status": r.status,
+                "status_reason": r.status_reason,
+                "cells": r.cells,
+                "budget": r.budget_json,
+                "created_at": pd.to_datetime(r.created_at, unit="s"),
+                "updated_at": pd.to_datetime(r.updated_at, unit="s"),
+            }
+            for r in store.list_sweeps()
+        ],
+        columns=columns,
+    )

@@ -1,0 +1,155 @@
+"""The Engine's sweep verbs (a mixin): start or resume a sweep, a handle on one, the list."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..bus import EventBus
+from ..errors import UsageError
+from ..redact import Redactor
+from ..store import Store
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from ..spec.workflow import Workflow
+    from .handle import Sweep
+
+_AMBIGUOUS_SHOWN = 8
+
+
+def at_least(**checks: tuple[int | None, int]) -> None:
+    """Refuse a count below its minimum (``max_concurrency=0``), naming it."""
+    for name, (value, low) in checks.items():
+        if value is not None and value < low:
+            raise UsageError(f"{name} must be >= {low} (got {value})")
+
+
+class SweepVerbs:
+    """``Engine.sweep`` and friends; the Engine provides the attributes declared here."""
+
+    store: Store
+    bus: EventBus
+    redactor: Redactor
+    namespace: Mapping[str, Any] | None
+    max_concurrency: int | None
+    executor: Executor | None
+    db_path: Path
+
+    def load(self, source: str | Path, *, source_name: str | None = None) -> Workflow:
+        raise NotImplementedError
+
+    # -- sweeps -----------------------------------------------------------------------------
+    def sweep(
+        self,
+        source: Workflow | str | Path,
+        *,
+        grid: Mapping[str, Sequence[Any]] | None = None,
+        rows: Any = None,
+        repeat: int = 1,
+        budget: Mapping[str, Any] | None = None,
+        max_concurrency: int | None = None,
+        key: str | None = None,
+        signal: threading.Event | None = None,
+        progress: Callable[[int, int], None] | None = None,
+        values_from_strings: bool = False,
+    ) -> Sweep:
+        """Run ``source`` over every cell of ``grid`` × ``rows`` × ``repeat``, under one
+        ``budget`` (``max_units`` / ``max_tokens`` / ``max_cost``) over the whole sweep.
+
+        The same definition again resumes (or shows) its sweep; a changed one is a new sweep
+        whose unchanged cells find their completed runs. See docs/sweeps.md.
+
+        Raises:
+            UsageError: an axis or row column is not a declared param, a cell's params are
+                invalid, a bad budget or repeat, or ``key`` launched another definition.
+            DefinitionError: the source is invalid.
+        """
+        from ..spec.workflow import Workflow
+        from .driver import open_sweep
+        from .expand import definition
+
+        at_least(max_concurrency=(max_concurrency, 1))
+        wf = source if isinstance(source, Workflow) else self.load(source)
+        spec = definition(
+            wf.plan, grid=grid, rows=rows, repeat=repeat, from_strings=values_from_strings
+        )
+        row = open_sweep(self.store, wf, spec, budget=budget, key=key)
+        return self._drive_sweep(row.sweep_id, wf, max_concurrency, signal, progress)
+
+    def sweep_resume(
+        self,
+        sweep_id: str,
+        *,
+        budget: Mapping[str, Any] | None = None,
+        max_concurrency: int | None = None,
+        signal: threading.Event | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> Sweep:
+        """Drive a sweep's owed cells again; ``budget`` sets new ceilings (the keys given
+        replace the stored ones), else the stored ones hold.
+
+        Raises:
+            UsageError: no such sweep, or a bad budget.
+        """
+        from .driver import reopen_sweep
+
+        at_least(max_concurrency=(max_concurrency, 1))
+        row = reopen_sweep(self.store, self.sweep_handle(sweep_id).sweep_id, budget=budget)
+        wf = self.load(row.source, source_name=row.workflow)
+        if wf.plan_hash != row.plan_hash:
+            raise UsageError(
+                f"sweep {row.sweep_id}: its stored source now freezes into another plan "
+                "(a python target or library workflow changed); start a new sweep instead"
+            )
+        return self._drive_sweep(row.sweep_id, wf, max_concurrency, signal, progress)
+
+    def _drive_sweep(
+        self,
+        sweep_id: str,
+        wf: Workflow,
+        max_concurrency: int | None,
+        signal: threading.Event | None,
+        progress: Callable[[int, int], None] | None,
+    ) -> Sweep:
+        from .driver import SweepDrive, drive_sweep, sweep_row
+        from .handle import Sweep
+
+        ctx = SweepDrive(
+            store=self.store,
+            bus=self.bus,
+            redactor=self.redactor,
+            namespace=self.namespace,
+            max_concurrency=max_concurrency or self.max_concurrency or 1,
+            executor=self.executor,
+            signal=signal,
+            progress=progress,
+        )
+        drive_sweep(ctx, sweep_row(self.store, sweep_id), wf)
+        return Sweep(self.store, sweep_id, skipped=ctx.skipped)
+
+    def sweep_handle(self, sweep_id: str) -> Sweep:
+        """A handle on a sweep by id (or a unique prefix of one).
+
+        Raises:
+            UsageError: no sweep matches, or the prefix is ambiguous.
+        """
+        from .handle import Sweep
+
+        if self.store.get_sweep(sweep_id) is None:
+            near = self.store.find_sweep_prefix(sweep_id, limit=_AMBIGUOUS_SHOWN + 1)
+            if len(near) != 1:
+                hint = f" It matches {', '.join(near)}." if near else " `wf sweeps` lists them."
+                raise UsageError(f"No sweep {sweep_id!r} in {self.db_path}.{hint}")
+            sweep_id = near[0]
+        return Sweep(self.store, sweep_id)
+
+    def sweeps(self) -> pd.DataFrame:
+        """One row per sweep: id, workflow, status, reason, cells, budget, created_at."""
+        from .handle import sweeps_frame
+
+        return sweeps_frame(self.store)

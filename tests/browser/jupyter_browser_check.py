@@ -37,6 +37,7 @@ from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import sync_playwright
 
 CHROMIUM = "/usr/bin/chromium"
+REPO = Path(__file__).resolve().parents[2]
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -92,7 +93,13 @@ def jupyter_lab(notebook, extra_files=(), startup_timeout=90):
         f"--IdentityProvider.token={token}",
         f"--ServerApp.root_dir={root}",
         "--LabApp.news_url=None",
+        f"--LabApp.app_settings_dir={state / 'app-settings'}",
     ]
+    # The settings default wf_magic's wheel installs (<prefix>/share/jupyter/lab/settings/
+    # overrides.d/wf_magic.json; an editable install skips data files): saved widget state.
+    overrides = state / "app-settings" / "overrides.d"
+    overrides.mkdir(parents=True)
+    shutil.copy(REPO / "jupyter-config" / "wf_magic.json", overrides / "wf_magic.json")
     # Fresh per-user Jupyter dirs: no stray config, kernelspecs, settings or workspaces from ~, so kernel
     # "python3" is this Python. Lab setting "never fetch news" keeps the news toast off the page.
     env = dict(
@@ -259,6 +266,109 @@ def check_notebook(
             with contextlib.suppress(PlaywrightError):
                 page.screenshot(path=str(screenshot))
                 log(f"screenshot: {screenshot}")
+            browser.close()
+
+
+def open_browser(pw, profile, timeout_s):
+    """A headless Chromium page (the system binary) with console errors collected."""
+    browser = pw.chromium.launch_persistent_context(
+        profile,
+        executable_path=CHROMIUM,
+        headless=True,
+        args=CHROMIUM_ARGS,
+        viewport={"width": 1280, "height": 900},
+    )
+    page = browser.pages[0] if browser.pages else browser.new_page()
+    page.set_default_timeout(timeout_s * 1000)
+    errors = []
+    page.on("console", lambda msg: msg.type == "error" and errors.append(msg.text))
+    page.on("pageerror", lambda err: errors.append(str(err)))
+    return browser, page, errors
+
+
+def wait_idle_kernel(page):
+    """Wait for an idle kernel, accepting the proposed one if JupyterLab asks."""
+    idle = page.locator(
+        "#jp-main-statusbar .jp-StatusBar-TextItem",
+        has_text=re.compile(r"^(?!No Kernel).+ \| Idle$"),
+    )
+    dialog = page.locator(".jp-Dialog")
+    idle.or_(dialog).first.wait_for()
+    if dialog.is_visible():
+        dialog.locator(".jp-mod-accept").click()
+    idle.wait_for()
+
+
+def menu(page, top, item):
+    page.get_by_role("menuitem", name=top, exact=True).click()
+    page.get_by_role("menuitem", name=item, exact=True).click()
+
+
+def interrupt_kernels(url):
+    """Interrupt every kernel of the server behind `url` (POST /api/kernels/ID/interrupt)."""
+    base = url.split("/lab/", 1)[0]
+    token = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)["token"][0]
+    headers = {"Authorization": f"token {token}"}
+    with urllib.request.urlopen(urllib.request.Request(f"{base}/api/kernels", headers=headers)) as r:
+        kernels = json.load(r)
+    for kernel in kernels:
+        request = urllib.request.Request(
+            f"{base}/api/kernels/{kernel['id']}/interrupt", method="POST", headers=headers
+        )
+        urllib.request.urlopen(request, timeout=10).close()
+
+
+def check_saved_views(url, texts, screenshot, timeout_s, *, interrupt_when):
+    """Run all cells; once `interrupt_when` shows, interrupt the kernel; wait for every text of
+    `texts`; save, shut the kernel down, reopen: every text must show again, with no widget
+    error. Returns the outputs' texts of the reopened notebook."""
+    with (
+        sync_playwright() as pw,
+        tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile,
+    ):
+        browser, page, errors = open_browser(pw, profile, timeout_s)
+        outputs = page.locator(".jp-OutputArea-output")
+        step = "open the notebook"
+        try:
+            page.goto(url)
+            wait_idle_kernel(page)
+            step = "run all cells"
+            menu(page, "Run", "Run All Cells")
+            step = f"see {interrupt_when!r} before interrupting"
+            outputs.get_by_text(interrupt_when).first.wait_for()
+            page.wait_for_timeout(500)
+            interrupt_kernels(url)  # what the toolbar's stop button asks the server
+            for text in texts:
+                step = f"see {text!r} in the live notebook"
+                outputs.get_by_text(text).first.wait_for()
+            step = "save, shut the kernel down and reopen"
+            page.wait_for_timeout(1000)  # the last display updates land
+            page.keyboard.press("Control+s")
+            page.locator(".jp-NotebookPanel .jp-mod-dirty").wait_for(state="detached")
+            menu(page, "Kernel", "Shut Down Kernel")
+            page.locator(
+                "#jp-main-statusbar .jp-StatusBar-TextItem", has_text=re.compile(r"No Kernel")
+            ).or_(page.locator("#jp-main-statusbar", has_text="Unknown")).first.wait_for()
+            page.goto(url + "&reset")
+            for text in texts:
+                step = f"see {text!r} in the reopened notebook"
+                outputs.get_by_text(text).first.wait_for()
+            page.wait_for_timeout(1500)  # let any widget output try (and fail) to render
+            if outputs.get_by_text("Error displaying widget").count():
+                raise CheckFailed("the reopened notebook shows 'Error displaying widget'")
+            return [t.strip() for t in outputs.all_inner_texts()]
+        except (PlaywrightError, CheckFailed) as exc:
+            reason = (
+                f"could not {step}: {str(exc).splitlines()[0]}"
+                if isinstance(exc, PlaywrightError)
+                else exc
+            )
+            with contextlib.suppress(PlaywrightError):
+                reason = f"{reason}\ncell outputs: {[t.strip() for t in outputs.all_inner_texts()]}"
+            raise CheckFailed(f"{reason}\nbrowser errors: {errors[-5:]}") from None
+        finally:
+            with contextlib.suppress(PlaywrightError):
+                page.screenshot(path=str(screenshot), full_page=True)
             browser.close()
 
 

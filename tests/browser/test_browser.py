@@ -60,3 +60,33 @@ def test_approve_in_the_browser_completes_a_blocked_human_gate_run(tmp_path: Pat
     steps = {s.step_id: s for s in engine.steps(run.run_id)}
     assert steps["signoff"].note == "gate passed at loop 1/1 (human): Ship it from the browser."
     assert elapsed < 120
+
+
+def test_every_saved_run_view_reads_without_a_kernel(tmp_path: Path) -> None:
+    """Completed, blocked, stopped, superseded and interrupted runs: saved, the kernel shut
+    down and the notebook reopened, each view shows its run and none says "model not found"."""
+    from .jupyter_browser_check import check_saved_views, jupyter_lab
+
+    with jupyter_lab(HERE / "saved_views.ipynb") as url:
+        shown = check_saved_views(
+            url,
+            [
+                "Run completed.",
+                "Blocked: waiting on step",
+                "stopped-tour",
+                "superseded-tour",
+                "interrupted-tour",
+                "Approve",
+            ],
+            tmp_path / "saved_views.png",
+            timeout_s=90,
+            interrupt_when="driving…",
+        )
+    text = "\n".join(shown)
+    assert "Error displaying widget" not in text
+    with Engine(tmp_path / "home") as engine:
+        runs = {r.workflow: r.status for r in engine.list_runs()}
+    assert runs["done-tour"] == "completed"
+    assert runs["blocked-tour"] == "blocked"
+    assert runs["stopped-tour"] == "active"
+    assert runs["interrupted-tour"] == "active"

@@ -437,7 +437,10 @@ def test_real_gemini_gate_loop_continues_its_preset_session(
     assert first.session_id == preset_session_id(first.dispatch_id, 1)
     assert second.session_id == first.session_id
     for attempt in (first, second):
-        assert (attempt.tokens_in, attempt.tokens_out, attempt.cost) == (USAGE_IN, USAGE_OUT, None)
+        assert (attempt.tokens_in, attempt.tokens_out) == (USAGE_IN, USAGE_OUT)
+        # Gemini CLI reports no cost: the attempt is priced from genai-prices (issue 22).
+        record = engine.handle(run.run_id).attempt(attempt.unit_id, attempt.attempt)
+        assert (attempt.cost or 0) > 0 and (record.price_source or "").startswith("genai-prices")
 
 
 def test_real_gemini_401_fails_permanently(

@@ -74,14 +74,13 @@ BAD_INPUTS: list[tuple[str, str, str]] = [
     (
         "two-kinds-in-one-step",
         "name: x\nsteps:\n  - id: a\n    prompt: hi\n    exec: [echo]\n",
-        ":3: error: steps[0]: a step needs exactly one of prompt, exec, python, workflow, route "
-        "(got prompt, exec)",
+        ":3: error: steps[0]: a step needs exactly one of prompt, exec, python, workflow, route, "
+        "agent (got prompt, exec)",
     ),
     (
         "unknown-runner",
         "name: x\nsteps:\n  - id: a\n    prompt: hi\n    runner: nosuch\n",
-        ":5: error: steps[0].runner: unknown runner 'nosuch'; known runners: ['exec', 'openai', "
-        "'python', 'replay', 'scripted']",
+        ":5: error: steps[0].runner: unknown runner 'nosuch'; known runners: [",
     ),
     (
         "route-to-nowhere",
@@ -142,7 +141,7 @@ BAD_INPUTS: list[tuple[str, str, str]] = [
     (
         "size-source-bytes",
         "name: x\ndescription: " + "x" * 1_000_001 + "\nsteps:\n  - id: a\n    prompt: hi\n",
-        ": error: source is larger than 1000000 bytes",
+        ": error: source is larger than 1000000 bytes (1000055 bytes)",
     ),
 ]
 
@@ -177,7 +176,11 @@ def test_check_prints_the_line_of_each_class_of_bad_input_and_exits_2(
 
     done = wf_inproc(capsys, tmp_path / "state", "check", path.name)
 
-    assert (done.returncode, done.stdout, done.stderr) == (2, f"{path.name}{expected}\n", "")
+    if expected.endswith("["):  # a list that tests may extend (registered runners): its head
+        assert (done.returncode, done.stderr) == (2, "")
+        assert done.stdout.startswith(f"{path.name}{expected}") and "'scripted'" in done.stdout
+    else:
+        assert (done.returncode, done.stdout, done.stderr) == (2, f"{path.name}{expected}\n", "")
     _nothing_written(tmp_path, quiet_dir, path.name)
 
 

@@ -138,7 +138,8 @@ TABLE: dict[str, dict[str, Case]] = {
         "active": Case(3, "(fork of", "abandoned", True, 3, "(fork of"),
         "blocked": Case(3, "(fork of", "abandoned", True, 3, "(fork of"),
         "completed": Case(3, "(fork of", "completed", True, 3, "(fork of"),
-        "failed": Case(1, "(fork of", "abandoned", True, 1, "(fork of"),
+        # A failed run keeps its status and reason when a fork supersedes it (issue 23).
+        "failed": Case(1, "(fork of", "failed", True, 1, "(fork of"),
         "abandoned": Case(3, "(fork of", "abandoned", True, 3, "(fork of"),
     },
     "gc": {

@@ -12,6 +12,7 @@ is told apart by :mod:`wf_magic.drive.interrupts`).
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from collections.abc import Callable
@@ -191,13 +192,13 @@ def unit_failure(exc: BaseException, *, redact: Callable[[str], str]) -> RunnerE
         message = _clipped(redact(safe_text(_text_of(exc))))
         if message == exc.message and _int_or_none(exc.tokens_in, exc.tokens_out):
             return exc
-        failure = RunnerError(
-            message,
-            transient=exc.transient,
-            executed=exc.executed,
-            tokens_in=_whole(exc.tokens_in),
-            tokens_out=_whole(exc.tokens_out),
-        )
+        # A copy keeps what the runner attached beyond the message (a python step's
+        # traceback, an agent's facts, a provider's retry-after) and its class.
+        failure = copy.copy(exc)
+        failure.args = (message,)
+        failure.message = message
+        failure.tokens_in = _whole(exc.tokens_in)
+        failure.tokens_out = _whole(exc.tokens_out)
         failure.__cause__ = exc
         return failure
     detail = one_line(redact(safe_text(_text_of(exc))))

@@ -309,7 +309,9 @@ def interrupt_kernels(url):
     base = url.split("/lab/", 1)[0]
     token = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)["token"][0]
     headers = {"Authorization": f"token {token}"}
-    with urllib.request.urlopen(urllib.request.Request(f"{base}/api/kernels", headers=headers)) as r:
+    with urllib.request.urlopen(
+        urllib.request.Request(f"{base}/api/kernels", headers=headers)
+    ) as r:
         kernels = json.load(r)
     for kernel in kernels:
         request = urllib.request.Request(

@@ -147,12 +147,21 @@ class WorkflowMagics(Magics):
         self, run_id: str, *, subscribe: bool = True, warnings: list[str] | None = None
     ) -> RunView:
         """Create, display (from this thread) and first draw a run view."""
-        from .widgets import RunView
 
         old = self.views.pop(run_id, None)
         if old is not None:
             # Only one view observes; the older output keeps its last state without buttons.
             old.retire("a newer view of this run is below; this one no longer updates")
+        view = self._new_view(run_id, subscribe=subscribe, warnings=warnings)
+        view.show()
+        view.flush()
+        return view
+
+    def _new_view(
+        self, run_id: str, *, subscribe: bool = True, warnings: list[str] | None = None
+    ) -> RunView:
+        from .widgets import RunView
+
         view = RunView(
             self.engine,
             run_id,
@@ -161,11 +170,19 @@ class WorkflowMagics(Magics):
             stop_drive=self.stop_drive,
             is_driving=self.drives.is_driving,
             warnings=warnings,
+            open_fork=self.open_fork,
         )
         self.views[run_id] = view
-        view.show()
-        view.flush()
         return view
+
+    def open_fork(self, run_id: str, handle: Any) -> None:
+        """Fork from here: show the fork's view in ``handle`` (an output of the forked
+        run's cell) and drive it in the background, as Approve continues a run."""
+        view = self._new_view(run_id)
+        view.display_handle = handle
+        view.flush()
+        view.go_live()
+        self.drive_in_background(run_id, is_followable=True)
 
     def settle_view(self, view: RunView) -> None:
         """Stop a view observing once its run can no longer change."""

@@ -56,6 +56,7 @@ class ReviewPanel(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         message: w.HTML,
         poke: Callable[[], None],
         continue_drive: Callable[[str], object] | None = None,
+        forked: Callable[[str], bool] | None = None,
         **kwargs: Any,
     ):
         self.engine = engine
@@ -64,6 +65,8 @@ class ReviewPanel(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         self.message = message
         self.poke = poke
         self.continue_drive = continue_drive
+        self.forked = forked
+        """Shows and drives a fork (the run view's); False when it cannot (then said how)."""
         self.acted: str | None = None
         """What this panel decided while the drive it started runs (said once it ended)."""
         self._decision_key: tuple[str, int, str] | None = None
@@ -154,7 +157,8 @@ class ReviewPanel(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
 
     def fork(self) -> None:
         """Start a new run of the same plan from the waiting step, reusing what came before
-        (this run is superseded). The fork is created, not driven: the message says how."""
+        (this run is superseded), and drive it with its view below this one; without a
+        kernel-side view (a plain panel) the fork is created and the message says how."""
         waiting = self.waiting()
         if waiting is None:
             self._say("nothing is waiting for a decision", error=True)
@@ -165,10 +169,16 @@ class ReviewPanel(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
             self._say(str(exc), error=True)
         else:
             self._disable_buttons()
-            self._say(
-                f"forked as run {forked.run_id} from step {waiting.step_id} (this run is "
-                f"superseded); `%workflow resume {forked.run_id}` drives it"
-            )
+            if self.forked is not None and self.forked(forked.run_id):
+                self._say(
+                    f"forked as run {forked.run_id} from step {waiting.step_id} (this run is "
+                    "superseded); the fork is driven below"
+                )
+            else:
+                self._say(
+                    f"forked as run {forked.run_id} from step {waiting.step_id} (this run is "
+                    f"superseded); `%workflow resume {forked.run_id}` drives it"
+                )
         self.poke()
 
     def _disable_buttons(self) -> None:

@@ -78,6 +78,7 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         stop_drive: Callable[[str], object] | None = None,
         is_driving: Callable[[str], bool] | None = None,
         warnings: list[str] | None = None,
+        open_fork: Callable[[str, Any], object] | None = None,
         interval_s: float = 0.1,
         **kwargs: Any,
     ):
@@ -87,6 +88,8 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         self.continue_drive = continue_drive
         self.stop_drive = stop_drive
         self.is_driving = is_driving
+        self.open_fork = open_fork
+        """Called with a fork's run id and an output to show it in (Fork from here)."""
         self.redraws = 0
         self.events_seen = 0
         self.snapshot: RunSnapshot | None = None
@@ -182,6 +185,7 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
             message=self.message,
             poke=self.poke,
             continue_drive=self.continue_drive,
+            forked=self._forked,
         )
         # The panel's widgets under the names the view has always had.
         self.decision_box = self.review
@@ -485,6 +489,16 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
             self.decision_handle = display(  # type: ignore[no-untyped-call]
                 {"text/plain": ""}, raw=True, display_id=True
             )
+
+    def _forked(self, run_id: str) -> bool:
+        """Fork from here: hand the decision output to the fork's view, which drives.
+
+        Returns whether the fork is shown and driven (else the panel says how to drive it)."""
+        if self.open_fork is None or self.decision_handle is None:
+            return False
+        handle, self.decision_handle = self.decision_handle, None  # the fork's output now
+        self.open_fork(run_id, handle)
+        return True
 
     def go_live(self) -> None:
         """Show the live widget again (a drive of this kernel starts, e.g. after Approve)."""

@@ -163,3 +163,25 @@ steps:
         ("a", "reused", 0),
         ("h", "reused", 0),
     ]
+
+
+def test_a_run_left_active_with_every_step_settled_completes_on_resume(
+    engine: Engine, state_dir: Path
+) -> None:
+    """A driver killed between the last step's status write and the run's status write
+    leaves the run active with nothing owed: the next drive completes it, dispatching nothing."""
+    import sqlite3
+
+    run = engine.run("name: x\nsteps:\n  - id: a\n    prompt: hi\n  - id: b\n    prompt: yo\n")
+    assert run.status == "completed"
+    before = len(engine.attempts(run.run_id))
+    engine.close()
+    conn = sqlite3.connect(state_dir / "state.db")
+    conn.execute("UPDATE runs SET status = 'active', finished_at = NULL, result_json = NULL")
+    conn.commit()
+    conn.close()
+    with Engine(state_dir) as again:
+        resumed = again.resume(run.run_id)
+        assert resumed.status == "completed"
+        assert resumed.result == run.result
+        assert len(again.attempts(run.run_id)) == before

@@ -124,7 +124,12 @@ def test_kill9_mid_sweep_then_resume_matches_an_uninterrupted_sweep(
         got = engine.sweep_handle(sweep_id)
         assert got.sweep_id == want.sweep_id  # the same definition, the same identity
         got_frame, got_totals = got.frame(), got.totals()
-        assert got.status == "completed"
+        owed = [
+            (r.run_id, r.status, r.status_reason)
+            for r in engine.list_runs()
+            if r.status != "completed"
+        ]
+        assert got.status == "completed", (got.status_reason, owed)
     assert got_frame[COMPARED].to_dict("records") == want_frame[COMPARED].to_dict("records")
     assert (
         got_totals

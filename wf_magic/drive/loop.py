@@ -81,6 +81,11 @@ def _walk(ctx: DriveContext, state: RunState) -> None:
             if any(state.step_rows[s.id].status == "pending" for s in state.plan.steps):
                 state.stats.stopped_by = "max_steps"
             return
+    if state.plan.steps:
+        # Every step is settled. A driver killed between the last step's write and the run's
+        # status write left the run active with nothing owed: the walk above settled every
+        # step without syncing, so the run's status is derived here (a no-op otherwise).
+        _sync_run_status(ctx, state, state.plan.steps[-1])
 
 
 def _finished(step: PlanStep, outcome: spine.StepOutcome) -> bool:

@@ -2,7 +2,8 @@
 # Install the pinned coding-agent CLIs the real agent tier drives (tests/test_agents_real.py)
 # into a cache folder, one `npm install --prefix` per CLI; idempotent (an installed pin is
 # kept). The cache: $WF_AGENTS_CACHE, else ~/.cache/wf_magic-agents. Without npm, or when an
-# install fails (no registry), it says so and exits 0: the real tier then skips with a reason.
+# install fails (no registry), it says so and exits 0: the real tier then skips with a reason;
+# under CI=true (.ci/run) it exits 1 instead, since a skip there means the tier did not run.
 set -uo pipefail
 CACHE="${WF_AGENTS_CACHE:-$HOME/.cache/wf_magic-agents}"
 PINS=(
@@ -11,9 +12,12 @@ PINS=(
   "opencode opencode-ai@1.18.33"
   "gemini @google/gemini-cli@0.61.0"
 )
+strict=0
+[ "${CI:-}" = "true" ] && strict=1
+failed=0
 if ! command -v npm >/dev/null 2>&1; then
   echo "ci_agents: npm not found; the real agent tests will skip" >&2
-  exit 0
+  exit "$strict"
 fi
 mkdir -p "$CACHE"
 for pin in "${PINS[@]}"; do
@@ -30,6 +34,9 @@ for pin in "${PINS[@]}"; do
     echo "ci_agents: installed $spec into $prefix"
   else
     echo "ci_agents: installing $spec failed (see $prefix/install.log); its tests will skip" >&2
+    tail -5 "$prefix/install.log" >&2
+    failed=1
   fi
 done
+[ "$failed" -eq 1 ] && [ "$strict" -eq 1 ] && exit 1
 exit 0

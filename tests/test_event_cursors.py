@@ -316,7 +316,13 @@ def test_follow_of_a_run_driven_by_another_process_sees_each_event_once_across_a
         assert first.stdout is not None
         seen = [json.loads(first.stdout.readline()) for _ in range(3)]
         os.kill(first.pid, signal.SIGKILL)  # mid-way: the run goes on without this follower
-        rest, _ = first.communicate(timeout=30)
+        first.wait(timeout=30)
+        # Read through the same buffered stream readline() used: communicate() would read the
+        # pipe itself and drop lines readline() had already buffered.
+        rest = first.stdout.read()
+        first.stdout.close()
+        if first.stderr is not None:
+            first.stderr.close()
         seen += [json.loads(line) for line in rest.splitlines(keepends=True) if line.endswith("\n")]
         [(status_at_restart,)] = db_rows(state_dir, "SELECT status FROM runs")
 
@@ -329,7 +335,12 @@ def test_follow_of_a_run_driven_by_another_process_sees_each_event_once_across_a
         while not later or (later[-1]["kind"], later[-1]["unit"]) != ("unit_started", "wait"):
             later.append(json.loads(resumed.stdout.readline()))
         release.touch()  # the rest of the run happens while this follower follows it
-        out, err = resumed.communicate(timeout=120)
+        resumed.wait(timeout=120)
+        out = resumed.stdout.read()
+        err = resumed.stderr.read() if resumed.stderr is not None else ""
+        resumed.stdout.close()
+        if resumed.stderr is not None:
+            resumed.stderr.close()
         later += [json.loads(line) for line in out.splitlines()]
         [(status_at_end,)] = db_rows(state_dir, "SELECT status FROM runs")
         assert driver.wait(timeout=60) == 0

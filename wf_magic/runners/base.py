@@ -7,6 +7,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from ..errors import RunnerError
+
 _FENCE = re.compile(r"^```[A-Za-z0-9_-]*[ \t]*\n(.*?)\n?```\s*$", re.DOTALL)
 
 
@@ -26,6 +28,37 @@ UnitKind = Literal["prompt", "exec", "python", "judge", "agent"]
 - ``judge``: a gate judge call (an LLM prompt that must answer a verdict).
 - ``agent``: a coding-agent CLI run on ``request.prompt`` with ``request.agent``'s settings.
 """
+
+
+def check_option_shapes(
+    options: Mapping[str, Any],
+    where: str,
+    *,
+    names: frozenset[str],
+    strings: tuple[str, ...],
+    mappings: tuple[str, ...],
+    default_timeout_s: float,
+) -> None:
+    """A runner's options at freeze: known names only, the right shapes, a positive timeout.
+
+    Raises:
+        RunnerError: naming ``where`` and the option, with what was expected and got.
+    """
+    unknown = sorted(map(str, set(options) - names))
+    if unknown:
+        raise RunnerError(
+            f"{where}: unknown option(s) {', '.join(unknown)}; expected some of "
+            f"{', '.join(sorted(names))}."
+        )
+    for key in strings:
+        if key in options and not isinstance(options[key], str):
+            raise RunnerError(f"{where}.{key}: expected a string (got {options[key]!r}).")
+    for key in mappings:
+        if key in options and not isinstance(options[key], Mapping):
+            raise RunnerError(f"{where}.{key}: expected a mapping (got {options[key]!r}).")
+    timeout_s = options.get("timeout_s", default_timeout_s)
+    if not isinstance(timeout_s, int | float) or isinstance(timeout_s, bool) or timeout_s <= 0:
+        raise RunnerError(f"{where}.timeout_s: expected a positive number (got {timeout_s!r}).")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

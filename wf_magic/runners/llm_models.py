@@ -31,7 +31,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RunnerError
-from .base import RunnerContext, UnitRequest, UnitResult, strip_code_fence
+from .base import (
+    RunnerContext,
+    UnitRequest,
+    UnitResult,
+    check_option_shapes,
+    strip_code_fence,
+)
 from .function import call_with_timeout
 from .pricing import PRICE_OPTIONS, PriceTable
 from .textsink import TextSink
@@ -174,20 +180,14 @@ def _option_fields(model: Any) -> frozenset[str]:
 
 
 def _check_options(options: Mapping[str, Any], where: str) -> None:
-    unknown = sorted(map(str, set(options) - _OPTION_NAMES))
-    if unknown:
-        raise RunnerError(
-            f"{where}: unknown option(s) {', '.join(unknown)}; expected some of "
-            f"{', '.join(sorted(_OPTION_NAMES))}."
-        )
-    for key in ("model", "system", "api_key_env"):
-        if key in options and not isinstance(options[key], str):
-            raise RunnerError(f"{where}.{key}: expected a string (got {options[key]!r}).")
-    if "options" in options and not isinstance(options["options"], Mapping):
-        raise RunnerError(f"{where}.options: expected a mapping (got {options['options']!r}).")
-    timeout_s = options.get("timeout_s", DEFAULT_TIMEOUT_S)
-    if not isinstance(timeout_s, int | float) or isinstance(timeout_s, bool) or timeout_s <= 0:
-        raise RunnerError(f"{where}.timeout_s: expected a positive number (got {timeout_s!r}).")
+    check_option_shapes(
+        options,
+        where,
+        names=_OPTION_NAMES,
+        strings=("model", "system", "api_key_env"),
+        mappings=("options",),
+        default_timeout_s=DEFAULT_TIMEOUT_S,
+    )
     PriceTable.parse(options, where=where)
 
 

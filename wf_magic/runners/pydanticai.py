@@ -31,7 +31,13 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RunnerError
-from .base import RunnerContext, UnitRequest, UnitResult, strip_code_fence
+from .base import (
+    RunnerContext,
+    UnitRequest,
+    UnitResult,
+    check_option_shapes,
+    strip_code_fence,
+)
 from .pricing import PRICE_OPTIONS, PriceTable, attempt_cost
 from .textsink import TextSink
 
@@ -311,20 +317,14 @@ def _check_options(options: Mapping[str, Any], where: str) -> None:
             f"{where}.api_key would store a secret in the plan; put the key in an environment "
             "variable and name it with api_key_env."
         )
-    unknown = sorted(map(str, set(options) - _OPTION_NAMES))
-    if unknown:
-        raise RunnerError(
-            f"{where}: unknown option(s) {', '.join(unknown)}; expected some of "
-            f"{', '.join(sorted(_OPTION_NAMES))}."
-        )
-    for key in ("model", "base_url", "api_key_env", "system_prompt"):
-        if key in options and not isinstance(options[key], str):
-            raise RunnerError(f"{where}.{key}: expected a string (got {options[key]!r}).")
-    if "settings" in options and not isinstance(options["settings"], Mapping):
-        raise RunnerError(f"{where}.settings: expected a mapping (got {options['settings']!r}).")
-    timeout_s = options.get("timeout_s", DEFAULT_TIMEOUT_S)
-    if not isinstance(timeout_s, int | float) or isinstance(timeout_s, bool) or timeout_s <= 0:
-        raise RunnerError(f"{where}.timeout_s: expected a positive number (got {timeout_s!r}).")
+    check_option_shapes(
+        options,
+        where,
+        names=_OPTION_NAMES,
+        strings=("model", "base_url", "api_key_env", "system_prompt"),
+        mappings=("settings",),
+        default_timeout_s=DEFAULT_TIMEOUT_S,
+    )
     PriceTable.parse(options, where=where)
 
 

@@ -321,7 +321,9 @@ def interrupt_kernels(url):
 
 
 def check_saved_views(url, texts, screenshot, timeout_s, *, interrupt_when):
-    """Run all cells; once `interrupt_when` shows, interrupt the kernel; wait for every text of
+    """Run all cells; once one output shows every text of `interrupt_when` (the last cell's
+    run name and its "driving…", so an earlier cell's passing "driving…" never triggers an
+    interrupt that would cancel the cells still queued), interrupt the kernel; wait for every text of
     `texts`; save, shut the kernel down, reopen: every text must show again, with no widget
     error. Returns the outputs' texts of the reopened notebook."""
     with (
@@ -337,7 +339,10 @@ def check_saved_views(url, texts, screenshot, timeout_s, *, interrupt_when):
             step = "run all cells"
             menu(page, "Run", "Run All Cells")
             step = f"see {interrupt_when!r} before interrupting"
-            outputs.get_by_text(interrupt_when).first.wait_for()
+            target = outputs
+            for text in interrupt_when:
+                target = target.filter(has_text=text)
+            target.first.wait_for()
             page.wait_for_timeout(500)
             interrupt_kernels(url)  # what the toolbar's stop button asks the server
             for text in texts:

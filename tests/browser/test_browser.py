@@ -80,7 +80,7 @@ def test_every_saved_run_view_reads_without_a_kernel(tmp_path: Path) -> None:
             ],
             tmp_path / "saved_views.png",
             timeout_s=90,
-            interrupt_when="driving…",
+            interrupt_when=("interrupted-tour", "driving…"),
         )
     text = "\n".join(shown)
     assert "Error displaying widget" not in text

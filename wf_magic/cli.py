@@ -200,7 +200,7 @@ def cmd_list(engine: _RunLister, args: argparse.Namespace) -> int:
         include_children=getattr(args, "all", False), limit=getattr(args, "limit", None)
     )
     if not runs:
-        print(f"no runs in {engine.db_path}")
+        print(f"no runs in {engine.where}")
     from .spec.stored import plan_warning
     from .store.runs import params_text
 
@@ -480,12 +480,12 @@ def _take_params(words: list[str]) -> tuple[list[str], list[str]]:
 
 def _main(args: argparse.Namespace, words: list[str]) -> int:
     from .store import Store
-    from .store.db import DB_FILENAME, default_state_dir
+    from .store.db import default_state, store_target
 
     target: _RunLister
     if args.fn is cmd_list or (args.fn is cmd_status and args.run is None):
         # Listing runs needs only the Store: the engine is never imported (start-up time).
-        store = Store((Path(args.db) if args.db else default_state_dir()) / DB_FILENAME)
+        store = Store(store_target(args.db if args.db else default_state()))
         target = store
     else:
         from .engine import Engine
@@ -619,7 +619,7 @@ def _unreadable(store: Store, args: argparse.Namespace, exc: Exception) -> str:
     head = f"Run {run}: " if run else ""
     first = " ".join((str(exc).splitlines() or [""])[0].split())
     return (
-        f"{head}cannot read the state database {store.db_path} ({type(exc).__name__}: "
+        f"{head}cannot read the state database {store.where} ({type(exc).__name__}: "
         f"{first}; integrity_check: {store.integrity_check()}); a row was probably "
         "edited by hand. Restore state.db from a backup or start afresh with "
         "`wf run FILE --new`; `--debug` shows the traceback."

@@ -18,7 +18,8 @@ from .errors import RunAbandoned, RunLockHeld, UsageError
 from .redact import Redactor, secret_strings
 from .run import Run, RunRef, run_ref
 from .store import Store
-from .store.db import DB_FILENAME, default_state_dir
+from .store.db import DB_FILENAME, default_state
+from .store.location import PgLocation, parse_state
 from .store.records import AttemptRow, EventRow, RunRow, StepRow
 from .sweeps.verbs import SweepVerbs
 
@@ -59,7 +60,7 @@ class Engine(SweepVerbs):
 
     def __init__(
         self,
-        state_dir: str | Path | None = None,
+        state_dir: str | Path | PgLocation | None = None,
         *,
         namespace: Mapping[str, Any] | None = None,
         library: Mapping[str, str] | None = None,
@@ -67,8 +68,14 @@ class Engine(SweepVerbs):
         max_concurrency: int | None = None,
         executor: Executor | None = None,
     ):
-        self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
+        state = parse_state(state_dir) if state_dir is not None else default_state()
+        self.location: PgLocation | None = state if isinstance(state, PgLocation) else None
+        """The PostgreSQL schema holding the journal (None: the folder's SQLite file)."""
+        self.state_dir: Path = state.local_dir if isinstance(state, PgLocation) else state
+        """This machine's folder of the state (on PostgreSQL: locks, sidecars, the seal key)."""
         self.db_path = self.state_dir / DB_FILENAME
+        self.where = state.where if isinstance(state, PgLocation) else str(self.db_path)
+        """The state as messages name it: the SQLite file, or the URL without password."""
         self.lock_dir = self.state_dir / "locks"
         self.namespace = namespace
         self.library: dict[str, str] = dict(library or {})
@@ -80,7 +87,9 @@ class Engine(SweepVerbs):
         self._secrets: dict[str, Any] = {}
         """Seal → value of every secret param this engine was handed: kept in memory only, so
         a run started here can be driven here; another process must pass them again."""
-        self.store = Store(self.db_path, durability=durability, redactor=self.redactor)
+        self.store = Store(
+            self.location or self.db_path, durability=durability, redactor=self.redactor
+        )
         """Named queries over the state database (the only way to its rows)."""
 
     def close(self) -> None:
@@ -123,7 +132,7 @@ class Engine(SweepVerbs):
         if row is None:
             near = self.store.find_run_prefix(rid)
             hint = f" Did you mean {', '.join(near)}?" if near else " `wf list` shows the runs."
-            raise UsageError(f"No run {rid!r} in {self.db_path}.{hint}", run_id=rid)
+            raise UsageError(f"No run {rid!r} in {self.where}.{hint}", run_id=rid)
         return row
 
     def resolve_run_id(self, run_id: RunRef) -> str:

@@ -249,7 +249,7 @@ class MigrationError(WorkflowError):
     """The state database's migration ledger diverges from this version's registry."""
 
 
-StateDBFault = Literal["full", "busy", "readonly", "io", "damaged", "unreadable"]
+StateDBFault = Literal["full", "busy", "readonly", "io", "damaged", "unreadable", "unreachable"]
 """What went wrong with the state database:
 
 - ``full``: the disk (or the database's page limit) is full.
@@ -270,6 +270,7 @@ _STATE_DB_ADVICE: dict[str, str] = {
         "or point --db / WF_MAGIC_HOME at a fresh directory."
     ),
     "unreadable": "Restore the row from a backup, or start afresh with `wf run FILE --new`.",
+    "unreachable": "Check that the PostgreSQL server is up and reachable, then {retry}.",
 }
 
 
@@ -295,7 +296,9 @@ class StateDBError(WorkflowError):
         head = f"Run {run_id}: " if run_id else ""
         what = f"{detail}; integrity_check: {integrity}" if integrity else detail
         retry = f"`wf resume {run_id}`" if run_id else "retry"
-        done = " Nothing was half-written." if fault in ("full", "busy", "io") else ""
+        done = (
+            " Nothing was half-written." if fault in ("full", "busy", "io", "unreachable") else ""
+        )
         advice = _STATE_DB_ADVICE[fault].format(retry=retry, db=db_path)
         super().__init__(
             " ".join(f"{head}state database {db_path}: {what}.{done} {advice}".split()),

@@ -46,7 +46,8 @@ from .library_index import (
 )
 from .reading import read_bounded
 from .store import Store
-from .store.db import DB_FILENAME, default_state_dir
+from .store.db import default_state, store_target
+from .store.location import parse_state
 from .store.library_cache import LibraryCopy
 
 __all__ = [
@@ -156,7 +157,7 @@ class Library:
         self.timeout_s = float(timeout_s)
         self._store = store
         self._owns_store = False
-        self._state_dir = Path(state_dir) if state_dir is not None else None
+        self._state_dir = parse_state(state_dir) if state_dir is not None else None
         self._entries: dict[str, IndexEntry] | None = None
         self._warned: set[str] = set()
 
@@ -356,8 +357,8 @@ class Library:
 
     def _cache(self) -> Store:
         if self._store is None:
-            state_dir = self._state_dir if self._state_dir is not None else default_state_dir()
-            self._store, self._owns_store = Store(state_dir / DB_FILENAME), True
+            state = self._state_dir if self._state_dir is not None else default_state()
+            self._store, self._owns_store = Store(store_target(state)), True
         return self._store
 
     def _warn_stale(self, url: str, copy: LibraryCopy, failure: str) -> None:

@@ -338,11 +338,11 @@ def _sealed(
     """
     if not whole and not has_secrets(params):
         return Sealed(params=params, vault={})
-    state_dir = store.db_path.parent
+    state_dir = store.state_dir
     sealer = Sealer.ensure(state_dir) if run_id is None else Sealer.existing(state_dir)
     if sealer is None:
         raise UsageError(
-            f"Run {run_id}: its secret params were sealed with {store.db_path.parent}/"
+            f"Run {run_id}: its secret params were sealed with {store.state_dir}/"
             "secret.key, which is gone, so no value can be checked against them. Restore the "
             "file, or start a new run (`wf run FILE --new`).",
             run_id=run_id,

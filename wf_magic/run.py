@@ -86,7 +86,7 @@ class Run:
         """
         row = self.store.get_run(self.run_id)
         if row is None:
-            raise UsageError(f"Run {self.run_id} is no longer in {self.store.db_path}.")
+            raise UsageError(f"Run {self.run_id} is no longer in {self.store.where}.")
         return row
 
     @property
@@ -225,7 +225,7 @@ class Run:
         # A secret param's value pasted into the feedback is masked though no process that
         # started the run is at hand: its words are checked against the run's seals.
         texts = " ".join([verdict.feedback, *verdict.missing])
-        pasted = sealed_words(texts, self.params, self.store.db_path.parent)
+        pasted = sealed_words(texts, self.params, self.store.state_dir)
         self.store.scrubber.know(pasted)
 
         decided = record_human_verdict(

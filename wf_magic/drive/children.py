@@ -109,7 +109,7 @@ def _sealed(ctx: DriveContext, state: RunState, params: dict[str, Any]) -> dict[
     whole = [k for k, v in params.items() if not is_secret_key(k) and _carries(ctx, state, v)]
     if not whole and not has_secrets(params):
         return params
-    sealed = Sealer.ensure(Path(ctx.store.db_path).parent).seal_params(params, whole=whole)
+    sealed = Sealer.ensure(ctx.store.state_dir).seal_params(params, whole=whole)
     ctx.options.secrets.update(sealed.vault)
     return sealed.params
 

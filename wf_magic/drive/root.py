@@ -96,7 +96,7 @@ class _Drive:
             store=self.store,
             bus=self.bus,
             runners=self.shared_runners
-            or RunnerPool(state_dir=Path(self.store.db_path).parent, namespace=self.namespace),
+            or RunnerPool(state_dir=self.store.state_dir, namespace=self.namespace),
             budget=seed_budget(self.store, run, plan),
             redactor=self.redactor,
             options=self.options,
@@ -130,5 +130,5 @@ def _check_step_rows(store: Store, run: RunRow, plan: Plan) -> None:
 def _row(store: Store, run_id: str) -> RunRow:
     row = store.get_run(run_id)
     if row is None:  # deleted between resolving the id and taking the lock
-        raise UsageError(f"No run {run_id!r} in {store.db_path}.", run_id=run_id)
+        raise UsageError(f"No run {run_id!r} in {store.where}.", run_id=run_id)
     return row

@@ -323,7 +323,7 @@ def cmd_list(ctx: CommandContext, args: LineArgs) -> Any:
 
     frame = ctx.engine.runs()
     if frame.empty:
-        print(f"no runs in {ctx.engine.db_path}")
+        print(f"no runs in {ctx.engine.where}")
         return None
     frame = frame.iloc[::-1].reset_index(drop=True)
     if not args.all:
@@ -513,7 +513,7 @@ def cmd_config(ctx: CommandContext, args: LineArgs) -> None:
     shelf = _library(ctx)  # only described: nothing is read or fetched
     lines = [
         f"state dir        {engine.state_dir}",
-        f"database         {engine.db_path}",
+        f"database         {engine.where}",
         f"durability       {ctx.durability}",
         f"max concurrency  {ctx.max_concurrency or '(the plan decides)'}",
         f"widgets          {ctx.widgets} (live view {'on' if ctx.use_widgets else 'off'})",

@@ -23,7 +23,8 @@ from ..engine import Engine
 from ..errors import RunLockHeld, WorkflowError, clip_message
 from ..run import Run
 from ..spec.workflow import Workflow
-from ..store.db import default_state_dir
+from ..store.db import default_state
+from ..store.location import PgLocation, parse_state
 from . import commands
 from .args import COMMANDS, cell_args, line_args, line_help
 from .drives import Drives
@@ -113,9 +114,9 @@ class WorkflowMagics(Magics):
     @property
     def engine(self) -> Engine:
         """This shell's Engine (re-created when the configured state dir changes)."""
-        target = Path(self.state_dir).expanduser() if self.state_dir else default_state_dir()
+        target = _state_key(self.state_dir) if self.state_dir else _state_key(default_state())
         engine = self._engine
-        if engine is None or engine.state_dir.resolve() != target.resolve():
+        if engine is None or _state_key(engine.location or engine.state_dir) != target:
             engine = Engine(
                 target,
                 namespace=self.user_ns,
@@ -375,3 +376,9 @@ def unload_ipython_extension(ipython: Any) -> None:
         magics.close()
         if magics in ipython.configurables:
             ipython.configurables.remove(magics)
+
+
+def _state_key(state: object) -> Path | PgLocation:
+    """A configured state as the Engine opens it: a resolved folder, or a PostgreSQL schema."""
+    parsed = parse_state(state if isinstance(state, PgLocation) else str(state))
+    return parsed if isinstance(parsed, PgLocation) else parsed.expanduser().resolve()

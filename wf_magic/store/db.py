@@ -11,8 +11,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from .location import DB_FILENAME, PgLocation, parse_state
+
 BUSY_TIMEOUT_MS = 30_000
-DB_FILENAME = "state.db"
+__all__ = ["DB_FILENAME", "default_state", "default_state_dir", "store_target"]
 _NETWORK_FS = {
     "nfs",
     "nfs4",
@@ -34,10 +36,23 @@ class StateDirWarning(UserWarning):
     """The state directory's filesystem forced a safer, slower journal mode."""
 
 
-def default_state_dir() -> Path:
-    """The state dir: ``$WF_MAGIC_HOME`` if set, else ``./.wf_magic``."""
+def default_state() -> Path | PgLocation:
+    """The state: ``$WF_MAGIC_HOME`` (a folder or a ``postgresql://`` URL) if set, else
+    ``./.wf_magic``."""
     env = os.environ.get("WF_MAGIC_HOME")
-    return Path(env) if env else Path.cwd() / ".wf_magic"
+    return parse_state(env) if env else Path.cwd() / ".wf_magic"
+
+
+def default_state_dir() -> Path:
+    """This machine's folder of the default state (on PostgreSQL, its local folder)."""
+    state = default_state()
+    return state.local_dir if isinstance(state, PgLocation) else state
+
+
+def store_target(state: str | os.PathLike[str] | PgLocation) -> Path | PgLocation:
+    """What a ``Store`` opens for ``state``: a folder's ``state.db``, or the PostgreSQL schema."""
+    parsed = parse_state(state)
+    return parsed if isinstance(parsed, PgLocation) else parsed / DB_FILENAME
 
 
 def filesystem_type(path: Path) -> str | None:

@@ -34,6 +34,34 @@ def state_db_fault(exc: sqlite3.Error, db_path: Path, run_id: str | None) -> Sta
     )
 
 
+_PG_FAULTS: dict[str, StateDBFault] = {
+    "08": "unreachable",  # connection exception
+    "57": "unreachable",  # operator intervention: admin shutdown, pg_terminate_backend
+    "53": "full",  # insufficient resources (disk full, out of memory, too many connections)
+    "40": "busy",  # serialization failure, deadlock
+    "55": "busy",  # lock not available
+    "25": "busy",  # a transaction that cannot go on (read-only, aborted)
+    "42": "unreadable",  # the schema is not what this version expects
+    "XX": "damaged",  # internal error, data corrupted
+}
+
+
+def pg_fault(exc: sqlite3.Error, where: str, run_id: str | None) -> StateDBError | None:
+    """The ``StateDBError`` for a PostgreSQL failure (store/pgconn.py wraps psycopg's errors
+    in sqlite3's classes, keeping the SQLSTATE), or None for a refused write (a constraint) or
+    a misuse of the API."""
+    if isinstance(exc, sqlite3.IntegrityError | sqlite3.ProgrammingError):
+        return None
+    sqlstate = getattr(exc, "sqlstate", None) or ""
+    fault = _PG_FAULTS.get(sqlstate[:2])
+    if fault is None and isinstance(exc, sqlite3.OperationalError):
+        fault = "unreachable"
+    if fault is None:
+        return None
+    detail = " ".join(str(exc).split()) or type(exc).__name__
+    return StateDBError(fault, detail=detail, db_path=where, run_id=run_id)
+
+
 def is_state_db_fault(exc: BaseException) -> bool:
     """Whether ``exc`` is SQLite reporting on the database (not a misuse of the API by a bug:
     ``ProgrammingError``, ``InterfaceError``), so that advice about state.db applies."""

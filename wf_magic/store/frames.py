@@ -110,11 +110,11 @@ _TOKENS_SUMS: _Spec = (
     ("tokens", "SUM(tokens_in + tokens_out)", "int"),
     ("cost", "SUM(cost)", "float"),
     ("saved_tokens", "SUM(saved_tokens)", "int"),
-    ("tokens_paid", "SUM(CASE WHEN charged THEN tokens_in + tokens_out ELSE 0 END)", "int"),
+    ("tokens_paid", "SUM(CASE WHEN charged <> 0 THEN tokens_in + tokens_out ELSE 0 END)", "int"),
     ("tokens_reused", "SUM(CASE WHEN status = 'reused' THEN saved_tokens ELSE 0 END)", "int"),
     (
         "tokens_judge",
-        "SUM(CASE WHEN phase = 'gate' AND NOT charged THEN tokens_in + tokens_out ELSE 0 END)",
+        "SUM(CASE WHEN phase = 'gate' AND charged = 0 THEN tokens_in + tokens_out ELSE 0 END)",
         "int",
     ),
 )

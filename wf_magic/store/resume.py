@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
+from .dialect import pick
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoopOutputs:
@@ -110,7 +112,12 @@ def loop_outputs(
         " AND loop = ? AND phase = 'work' AND status IN ('succeeded', 'reused')"
     )
     if grouped:
-        rows = f" FROM (SELECT item_index, output_json, max(attempt_pk){rows} GROUP BY unit_id)"
+        rows = pick(
+            conn,
+            sqlite=f" FROM (SELECT item_index, output_json, max(attempt_pk){rows} GROUP BY unit_id)",
+            postgresql=f" FROM (SELECT DISTINCT ON (unit_id) item_index, output_json{rows}"
+            " ORDER BY unit_id, attempt_pk DESC) AS latest",
+        )
     row = conn.execute(
         "SELECT json_group_array(item_index),"
         f" '[' || coalesce(group_concat(coalesce(output_json, 'null'), ','), '') || ']'{rows}",

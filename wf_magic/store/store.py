@@ -24,8 +24,9 @@ from ..redact import Redactor
 from . import journal
 from .checkpoint import BACKSTOP_PAGES, Checkpointer
 from .db import connect_reader, immediate
-from .faults import integrity_summary, state_db_fault, unreadable_row
+from .faults import integrity_summary, pg_fault, state_db_fault, unreadable_row
 from .journal import Finish
+from .location import DB_FILENAME, PgLocation
 from .opening import open_state_db, schema_is_current
 from .queries_journal import JournalQueries
 from .queries_runs import RunQueries
@@ -47,16 +48,27 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
     flushes those finishes first, whichever thread reads (see ``_read``).
 
     Args:
-        db_path: the SQLite file.
+        db_path: the SQLite file, or a :class:`PgLocation` (a schema on a PostgreSQL server:
+            store/pgopen.py opens it, store/pgconn.py speaks the same SQL to it).
         durability: ``normal`` (WAL, synchronous=NORMAL) or ``full`` (synchronous=FULL).
         redactor: what every write outside a drive is redacted with (default: the
             environment's secrets and credential shapes); see store/scrub.py.
     """
 
     def __init__(
-        self, db_path: Path, *, durability: str = "normal", redactor: Redactor | None = None
+        self,
+        db_path: Path | PgLocation,
+        *,
+        durability: str = "normal",
+        redactor: Redactor | None = None,
     ):
-        self.db_path = db_path
+        self.pg: PgLocation | None = db_path if isinstance(db_path, PgLocation) else None
+        self.db_path: Path = (
+            self.pg.local_dir / DB_FILENAME if self.pg is not None else Path(db_path)
+        )
+        """The SQLite file (on PostgreSQL: where it would be in ``state_dir``, never opened)."""
+        self.where = self.pg.where if self.pg is not None else str(self.db_path)
+        """The state as messages name it (a folder's ``state.db``, or the URL, no password)."""
         self.scrubber = Scrubber(redactor if redactor is not None else Redactor.from_environ())
         self.durability = durability
         self._writer: sqlite3.Connection | None = None
@@ -78,9 +90,15 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
         """Run ids written through these connections (their rows live in that file)."""
 
     @property
+    def state_dir(self) -> Path:
+        """This machine's folder of the state: the SQLite file's folder, or on PostgreSQL the
+        local folder of what is not journal (process sidecars, agent homes, the seal key)."""
+        return self.pg.local_dir if self.pg is not None else self.db_path.parent
+
+    @property
     def lock_dir(self) -> Path:
         """Where the run locks of this state dir live."""
-        return self.db_path.parent / "locks"
+        return self.state_dir / "locks"
 
     # -- connections -----------------------------------------------------------------------
     def open(self) -> None:
@@ -94,6 +112,11 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
 
     def _write_conn(self) -> sqlite3.Connection:
         with self._write_lock:
+            if self._writer is None and self.pg is not None:
+                from .pgopen import open_pg
+
+                self._writer = open_pg(self.pg, migrate=True)  # type: ignore[assignment]
+                self._migrated = True
             if self._writer is None:
                 writer = open_state_db(self.db_path, durability=self.durability)
                 if str(writer.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal":
@@ -111,6 +134,15 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
 
     def _read_conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None and self.pg is not None:
+            from .pgopen import open_pg
+
+            if not self._migrated:
+                self._write_conn()
+            conn = open_pg(self.pg, migrate=False)  # type: ignore[assignment]
+            self._local.conn = conn
+            with self._readers_lock:
+                self._readers.append(conn)  # type: ignore[arg-type]
         if conn is None:
             # The schema exists before any reader looks at it. A current ledger is checked
             # read-only, so `status` or `list` work on a read-only file and never queue
@@ -180,7 +212,11 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
         Raises:
             StateDirReplaced: ``run_id`` was written through the replaced file.
         """
-        if self._identity is None or _file_identity(self.db_path) == self._identity:
+        if (
+            self.pg is not None
+            or self._identity is None
+            or _file_identity(self.db_path) == self._identity
+        ):
             return
         lost = run_id is not None and run_id in self._written
         self._reset_connections()
@@ -203,13 +239,18 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
 
     def _fault(self, exc: sqlite3.Error, run_id: str | None) -> BaseException:
         """A fault of the database itself as ``StateDBError``; anything else unchanged."""
+        if self.pg is not None:
+            fault = pg_fault(exc, self.where, run_id)
+            if fault is not None:
+                self._reset_connections()  # a lost server: the next use connects afresh
+            return fault or exc
         return state_db_fault(exc, self.db_path, run_id) or exc
 
     @contextmanager
     def synchronous_full(self, enabled: bool = True) -> Iterator[None]:
         """``synchronous=FULL`` on the writer while the block runs (a plan's ``durability``)."""
-        if not enabled or self.durability == "full":
-            yield
+        if not enabled or self.durability == "full" or self.pg is not None:
+            yield  # PostgreSQL commits are durable already (synchronous_commit=on)
             return
         conn = self._write_conn()
         with self._write_lock:
@@ -247,11 +288,19 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
                 self._writer = None
 
     def integrity_check(self) -> str:
-        """``PRAGMA integrity_check`` in one line (``ok``, or the first problem and a count)."""
+        """``PRAGMA integrity_check`` in one line (``ok``, or the first problem and a count);
+        on PostgreSQL, the server keeps its own pages: ``ok`` once the schema answers."""
+        if self.pg is not None:
+            self._read(lambda c: c.execute("SELECT 1 FROM runs LIMIT 1").fetchall())
+            return "ok"
         return integrity_summary(self.db_path)
 
     def unreadable(self, run_id: str, what: str) -> WorkflowError:
         """The error for a row of ``run_id`` edited by hand into something unreadable."""
+        if self.pg is not None:
+            return StateDBError(
+                "unreadable", detail=what, db_path=self.where, run_id=run_id, integrity=None
+            )
         return unreadable_row(self.db_path, run_id, what)
 
     def vacuum(self) -> None:

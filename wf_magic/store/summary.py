@@ -10,6 +10,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 
+from .dialect import pick
 from .records import AttemptRow, from_row
 
 _ATTEMPT_COLS = ", ".join(AttemptRow.__dataclass_fields__)
@@ -47,10 +48,17 @@ class RunTally:
 def run_tally(conn: sqlite3.Connection, run_id: str) -> RunTally:
     """The tallies of ``run_id``'s journal (see :class:`RunTally`)."""
     units: dict[str, tuple[int, int]] = {}
+    latest = pick(
+        conn,
+        sqlite="SELECT step_id, loop, status, max(attempt_pk) FROM attempts"
+        "  WHERE run_id = ? AND phase = 'work' GROUP BY step_id, unit_id",
+        postgresql="SELECT DISTINCT ON (step_id, unit_id) step_id, loop, status FROM attempts"
+        "  WHERE run_id = ? AND phase = 'work' ORDER BY step_id, unit_id, attempt_pk DESC",
+    )
     for step_id, done, seen in conn.execute(
-        "SELECT latest.step_id, sum(latest.status IN ('succeeded', 'reused')), count(*)"
-        " FROM (SELECT step_id, loop, status, max(attempt_pk) FROM attempts"
-        "  WHERE run_id = ? AND phase = 'work' GROUP BY step_id, unit_id) AS latest"
+        "SELECT latest.step_id,"
+        " sum(CASE WHEN latest.status IN ('succeeded', 'reused') THEN 1 ELSE 0 END), count(*)"
+        f" FROM ({latest}) AS latest"
         " JOIN steps ON steps.run_id = ? AND steps.step_id = latest.step_id"
         "  AND steps.loop = latest.loop"
         " GROUP BY latest.step_id",
@@ -60,10 +68,10 @@ def run_tally(conn: sqlite3.Connection, run_id: str) -> RunTally:
     steps: dict[str, StepTally] = {}
     reused = saved = 0
     for step_id, tokens, step_saved, step_reused, judge in conn.execute(
-        "SELECT step_id, sum(CASE WHEN charged THEN tokens_in + tokens_out ELSE 0 END),"
+        "SELECT step_id, sum(CASE WHEN charged <> 0 THEN tokens_in + tokens_out ELSE 0 END),"
         " sum(CASE WHEN status = 'reused' THEN saved_tokens ELSE 0 END),"
-        " sum(status = 'reused'),"
-        " sum(CASE WHEN phase = 'gate' AND NOT charged THEN tokens_in + tokens_out ELSE 0 END)"
+        " sum(CASE WHEN status = 'reused' THEN 1 ELSE 0 END),"
+        " sum(CASE WHEN phase = 'gate' AND charged = 0 THEN tokens_in + tokens_out ELSE 0 END)"
         " FROM attempts WHERE run_id = ? GROUP BY step_id",
         (run_id,),
     ):

@@ -177,7 +177,7 @@ def drive_sweep(ctx: SweepDrive, sweep: SweepRow, wf: Workflow) -> SweepRow:
     )
     # One runner pool for every cell: the cells share a plan, so one runner (one HTTP client
     # and its connections) serves them all, as it serves the units of one map.
-    runners = RunnerPool(state_dir=Path(ctx.store.db_path).parent, namespace=ctx.namespace)
+    runners = RunnerPool(state_dir=ctx.store.state_dir, namespace=ctx.namespace)
 
     def one(cell: SweepCellRow) -> None:
         if shared.reached or (ctx.signal is not None and ctx.signal.is_set()):
@@ -277,5 +277,5 @@ def sweep_row(store: Store, sweep_id: str) -> SweepRow:
     """
     row = store.get_sweep(sweep_id)
     if row is None:
-        raise UsageError(f"No sweep {sweep_id!r} in {store.db_path}; `wf sweeps` lists them.")
+        raise UsageError(f"No sweep {sweep_id!r} in {store.where}; `wf sweeps` lists them.")
     return row

@@ -39,6 +39,7 @@ class SweepVerbs:
     max_concurrency: int | None
     executor: Executor | None
     db_path: Path
+    where: str
 
     def load(self, source: str | Path, *, source_name: str | None = None) -> Workflow:
         raise NotImplementedError
@@ -144,7 +145,7 @@ class SweepVerbs:
             near = self.store.find_sweep_prefix(sweep_id, limit=_AMBIGUOUS_SHOWN + 1)
             if len(near) != 1:
                 hint = f" It matches {', '.join(near)}." if near else " `wf sweeps` lists them."
-                raise UsageError(f"No sweep {sweep_id!r} in {self.db_path}.{hint}")
+                raise UsageError(f"No sweep {sweep_id!r} in {self.where}.{hint}")
             sweep_id = near[0]
         return Sweep(self.store, sweep_id)
 

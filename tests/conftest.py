@@ -14,6 +14,8 @@ import pytest
 
 from wf_magic import Engine
 
+from .backends import PgState, pg_server, pg_state_of
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -24,8 +26,34 @@ def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("WF_MAGIC_SQLITE_JOURNAL_MODE", raising=False)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "backends: run on SQLite and on PostgreSQL (when WF_MAGIC_TEST_PG names a server)",
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "state_dir" in metafunc.fixturenames and metafunc.definition.get_closest_marker("backends"):
+        metafunc.parametrize("backend", ["sqlite", "postgresql"], indirect=True)
+
+
 @pytest.fixture
-def state_dir(tmp_path: Path) -> Path:
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(getattr(request, "param", "sqlite"))
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh state: a folder, or (the PostgreSQL leg of a ``backends`` module) a new schema
+    on the test server, whose local folder is under ``tmp_path``."""
+    if backend == "postgresql":
+        server = pg_server()
+        if server is None:
+            pytest.skip("PostgreSQL leg: set WF_MAGIC_TEST_PG=postgresql://USER@HOST:PORT/DB")
+        local = tmp_path / "pg-local"
+        monkeypatch.setenv("WF_MAGIC_LOCAL_DIR", str(local))
+        return PgState(server, local)  # type: ignore[return-value]
     return tmp_path / "state"
 
 
@@ -38,6 +66,9 @@ def engine(state_dir: Path) -> Iterator[Engine]:
 
 def db_rows(state_dir: Path, sql: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
     """Rows from the state DB through a fresh connection (as another process would see)."""
+    pg = pg_state_of(state_dir)
+    if pg is not None:
+        return pg.rows(sql, params)
     conn = sqlite3.connect(state_dir / "state.db", timeout=30)
     try:
         return [tuple(r) for r in conn.execute(sql, params)]
@@ -47,6 +78,9 @@ def db_rows(state_dir: Path, sql: str, params: tuple[object, ...] = ()) -> list[
 
 def tamper(engine: Engine, sql: str, params: tuple[object, ...] = ()) -> None:
     """Edit the state DB behind wf_magic's back (as a person with the sqlite3 shell would)."""
+    if engine.location is not None:
+        PgState.for_location(engine.location).tamper(sql, params)
+        return
     conn = sqlite3.connect(engine.db_path, timeout=30, isolation_level=None)
     try:
         conn.execute("BEGIN IMMEDIATE")

@@ -15,6 +15,8 @@ import pytest
 from wf_magic import Engine, Run
 from wf_magic.store.frames import JOURNAL_COLUMNS
 
+pytestmark = pytest.mark.backends  # the contract suite runs on SQLite and PostgreSQL
+
 # An outline rejected once by an llm judge (loop 2 sees the feedback), a map of three drafts on
 # another model, and an exec unit (no model, no tokens): every kind of row a ledger has.
 LEDGER = """

@@ -19,6 +19,8 @@ from tests.helpers_flow import children_of, journal_counts, step_statuses, work_
 from wf_magic import Engine, UnitRequest, UnitResult, register_runner
 from wf_magic.runners.base import BaseRunner
 
+pytestmark = pytest.mark.backends  # the contract suite runs on SQLite and PostgreSQL
+
 REPO = Path(__file__).resolve().parent.parent
 
 # Five sleeping units of 7 + 3 tokens each, one at a time: a ceiling stops the map part-way.

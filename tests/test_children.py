@@ -23,6 +23,8 @@ from wf_magic import DefinitionError, Engine, RunnerError
 from wf_magic.drive.children import ChildBlocked, ChildBudgetStop, child_result
 from wf_magic.spec.plan import Plan
 
+pytestmark = pytest.mark.backends  # the contract suite runs on SQLite and PostgreSQL
+
 PARENT = """
 name: parent
 runners:

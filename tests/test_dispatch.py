@@ -25,6 +25,8 @@ from wf_magic import (
 )
 from wf_magic.drive import interrupts
 
+pytestmark = pytest.mark.backends  # the contract suite runs on SQLite and PostgreSQL
+
 
 def test_a_unit_interrupted_mid_run_is_reclaimed_in_place_with_its_dispatch_id(
     engine: Engine,

@@ -12,6 +12,8 @@ from wf_magic.drive import interrupts
 
 from .conftest import db_rows, table_counts
 
+pytestmark = pytest.mark.backends  # the contract suite runs on SQLite and PostgreSQL
+
 THREE_KINDS = """\
 name: three
 params:

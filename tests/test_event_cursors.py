@@ -21,6 +21,8 @@ from wf_magic import Engine, follow
 from wf_magic.display.children import ChildRun, child_tree, children_lines, next_command
 from wf_magic.locking import RunLock
 
+pytestmark = pytest.mark.backends  # the contract suite runs on SQLite and PostgreSQL
+
 THREE = """
 name: three
 steps:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pathlib import Path
 
 from tests.helpers_flow import (
@@ -12,6 +14,8 @@ from tests.helpers_flow import (
     work_attempts,
 )
 from wf_magic import Engine
+
+pytestmark = pytest.mark.backends  # the contract suite runs on SQLite and PostgreSQL
 
 # The counting_judge runner rejects v1 once ("more"), then the work answers v2 and passes.
 COUNTED = """

@@ -25,6 +25,8 @@ from tests.helpers_flow import (
 from wf_magic import Engine, GateDecisionRefused, RunnerError, UnitRequest, UsageError
 from wf_magic.display import plan_text
 
+pytestmark = pytest.mark.backends  # the contract suite runs on SQLite and PostgreSQL
+
 
 def journal(engine: Engine, run_id: str) -> list[tuple[str, str, int, int, str, str]]:
     """(unit, phase, loop, attempt, status, runner) per attempt row, in journal order."""

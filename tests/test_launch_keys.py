@@ -21,6 +21,8 @@ from wf_magic.hashing import canonical_json, hash_value, sha256_text
 
 from .conftest import db_rows, wf_inproc, write_file
 
+pytestmark = pytest.mark.backends  # the contract suite runs on SQLite and PostgreSQL
+
 FLOW = """\
 name: nightly
 params:

@@ -11,6 +11,8 @@ import pytest
 from tests.helpers_flow import by_unit, kill9, only_run_id, use_runner, wait_for_journal, wf_process
 from wf_magic import DefinitionError, Engine, RunnerError, UnitRequest
 
+pytestmark = pytest.mark.backends  # the contract suite runs on SQLite and PostgreSQL
+
 FAN = """
 name: fan
 execution: {max_concurrency: 8}

@@ -12,7 +12,9 @@ import pytest
 
 from wf_magic import Engine
 
-from .conftest import attempts_in, db_rows, run_wf, spawn_wf, wait_for, write_file
+from .conftest import attempts_in, db_rows, run_wf, spawn_wf, tamper, wait_for, write_file
+
+pytestmark = pytest.mark.backends  # the contract suite runs on SQLite and PostgreSQL
 
 SLEEPY = """\
 name: sleepy
@@ -170,16 +172,12 @@ def test_a_run_left_active_with_every_step_settled_completes_on_resume(
 ) -> None:
     """A driver killed between the last step's status write and the run's status write
     leaves the run active with nothing owed: the next drive completes it, dispatching nothing."""
-    import sqlite3
 
     run = engine.run("name: x\nsteps:\n  - id: a\n    prompt: hi\n  - id: b\n    prompt: yo\n")
     assert run.status == "completed"
     before = len(engine.attempts(run.run_id))
+    tamper(engine, "UPDATE runs SET status = 'active', finished_at = NULL, result_json = NULL")
     engine.close()
-    conn = sqlite3.connect(state_dir / "state.db")
-    conn.execute("UPDATE runs SET status = 'active', finished_at = NULL, result_json = NULL")
-    conn.commit()
-    conn.close()
     with Engine(state_dir) as again:
         resumed = again.resume(run.run_id)
         assert resumed.status == "completed"

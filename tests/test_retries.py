@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
+
 import time
 from pathlib import Path
 
 from tests.helpers_flow import use_runner
 from wf_magic import Engine, RunnerError, UnitRequest
+
+pytestmark = pytest.mark.backends  # the contract suite runs on SQLite and PostgreSQL
 
 
 def _flaky(failures: int, *, transient: bool = True):  # noqa: ANN202

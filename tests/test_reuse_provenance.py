@@ -11,6 +11,8 @@ from wf_magic.notebook.frames import JournalFrame
 
 from .conftest import wf_inproc
 
+pytestmark = pytest.mark.backends  # the contract suite runs on SQLite and PostgreSQL
+
 FLOW = """
 name: prov
 steps:

@@ -9,7 +9,7 @@ and the parent's drive exits 75 naming the holder, never marking the parent fail
 from __future__ import annotations
 
 import os
-import sqlite3
+
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,6 +20,8 @@ import pytest
 
 from tests.helpers_flow import REPO, run_cli
 from wf_magic import Engine
+
+pytestmark = pytest.mark.backends  # the contract suite runs on SQLite and PostgreSQL
 
 FAMILY = """
 name: fam
@@ -38,11 +40,7 @@ steps:
 
 
 def _rows(state_dir: Path, sql: str, *args: object) -> list[tuple[object, ...]]:
-    conn = sqlite3.connect(state_dir / "state.db")
-    try:
-        return conn.execute(sql, args).fetchall()
-    finally:
-        conn.close()
+    return db_rows(state_dir, sql, args)
 
 
 def _statuses(state_dir: Path) -> dict[str, tuple[object, object]]:

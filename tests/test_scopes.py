@@ -16,6 +16,8 @@ from wf_magic.store.runs import masked_params, params_text
 
 from .conftest import wf_inproc, write_file
 
+pytestmark = pytest.mark.backends  # the contract suite runs on SQLite and PostgreSQL
+
 FLOW = """\
 name: scoped
 params:

@@ -26,6 +26,8 @@ from wf_magic.locking import RunLock
 
 from .conftest import ROOT, attempts_in, db_rows
 
+pytestmark = pytest.mark.backends  # the contract suite runs on SQLite and PostgreSQL
+
 RACERS = 50
 FLOW = """\
 name: racy

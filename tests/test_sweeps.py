@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
-import sqlite3
+
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,8 @@ from wf_magic import Engine
 from wf_magic.errors import UsageError
 from wf_magic.spec.freeze import load_workflow
 from wf_magic.sweeps.expand import definition, expand
+
+pytestmark = pytest.mark.backends  # the contract suite runs on SQLite and PostgreSQL
 
 WORKFLOW = """
 name: sweep-demo
@@ -54,11 +56,7 @@ FRAME_FIXED = [
 
 def charged(state_dir: Path) -> int:
     """Charged attempts in the whole state database (every dispatch that cost something)."""
-    conn = sqlite3.connect(state_dir / "state.db")
-    try:
-        return int(conn.execute("SELECT COUNT(*) FROM attempts WHERE charged = 1").fetchone()[0])
-    finally:
-        conn.close()
+    return int(db_rows(state_dir, "SELECT COUNT(*) FROM attempts WHERE charged = 1")[0][0])
 
 
 PLAN = load_workflow(WORKFLOW).plan

@@ -361,7 +361,8 @@ def budget_frame(conn: sqlite3.Connection, run_id: str) -> pd.DataFrame:
 def _saved_figures(conn: sqlite3.Connection, run_id: str) -> tuple[float, ...]:
     """What reuse saved over the run's root tree: reused units, saved tokens, source cost."""
     sql = (
-        "SELECT TOTAL(a.status = 'reused' AND a.phase = 'work'), TOTAL(a.saved_tokens),"
+        "SELECT TOTAL(CASE WHEN a.status = 'reused' AND a.phase = 'work' THEN 1 ELSE 0 END),"
+        " TOTAL(a.saved_tokens),"
         " TOTAL(CASE WHEN a.status = 'reused' THEN source.cost END)"
         " FROM attempts AS a LEFT JOIN attempts AS source ON source.dispatch_id = a.reused_from"
         " WHERE a.run_id IN (SELECT tree.run_id FROM runs AS tree JOIN runs AS run"

@@ -58,6 +58,7 @@ def parse_state(value: str | os.PathLike[str] | PgLocation) -> Path | PgLocation
     """
     if isinstance(value, PgLocation):
         return value
+    value = os.fspath(value)
     if not is_database_url(value):
         return Path(value)
     text = str(value)

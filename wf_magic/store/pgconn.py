@@ -307,6 +307,10 @@ class PgConnection:
                 raise
         return Cursor([], count, None)
 
+    def cursor(self) -> _CursorShim:
+        """A cursor as ``sqlite3.Connection.cursor()`` gives one (execute, then fetch)."""
+        return _CursorShim(self)
+
     @staticmethod
     def _rows(cur: Any) -> list[Row]:
         if cur.description is None:
@@ -321,6 +325,19 @@ class PgConnection:
     @property
     def closed(self) -> bool:
         return bool(self.raw.closed)
+
+
+class _CursorShim:
+    row_factory: Any = None
+
+    def __init__(self, conn: PgConnection):
+        self._conn = conn
+
+    def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Cursor:
+        return self._conn.execute(sql, params)
+
+    def close(self) -> None:
+        pass
 
 
 def _is_psycopg_error(exc: BaseException) -> bool:

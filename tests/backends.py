@@ -83,9 +83,9 @@ class PgState(os.PathLike):  # type: ignore[type-arg]
         return conn
 
     def rows(self, sql: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
-        from wf_magic.store.pgconn import translate
-
         import psycopg
+
+        from wf_magic.store.pgconn import translate
 
         text, _ = translate(sql)
         try:

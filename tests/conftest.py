@@ -53,6 +53,7 @@ def state_dir(tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch) -> 
             pytest.skip("PostgreSQL leg: set WF_MAGIC_TEST_PG=postgresql://USER@HOST:PORT/DB")
         local = tmp_path / "pg-local"
         monkeypatch.setenv("WF_MAGIC_LOCAL_DIR", str(local))
+        monkeypatch.setenv("WF_MAGIC_LEASE_TTL", "3")  # a paused driver's lease runs out soon
         return PgState(server, local)  # type: ignore[return-value]
     return tmp_path / "state"
 

@@ -19,7 +19,6 @@ from tests.helpers_flow import children_of
 from tests.helpers_notebook import ipython_shell, magics_in
 from wf_magic import Engine, follow
 from wf_magic.display.children import ChildRun, child_tree, children_lines, next_command
-from wf_magic.locking import RunLock
 
 pytestmark = pytest.mark.backends  # the contract suite runs on SQLite and PostgreSQL
 
@@ -197,7 +196,7 @@ def test_a_held_lock_keeps_the_follower_on_a_settled_status_until_it_is_released
 ) -> None:
     run = engine.run(HUMAN_CHILD)
     child = children_of(engine, run.run_id)[0]
-    lock = RunLock(engine.lock_dir, run.run_id).acquire()  # a driver (here) holds the root
+    lock = engine.store.run_lock(run.run_id).acquire()  # a driver (here) holds the root
     fake = FakeTime()
 
     def sleep(seconds: float) -> None:

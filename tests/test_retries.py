@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
-
 import time
 from pathlib import Path
+
+import pytest
 
 from tests.helpers_flow import use_runner
 from wf_magic import Engine, RunnerError, UnitRequest

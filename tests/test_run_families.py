@@ -9,7 +9,6 @@ and the parent's drive exits 75 naming the holder, never marking the parent fail
 from __future__ import annotations
 
 import os
-
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import db_rows
 from tests.helpers_flow import REPO, run_cli
 from wf_magic import Engine
 

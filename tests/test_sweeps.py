@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import json
-
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import db_rows
 from tests.helpers_flow import run_cli, use_runner
 from wf_magic import Engine
 from wf_magic.errors import UsageError
@@ -403,14 +403,13 @@ def test_the_readme_sweeps_example_runs(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 def test_a_cell_driven_elsewhere_is_skipped_and_reported(tmp_path: Path) -> None:
-    from wf_magic.locking import RunLock
 
     state = tmp_path / "st"
     with Engine(state) as engine:
         sweep = engine.sweep(WORKFLOW, grid={"n": [1, 2, 3]}, budget={"max_units": 1})
         held = sweep.frame()["run_id"].tolist()[1]  # the cell the ceiling cut: active
         assert engine.get_run(held).status == "active"
-        with RunLock(engine.store.lock_dir, held):
+        with engine.store.run_lock(held):
             again = engine.sweep_resume(sweep.sweep_id, budget={"max_units": 10})
             assert again.status == "running"
             assert again.status_reason == f"1 cell(s) owed; `wf sweep-resume {sweep.sweep_id}`"

@@ -374,12 +374,11 @@ class Engine(SweepVerbs):
         """
         import contextlib
 
-        from .locking import RunLock
         from .store.runs import UNFINISHED
 
         rid = self.resolve_run_id(run_id)
         with contextlib.ExitStack() as held:
-            held.enter_context(RunLock(self.lock_dir, rid))
+            held.enter_context(self.store.run_lock(rid))
             row = self.get_run(rid)
             if row.status == "completed":
                 raise UsageError(f"Run {rid} completed; there is nothing to abandon.", run_id=rid)
@@ -388,7 +387,7 @@ class Engine(SweepVerbs):
                 raise RunAbandoned(rid, reason=row.status_reason, verb="abandon")
             for child in below:
                 try:
-                    held.enter_context(RunLock(self.lock_dir, child.run_id))
+                    held.enter_context(self.store.run_lock(child.run_id))
                 except RunLockHeld as exc:
                     exc.message = f"Run {rid} was not abandoned: its child {exc.message}"
                     raise
@@ -464,9 +463,8 @@ class Engine(SweepVerbs):
 
     def is_driving(self, run_id: RunRef) -> bool:
         """Whether a driver holds the run now."""
-        from .locking import is_locked
 
-        return is_locked(self.lock_dir, run_ref(run_id))
+        return self.store.is_driven_now(run_ref(run_id))
 
     def gc(
         self,
@@ -551,22 +549,20 @@ class Engine(SweepVerbs):
     ) -> list[str]:
         import contextlib
 
-        from .locking import RunLock
-
         deleted = []
         for rid in candidates:
             with contextlib.ExitStack() as held:
                 locks = {}
                 try:
                     for member in [rid, *(c.run_id for c in self.store.descendants(rid))]:
-                        locks[member] = held.enter_context(RunLock(self.lock_dir, member))
+                        locks[member] = held.enter_context(self.store.run_lock(member))
                 except RunLockHeld as exc:
                     if on_skip is not None:
                         on_skip(rid, f"{exc.message} (kept)")
                     continue
                 tree = self.store.delete_finished_tree(rid, cutoff=cutoff, statuses=statuses)
                 for run_id in tree:
-                    (locks.get(run_id) or RunLock(self.lock_dir, run_id)).remove()
+                    (locks.get(run_id) or self.store.run_lock(run_id)).remove()
                 _sweep_agent_files(self.state_dir, list(tree))
             if tree:
                 deleted.append(rid)

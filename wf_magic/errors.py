@@ -152,19 +152,47 @@ class PlanVersionTooNew(PlanVersionError):
 class RunLockHeld(WorkflowError):
     """Another driver (process or thread) is driving this run."""
 
-    def __init__(self, run_id: str, *, pid: int | None, since: str | None, host: str | None = None):
+    def __init__(
+        self,
+        run_id: str,
+        *,
+        pid: int | None,
+        since: str | None,
+        host: str | None = None,
+        user: str | None = None,
+    ):
         self.pid = pid
         self.since = since
         self.host = host
+        self.user = user
         who = f"pid {pid}" if pid is not None else "another driver"
         if host:
             who += f" on {host}"
+        if user:
+            who += f" (user {user})"
         when = f" since {since}" if since else ""
         self.holder = f"{who}{when}"
         """Who holds the run: ``pid 4242 on HOST since 10:31:02`` (or ``another driver``)."""
         super().__init__(
             f"Run {run_id} is being driven by {who}{when}; wait for it or stop that process "
             f"(`wf stop {run_id}`).",
+            run_id=run_id,
+        )
+
+
+class LeaseLost(WorkflowError):
+    """This driver's lease on the run expired or was taken over: it stopped, writing nothing.
+
+    A driver paused or cut off past its lease (``WF_MAGIC_LEASE_TTL``) finds, at its next
+    journal write, that another driver may own the run now; the write rolls back whole.
+    """
+
+    def __init__(self, run_id: str):
+        super().__init__(
+            f"Run {run_id}: this driver lost its lease on the run (paused, cut off or slower "
+            "than WF_MAGIC_LEASE_TTL); it stopped and wrote nothing more. Another driver may "
+            f"hold it now: `wf status {run_id}` shows it; `wf resume {run_id}` continues it "
+            "once that lease ends.",
             run_id=run_id,
         )
 

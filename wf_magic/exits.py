@@ -9,6 +9,7 @@ from .errors import (
     BudgetExceeded,
     DefinitionError,
     GateDecisionRefused,
+    LeaseLost,
     MigrationError,
     PlanIntegrityError,
     PlanVersionTooNew,
@@ -27,7 +28,7 @@ EXIT_USAGE = 2
 EXIT_BLOCKED = 3
 """The run is blocked (a human gate waits, a gate is exhausted, a judge failed)."""
 EXIT_LOCKED = 75
-"""Another driver holds the run (``RunLockHeld``)."""
+"""Another driver holds the run (``RunLockHeld``), or this driver lost its lease (``LeaseLost``)."""
 EXIT_INTERRUPTED = 130
 """Interrupted by SIGINT; the run stays active."""
 
@@ -42,6 +43,7 @@ STATUS_EXIT_CODES: dict[str, int] = {
 
 ERROR_EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (RunLockHeld, EXIT_LOCKED),
+    (LeaseLost, EXIT_LOCKED),
     (DefinitionError, EXIT_USAGE),
     (UsageError, EXIT_USAGE),
     (GateDecisionRefused, EXIT_USAGE),

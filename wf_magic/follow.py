@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from .locking import is_locked
 from .store import Store
 from .store.records import EventRow, RunRow
 
@@ -45,11 +44,11 @@ def events_after(
     return out
 
 
-def is_driven(lock_dir: Path, row: RunRow) -> bool:
-    """Whether a driver holds ``row``'s run now: its own lock or its root's."""
-    if is_locked(lock_dir, row.run_id):
+def is_driven(store: Store, row: RunRow) -> bool:
+    """Whether a driver holds ``row``'s run now: its own lock (or lease) or its root's."""
+    if store.is_driven_now(row.run_id):
         return True
-    return row.root_run_id != row.run_id and is_locked(lock_dir, row.root_run_id)
+    return row.root_run_id != row.run_id and store.is_driven_now(row.root_run_id)
 
 
 def follow_events(
@@ -68,7 +67,7 @@ def follow_events(
     idle_since: float | None = None
     while True:
         row = store.get_run(run_id)
-        driven = row is not None and is_driven(lock_dir, row)
+        driven = row is not None and is_driven(store, row)
         for event in events_after(store, run_id, cursor):
             cursor = event.event_id
             yield event

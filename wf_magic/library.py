@@ -47,8 +47,8 @@ from .library_index import (
 from .reading import read_bounded
 from .store import Store
 from .store.db import default_state, store_target
-from .store.location import parse_state
 from .store.library_cache import LibraryCopy
+from .store.location import parse_state
 
 __all__ = [
     "ChecksumMismatch",

@@ -14,7 +14,6 @@ from .bus import EventBus
 from .drive.runrows import new_run_id, new_run_row, plan_steps, scope_key
 from .errors import PlanVersionTooNew, UsageError
 from .hashing import hash_value
-from .locking import RunLock
 from .redact import is_secret_key
 from .sealing import (
     SEAL_PREFIX,
@@ -123,7 +122,7 @@ def _start(
             if old is None:
                 return ScopeChoice()
             _refuse_newer(old)
-            held.enter_context(RunLock(store.lock_dir, old.run_id))  # refuses at once
+            held.enter_context(store.run_lock(old.run_id))  # refuses at once
             superseded[:] = [old]
             return ScopeChoice(supersede=old.run_id)
 
@@ -252,7 +251,7 @@ def _create(
     """Insert ``row``; an unfinished ``supersede`` is abandoned in the same transaction,
     under its lock (a driven run is refused with RunLockHeld and nothing is half-written)."""
     old = supersede if supersede is not None and supersede.status in UNFINISHED else None
-    lock = RunLock(store.lock_dir, old.run_id) if old else contextlib.nullcontext()
+    lock = store.run_lock(old.run_id) if old else contextlib.nullcontext()
     with lock:
         store.create_run(row, plan_steps(wf), supersede=old.run_id if old else None)
     return _created(bus, row, superseded=old)

@@ -125,10 +125,10 @@ def is_locked(lock_dir: Path, run_id: str) -> bool:
         return False  # holder files are replaced atomically: an unreadable one is no driver's
     if host and host != socket.gethostname():
         return True
-    return _process_alive(pid)
+    return process_alive(pid)
 
 
-def _process_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

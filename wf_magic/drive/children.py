@@ -6,7 +6,6 @@ The loop drives the child in place (``drive_run(ctx.child(redactor), child)``) b
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from ..errors import RunLockHeld, RunnerError, UsageError

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from ..errors import RunLockHeld, RunnerError
 from ..gates.verdict import gate_unit_id
 from ..hashing import canonical_json
-from ..locking import RunLock
 from ..runners.base import UnitResult
 from ..spec.plan import Plan, PlanStep
 from ..store.records import AttemptRow, RunRow, StepRow
@@ -217,7 +216,7 @@ def _run_inline(ctx: DriveContext, state: RunState, step: PlanStep, unit: UnitPl
         return _route_decision(step, unit)
     child = children.publish(ctx, state, step, unit)
     try:
-        lock = RunLock(ctx.store.lock_dir, child.run_id).acquire()
+        lock = ctx.store.run_lock(child.run_id).acquire()
     except RunLockHeld as exc:
         raise children.ChildLockHeld(state.run_id, step.id, exc) from None
     with lock:

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from ..bus import EventBus
 from ..errors import StateDBError, UsageError
-from ..locking import RunLock
 from ..redact import Redactor
 from ..spec.plan import Plan
 from ..spec.workflow import Workflow
@@ -50,7 +48,7 @@ def drive_locked_run(
     try:
         # In the main thread, count the interrupts delivered, so a unit's own
         # KeyboardInterrupt fails its attempt while a real one stops the drive.
-        with interrupts.watching(), RunLock(store.lock_dir, run_id):
+        with interrupts.watching(), store.run_lock(run_id):
             run = _row(store, run_id)
             warnings = drift_warnings(run, live_source)
             drive = _Drive(

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 
 from ..engine import Engine
 from ..errors import UsageError, WorkflowError
-from ..locking import RunLock, read_holder
 from ..run import Run
 from ..spec.workflow import Workflow
 
@@ -212,7 +211,7 @@ def driver_text(engine: Engine, run_id: str) -> str | None:
     or None when no driver holds its lock."""
     if not engine.is_driving(run_id):
         return None
-    info = read_holder(RunLock(engine.lock_dir, run_id).info_path)
+    info = engine.store.lock_holder(run_id)
     if not info:
         return "driven by another process"
     since = info.get("since")

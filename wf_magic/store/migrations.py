@@ -422,3 +422,18 @@ def m012_sweeps(conn: sqlite3.Connection) -> None:
         CREATE INDEX sweep_cells_run ON sweep_cells(run_id);
         """,
     )
+
+
+@migration
+def m014_run_leases(conn: sqlite3.Connection) -> None:
+    # The lease of a run's driver (store/leases.py): who holds it, the epoch every write of
+    # the run is fenced by, and when it runs out. PostgreSQL drives by it; on SQLite the lock
+    # file excludes drivers (one host), and the columns stay empty.
+    _script(
+        conn,
+        """
+        ALTER TABLE runs ADD COLUMN lease_holder TEXT;
+        ALTER TABLE runs ADD COLUMN lease_epoch INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE runs ADD COLUMN lease_expires REAL;
+        """,
+    )

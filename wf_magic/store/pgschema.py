@@ -273,8 +273,18 @@ def _folded(conn: Any) -> None:
     """Folded into m001 on PostgreSQL (its schema starts where SQLite's is at m012)."""
 
 
+def _run_leases(conn: Any) -> None:
+    """The run row's lease (store/leases.py); its expiry on the database's clock."""
+    conn.raw.execute(
+        "ALTER TABLE runs ADD COLUMN lease_holder TEXT,"
+        " ADD COLUMN lease_epoch BIGINT NOT NULL DEFAULT 0,"
+        " ADD COLUMN lease_expires TIMESTAMPTZ"
+    )
+
+
 MIGRATIONS: list[tuple[str, Migration]] = [
-    (name, _initial if name == "m001_initial" else _folded) for name in _UP_TO_M012
+    *((name, _initial if name == "m001_initial" else _folded) for name in _UP_TO_M012),
+    ("m014_run_leases", _run_leases),
 ]
 """(id, step) in ledger order; the ids are SQLite's (store/migrations.py)."""
 

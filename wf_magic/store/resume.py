@@ -114,7 +114,8 @@ def loop_outputs(
     if grouped:
         rows = pick(
             conn,
-            sqlite=f" FROM (SELECT item_index, output_json, max(attempt_pk){rows} GROUP BY unit_id)",
+            sqlite=f" FROM (SELECT item_index, output_json, max(attempt_pk){rows}"
+            " GROUP BY unit_id)",
             postgresql=f" FROM (SELECT DISTINCT ON (unit_id) item_index, output_json{rows}"
             " ORDER BY unit_id, attempt_pk DESC) AS latest",
         )

@@ -17,15 +17,17 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ..errors import StateDBError, StateDirReplaced, WorkflowError
+from ..locking import RunLock, is_locked, read_holder
 from ..redact import Redactor
 from . import journal
 from .checkpoint import BACKSTOP_PAGES, Checkpointer
 from .db import connect_reader, immediate
 from .faults import integrity_summary, pg_fault, state_db_fault, unreadable_row
 from .journal import Finish
+from .leases import RunLease, fence, holder_of
 from .location import DB_FILENAME, PgLocation
 from .opening import open_state_db, schema_is_current
 from .queries_journal import JournalQueries
@@ -88,6 +90,9 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
         ``_check_identity``) instead of journaling into an unlinked file."""
         self._written: set[str] = set()
         """Run ids written through these connections (their rows live in that file)."""
+        self._fences: dict[str, int] = {}
+        """Run id → the epoch of this process's lease on it (PostgreSQL): every write of that
+        run checks it first, in its own transaction (store/leases.py)."""
 
     @property
     def state_dir(self) -> Path:
@@ -183,6 +188,8 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
         try:
             with self._write_lock:
                 with immediate(self._write_conn()) as conn:
+                    if self._fences:
+                        self._fence(conn, run_id)
                     deferred = self._deferred
                     if deferred:  # they commit first, in the same transaction
                         for attempt, finish in deferred:
@@ -199,6 +206,37 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
             raise self._fault(exc, run_id) from exc
         except StateDBError as exc:
             raise (exc.for_run(run_id) if run_id else exc) from exc.__cause__
+
+    def _fence(self, conn: sqlite3.Connection, run_id: str | None) -> None:
+        """Raise ``LeaseLost`` (rolling the write back) when a lease this write depends on is no
+        longer this driver's: the write's own run's, and every run whose finishes it carries."""
+        runs = {attempt.run_id for attempt, _ in self._deferred}
+        if run_id is not None:
+            runs.add(run_id)
+        for rid in runs:
+            epoch = self._fences.get(rid)
+            if epoch is not None:
+                fence(conn, rid, epoch)
+
+    # -- one driver per run ------------------------------------------------------------------
+    def run_lock(self, run_id: str) -> RunLock | RunLease:
+        """The lock a driver holds on ``run_id``: a lock file on SQLite (one host), a lease on
+        the run row on PostgreSQL (every host; store/leases.py)."""
+        if self.pg is not None:
+            return RunLease(self, run_id)
+        return RunLock(self.lock_dir, run_id)
+
+    def is_driven_now(self, run_id: str) -> bool:
+        """Whether some driver holds ``run_id`` right now (never takes the lock to find out)."""
+        if self.pg is not None:
+            return holder_of(self, run_id) is not None
+        return is_locked(self.lock_dir, run_id)
+
+    def lock_holder(self, run_id: str) -> dict[str, Any]:
+        """Who holds ``run_id`` (pid, host, and user or since where known); {} when nobody."""
+        if self.pg is not None:
+            return holder_of(self, run_id) or {}
+        return read_holder(RunLock(self.lock_dir, run_id).info_path)
 
     def _check_identity(self, run_id: str | None) -> None:
         """Reopen when ``state.db`` at our path is no longer the file we opened.

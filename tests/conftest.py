@@ -26,13 +26,6 @@ def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("WF_MAGIC_SQLITE_JOURNAL_MODE", raising=False)
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        "backends: run on SQLite and on PostgreSQL (when WF_MAGIC_TEST_PG names a server)",
-    )
-
-
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "state_dir" in metafunc.fixturenames and metafunc.definition.get_closest_marker("backends"):
         metafunc.parametrize("backend", ["sqlite", "postgresql"], indirect=True)

@@ -483,15 +483,18 @@ def _main(args: argparse.Namespace, words: list[str]) -> int:
     from .store.db import default_state, store_target
 
     target: _RunLister
-    if args.fn is cmd_list or (args.fn is cmd_status and args.run is None):
-        # Listing runs needs only the Store: the engine is never imported (start-up time).
-        store = Store(store_target(args.db if args.db else default_state()))
-        target = store
-    else:
-        from .engine import Engine
+    try:
+        if args.fn is cmd_list or (args.fn is cmd_status and args.run is None):
+            # Listing runs needs only the Store: the engine is never imported (start-up time).
+            store = Store(store_target(args.db if args.db else default_state()))
+            target = store
+        else:
+            from .engine import Engine
 
-        engine = Engine(args.db)
-        store, target = engine.store, engine
+            engine = Engine(args.db)
+            store, target = engine.store, engine
+    except WorkflowError as exc:  # a state that names no folder or server (--db, WF_MAGIC_HOME)
+        return _error(args, exc)
     try:
         with warnings.catch_warnings():
             warnings.showwarning = _show_warning

@@ -110,8 +110,9 @@ class RunLease:
             )
             if seen is not None and _dead_here(seen[0]):
                 row = self.store._write(
-                    lambda c: c.execute(_TAKE_OVER, (holder, self.ttl_s, self.run_id, seen[1]))
-                    .fetchone()
+                    lambda c: c.execute(
+                        _TAKE_OVER, (holder, self.ttl_s, self.run_id, seen[1])
+                    ).fetchone()
                 )
         if row is None:
             raise self._held()

@@ -283,9 +283,11 @@ class PgConnection:
         text, returning = translate(sql)
         with self._lock:
             try:
+                if text == "BEGIN":  # and the writers' lock, in the same round trip
+                    text = f"BEGIN; SELECT pg_advisory_xact_lock({int(self.lock_key)})"
+                    self.raw.execute(text)
+                    return Cursor([], -1, None)
                 cur = self.raw.execute(text, params if params else None)
-                if text == "BEGIN":
-                    self.raw.execute("SELECT pg_advisory_xact_lock(%s)", (self.lock_key,))
                 rows = self._rows(cur)
             except Exception as exc:
                 if _is_psycopg_error(exc):

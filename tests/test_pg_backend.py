@@ -1,0 +1,180 @@
+"""The PostgreSQL backend's parts that need no server, and the switch that selects it.
+
+A ``postgresql://`` state is never taken as a folder name; a bad URL, schema or unreachable
+server is one line naming what to do, and the password never appears; the translation of the
+Store's SQL leaves string literals alone; both backends keep the same migration ledger. The
+tests that need a server skip without ``WF_MAGIC_TEST_PG``.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wf_magic import Engine
+from wf_magic.errors import StateDBError, UsageError
+from wf_magic.store import migrations, pgschema
+from wf_magic.store.location import PgLocation, parse_state
+from wf_magic.store.pgconn import translate
+
+from .backends import PgState, pg_server
+from .conftest import ROOT, run_wf, write_file
+
+needs_server = pytest.mark.skipif(
+    pg_server() is None, reason="needs a PostgreSQL server: set WF_MAGIC_TEST_PG (see .ci/run)"
+)
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_both_backends_keep_the_same_migration_ledger() -> None:
+    assert pgschema.migration_ids() == migrations.migration_ids()
+
+
+def test_a_folder_stays_a_folder_and_a_url_becomes_a_schema(tmp_path: Path) -> None:
+    assert parse_state(str(tmp_path)) == tmp_path
+    loc = parse_state("postgresql://ann:pw@db.example:5433/wf?schema=team_a&sslmode=disable")
+    assert isinstance(loc, PgLocation)
+    assert loc.schema == "team_a"
+    assert loc.url == "postgresql://ann:pw@db.example:5433/wf?sslmode=disable"
+    assert loc.where == "postgresql://ann:***@db.example:5433/wf?schema=team_a"
+    default = parse_state("postgres://db.example/wf")
+    assert isinstance(default, PgLocation) and default.schema == "public"
+
+
+@pytest.mark.parametrize(
+    ("state", "needle"),
+    [
+        ("mysql://db/wf", "neither a folder nor a postgresql:// URL"),
+        ("postgresql://db/wf?schema=Bad-Name", "schema 'Bad-Name' is not a plain lowercase name"),
+        ("postgresql://db/wf?schema=", "schema '' is not a plain lowercase name"),
+    ],
+)
+def test_a_bad_state_url_is_one_line_and_writes_no_folder(
+    tmp_path: Path, state: str, needle: str
+) -> None:
+    with pytest.raises(UsageError, match=needle):
+        parse_state(state)
+    done = subprocess.run(
+        [sys.executable, "-m", "wf_magic.cli", "--db", state, "list"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert needle in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []  # nothing like ./postgresql:/… was written
+
+
+@settings(max_examples=40, deadline=None)
+@given(password=st.text(st.characters(codec="ascii", categories=["L", "N"]), min_size=6))
+def test_an_unreachable_server_is_one_line_that_never_shows_the_password(password: str) -> None:
+    url = f"postgresql://ann:{password}@127.0.0.1:{_closed_port()}/wf?schema=s1"
+    engine = Engine(url)
+    try:
+        with pytest.raises(StateDBError) as caught:
+            engine.list_runs()
+    finally:
+        engine.close()
+    message = str(caught.value)
+    assert password not in message
+    assert "postgresql://ann:***@127.0.0.1" in message
+    assert "Check that the PostgreSQL server is up and reachable" in message
+    assert "\n" not in message
+
+
+def test_the_cli_says_an_unreachable_server_in_one_line(tmp_path: Path) -> None:
+    url = f"postgresql://ann:s3cret-pw@127.0.0.1:{_closed_port()}/wf"
+    path = write_file(tmp_path, "wf.yaml", "name: x\nsteps:\n  - id: a\n    prompt: hi\n")
+    done = run_wf(url, "run", str(path))  # type: ignore[arg-type]
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "s3cret-pw" not in done.stderr, done.stderr
+    assert "PostgreSQL server is up and reachable" in lines[0]
+
+
+_LITERAL = st.text(st.sampled_from("ab ?:%$'.x"), max_size=12).map(
+    lambda s: "'" + s.replace("'", "''") + "'"
+)
+
+
+@settings(max_examples=200)
+@given(literal=_LITERAL)
+def test_translation_leaves_string_literals_alone(literal: str) -> None:
+    sql = f"SELECT {literal}, x FROM t WHERE a = ? AND b = :name AND c LIKE 'p%'"
+    text, returning = translate(sql)
+    assert text == f"SELECT {literal}, x FROM t WHERE a = %s AND b = %(name)s AND c LIKE 'p%'"
+    assert returning is None
+
+
+def test_translation_of_the_sqlite_spellings() -> None:
+    assert translate("BEGIN IMMEDIATE") == ("BEGIN", None)
+    assert translate("INSERT OR IGNORE INTO inputs (a, b) VALUES (?, ?)")[0] == (
+        "INSERT INTO inputs (a, b) VALUES (%s, %s) ON CONFLICT DO NOTHING"
+    )
+    assert translate("INSERT OR REPLACE INTO agent_facts (dispatch_id, run_id) VALUES (?, ?)")[
+        0
+    ] == (
+        "INSERT INTO agent_facts (dispatch_id, run_id) VALUES (%s, %s)"
+        " ON CONFLICT (dispatch_id) DO UPDATE SET run_id = EXCLUDED.run_id"
+    )
+    assert translate("INSERT INTO events (run_id) VALUES (?)") == (
+        "INSERT INTO events (run_id) VALUES (%s) RETURNING event_id",
+        "event_id",
+    )
+    assert translate("SELECT json_group_array(i), total(c) FROM t")[0] == (
+        "SELECT coalesce(json_agg(i)::text, '[]'), coalesce(sum(c), 0.0) FROM t"
+    )
+
+
+@needs_server
+def test_two_schemas_on_one_server_are_two_states(tmp_path: Path) -> None:
+    server = pg_server()
+    assert server is not None
+    a, b = PgState(server, tmp_path / "a"), PgState(server, tmp_path / "b")
+    with Engine(a) as team_a, Engine(b) as team_b:
+        run = team_a.run("name: x\nsteps:\n  - id: a\n    prompt: hi\n")
+        assert run.status == "completed"
+        assert [r.run_id for r in team_a.list_runs()] == [run.run_id]
+        assert team_b.list_runs() == []
+    ledger = a.rows("SELECT id FROM schema_migrations ORDER BY position")
+    assert [r[0] for r in ledger] == migrations.migration_ids()
+
+
+@needs_server
+def test_a_divergent_ledger_is_refused_on_postgresql_too(tmp_path: Path) -> None:
+    server = pg_server()
+    assert server is not None
+    state = PgState(server, tmp_path / "s")
+    with Engine(state) as engine:
+        engine.list_runs()
+    state.tamper("UPDATE schema_migrations SET id = 'm003_something_else' WHERE position = 2")
+    from wf_magic.store import pgopen
+
+    pgopen._migrated.clear()  # a new process would check the ledger again
+    with Engine(state) as engine, pytest.raises(Exception, match="ledger diverges"):
+        engine.run("name: x\nsteps:\n  - id: a\n    prompt: hi\n")
+
+
+def test_import_wf_magic_does_not_import_psycopg() -> None:
+    code = "import sys, wf_magic; print('psycopg' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        check=True,
+    )
+    assert done.stdout.strip() == "False"

@@ -42,6 +42,10 @@ as the peers keep their saver setup and graph compile outside theirs. ``resume_s
 process as seen by the parent. ``summarize.py`` groups lines by peer, workload, n and
 ``pragmas``, not by shape: keep one shape per results file.
 
+On PostgreSQL: ``BENCH_DATABASE_URL=postgresql://…`` (the same variable the peers' DBOS script
+reads) journals to a fresh schema of that server instead (dropped afterwards), so wf_magic
+and DBOS are timed against the same server; ``pragmas`` then reads ``postgresql``.
+
 Env: ``WF_BENCH_SEQ=map|steps``, ``WF_BENCH_RESUME=map|tail|steps``,
 ``WF_BENCH_DURABILITY=normal|full`` (default ``normal``: WAL + synchronous=NORMAL).
 """
@@ -57,6 +61,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+DATABASE_URL = os.environ.get("BENCH_DATABASE_URL", "")
 
 T_IMPORT0 = time.perf_counter()
 from wf_magic import Engine, register_function  # noqa: E402  (resolves the lazy engine import)
@@ -237,6 +243,13 @@ def resume_phase2(state_dir: Path, run_id: str) -> None:
 
 def attempt_counts(state_dir: Path, run_id: str) -> dict[str, int]:
     """Attempts by status, read-only (no checkpoint of the crashed process's WAL on close)."""
+    if DATABASE_URL:
+        with Engine(str(state_dir)) as engine:
+            rows = [(a.status, 1) for a in engine.store.attempts_of(run_id)]
+        counts: dict[str, int] = {}
+        for status, _ in rows:
+            counts[str(status)] = counts.get(str(status), 0) + 1
+        return counts
     uri = f"file:{state_dir / 'state.db'}?mode=ro"
     conn = sqlite3.connect(uri, uri=True)
     try:
@@ -257,26 +270,44 @@ def _within_bound(n: int, shape: str) -> None:
 def main() -> None:
     mode, n = sys.argv[1], int(sys.argv[2])
     if mode == "_resume1":
-        return resume_phase1(n, Path(sys.argv[3]))
+        return resume_phase1(n, _state(sys.argv[3]))
     if mode == "_resume2":
-        return resume_phase2(Path(sys.argv[3]), sys.argv[4])
+        return resume_phase2(_state(sys.argv[3]), sys.argv[4])
     workloads = {"seq": run_seq, "fanout": run_fanout, "resume": run_resume}
     if mode not in workloads:
         raise SystemExit(f"usage: {sys.argv[0]} {{seq|fanout|resume}} N")
     if DURABILITY not in PRAGMAS:
         raise SystemExit(f"WF_BENCH_DURABILITY: expected normal or full (got {DURABILITY!r})")
-    state_dir = Path(tempfile.mkdtemp(prefix="bench_wf_magic_"))
+    local = Path(tempfile.mkdtemp(prefix="bench_wf_magic_"))
+    schema = f"bench_{os.urandom(6).hex()}"
+    if DATABASE_URL:
+        os.environ["WF_MAGIC_LOCAL_DIR"] = str(local)
+        sep = "&" if "?" in DATABASE_URL else "?"
+        state_dir = _state(f"{DATABASE_URL}{sep}schema={schema}")
+    else:
+        state_dir = local
     try:
         out: dict[str, object] = {
             "peer": "wf_magic",
             "workload": mode,
             "n": n,
-            "pragmas": PRAGMAS[DURABILITY],
+            "pragmas": "postgresql" if DATABASE_URL else PRAGMAS[DURABILITY],
         }
         out.update(workloads[mode](n, state_dir))
         print(json.dumps(out), flush=True)
     finally:
-        shutil.rmtree(state_dir, ignore_errors=True)
+        shutil.rmtree(local, ignore_errors=True)
+        if DATABASE_URL:
+            import psycopg
+
+            with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def _state(text: str) -> Path:
+    """A state as the phases pass it on: a folder path, or the URL (typed as a Path for the
+    workload functions, which only hand it to ``Engine``)."""
+    return text if "://" in text else Path(text)  # type: ignore[return-value]
 
 
 if __name__ == "__main__":

@@ -253,11 +253,54 @@ class Cursor:
         return [(name, None, None, None, None, None, None) for name in self._rows[0]._names]
 
 
+_DEFERRABLE = re.compile(
+    r"^\s*(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+(events|units|inputs|attempts|steps|"
+    r"loop_contexts|agent_facts)\b",
+    re.IGNORECASE,
+)
+"""Writes whose outcome no caller inspects at once: inside a write transaction they are sent
+with the next statement that returns rows, or with the COMMIT (one round trip)."""
+
+
+class _Pending:
+    """A deferred write's result, filled in when the batch carrying it is sent."""
+
+    __slots__ = ("rowcount",)
+
+    def __init__(self) -> None:
+        self.rowcount = -1
+
+
+class _LazyCursor(Cursor):
+    """The cursor of a deferred write: asking for its rowcount sends the batch first."""
+
+    def __init__(self, conn: PgConnection, pending: _Pending):
+        super().__init__([], -1, None)
+        self._conn = conn
+        self._pending = pending
+
+    @property  # type: ignore[override]
+    def rowcount(self) -> int:
+        self._conn._flush()
+        return self._pending.rowcount
+
+    @rowcount.setter
+    def rowcount(self, value: int) -> None:
+        pass
+
+
 class PgConnection:
     """One psycopg connection, in autocommit mode, speaking the Store's SQL (see the module).
 
+    Inside a write transaction, statements are batched to save round trips (each one is a
+    network round trip, where SQLite's are function calls): ``BEGIN`` and its advisory lock,
+    and the writes no caller inspects at once (``_DEFERRABLE``), wait and go out together
+    with the next statement whose rows are read, or with the ``COMMIT``. A deferred write that
+    fails makes the batch fail: the transaction rolls back whole, as it would have anyway.
+
     Args:
-        raw: an open ``psycopg.Connection`` (autocommit, no server-side prepares).
+        raw: an open ``psycopg.Connection`` (autocommit, client-side binding, no server-side
+            prepares).
         lock_key: the advisory lock every write transaction takes (one per state schema).
     """
 
@@ -268,12 +311,15 @@ class PgConnection:
         self.lock_key = lock_key
         self.row_factory = None  # accepted and ignored (the rows are always ``Row``)
         self._lock = threading.RLock()
+        self._queue: list[tuple[str, _Pending | None]] = []
+        self._began = False
+        """A BEGIN was asked for (sent, or waiting in the queue) and not yet ended."""
 
     @property
     def in_transaction(self) -> bool:
         from psycopg.pq import TransactionStatus
 
-        return self.raw.info.transaction_status in (
+        return self._began or self.raw.info.transaction_status in (
             TransactionStatus.INTRANS,
             TransactionStatus.INERROR,
             TransactionStatus.ACTIVE,
@@ -283,27 +329,94 @@ class PgConnection:
         text, returning = translate(sql)
         with self._lock:
             try:
-                if text == "BEGIN":  # and the writers' lock, in the same round trip
-                    text = f"BEGIN; SELECT pg_advisory_xact_lock({int(self.lock_key)})"
-                    self.raw.execute(text)
+                if text == "BEGIN":  # with the writers' lock; sent with what comes next
+                    self._queue = [(f"BEGIN; SELECT pg_advisory_xact_lock({self.lock_key})", None)]
+                    self._began = True
                     return Cursor([], -1, None)
-                cur = self.raw.execute(text, params if params else None)
+                upper = text.lstrip()[:8].upper()
+                if upper.startswith(("COMMIT", "ROLLBACK")):
+                    return self._end(upper.startswith("COMMIT"))
+                if self._began and returning is None and _DEFERRABLE.match(text):
+                    pending = _Pending()
+                    self._queue.append((self._render(text, params), pending))
+                    return _LazyCursor(self, pending)
+                if self._queue:
+                    self._queue.append((self._render(text, params), None))
+                    cur = self._send()
+                else:
+                    cur = self.raw.execute(text, params if params else None)
                 rows = self._rows(cur)
             except Exception as exc:
+                self._queue = []
                 if _is_psycopg_error(exc):
                     raise _wrap(exc) from exc
                 raise
         lastrowid = int(rows[0][0]) if returning and rows else None
         return Cursor(rows, cur.rowcount, lastrowid)
 
+    def _render(self, text: str, params: Sequence[Any] | dict[str, Any]) -> str:
+        if not params:
+            return text.replace("%%", "%")
+        from psycopg import ClientCursor
+
+        return ClientCursor(self.raw).mogrify(text, params)
+
+    def _send(self) -> Any:
+        """Send the queue as one multi-statement query; the last statement's cursor is
+        returned (positioned on its result), each deferred write's rowcount filled in."""
+        batch, self._queue = self._queue, []
+        cur = self.raw.execute("; ".join(text for text, _ in batch))
+        results = []
+        # Walk the results in order: one per statement (the BEGIN line holds two).
+        expected = sum(2 if text.startswith("BEGIN; ") else 1 for text, _ in batch)
+        for index in range(expected):
+            results.append(cur.rowcount)
+            if index < expected - 1:
+                cur.nextset()
+        position = 0
+        for text, pending in batch:
+            position += 2 if text.startswith("BEGIN; ") else 1
+            if pending is not None:
+                pending.rowcount = results[position - 1]
+        return cur
+
+    def _flush(self) -> None:
+        with self._lock:
+            if self._queue:
+                try:
+                    self._send()
+                except Exception as exc:
+                    self._queue = []
+                    if _is_psycopg_error(exc):
+                        raise _wrap(exc) from exc
+                    raise
+
+    def _end(self, commit: bool) -> Cursor:
+        """COMMIT with whatever waits (one round trip), or ROLLBACK dropping it."""
+        began, self._began = self._began, False
+        if commit:
+            if self._queue:
+                self._queue.append(("COMMIT", None))
+                self._send()
+            else:
+                self.raw.execute("COMMIT")
+            return Cursor([], -1, None)
+        sent = not (self._queue and self._queue[0][0].startswith("BEGIN; "))
+        self._queue = []
+        if sent or not began:
+            self.raw.execute("ROLLBACK")
+        return Cursor([], -1, None)
+
     def executemany(self, sql: str, seq: Iterable[Sequence[Any]]) -> Cursor:
         text, _ = translate(sql)
         with self._lock:
             try:
+                self._flush()
                 with self.raw.cursor() as cur:
                     cur.executemany(text, list(seq))
                     count = cur.rowcount
             except Exception as exc:
+                self._queue = []
                 if _is_psycopg_error(exc):
                     raise _wrap(exc) from exc
                 raise

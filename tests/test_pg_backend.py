@@ -8,6 +8,7 @@ tests that need a server skip without ``WF_MAGIC_TEST_PG``.
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -178,3 +179,44 @@ def test_import_wf_magic_does_not_import_psycopg() -> None:
         check=True,
     )
     assert done.stdout.strip() == "False"
+
+
+@needs_server
+def test_the_replay_runner_reads_recordings_from_a_postgresql_journal(tmp_path: Path) -> None:
+    import pickle
+
+    from wf_magic.runners.base import RunnerContext, UnitRequest
+    from wf_magic.runners.replay import ReplayRunner
+
+    server = pg_server()
+    assert server is not None
+    state = PgState(server, tmp_path / "s")
+    with Engine(state) as engine:
+        run = engine.run("name: digest\nsteps:\n  - id: outline\n    prompt: Outline tides.\n")
+        (attempt,) = engine.attempts(run.run_id)
+        journal = engine.store.journal_url
+    assert journal is not None and journal.endswith(f"?schema={state.schema}")
+    ctx = RunnerContext(
+        name="replay", options={}, state_dir=str(tmp_path), workflow="digest", journal=journal
+    )
+    request = UnitRequest(
+        run_id="r-new",
+        step_id="outline",
+        unit_id="outline",
+        dispatch_id="d-new",
+        input_hash=attempt.input_hash,
+        attempt=1,
+        kind="prompt",
+        prompt="Outline tides.",
+        model=None,
+    )
+    runner = ReplayRunner.from_context(ctx)
+    copy = pickle.loads(pickle.dumps(runner))  # as a Dask worker gets it
+    try:
+        for each in (runner, copy):
+            result = each.run(request)
+            assert result.output == json.loads(attempt.output_json or "null")
+            assert (result.tokens_in, result.tokens_out) == (0, 0)
+    finally:
+        runner.close()
+        copy.close()

@@ -65,9 +65,17 @@ class DriveStats:
 class RunnerPool:
     """Runners of a drive (its children's too), built on first use and closed together."""
 
-    def __init__(self, *, state_dir: Path, namespace: Mapping[str, Any] | None):
+    def __init__(
+        self,
+        *,
+        state_dir: Path,
+        namespace: Mapping[str, Any] | None,
+        journal: str | None = None,
+    ):
         self.state_dir = state_dir
         self.namespace = namespace
+        self.journal = journal
+        """The state's ``postgresql://`` URL when the journal is not ``state_dir``'s file."""
         self._runners: dict[tuple[str, str | None, str], Runner] = {}
         self._lock = threading.Lock()
 
@@ -93,6 +101,7 @@ class RunnerPool:
                         workflow=plan.name,
                         namespace=self.namespace,
                         source_dir=source_dir,
+                        journal=self.journal,
                     )
                 )
             return self._runners[key]

@@ -94,7 +94,11 @@ class _Drive:
             store=self.store,
             bus=self.bus,
             runners=self.shared_runners
-            or RunnerPool(state_dir=self.store.state_dir, namespace=self.namespace),
+            or RunnerPool(
+                state_dir=self.store.state_dir,
+                namespace=self.namespace,
+                journal=self.store.journal_url,
+            ),
             budget=seed_budget(self.store, run, plan),
             redactor=self.redactor,
             options=self.options,

@@ -155,6 +155,9 @@ class RunnerContext:
     """Where bare python target names are looked up (the notebook's namespace)."""
     source_dir: str | None = None
     """Folder of the run's workflow file (python targets may import modules from it)."""
+    journal: str | None = None
+    """Where the journal is, when it is not ``state_dir``'s ``state.db``: the
+    ``postgresql://`` URL of the state (the replay runner reads recordings there)."""
 
 
 class BaseRunner:

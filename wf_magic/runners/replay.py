@@ -35,6 +35,7 @@ from ..hashing import canonical_json
 from ..reading import read_bounded
 from ..store import Store
 from ..store.db import DB_FILENAME
+from ..store.location import parse_state
 from ..store.recordings import RecordingRow
 from .base import RunnerContext, UnitRequest, UnitResult
 from .pricing import PRICE_OPTIONS
@@ -151,6 +152,8 @@ class ReplayRunner:
         self._lock = threading.Lock()
         self._tape: dict[tuple[str, str], Recording] | None = None
         self._store: Store | None = None
+        self.journal_url: str | None = None
+        """The journal's ``postgresql://`` URL when it is not a ``state.db`` file."""
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled for executors such as Dask: the worker reopens the cassette/journal itself.
@@ -179,12 +182,15 @@ class ReplayRunner:
         if cassette is not None and not isinstance(cassette, str):
             raise RunnerError(f"runners.{ctx.name}.cassette: expected a path (got {cassette!r}).")
         use_journal = ctx.options.get("journal", True)
-        return cls(
+        runner = cls(
             cassette=Path(cassette).expanduser() if cassette else None,
             db_path=Path(ctx.state_dir) / DB_FILENAME if use_journal else None,
             workflow=ctx.workflow,
             name=ctx.name,
         )
+        if use_journal and ctx.journal:  # the journal is on PostgreSQL
+            runner.journal_url, runner.db_path = ctx.journal, None
+        return runner
 
     def run(self, request: UnitRequest) -> UnitResult:
         """Answer ``request`` with the newest recording of its phase and input hash.
@@ -245,6 +251,8 @@ class ReplayRunner:
     def _journal(self) -> Store | None:
         """The journal's store, opened on first use; None when there is no journal to read."""
         with self._lock:
+            if self._store is None and self.journal_url is not None:
+                self._store = Store(parse_state(self.journal_url))  # type: ignore[arg-type]
             # Checked first: opening a Store would create (and migrate) a missing database.
             if self._store is None and self.db_path is not None and self.db_path.exists():
                 store = Store(self.db_path)

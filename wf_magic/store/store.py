@@ -95,6 +95,15 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
         run checks it first, in its own transaction (store/leases.py)."""
 
     @property
+    def journal_url(self) -> str | None:
+        """The ``postgresql://…?schema=`` URL another Store opens this journal with (None on
+        SQLite: the file in ``state_dir`` is the journal)."""
+        if self.pg is None:
+            return None
+        sep = "&" if "?" in self.pg.url else "?"
+        return f"{self.pg.url}{sep}schema={self.pg.schema}"
+
+    @property
     def state_dir(self) -> Path:
         """This machine's folder of the state: the SQLite file's folder, or on PostgreSQL the
         local folder of what is not journal (process sidecars, agent homes, the seal key)."""

@@ -176,7 +176,9 @@ def drive_sweep(ctx: SweepDrive, sweep: SweepRow, wf: Workflow) -> SweepRow:
     )
     # One runner pool for every cell: the cells share a plan, so one runner (one HTTP client
     # and its connections) serves them all, as it serves the units of one map.
-    runners = RunnerPool(state_dir=ctx.store.state_dir, namespace=ctx.namespace)
+    runners = RunnerPool(
+        state_dir=ctx.store.state_dir, namespace=ctx.namespace, journal=ctx.store.journal_url
+    )
 
     def one(cell: SweepCellRow) -> None:
         if shared.reached or (ctx.signal is not None and ctx.signal.is_set()):

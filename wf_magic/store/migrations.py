@@ -422,3 +422,17 @@ def m012_sweeps(conn: sqlite3.Connection) -> None:
         CREATE INDEX sweep_cells_run ON sweep_cells(run_id);
         """,
     )
+
+
+@migration
+def m013_run_owner(conn: sqlite3.Connection) -> None:
+    # Who a run belongs to (JUPYTERHUB_USER, else the OS user; wf_magic/users.py): another
+    # user's run is read-only until adopted. Rows from before stay NULL: nobody's, so anyone
+    # may change them. A receipt keeps its run's owner.
+    _script(
+        conn,
+        """
+        ALTER TABLE runs ADD COLUMN owner TEXT;
+        ALTER TABLE run_receipts ADD COLUMN owner TEXT;
+        """,
+    )

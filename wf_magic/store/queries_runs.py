@@ -36,11 +36,11 @@ class RunQueries(StoreAccess):
         return self._read(lambda c: runs.latest_in_scope(c, scope_key))
 
     def list_runs(
-        self, *, include_children: bool = False, limit: int | None = None
+        self, *, include_children: bool = False, limit: int | None = None, owner: str | None = None
     ) -> list[RunRow]:
-        """Runs, newest first."""
+        """Runs, newest first; ``owner``: only that user's runs and nobody's."""
         return self._read(
-            lambda c: runs.list_runs(c, include_children=include_children, limit=limit)
+            lambda c: runs.list_runs(c, include_children=include_children, limit=limit, owner=owner)
         )
 
     def child_run(self, parent_run_id: str, invocation_key: str) -> RunRow | None:
@@ -187,6 +187,14 @@ class RunQueries(StoreAccess):
         """Abandon ``run_id`` and its unfinished descendants in one transaction (statuses
         re-read inside it); returns the run ids abandoned."""
         return self._write(lambda c: runs.abandon_tree_txn(c, run_id, reason=reason), run_id)
+
+    def adopt_run(self, run_id: str, *, adopter: str, previous: str | None) -> list[str]:
+        """Make ``adopter`` the owner of ``run_id`` (and of the runs below it ``previous`` or
+        nobody owned), journaling ``run_adopted`` for each, in one transaction; returns the
+        run ids adopted (empty: ``run_id``'s owner was no longer ``previous``)."""
+        return self._write(
+            lambda c: runs.adopt_tree_txn(c, run_id, adopter=adopter, previous=previous), run_id
+        )
 
     def set_stop_requested(self, run_id: str, value: bool) -> None:
         """Ask a run's driver to stop between units (or clear the request)."""

@@ -34,6 +34,7 @@ from .spec.workflow import Workflow
 from .store import Store
 from .store.records import RunRow, ScopeChoice
 from .store.runs import LaunchKey
+from .users import check_owner
 
 MAX_KEY_LENGTH = 200
 """The longest launch key accepted (a cron job id, a notebook cell id, a date)."""
@@ -80,6 +81,7 @@ def start(
         UsageError: params are undeclared or invalid, or render an unusable model; ``key``
             launched another request.
         RunLockHeld: the run to supersede is being driven.
+        RunNotOwned: the run to supersede is another user's.
     """
     if key is not None and not 0 < len(key) <= MAX_KEY_LENGTH:
         raise UsageError(
@@ -123,6 +125,7 @@ def _start(
             if old is None:
                 return ScopeChoice()
             _refuse_newer(old)
+            check_owner(old.run_id, old.owner, verb="supersede")  # superseding abandons it
             held.enter_context(RunLock(store.lock_dir, old.run_id))  # refuses at once
             superseded[:] = [old]
             return ScopeChoice(supersede=old.run_id)

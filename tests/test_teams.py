@@ -182,6 +182,11 @@ def _rows(state_dir: Path) -> list[tuple[Any, ...]]:
     return [*runs, counts]
 
 
+def _run_row(state_dir: Path, run_id: str) -> tuple[Any, ...]:
+    with sqlite3.connect(state_dir / "state.db") as conn:
+        return tuple(conn.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone())
+
+
 @pytest.mark.parametrize("face", ["cli", "engine"])
 @pytest.mark.parametrize("verb", list(GUARDED))
 def test_every_verb_that_changes_another_users_run_is_refused_until_adopted(
@@ -228,13 +233,21 @@ def test_every_verb_that_changes_another_users_run_is_refused_until_adopted(
             assert got == ([alices_run] if expected == ["RUN"] else expected)
 
 
-def test_superseding_another_users_run_is_refused(alices_run: str, state_dir: Path) -> None:
+@pytest.mark.parametrize("new", [False, True])
+def test_a_start_in_a_scope_with_another_users_run_leaves_it_alone_and_starts_its_own(
+    alices_run: str, state_dir: Path, monkeypatch: pytest.MonkeyPatch, new: bool
+) -> None:
+    alices_row = _run_row(state_dir, alices_run)
     with Engine(state_dir) as engine:
-        with pytest.raises(RunNotOwned) as info:
-            engine.start(GATED, new=True)
-        assert str(info.value) == refusal(alices_run, verb="supersede")
-        assert engine.get_run(alices_run).status == "blocked"
-        assert [r.run_id for r in engine.list_runs()] == [alices_run]
+        bobs = engine.start(GATED, new=new)  # bob's: created beside alice's, never over it
+        assert bobs.created and bobs.run_id != alices_run
+        assert engine.get_run(bobs.run_id).owner == "bob"
+        again = engine.start(GATED)
+        assert (again.run_id, again.created) == (bobs.run_id, False)
+        as_user(monkeypatch, "alice")
+        hers = engine.start(GATED)
+        assert (hers.run_id, hers.created) == (alices_run, False)
+    assert _run_row(state_dir, alices_run) == alices_row  # not superseded, not abandoned
 
 
 def test_reading_another_users_run_needs_no_adoption(

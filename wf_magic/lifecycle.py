@@ -34,7 +34,7 @@ from .spec.workflow import Workflow
 from .store import Store
 from .store.records import RunRow, ScopeChoice
 from .store.runs import LaunchKey
-from .users import check_owner
+from .users import current_user
 
 MAX_KEY_LENGTH = 200
 """The longest launch key accepted (a cron job id, a notebook cell id, a date)."""
@@ -73,6 +73,9 @@ def start(
     Secret params (:mod:`wf_magic.sealing`) are stored, and scoped, by their seals; one not
     given is read from ``WF_PARAM_<NAME>`` when set. ``Started.secrets`` keeps the values.
 
+    Only a run the current user may change (theirs, or nobody's) is continued or superseded:
+    another user's run of the scope is left alone and this start creates the user's own.
+
     A ``model:`` templated from params is rendered here (``spec/models_resolve.py``): the run
     stores, and hashes, the plan of its own params, so the plan hash compared with the scope's
     latest run and promised to a launch key is that one.
@@ -81,7 +84,6 @@ def start(
         UsageError: params are undeclared or invalid, or render an unusable model; ``key``
             launched another request.
         RunLockHeld: the run to supersede is being driven.
-        RunNotOwned: the run to supersede is another user's.
     """
     if key is not None and not 0 < len(key) <= MAX_KEY_LENGTH:
         raise UsageError(
@@ -109,7 +111,9 @@ def _start(
     """:func:`start` once the params are resolved and their secrets sealed."""
     scope = scope_key(wf.name, resolved)
     if key is None:
-        latest = store.latest_in_scope(scope)  # the common case (continue a run) writes nothing
+        # The common case (continue a run) writes nothing. Another user's run in the scope is
+        # never continued or superseded: this user gets a run of their own beside it.
+        latest = store.latest_in_scope(scope, owner=current_user())
         if latest is not None and not new and latest.plan_hash == wf.plan_hash:
             return _continue(latest, wf, no_cache=no_cache)
     row = new_run_row(wf, resolved, run_id=new_run_id(), scope=scope, use_cache=not no_cache)
@@ -125,7 +129,6 @@ def _start(
             if old is None:
                 return ScopeChoice()
             _refuse_newer(old)
-            check_owner(old.run_id, old.owner, verb="supersede")  # superseding abandons it
             held.enter_context(RunLock(store.lock_dir, old.run_id))  # refuses at once
             superseded[:] = [old]
             return ScopeChoice(supersede=old.run_id)

@@ -149,12 +149,17 @@ def latest_of_workflow(conn: sqlite3.Connection, workflow: str) -> str | None:
     return row[0] if row else None
 
 
-def latest_in_scope(conn: sqlite3.Connection, scope_key: str) -> RunRow | None:
-    """The newest root run of a scope that is not abandoned."""
+def latest_in_scope(
+    conn: sqlite3.Connection, scope_key: str, *, owner: str | None = None
+) -> RunRow | None:
+    """The newest root run of a scope that is not abandoned; with ``owner``, the newest that
+    user may change (theirs or nobody's): another user's run is never continued or superseded.
+    """
+    mine = " AND (owner = ? OR owner IS NULL)" if owner is not None else ""
     row = conn.execute(
         f"SELECT {_RUN_COLS} FROM runs WHERE scope_key = ? AND parent_run_id IS NULL"
-        " AND status != 'abandoned' ORDER BY created_at DESC, rowid DESC LIMIT 1",
-        (scope_key,),
+        f" AND status != 'abandoned'{mine} ORDER BY created_at DESC, rowid DESC LIMIT 1",
+        (scope_key, owner) if owner is not None else (scope_key,),
     ).fetchone()
     return from_row(RunRow, row) if row else None
 

@@ -8,6 +8,7 @@ environment of a real ``wf`` subprocess.
 from __future__ import annotations
 
 import getpass
+import html
 import json
 import os
 import sqlite3
@@ -22,7 +23,7 @@ from IPython.core.error import UsageError as IPythonUsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 from tests.conftest import ROOT, wf_cmd, wf_inproc
-from tests.helpers_notebook import ipython_shell, magics_in
+from tests.helpers_notebook import ipython_shell, magics_in, view_of
 from wf_magic import Engine
 from wf_magic.errors import RunNotOwned, UsageError
 from wf_magic.exits import EXIT_USAGE, error_exit_code
@@ -379,6 +380,30 @@ def test_the_notebook_names_the_owner_and_its_own_adopt_command(
         assert shell.run_line_magic("workflow", "list --mine").readable()["owner"].tolist() == [
             "bob"
         ]
+
+
+def test_the_run_views_buttons_on_another_users_run_say_how_to_adopt_it(
+    alices_run: str, state_dir: Path
+) -> None:
+    expected = {
+        verb: html.escape(refusal(alices_run, verb=verb).replace("`wf adopt", "`%workflow adopt"))
+        for verb in ("approve", "reject", "abandon", "fork")
+    }
+    with Engine(state_dir) as engine:
+        view = view_of(engine, alices_run)
+        view.flush()
+        before = _rows(state_dir)
+        view.feedback.value = "shorter"
+        for verb, press in [
+            ("approve", view.approve_button.click),
+            ("reject", view.reject_button.click),
+            ("abandon", view.review.abandon),
+            ("fork", view.review.fork),
+        ]:
+            press()
+            assert expected[verb] in view.message.value, verb
+        view.close()
+    assert _rows(state_dir) == before
 
 
 # -- a team's shared seal key -----------------------------------------------------------------

@@ -309,6 +309,18 @@ def test_list_shows_whose_runs_they_are_and_mine_keeps_only_yours(
     assert "not allowed with argument" in both.stderr
 
 
+def test_a_gc_receipt_keeps_its_runs_owner(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    as_user(monkeypatch, "alice")
+    with Engine(state_dir) as engine:
+        run_id = engine.run("name: done\nsteps:\n  - id: a\n    prompt: hi\n").run_id
+        assert engine.gc(older_than_s=0) == [run_id]
+        frame = engine.runs(include_deleted=True)
+    assert frame[["run", "owner"]].values.tolist() == [[run_id, "alice"]]
+    assert frame["deleted_at"].notna().all()
+
+
 # -- a real `wf` process as another user ------------------------------------------------------
 def test_a_wf_process_of_another_user_is_refused_then_adopts_and_the_event_is_journaled(
     tmp_path: Path, state_dir: Path

@@ -24,6 +24,8 @@ def _isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No test touches ./.wf_magic or the user's WF_MAGIC_HOME."""
     monkeypatch.setenv("WF_MAGIC_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("WF_MAGIC_SQLITE_JOURNAL_MODE", raising=False)
+    monkeypatch.delenv("JUPYTERHUB_USER", raising=False)  # runs belong to the OS user
+    monkeypatch.delenv("WF_MAGIC_SECRET_KEY_FILE", raising=False)  # each state dir's own key
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

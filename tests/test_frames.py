@@ -84,6 +84,7 @@ RUNS_DTYPES = {
     "created_at": "datetime64[ns, UTC]",
     "updated_at": "datetime64[ns, UTC]",
     "finished_at": "datetime64[ns, UTC]",
+    "owner": "string",
     "duration_s": "float64",
 }
 EVENTS_DTYPES = {
@@ -478,7 +479,7 @@ def test_runs_frame_lists_runs_oldest_first_with_lineage_and_duration(
 def test_runs_frame_of_an_empty_database_is_typed(conn: sqlite3.Connection) -> None:
     frame = runs_frame(conn)
 
-    assert frame.shape == (0, 18)
+    assert frame.shape == (0, 19)
     assert dtypes(frame) == RUNS_DTYPES
 
 

@@ -24,6 +24,7 @@ from wf_magic import Engine, PlanIntegrityError, PlanVersionError, PlanVersionTo
 from wf_magic.hashing import sha256_text
 from wf_magic.spec.plan import OLDEST_PLAN_VERSION, PLAN_VERSION, Plan, PlanStep
 from wf_magic.spec.stored import plan_warning, shape_problem
+from wf_magic.users import current_user
 
 from .conftest import db_rows, table_counts, tamper, wf_inproc, write_file
 
@@ -202,7 +203,7 @@ def test_wf_list_lists_the_run_with_one_warning(
     result = wf_inproc(capsys, state_dir, *verb)
     assert result.returncode == 0
     one_warning(result.stderr, run_id, corruption.needle)
-    assert result.stdout.split() == [run_id, "s", "active"]
+    assert result.stdout.split() == [run_id, "s", "active", current_user()]  # owner column
     assert run_row(state_dir, run_id) == before
 
 

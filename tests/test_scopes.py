@@ -13,6 +13,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from tests.helpers_notebook import ipython_shell, magics_in
 from wf_magic import Engine
 from wf_magic.store.runs import masked_params, params_text
+from wf_magic.users import current_user
 
 from .conftest import wf_inproc, write_file
 
@@ -60,8 +61,9 @@ def test_wf_list_shows_each_runs_params_with_secrets_masked(
     engine.close()
     out = wf_inproc(capsys, state_dir, "list").stdout
     lines = {line.split()[0]: line for line in out.splitlines()}
-    assert lines[mon].endswith("completed   api_key=*** day=mon depth=2")
-    assert lines[tue].endswith("completed   api_key=*** day=tue depth=2")
+    owner = f"{current_user():<12}"  # the owner column: whose run it is
+    assert lines[mon].endswith(f"completed  {owner}  api_key=*** day=mon depth=2")
+    assert lines[tue].endswith(f"completed  {owner}  api_key=*** day=tue depth=2")
     assert SECRET not in out
 
 
@@ -99,7 +101,7 @@ def test_a_run_without_params_lists_no_params_column_text(
     path = write_file(tmp_path, "bare.yaml", "name: bare\nsteps:\n  - id: a\n    prompt: hi\n")
     wf_inproc(capsys, state_dir, "run", str(path))
     [line] = wf_inproc(capsys, state_dir, "list").stdout.splitlines()
-    assert line.rstrip().endswith("completed")
+    assert line.rstrip().endswith(f"completed  {current_user()}")
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
         PlanVersionTooNew,
         RunLockHeld,
         RunnerError,
+        RunNotOwned,
         UsageError,
         WorkflowError,
     )
@@ -52,6 +53,7 @@ _LAZY = {
             "PlanVersionError",
             "PlanVersionTooNew",
             "RunLockHeld",
+            "RunNotOwned",
             "RunnerError",
             "UsageError",
             "WorkflowError",
@@ -115,6 +117,7 @@ __all__ = [
     "PlanVersionTooNew",
     "Run",
     "RunLockHeld",
+    "RunNotOwned",
     "Runner",
     "RunnerContext",
     "RunnerError",

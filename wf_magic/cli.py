@@ -37,7 +37,7 @@ class _RunLister(Protocol):
     db_path: Path
 
     def list_runs(
-        self, *, include_children: bool = False, limit: int | None = None
+        self, *, include_children: bool = False, limit: int | None = None, owner: str | None = None
     ) -> list[RunRow]: ...
 
 
@@ -196,11 +196,17 @@ def cmd_status(engine: Engine, args: argparse.Namespace) -> int:
 
 
 def cmd_list(engine: _RunLister, args: argparse.Namespace) -> int:
+    """One line per run: id, workflow, status, owner (``-`` for nobody's), params, reason."""
+    from .users import current_user
+
+    mine = current_user() if getattr(args, "mine", False) else None
     runs = engine.list_runs(
-        include_children=getattr(args, "all", False), limit=getattr(args, "limit", None)
+        include_children=getattr(args, "all", False),
+        limit=getattr(args, "limit", None),
+        owner=mine,
     )
     if not runs:
-        print(f"no runs in {engine.where}")
+        print(f"no runs {f'of {mine} ' if mine else ''}in {engine.where}")
     from .spec.stored import plan_warning
     from .store.runs import params_text
 
@@ -210,7 +216,10 @@ def cmd_list(engine: _RunLister, args: argparse.Namespace) -> int:
         params = f"  {shown}" if shown else ""
         reason = f"  {row.status_reason}" if row.status_reason else ""
         parent = f"  (child of {row.parent_run_id})" if row.parent_run_id else ""
-        print(f"{row.run_id}  {row.workflow:<20} {row.status:<10}{params}{reason}{parent}")
+        owner = row.owner or "-"
+        print(
+            f"{row.run_id}  {row.workflow:<20} {row.status:<10} {owner:<12}{params}{reason}{parent}"
+        )
     return EXIT_OK
 
 
@@ -320,6 +329,20 @@ def cmd_stop(engine: Engine, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_adopt(engine: Engine, args: argparse.Namespace) -> int:
+    done = engine.adopt(args.run)
+    if not done.adopted:
+        print(f"run {done.run_id} is already yours ({done.owner}); nothing was changed")
+        return EXIT_OK
+    below = [r for r in done.adopted if r != done.run_id]
+    with_children = f" with its child run(s) {', '.join(below)}" if below else ""
+    print(
+        f"adopted run {done.run_id}{with_children} from {done.previous_owner or 'nobody'}; "
+        f"it is {done.owner}'s now"
+    )
+    return EXIT_OK
+
+
 def cmd_gc(engine: Engine, args: argparse.Namespace) -> int:
     seconds = args.older_than_s if args.older_than_s is not None else args.older_than_days * 86400
     statuses = args.statuses or ("completed", "failed", "abandoned")
@@ -401,6 +424,7 @@ HANDLERS: dict[str, Callable[[Engine, argparse.Namespace], int]] = {
     "approve": cmd_approve,
     "reject": cmd_reject,
     "stop": cmd_stop,
+    "adopt": cmd_adopt,
     "journal": cmd_journal,
     "tokens": cmd_tokens,
     "events": cmd_events,

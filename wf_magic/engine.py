@@ -1,4 +1,5 @@
-"""The Engine facade: start, drive, resume, approve, reject, abandon, fork, stop, gc, frames.
+"""The Engine facade: start, drive, resume, approve, reject, abandon, fork, stop, adopt, gc,
+frames.
 
 Each verb is a few lines over the layers below it: ``lifecycle`` (start, fork),
 ``drive`` (driving under the run lock), ``gates.human`` (decisions) and the ``Store``
@@ -10,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +24,7 @@ from .store.db import DB_FILENAME, default_state
 from .store.location import PgLocation, parse_state
 from .store.records import AttemptRow, EventRow, RunRow, StepRow
 from .sweeps.verbs import SweepVerbs
+from .users import check_owner, current_user
 
 # The verbs that freeze, drive or lock a run import lifecycle, the drive, the spec (the plan
 # models, Jinja, YAML) and the run locks when called: `wf status` and the other read-only
@@ -40,6 +43,19 @@ _AMBIGUOUS_SHOWN = 8
 
 GC_STATUSES: tuple[str, ...] = ("completed", "failed", "abandoned")
 """The run statuses gc deletes (finished ones); ``wf gc --status`` picks among them."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Adoption:
+    """What :meth:`Engine.adopt` did: ``adopted`` is empty when the run was already yours."""
+
+    run_id: str
+    owner: str
+    """The run's owner now (the adopter)."""
+    previous_owner: str | None
+    """Whom it belonged to before (None: nobody, a run from before owners were recorded)."""
+    adopted: tuple[str, ...]
+    """The run ids whose owner changed: the run first, then the runs below it."""
 
 
 class Engine(SweepVerbs):
@@ -284,6 +300,7 @@ class Engine(SweepVerbs):
 
         Raises:
             RunLockHeld: another driver holds the run.
+            RunNotOwned: the run is another user's (:meth:`adopt` it first).
             PlanIntegrityError: the stored plan or params were edited.
             PlanVersionError: the plan was written by a newer wf_magic.
             UsageError: a secret param is missing or differs from the run's.
@@ -295,9 +312,11 @@ class Engine(SweepVerbs):
         _at_least(max_steps=(max_steps, 1), max_concurrency=(max_concurrency, 1))
         _at_least(max_retries=(max_retries, 0))
         rid = self.resolve_run_id(run_id)
+        row = self.get_run(rid)
+        check_owner(rid, row.owner, verb="resume")
         secrets = lifecycle.drive_secrets(
             self.store,
-            self.get_run(rid),
+            row,
             given=params,
             known=self._secrets,
             from_strings=params_from_strings,
@@ -344,10 +363,10 @@ class Engine(SweepVerbs):
     """``wf status RUN`` in Python: the run's handle (``engine.status(r).status`` is its word)."""
 
     def list_runs(
-        self, *, include_children: bool = False, limit: int | None = None
+        self, *, include_children: bool = False, limit: int | None = None, owner: str | None = None
     ) -> list[RunRow]:
-        """Runs, newest first."""
-        return self.store.list_runs(include_children=include_children, limit=limit)
+        """Runs, newest first; ``owner``: only that user's runs and nobody's."""
+        return self.store.list_runs(include_children=include_children, limit=limit, owner=owner)
 
     def steps(self, run_id: RunRef) -> list[StepRow]:
         """The step rows of a run, in plan order."""
@@ -371,12 +390,14 @@ class Engine(SweepVerbs):
             RunLockHeld: the run, or one of its descendants, is being driven (nothing changed).
             UsageError: the run already completed.
             RunAbandoned: the run and all below it were already abandoned or finished.
+            RunNotOwned: the run is another user's (:meth:`adopt` it first).
         """
         import contextlib
 
         from .store.runs import UNFINISHED
 
         rid = self.resolve_run_id(run_id)
+        check_owner(rid, self.get_run(rid).owner, verb="abandon")
         with contextlib.ExitStack() as held:
             held.enter_context(self.store.run_lock(rid))
             row = self.get_run(rid)
@@ -407,11 +428,13 @@ class Engine(SweepVerbs):
         Raises:
             UsageError: ``from_step`` is not a step of the run's plan.
             RunLockHeld: the unfinished source is being driven.
+            RunNotOwned: the source is another user's (:meth:`adopt` it first).
         """
         from . import lifecycle
         from .drive.integrity import verified_plan
 
         source = self.get_run(self.resolve_run_id(run_id))
+        check_owner(source.run_id, source.owner, verb="fork")
         plan, params = verified_plan(self.store, self.bus, source)
         started = lifecycle.fork(self.store, self.bus, source, plan, params, from_step=from_step)
         return self._handle(started)
@@ -426,6 +449,7 @@ class Engine(SweepVerbs):
 
         Raises:
             GateDecisionRefused: the step is not waiting (or not at ``loop``), or was decided.
+            RunNotOwned: the run is another user's (:meth:`adopt` it first).
         """
         return self.handle(run_id).approve(step_id, feedback=feedback, loop=loop)
 
@@ -443,6 +467,7 @@ class Engine(SweepVerbs):
         Raises:
             GateDecisionRefused: the step is not waiting (or not at ``loop``), or was decided.
             UsageError: no feedback was given.
+            RunNotOwned: the run is another user's (:meth:`adopt` it first).
         """
         handle = self.handle(run_id)
         return handle.reject(step_id, feedback=feedback, missing=missing, loop=loop)
@@ -454,12 +479,43 @@ class Engine(SweepVerbs):
 
         Returns:
             Whether a stop was requested (False: the run is completed or abandoned).
+
+        Raises:
+            RunNotOwned: the run is another user's (:meth:`adopt` it first).
         """
         run = self.get_run(self.resolve_run_id(run_id))
+        check_owner(run.run_id, run.owner, verb="stop")
         if run.status in ("completed", "abandoned"):
             return False
         self.store.set_stop_requested(run.root_run_id, True)
         return True
+
+    def adopt(self, run_id: RunRef) -> Adoption:
+        """Make another user's run (or nobody's) yours, so you may resume, decide, stop,
+        abandon or fork it. The runs below it that were the previous owner's (or nobody's)
+        come along; each adoption is journaled as a ``run_adopted`` event naming the adopter
+        and the previous owner. Adopting your own run changes nothing.
+
+        The current user is :func:`wf_magic.users.current_user` (``$JUPYTERHUB_USER``, else
+        the OS user).
+
+        Raises:
+            UsageError: no such run, or someone else adopted it meanwhile (nothing changed).
+        """
+        row = self.get_run(self.resolve_run_id(run_id))
+        user = current_user()
+        if row.owner == user:
+            return Adoption(run_id=row.run_id, owner=user, previous_owner=user, adopted=())
+        adopted = self.store.adopt_run(row.run_id, adopter=user, previous=row.owner)
+        if not adopted:
+            now = self.get_run(row.run_id).owner
+            raise UsageError(
+                f"Run {row.run_id} was adopted by {now} meanwhile; nothing was changed.",
+                run_id=row.run_id,
+            )
+        return Adoption(
+            run_id=row.run_id, owner=user, previous_owner=row.owner, adopted=tuple(adopted)
+        )
 
     def is_driving(self, run_id: RunRef) -> bool:
         """Whether a driver holds the run now."""

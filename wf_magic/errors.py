@@ -11,6 +11,7 @@
     ├── PlanIntegrityError               a stored plan or params were edited
     │   └── PlanVersionError             a plan from a newer/older plan_version
     │       └── PlanVersionTooNew        a newer wf_magic froze it: left untouched (CLI exit 2)
+    │   └── RunNotOwned                  another user's run, read-only until adopted
     ├── RunLockHeld                      another driver holds the run (CLI exit 75)
     ├── RunAbandoned                     the run was given up: nothing to resume or abandon
     ├── BudgetExceeded                   a ceiling would be passed
@@ -135,6 +136,26 @@ class StateDirReadOnly(UsageError):
 READ_ONLY_ERRNOS = frozenset({_errno.EROFS, _errno.EACCES, _errno.EPERM})
 """What the OS says when a file cannot be written: a read-only filesystem, permissions, an
 immutable attribute (``chattr +i``)."""
+
+
+class RunNotOwned(UsageError):
+    """Another user's run: read-only until adopted (``wf adopt RUN``); nothing was changed."""
+
+    def __init__(self, run_id: str, *, owner: str, user: str, verb: str):
+        self.owner = owner
+        self.user = user
+        self.verb = verb
+        super().__init__(self.text(adopt=f"wf adopt {run_id}", run_id=run_id), run_id=run_id)
+
+    def text(self, *, adopt: str, run_id: str | None = None) -> str:
+        """The message, naming ``adopt`` as the command that makes the run yours
+        (``%workflow adopt RUN`` in a notebook)."""
+        rid = run_id or self.run_id
+        return (
+            f"Run {rid} belongs to {self.owner}; another user's run is read-only, so "
+            f"{self.user} may not {self.verb} it (nothing was changed). `{adopt}` makes it "
+            "yours first."
+        )
 
 
 class PlanIntegrityError(WorkflowError):

@@ -14,6 +14,7 @@ from .errors import (
     PlanIntegrityError,
     PlanVersionTooNew,
     RunLockHeld,
+    RunNotOwned,
     StateDBError,
     UsageError,
     WorkflowError,
@@ -24,7 +25,8 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 """The run failed or was abandoned; plan integrity, budget, migration and state DB errors."""
 EXIT_USAGE = 2
-"""A usage or definition error, a refused gate decision, or a plan from a newer wf_magic."""
+"""A usage or definition error, a refused gate decision, another user's run (not adopted), or a
+plan from a newer wf_magic."""
 EXIT_BLOCKED = 3
 """The run is blocked (a human gate waits, a gate is exhausted, a judge failed)."""
 EXIT_LOCKED = 75
@@ -45,6 +47,7 @@ ERROR_EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (RunLockHeld, EXIT_LOCKED),
     (LeaseLost, EXIT_LOCKED),
     (DefinitionError, EXIT_USAGE),
+    (RunNotOwned, EXIT_USAGE),  # not 75: waiting changes nothing, `wf adopt RUN` does
     (UsageError, EXIT_USAGE),
     (GateDecisionRefused, EXIT_USAGE),
     (PlanVersionTooNew, EXIT_USAGE),  # not 75: retrying later changes nothing, upgrading does

@@ -33,6 +33,7 @@ from .spec.workflow import Workflow
 from .store import Store
 from .store.records import RunRow, ScopeChoice
 from .store.runs import LaunchKey
+from .users import current_user
 
 MAX_KEY_LENGTH = 200
 """The longest launch key accepted (a cron job id, a notebook cell id, a date)."""
@@ -71,6 +72,9 @@ def start(
     Secret params (:mod:`wf_magic.sealing`) are stored, and scoped, by their seals; one not
     given is read from ``WF_PARAM_<NAME>`` when set. ``Started.secrets`` keeps the values.
 
+    Only a run the current user may change (theirs, or nobody's) is continued or superseded:
+    another user's run of the scope is left alone and this start creates the user's own.
+
     A ``model:`` templated from params is rendered here (``spec/models_resolve.py``): the run
     stores, and hashes, the plan of its own params, so the plan hash compared with the scope's
     latest run and promised to a launch key is that one.
@@ -106,7 +110,9 @@ def _start(
     """:func:`start` once the params are resolved and their secrets sealed."""
     scope = scope_key(wf.name, resolved)
     if key is None:
-        latest = store.latest_in_scope(scope)  # the common case (continue a run) writes nothing
+        # The common case (continue a run) writes nothing. Another user's run in the scope is
+        # never continued or superseded: this user gets a run of their own beside it.
+        latest = store.latest_in_scope(scope, owner=current_user())
         if latest is not None and not new and latest.plan_hash == wf.plan_hash:
             return _continue(latest, wf, no_cache=no_cache)
     row = new_run_row(wf, resolved, run_id=new_run_id(), scope=scope, use_cache=not no_cache)

@@ -11,6 +11,7 @@ from .exits import status_exit_code
 from .store import Store
 from .store.records import AttemptRow, BudgetUse, RunRow, RunStatus, StepRow
 from .store.summary import RunTally
+from .users import check_owner
 
 # The plan models (pydantic) load in `plan`, the one place that parses a plan: `wf status`
 # builds a Run and prints it from rows and the plan's JSON alone. The renderings, the gate
@@ -191,9 +192,11 @@ class Run:
 
         Raises:
             GateDecisionRefused: the step is not waiting (or not at ``loop``), or was decided.
+            RunNotOwned: the run is another user's (adopt it first).
         """
         from .gates.verdict import Verdict
 
+        check_owner(self.run_id, self.row.owner, verb="approve")
         verdict = Verdict(complete=True, feedback=feedback or "", judge="human")
         return self._decide(step_id, verdict, loop=loop)
 
@@ -210,7 +213,9 @@ class Run:
         Raises:
             GateDecisionRefused: the step is not waiting (or not at ``loop``), or was decided.
             UsageError: no feedback was given.
+            RunNotOwned: the run is another user's (adopt it first).
         """
+        check_owner(self.run_id, self.row.owner, verb="reject")
         if not feedback or not feedback.strip():
             raise UsageError("a rejection needs feedback: say what to change (--feedback TEXT)")
         from .gates.verdict import Verdict

@@ -17,6 +17,11 @@ or an exported frame carry nothing a secret can be read or guessed from without 
 
 The value itself is never stored, so a drive needs it from its caller (see
 :func:`unseal`); ``key id`` (a hash of the key) tells a replaced key file apart.
+
+A team sharing runs shares one key: ``$WF_MAGIC_SECRET_KEY_FILE`` names a key file of the same
+format (32 bytes), used instead of ``<state dir>/secret.key`` by every state dir. It is read,
+never created or stored in the database; a missing, short or unreadable file is an error
+naming the variable.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ from .redact import is_secret_key
 
 KEY_FILENAME = "secret.key"
 KEY_BYTES = 32
+KEY_FILE_ENV = "WF_MAGIC_SECRET_KEY_FILE"
+"""Names a shared key file used instead of each state dir's own ``secret.key``."""
 SEAL_PREFIX = "wf-sealed:hmac-sha256:"
 ENV_PREFIX = "WF_PARAM_"
 """A secret param may come from the environment: ``api_token`` from ``WF_PARAM_API_TOKEN``."""
@@ -80,8 +87,12 @@ class Sealer:
         """The sealer of ``state_dir``, its key file created (0600) when missing.
 
         Raises:
-            UsageError: the key file is unreadable or not a key, or cannot be created.
+            UsageError: the key file is unreadable or not a key, or cannot be created; or
+                ``$WF_MAGIC_SECRET_KEY_FILE`` names no usable key file (it is never created).
         """
+        shared = shared_key_path()
+        if shared is not None:
+            return cls._shared(shared)
         path = Path(state_dir) / KEY_FILENAME
         if not path.exists():
             try:
@@ -98,8 +109,12 @@ class Sealer:
         """The sealer of ``state_dir``; None when it has no key file.
 
         Raises:
-            UsageError: the key file is unreadable or not a key.
+            UsageError: the key file is unreadable or not a key; or
+                ``$WF_MAGIC_SECRET_KEY_FILE`` names no usable key file.
         """
+        shared = shared_key_path()
+        if shared is not None:
+            return cls._shared(shared)
         path = Path(state_dir) / KEY_FILENAME
         try:
             key = read_bounded(path, limit=KEY_BYTES)
@@ -115,6 +130,23 @@ class Sealer:
                 f"bytes, got {_size_text(path)}); move it aside: runs sealed with it cannot be "
                 "resumed, new runs get a new key"
             )
+        return cls(key)
+
+    @classmethod
+    def _shared(cls, path: Path) -> Sealer:
+        """The sealer of the key file ``$WF_MAGIC_SECRET_KEY_FILE`` names (read, never made)."""
+        try:
+            key = read_bounded(path, limit=KEY_BYTES)
+        except FileRefused as exc:
+            problem = {
+                "missing": "does not exist",
+                "os": f"cannot be read ({exc.problem})",
+                "special": "is not a regular file",
+                "too_large": f"holds more than {KEY_BYTES} bytes",
+            }[exc.reason]
+            raise _shared_unusable(path, problem) from None
+        if len(key) != KEY_BYTES:
+            raise _shared_unusable(path, f"holds {len(key)} bytes")
         return cls(key)
 
     def seal(self, value: Any) -> str:
@@ -228,6 +260,20 @@ def _seals(value: Any, *, secret: bool) -> list[str]:
     if isinstance(value, list):
         return [s for v in value for s in _seals(v, secret=False)]
     return []
+
+
+def shared_key_path() -> Path | None:
+    """The shared key file ``$WF_MAGIC_SECRET_KEY_FILE`` names (None when unset or blank)."""
+    name = os.environ.get(KEY_FILE_ENV, "").strip()
+    return Path(name).expanduser() if name else None
+
+
+def _shared_unusable(path: Path, problem: str) -> UsageError:
+    return UsageError(
+        f"{KEY_FILE_ENV}={path}: the file {problem}; expected a regular file of {KEY_BYTES} "
+        "bytes (the format of <state dir>/secret.key). Point it at the team's key file, or "
+        "unset it to use the state dir's own key."
+    )
 
 
 def _size_text(path: Path) -> str:

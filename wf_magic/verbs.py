@@ -295,6 +295,21 @@ VERBS: tuple[Verb, ...] = (
         options=(
             Option(flag="--limit", type=count_at_least(1), metavar="N", help="the newest N"),
             Option(flag="--all", action="store_true", help="child runs too (with their parent)"),
+            OneOf(
+                options=(
+                    Option(
+                        flag="--mine",
+                        action="store_true",
+                        help="only your runs (and unowned ones from before owners were kept)",
+                    ),
+                    Option(
+                        flag="--all-users",
+                        action="store_true",
+                        help="every user's runs (the default); the owner column says whose",
+                    ),
+                ),
+                required=False,
+            ),
         ),
     ),
     Verb(
@@ -350,6 +365,11 @@ VERBS: tuple[Verb, ...] = (
         options=(RUN, STEP, replace(FEEDBACK, required=True), LOOP),
     ),
     Verb(name="stop", help="ask a run's driver to stop between units", options=(RUN,)),
+    Verb(
+        name="adopt",
+        help="make another user's run yours, so you may resume, decide, stop, abandon or fork it",
+        options=(RUN,),
+    ),
     Verb(
         name="journal",
         help="print a run's journal",

@@ -10,6 +10,7 @@ from typing import Any
 from ..hashing import canonical_json, sha256_text
 from ..spec.workflow import Workflow
 from ..store.records import RunRow
+from ..users import current_user
 
 
 def new_run_id() -> str:
@@ -34,7 +35,10 @@ def new_run_row(
     forked_from: RunRow | None = None,
     fork_step: str | None = None,
 ) -> RunRow:
-    """The ``runs`` row of a new, ``active`` run of ``wf`` (a child charges its root)."""
+    """The ``runs`` row of a new, ``active`` run of ``wf`` (a child charges its root).
+
+    The run belongs to the current user; a child run to its parent's owner.
+    """
     now = time.time()
     params_json = canonical_json(dict(params))
     return RunRow(
@@ -61,6 +65,7 @@ def new_run_row(
         created_at=now,
         updated_at=now,
         finished_at=None,
+        owner=parent.owner if parent else current_user(),
     )
 
 

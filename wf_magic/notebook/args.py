@@ -104,6 +104,10 @@ class LineArgs:
     other: str | None = None
     skip_if_locked: bool = False
     """``resume --skip-if-locked``: another driver holding the run is said, not raised."""
+    mine: bool = False
+    """``list --mine``: only the current user's runs (and nobody's)."""
+    all_users: bool = False
+    """``list --all-users``: every user's runs (the default)."""
 
 
 class _Parser(argparse.ArgumentParser):

@@ -26,6 +26,7 @@ from ..library_index import NAME_PATTERN
 from ..run import Run
 from ..runners.registry import known_runners
 from ..spec.workflow import Workflow
+from ..users import check_owner, current_user
 from .args import CellArgs, LineArgs
 from .drives import driver_text
 
@@ -278,6 +279,8 @@ def launch(
 
     ``created`` says whether the caller created the run (the handle's ``created``).
     """
+    # Said here, not from a background thread or under a view that would never move.
+    check_owner(run_id, ctx.engine.get_run(run_id).owner, verb="resume")
     warnings = list(warnings or [])
     view = ctx.open_view(run_id, warnings=warnings) if ctx.use_widgets else None
     before = view.snapshot if view is not None else None
@@ -322,8 +325,11 @@ def cmd_list(ctx: CommandContext, args: LineArgs) -> Any:
     RunsFrame = _scoped_runs_frame()  # noqa: N806 - a class, built on first use (pandas)
 
     frame = ctx.engine.runs()
+    mine = current_user() if args.mine else None
+    if mine is not None:  # yours, and nobody's (runs from before owners were recorded)
+        frame = frame[frame["owner"].isna() | (frame["owner"] == mine)]
     if frame.empty:
-        print(f"no runs in {ctx.engine.where}")
+        print(f"no runs {f'of {mine} ' if mine else ''}in {ctx.engine.where}")
         return None
     frame = frame.iloc[::-1].reset_index(drop=True)
     if not args.all:
@@ -461,11 +467,25 @@ def cmd_budget(ctx: CommandContext, args: LineArgs) -> Any:
 
 def cmd_stop(ctx: CommandContext, args: LineArgs) -> None:
     run_id = _run(ctx, args)
+    check_owner(run_id, ctx.engine.get_run(run_id).owner, verb="stop")  # before a local stop
     ctx.drives.stop(run_id)
     if ctx.engine.stop(run_id):
         print(f"stop requested for {run_id}; its driver stops after the units in flight")
     else:
         print(f"run {run_id} is finished; there is nothing to stop (nothing was changed)")
+
+
+def cmd_adopt(ctx: CommandContext, args: LineArgs) -> None:
+    done = ctx.engine.adopt(_run(ctx, args))
+    if not done.adopted:
+        print(f"run {done.run_id} is already yours ({done.owner}); nothing was changed")
+        return
+    below = [r for r in done.adopted if r != done.run_id]
+    with_children = f" with its child run(s) {', '.join(below)}" if below else ""
+    print(
+        f"adopted run {done.run_id}{with_children} from {done.previous_owner or 'nobody'}; "
+        f"it is {done.owner}'s now"
+    )
 
 
 def cmd_gc(ctx: CommandContext, args: LineArgs) -> None:
@@ -613,6 +633,7 @@ COMMANDS: dict[str, Callable[[CommandContext, LineArgs], Any]] = {
     "budget": cmd_budget,
     "watch": cmd_watch,
     "stop": cmd_stop,
+    "adopt": cmd_adopt,
     "gc": cmd_gc,
     "use": cmd_use,
     "config": cmd_config,

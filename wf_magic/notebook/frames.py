@@ -19,7 +19,7 @@ JOURNAL_COLUMNS = (
     "tokens_in", "tokens_out", "duration_s", "started", "reused_from", "failure",
 )  # fmt: skip
 """The columns ``%workflow journal`` shows (``--all``: every column of the frame)."""
-LIST_COLUMNS = ("run", "workflow", "status", "status_reason", "created", "duration_s")
+LIST_COLUMNS = ("run", "workflow", "status", "owner", "status_reason", "created", "duration_s")
 """The columns ``%workflow list`` shows (``--all``: every run and column)."""
 SHORT_ID = 8
 """Characters of a dispatch id or hash shown (enough to tell them apart in one run)."""

@@ -20,7 +20,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from traitlets import Bool, CaselessStrEnum, Float, Integer, Unicode
 
 from ..engine import Engine
-from ..errors import RunLockHeld, WorkflowError, clip_message
+from ..errors import RunLockHeld, RunNotOwned, WorkflowError, clip_message
 from ..run import Run
 from ..spec.workflow import Workflow
 from ..store.db import default_state
@@ -54,6 +54,8 @@ def _as_usage_errors(drives: Drives) -> Iterator[None]:
         yield
     except RunLockHeld as exc:
         raise IPythonUsageError(_lock_message(exc, drives)) from None
+    except RunNotOwned as exc:  # the notebook's own way to adopt it
+        raise IPythonUsageError(exc.text(adopt=f"%workflow adopt {exc.run_id}")) from None
     except WorkflowError as exc:
         raise IPythonUsageError(clip_message(str(exc))) from None
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as w
 
 from ..display import STATUS_COLOURS, artifact_cards_html, criteria_html
-from ..errors import WorkflowError
+from ..errors import RunNotOwned, WorkflowError
 from .snapshot import Waiting
 
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ class ReviewPanel(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
             else:
                 self.engine.reject(self.run_id, waiting.step_id, feedback=text, loop=waiting.loop)
         except WorkflowError as exc:
-            self._say(str(exc), error=True)
+            self._say(_said(exc), error=True)
             self.poke()  # the run moved on elsewhere: show where it is now
             return
         verb = "approved" if approve else "rejected"
@@ -149,7 +149,7 @@ class ReviewPanel(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         try:
             self.engine.abandon(self.run_id, reason="abandoned from the run view")
         except WorkflowError as exc:
-            self._say(str(exc), error=True)
+            self._say(_said(exc), error=True)
         else:
             self._disable_buttons()
             self._say("run abandoned")
@@ -166,7 +166,7 @@ class ReviewPanel(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         try:
             forked = self.engine.fork(self.run_id, from_step=waiting.step_id)
         except WorkflowError as exc:
-            self._say(str(exc), error=True)
+            self._say(_said(exc), error=True)
         else:
             self._disable_buttons()
             if self.forked is not None and self.forked(forked.run_id):
@@ -240,3 +240,10 @@ def _question_html(waiting: Waiting) -> str:
         f"{html.escape(waiting.step_id)}</code>, loop {waiting.loop}"
         f"{criteria_html(waiting.criteria)}{artifact}"
     )
+
+
+def _said(exc: WorkflowError) -> str:
+    """An error as the panel says it: another user's run names the notebook's adopt command."""
+    if isinstance(exc, RunNotOwned):
+        return exc.text(adopt=f"%workflow adopt {exc.run_id}")
+    return str(exc)

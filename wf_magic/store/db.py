@@ -85,15 +85,26 @@ def choose_journal_mode(state_dir: Path) -> str:
         with _warn_lock:
             if key not in _warned_paths:
                 _warned_paths.add(key)
-                warnings.warn(
-                    f"State dir {state_dir} is on a network filesystem ({fstype}); WAL is unsafe "
-                    "there, using journal_mode=DELETE. Set WF_MAGIC_HOME to a local disk for "
-                    "speed, or WF_MAGIC_SQLITE_JOURNAL_MODE to override.",
-                    StateDirWarning,
-                    stacklevel=3,
-                )
+                warnings.warn(network_fs_text(state_dir, fstype), StateDirWarning, stacklevel=3)
         return "DELETE"
     return "WAL"
+
+
+POSTGRES_URL_FORM = "postgresql://USER@HOST/DB?schema=NAME"
+"""The state-database URL a team across hosts is pointed at (``--db`` / ``WF_MAGIC_HOME``)."""
+
+
+def network_fs_text(state_dir: Path, fstype: str) -> str:
+    """The one warning for a state dir on a network filesystem: the journal mode it forces,
+    and that a run's lock file there does not keep a driver on another host out."""
+    return (
+        f"State dir {state_dir} is on a network filesystem ({fstype}); WAL is unsafe there, "
+        "using journal_mode=DELETE, and a run's lock file there does not exclude drivers on "
+        "other hosts (two hosts may drive one run at once). Set WF_MAGIC_HOME to a local disk "
+        "for one host, or WF_MAGIC_SQLITE_JOURNAL_MODE to override the journal mode; for a "
+        f"team across hosts use PostgreSQL: --db {POSTGRES_URL_FORM} (or WF_MAGIC_HOME set "
+        "to that URL)."
+    )
 
 
 def connect(

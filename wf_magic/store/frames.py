@@ -82,6 +82,7 @@ _RUNS: _Spec = (
     ("created_at", "created_at", "time"),
     ("updated_at", "updated_at", "time"),
     ("finished_at", "finished_at", "time"),
+    ("owner", "owner", "str"),
 )
 _EVENTS: _Spec = (
     ("event_id", "event_id", "int"),
@@ -159,6 +160,8 @@ def runs_frame(conn: sqlite3.Connection, *, include_deleted: bool = False) -> pd
         - ``source_path`` (string): the workflow file, when it came from one.
         - ``use_cache`` (boolean): whether results of earlier runs may be reused.
         - ``created_at``, ``updated_at``, ``finished_at`` (datetime64[ns, UTC]).
+        - ``owner`` (string): the user the run belongs to; missing for a run from before
+          owners were recorded (anyone may change it).
         - ``duration_s`` (float64): ``finished_at - created_at`` in seconds, NaN while unfinished.
     """
     if include_deleted:

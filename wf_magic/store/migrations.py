@@ -425,6 +425,20 @@ def m012_sweeps(conn: sqlite3.Connection) -> None:
 
 
 @migration
+def m013_run_owner(conn: sqlite3.Connection) -> None:
+    # Who a run belongs to (JUPYTERHUB_USER, else the OS user; wf_magic/users.py): another
+    # user's run is read-only until adopted. Rows from before stay NULL: nobody's, so anyone
+    # may change them. A receipt keeps its run's owner.
+    _script(
+        conn,
+        """
+        ALTER TABLE runs ADD COLUMN owner TEXT;
+        ALTER TABLE run_receipts ADD COLUMN owner TEXT;
+        """,
+    )
+
+
+@migration
 def m014_run_leases(conn: sqlite3.Connection) -> None:
     # The lease of a run's driver (store/leases.py): who holds it, the epoch every write of
     # the run is fenced by, and when it runs out. PostgreSQL drives by it; on SQLite the lock

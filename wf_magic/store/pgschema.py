@@ -273,6 +273,14 @@ def _folded(conn: Any) -> None:
     """Folded into m001 on PostgreSQL (its schema starts where SQLite's is at m012)."""
 
 
+def _run_owner(conn: Any) -> None:
+    """Who a run belongs to (wf_magic/users.py); a gc receipt keeps it."""
+    conn.raw.execute(
+        'ALTER TABLE runs ADD COLUMN owner TEXT COLLATE "C";'
+        ' ALTER TABLE run_receipts ADD COLUMN owner TEXT COLLATE "C"'
+    )
+
+
 def _run_leases(conn: Any) -> None:
     """The run row's lease (store/leases.py); its expiry on the database's clock."""
     conn.raw.execute(
@@ -284,6 +292,7 @@ def _run_leases(conn: Any) -> None:
 
 MIGRATIONS: list[tuple[str, Migration]] = [
     *((name, _initial if name == "m001_initial" else _folded) for name in _UP_TO_M012),
+    ("m013_run_owner", _run_owner),
     ("m014_run_leases", _run_leases),
 ]
 """(id, step) in ledger order; the ids are SQLite's (store/migrations.py)."""

@@ -31,16 +31,16 @@ class RunQueries(StoreAccess):
         """The run that superseded the failed run ``run_id`` (it kept its failure), if any."""
         return self._read(lambda c: runs.superseded_by(c, run_id), run_id)
 
-    def latest_in_scope(self, scope_key: str) -> RunRow | None:
-        """The newest root run of a scope."""
-        return self._read(lambda c: runs.latest_in_scope(c, scope_key))
+    def latest_in_scope(self, scope_key: str, *, owner: str | None = None) -> RunRow | None:
+        """The newest root run of a scope (``owner``: that user's or nobody's)."""
+        return self._read(lambda c: runs.latest_in_scope(c, scope_key, owner=owner))
 
     def list_runs(
-        self, *, include_children: bool = False, limit: int | None = None
+        self, *, include_children: bool = False, limit: int | None = None, owner: str | None = None
     ) -> list[RunRow]:
-        """Runs, newest first."""
+        """Runs, newest first; ``owner``: only that user's runs and nobody's."""
         return self._read(
-            lambda c: runs.list_runs(c, include_children=include_children, limit=limit)
+            lambda c: runs.list_runs(c, include_children=include_children, limit=limit, owner=owner)
         )
 
     def child_run(self, parent_run_id: str, invocation_key: str) -> RunRow | None:
@@ -94,7 +94,8 @@ class RunQueries(StoreAccess):
     ) -> RunRow:
         """Find the scope's run or insert ``row``, as one atomic step; returns the run kept.
 
-        ``decide(latest)`` sees the newest root run of ``row.scope_key`` inside the write
+        ``decide(latest)`` sees the newest root run of ``row.scope_key`` that ``row.owner`` may
+        change (theirs or nobody's; any owner's when ``row.owner`` is None) inside the write
         transaction, so two starts at the same instant (threads or processes) cannot both
         insert: the second sees the first's run. It returns what to do (``ScopeChoice``), or
         raises to refuse (nothing is written).
@@ -112,7 +113,7 @@ class RunQueries(StoreAccess):
                     if check_key is not None:
                         check_key(prior)
                     return keyed
-            choice = decide(runs.latest_in_scope(conn, row.scope_key))
+            choice = decide(runs.latest_in_scope(conn, row.scope_key, owner=row.owner))
             kept = choice.keep
             if kept is None:
                 runs.create_run_txn(conn, row, steps, supersede=choice.supersede)
@@ -187,6 +188,14 @@ class RunQueries(StoreAccess):
         """Abandon ``run_id`` and its unfinished descendants in one transaction (statuses
         re-read inside it); returns the run ids abandoned."""
         return self._write(lambda c: runs.abandon_tree_txn(c, run_id, reason=reason), run_id)
+
+    def adopt_run(self, run_id: str, *, adopter: str, previous: str | None) -> list[str]:
+        """Make ``adopter`` the owner of ``run_id`` (and of the runs below it ``previous`` or
+        nobody owned), journaling ``run_adopted`` for each, in one transaction; returns the
+        run ids adopted (empty: ``run_id``'s owner was no longer ``previous``)."""
+        return self._write(
+            lambda c: runs.adopt_tree_txn(c, run_id, adopter=adopter, previous=previous), run_id
+        )
 
     def set_stop_requested(self, run_id: str, value: bool) -> None:
         """Ask a run's driver to stop between units (or clear the request)."""

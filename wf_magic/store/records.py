@@ -64,6 +64,9 @@ class RunRow:
     created_at: float
     updated_at: float
     finished_at: float | None
+    owner: str | None = None
+    """The user the run belongs to (``wf_magic.users``); None: nobody's (a run from before
+    owners were recorded), which anyone may change."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -149,23 +149,39 @@ def latest_of_workflow(conn: sqlite3.Connection, workflow: str) -> str | None:
     return row[0] if row else None
 
 
-def latest_in_scope(conn: sqlite3.Connection, scope_key: str) -> RunRow | None:
-    """The newest root run of a scope that is not abandoned."""
+def latest_in_scope(
+    conn: sqlite3.Connection, scope_key: str, *, owner: str | None = None
+) -> RunRow | None:
+    """The newest root run of a scope that is not abandoned; with ``owner``, the newest that
+    user may change (theirs or nobody's): another user's run is never continued or superseded.
+    """
+    mine = " AND (owner = ? OR owner IS NULL)" if owner is not None else ""
     row = conn.execute(
         f"SELECT {_RUN_COLS} FROM runs WHERE scope_key = ? AND parent_run_id IS NULL"
-        " AND status != 'abandoned' ORDER BY created_at DESC, rowid DESC LIMIT 1",
-        (scope_key,),
+        f" AND status != 'abandoned'{mine} ORDER BY created_at DESC, rowid DESC LIMIT 1",
+        (scope_key, owner) if owner is not None else (scope_key,),
     ).fetchone()
     return from_row(RunRow, row) if row else None
 
 
 def list_runs(
-    conn: sqlite3.Connection, *, include_children: bool = False, limit: int | None = None
+    conn: sqlite3.Connection,
+    *,
+    include_children: bool = False,
+    limit: int | None = None,
+    owner: str | None = None,
 ) -> list[RunRow]:
-    """Runs, newest first."""
-    where = "" if include_children else "WHERE parent_run_id IS NULL"
+    """Runs, newest first; with ``owner``, only the runs that user may change (their own and
+    nobody's)."""
+    where = [] if include_children else ["parent_run_id IS NULL"]
+    if owner is not None:
+        where.append("(owner = ? OR owner IS NULL)")
+    sql_where = f"WHERE {' AND '.join(where)}" if where else ""
     lim = f" LIMIT {int(limit)}" if limit else ""
-    rows = conn.execute(f"SELECT {_RUN_COLS} FROM runs {where} ORDER BY created_at DESC{lim}")
+    rows = conn.execute(
+        f"SELECT {_RUN_COLS} FROM runs {sql_where} ORDER BY created_at DESC{lim}",
+        (owner,) if owner is not None else (),
+    )
     return [from_row(RunRow, r) for r in rows]
 
 
@@ -240,6 +256,31 @@ def write_step_txn(
         step_id=step_id,
         data={"status": status, "loop": loop, "note": note},
     )
+
+
+def adopt_tree_txn(
+    conn: sqlite3.Connection, run_id: str, *, adopter: str, previous: str | None
+) -> list[str]:
+    """Make ``adopter`` the owner of ``run_id`` and of each run below it that ``previous`` owned
+    (or nobody did), each with a ``run_adopted`` event naming the adopter and the run's
+    previous owner; returns the run ids adopted (``run_id`` first).
+
+    Compare-and-set on ``run_id``'s owner: when it is no longer ``previous`` (adopted by
+    someone else meanwhile) nothing is written and the list is empty.
+    """
+    row = get_run(conn, run_id)
+    if row is None or row.owner != previous:
+        return []
+    family = [row, *(r for r in descendants(conn, run_id) if r.owner in (previous, None))]
+    now = time.time()
+    for each in family:
+        conn.execute(
+            "UPDATE runs SET owner = ?, updated_at = ? WHERE run_id = ?",
+            (adopter, now, each.run_id),
+        )
+        data = {"adopter": adopter, "previous_owner": each.owner}
+        append_event_txn(conn, each.run_id, "run_adopted", data=data)
+    return [r.run_id for r in family]
 
 
 def set_stop_requested(conn: sqlite3.Connection, run_id: str, value: bool) -> None:
@@ -326,7 +367,7 @@ def delete_finished_tree_txn(
 RECEIPT_ROW_COLUMNS = (
     "run_id", "workflow", "status", "status_reason", "parent_run_id", "root_run_id",
     "forked_from", "fork_step", "scope_key", "params_json", "plan_hash", "plan_version",
-    "source_path", "use_cache", "created_at", "updated_at", "finished_at",
+    "source_path", "use_cache", "created_at", "updated_at", "finished_at", "owner",
 )  # fmt: skip
 """The columns a receipt copies from its run row (all but the plan and the result)."""
 _OF_RUN = "FROM attempts a WHERE a.run_id = r.run_id"

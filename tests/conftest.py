@@ -72,6 +72,20 @@ def db_rows(state_dir: Path, sql: str, params: tuple[object, ...] = ()) -> list[
         conn.close()
 
 
+def db_execute(state_dir: Path, sql: str, params: tuple[object, ...] = ()) -> None:
+    """One write to the state DB behind wf_magic's back, committed (either backend)."""
+    pg = pg_state_of(state_dir)
+    if pg is not None:
+        pg.tamper(sql, params)
+        return
+    conn = sqlite3.connect(state_dir / "state.db", timeout=30)
+    try:
+        conn.execute(sql, params)
+        conn.commit()
+    finally:
+        conn.close()
+
+
 def tamper(engine: Engine, sql: str, params: tuple[object, ...] = ()) -> None:
     """Edit the state DB behind wf_magic's back (as a person with the sqlite3 shell would)."""
     if engine.location is not None:

@@ -22,7 +22,9 @@ import pytest
 from IPython.core.error import UsageError as IPythonUsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from tests.conftest import ROOT, wf_cmd, wf_inproc
+pytestmark = pytest.mark.backends  # the contract suite runs on SQLite and PostgreSQL
+
+from tests.conftest import ROOT, db_execute, db_rows, wf_cmd, wf_inproc
 from tests.helpers_notebook import ipython_shell, magics_in, view_of
 from wf_magic import Engine
 from wf_magic.errors import RunNotOwned, UsageError
@@ -175,17 +177,15 @@ AFTER_ADOPTION: dict[str, object] = {
 
 
 def _rows(state_dir: Path) -> list[tuple[Any, ...]]:
-    with sqlite3.connect(state_dir / "state.db") as conn:
-        runs = conn.execute("SELECT * FROM runs ORDER BY run_id").fetchall()
-        counts = conn.execute(
-            "SELECT (SELECT COUNT(*) FROM events), (SELECT COUNT(*) FROM attempts)"
-        ).fetchone()
-    return [*runs, counts]
+    runs = db_rows(state_dir, "SELECT * FROM runs ORDER BY run_id")
+    counts = db_rows(
+        state_dir, "SELECT (SELECT COUNT(*) FROM events), (SELECT COUNT(*) FROM attempts)"
+    )
+    return [*runs, *counts]
 
 
 def _run_row(state_dir: Path, run_id: str) -> tuple[Any, ...]:
-    with sqlite3.connect(state_dir / "state.db") as conn:
-        return tuple(conn.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone())
+    return tuple(db_rows(state_dir, "SELECT * FROM runs WHERE run_id = ?", (run_id,))[0])
 
 
 @pytest.mark.parametrize("face", ["cli", "engine"])
@@ -261,8 +261,7 @@ def test_reading_another_users_run_needs_no_adoption(
 def test_a_run_from_before_owners_belongs_to_nobody_and_anyone_may_change_it(
     alices_run: str, state_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with sqlite3.connect(state_dir / "state.db") as conn:
-        conn.execute("UPDATE runs SET owner = NULL")
+    db_execute(state_dir, "UPDATE runs SET owner = NULL")
     listed = wf_inproc(capsys, state_dir, "list", "--mine").stdout.split()
     assert listed[:4] == [alices_run, "teamflow", "blocked", "-"]
     assert wf_inproc(capsys, state_dir, "approve", alices_run, "draft").returncode == 0
@@ -498,9 +497,9 @@ def test_an_unusable_shared_key_file_is_one_line_naming_the_variable(
 def test_the_owner_migration_leaves_existing_runs_owned_by_nobody(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert migrations.migration_ids()[-1] == "m013_run_owner"
+    owner_at = migrations.migration_ids().index("m013_run_owner")
     conn = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
-    monkeypatch.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:-1])
+    monkeypatch.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS[:owner_at])
     migrations.apply_migrations(conn)
     conn.execute(
         "INSERT INTO runs (run_id, workflow, plan_json, plan_hash, plan_version, source_hash,"
@@ -508,7 +507,7 @@ def test_the_owner_migration_leaves_existing_runs_owned_by_nobody(
         " VALUES ('r-old', 'w', '{}', 'h', 1, 's', '{}', 'p', 'completed', 'k', 'r-old', 1, 1)"
     )
     monkeypatch.undo()
-    assert migrations.apply_migrations(conn) == ["m013_run_owner"]
+    assert migrations.apply_migrations(conn) == migrations.migration_ids()[owner_at:]
     assert conn.execute("SELECT owner FROM runs").fetchall() == [(None,)]
     conn.close()
 

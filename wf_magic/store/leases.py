@@ -15,7 +15,6 @@ their dispatch ids exactly as after a crash on SQLite.
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
 import socket
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import LeaseLost, RunLockHeld
 from ..locking import process_alive
+from ..users import current_user
 
 if TYPE_CHECKING:
     from .store import Store
@@ -42,11 +42,7 @@ def lease_ttl_s() -> float:
 
 
 def _holder() -> dict[str, Any]:
-    try:
-        user = os.environ.get("JUPYTERHUB_USER") or getpass.getuser()
-    except (KeyError, OSError):
-        user = None
-    return {"host": socket.gethostname(), "pid": os.getpid(), "user": user}
+    return {"host": socket.gethostname(), "pid": os.getpid(), "user": current_user()}
 
 
 _ACQUIRE = (

@@ -29,6 +29,7 @@ import functools
 import re
 import sqlite3
 import threading
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from decimal import Decimal
 from typing import Any
@@ -309,6 +310,9 @@ class PgConnection:
     def __init__(self, raw: Any, lock_key: int):
         self.raw = raw
         self.lock_key = lock_key
+        # A Store dropped without close() (a Run handle read after its Engine closed) closes
+        # its connections when collected, as sqlite3's are, instead of leaking them.
+        weakref.finalize(self, raw.close)
         self.row_factory = None  # accepted and ignored (the rows are always ``Row``)
         self._lock = threading.RLock()
         self._queue: list[tuple[str, _Pending | None]] = []

@@ -146,6 +146,9 @@ def finish_error(
 ) -> str:
     """Journal a failed attempt; returns the (redacted) failure message.
 
+    What it still cost (``RunnerError.cost``, e.g. a Claude run stopped by ``max_turns``) is
+    journaled and charged to the budget like a succeeded attempt's.
+
     A failure's ``detail`` (a python step's traceback) is kept as the attempt's output,
     ``{"traceback": ...}``, redacted before it is clipped to ``TRACEBACK_CHARS``.
     """
@@ -159,6 +162,7 @@ def finish_error(
             kept = f"… ({cut:,} characters cut)\n" + kept[-TRACEBACK_CHARS:]
         output_json = json.dumps({"traceback": kept})
     facts = state.redactor.redact_value(getattr(exc, "facts", None))  # an AgentError's
+    cost = exc.cost  # what the failed attempt still spent, when its runner said
     finish_with(
         ctx,
         state,
@@ -170,6 +174,8 @@ def finish_error(
             transient=exc.transient,
             tokens_in=exc.tokens_in,
             tokens_out=exc.tokens_out,
+            cost=cost,
+            price_source=(exc.price_source or "runner") if cost is not None else None,
             session_id=facts.get("session_id") if facts else None,
             agent_json=facts_json(facts),
             finished_at=time.time(),

@@ -88,3 +88,20 @@ def test_an_agent_steps_gate_model_is_what_its_judge_is_sent(
     assert [r.body["model"] for r in server.requests] == ["gpt-4.1"]
     [gate] = [a for a in engine.store.attempts_of(run.run_id) if a.phase == "gate"]
     assert (gate.runner, gate.model) == ("openai", "gpt-4.1")
+
+
+def test_a_prompt_steps_judge_still_falls_back_to_the_steps_model(
+    engine: Engine, repo: Path, server: FakeChatServer
+) -> None:
+    server.push_reply("Tides follow the moon.", model="m-step")
+    server.push_reply(PASSED, model="m-step")
+    source = (
+        "name: essay\nrunner: openai\n"
+        f"runners:\n  openai: {{base_url: '{server.url}', api_key_env: OPENAI_API_KEY, "
+        "model: m-runner}\n"
+        "steps:\n  - id: essay\n    prompt: Write about tides.\n    model: m-step\n"
+        "    gate: {judge: llm, criteria: [mentions the moon]}\n"
+    )
+    run = engine.run(source)
+    assert run.status == "completed"
+    assert [r.body["model"] for r in server.requests] == ["m-step", "m-step"]

@@ -277,3 +277,43 @@ def test_an_agent_unit_is_not_started_once_the_cost_ceiling_is_reached(
     run = engine.run(str(path))
     assert run.status == "failed"
     assert [a.loop for a in work(engine, run.run_id)] == [1]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "error_class"), [("[[max-turns]]", "max_turns"), ("[[deny]]", "permission_denied")]
+)
+def test_a_failed_claude_attempt_journals_the_cost_it_reported(
+    engine: Engine, repo: Path, bins: dict[str, Path], prompt: str, error_class: str
+) -> None:
+    run = engine.run(str(workflow(repo, bins, "claude", f"[[write a.txt x]] {prompt}")))
+    [attempt] = work(engine, run.run_id)
+    assert attempt.status == "failed"
+    assert attempt.failure is not None and attempt.failure.startswith(
+        f"claude failed ({error_class}): "
+    )
+    # the fake's result line says total_cost_usd 0.00048 for 120 + 8 tokens, failed or not
+    assert (attempt.tokens_in, attempt.tokens_out, attempt.cost) == (120, 8, 0.00048)
+    assert engine.store.price_source_of(run.run_id, attempt.dispatch_id) == "runner"
+    assert run.budget_use().cost == pytest.approx(0.00048)
+
+
+def test_a_failed_agent_attempts_cost_counts_against_max_cost(
+    engine: Engine, repo: Path, bins: dict[str, Path]
+) -> None:
+    path = repo / "two.yaml"
+    path.write_text(
+        "name: twoagents\n"
+        "budget: {max_cost: 0.0004}\n"
+        "steps:\n"
+        "  - {id: first, agent: claude, prompt: '[[max-turns]]', on_error: continue}\n"
+        "  - {id: second, agent: claude, prompt: 'Fix.'}\n"
+        f"runners:\n  claude: {{bin: '{bins['claude']}'}}\n"
+    )
+    run = engine.run(str(path))
+    # the failed first attempt spent 0.00048 of 0.0004: the second step is never started
+    assert run.status == "failed"
+    assert run.reason is not None and "max_cost used 0.0005 of 0.0004; unit second" in run.reason
+    assert [(a.step_id, a.status, a.cost) for a in work(engine, run.run_id)] == [
+        ("first", "failed", 0.00048)
+    ]
+    assert run.budget_use().cost == pytest.approx(0.00048)

@@ -164,3 +164,66 @@ def test_a_price_table_reads_local_and_zero() -> None:
     table = PriceTable.parse({"prices": {"a": 0}}, where="runners.x")
     assert table.price("a") is not None and table.price("b") is None
     assert PriceTable.parse({"local": True}, where="runners.x").price("anything") is not None
+
+
+def warnings_of(engine: Engine, run_id: str) -> list[tuple[str | None, dict[str, object]]]:
+    """The run's journaled ``warning`` events: (unit, data)."""
+    import json
+
+    rows = engine.store.events_after(run_id)
+    return [(e.unit_id, json.loads(e.data_json or "{}")) for e in rows if e.kind == "warning"]
+
+
+def test_max_cost_over_an_unpriced_model_warns_once_that_it_cannot_count_it(
+    engine: Engine,
+) -> None:
+    seen: list[str] = []
+    engine.subscribe(lambda e: seen.append(e.data["message"]) if e.kind == "warning" else None)
+    source = priced_source("no-such-model-zz9", units=3, budget="budget: {max_cost: 0.002}")
+    run = engine.run(source)
+    assert run.status == "completed", run.reason  # unpriced attempts add nothing to max_cost
+    message = (
+        "cost is unknown for model no-such-model-zz9 (runner scripted), so max_cost cannot "
+        "count it: unit draft[0] used 2,000 tokens at no known price. Give the price "
+        "(runners.scripted.prices), declare the runner local (local: true), or install "
+        "genai-prices (wf_magic[prices])."
+    )
+    assert warnings_of(engine, run.run_id) == [
+        (
+            "draft[0]",
+            {
+                "message": message,
+                "reason": "cost_unknown",
+                "model": "no-such-model-zz9",
+                "runner": "scripted",
+            },
+        )
+    ]
+    assert seen == [message]  # the progress line and the run view show it too
+
+
+@pytest.mark.parametrize(
+    ("model", "budget"),
+    [
+        ("gpt-4o-mini", "budget: {max_cost: 1.0}"),  # priced: nothing to warn about
+        ("no-such-model-zz9", "budget: {max_tokens: 100000}"),  # no max_cost to miss it
+    ],
+)
+def test_no_unknown_cost_warning_without_max_cost_or_with_a_price(
+    engine: Engine, model: str, budget: str
+) -> None:
+    run = engine.run(priced_source(model, units=2, budget=budget))
+    assert run.status == "completed", run.reason
+    assert warnings_of(engine, run.run_id) == []
+
+
+def test_the_openai_extra_brings_the_pinned_price_catalogue() -> None:
+    import tomllib
+
+    from tests.conftest import ROOT
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert "genai-prices==0.2.3" in extras["openai"]
+    assert f"genai-prices=={genai_prices.__version__}" in extras["prices"]

@@ -278,6 +278,8 @@ class RunnerError(WorkflowError):
         executed: bool = True,
         detail: str | None = None,
         retry_after_s: float | None = None,
+        cost: float | None = None,
+        price_source: str | None = None,
     ):
         super().__init__(message)
         self.transient = transient
@@ -292,6 +294,11 @@ class RunnerError(WorkflowError):
         traceback (its own frames), shown by ``wf show`` and the unit panel."""
         self.tokens_in = tokens_in
         self.tokens_out = tokens_out
+        self.cost = cost
+        """Dollars the failed attempt still cost, when the runner knows (a Claude run that
+        hit ``max_turns`` reports its spend): journaled with the attempt and charged."""
+        self.price_source = price_source
+        """Where ``cost`` came from (default ``runner``, as for a result's own cost)."""
 
 
 class MigrationError(WorkflowError):

@@ -224,6 +224,7 @@ class AgentError(RunnerError):
         tokens_in: int = 0,
         tokens_out: int = 0,
         executed: bool = True,
+        cost: float | None = None,
     ):
         super().__init__(
             message,
@@ -231,6 +232,7 @@ class AgentError(RunnerError):
             tokens_in=tokens_in,
             tokens_out=tokens_out,
             executed=executed,
+            cost=cost,
         )
         self.facts = dict(facts or {})
 

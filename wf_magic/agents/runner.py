@@ -336,6 +336,7 @@ class _Launch:
                 facts=facts,
                 tokens_in=outcome.tokens_in,
                 tokens_out=outcome.tokens_out,
+                cost=outcome.cost,  # a failed run still spent (Claude's max_turns, denials)
             )
         return UnitResult(
             output=unit_output(outcome, self.request.output_schema, strip_code_fence),

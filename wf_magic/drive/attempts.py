@@ -146,6 +146,9 @@ def finish_error(
 ) -> str:
     """Journal a failed attempt; returns the (redacted) failure message.
 
+    What it still cost (``RunnerError.cost``, e.g. a Claude run stopped by ``max_turns``) is
+    journaled and charged to the budget like a succeeded attempt's.
+
     A failure's ``detail`` (a python step's traceback) is kept as the attempt's output,
     ``{"traceback": ...}``, redacted before it is clipped to ``TRACEBACK_CHARS``.
     """
@@ -159,6 +162,7 @@ def finish_error(
             kept = f"… ({cut:,} characters cut)\n" + kept[-TRACEBACK_CHARS:]
         output_json = json.dumps({"traceback": kept})
     facts = state.redactor.redact_value(getattr(exc, "facts", None))  # an AgentError's
+    cost = exc.cost  # what the failed attempt still spent, when its runner said
     finish_with(
         ctx,
         state,
@@ -170,6 +174,8 @@ def finish_error(
             transient=exc.transient,
             tokens_in=exc.tokens_in,
             tokens_out=exc.tokens_out,
+            cost=cost,
+            price_source=(exc.price_source or "runner") if cost is not None else None,
             session_id=facts.get("session_id") if facts else None,
             agent_json=facts_json(facts),
             finished_at=time.time(),
@@ -204,6 +210,8 @@ def finish_with(
             ctx.options.shared_budget.charge_usage(
                 finish.tokens_in + finish.tokens_out, finish.cost
             )
+        if finish.cost is None and finish.tokens_in + finish.tokens_out > 0:
+            _warn_unpriced(ctx, state, attempt, finish)
     ctx.emit(
         "unit_finished",
         run_id=state.run_id,
@@ -216,6 +224,43 @@ def finish_with(
         phase=attempt.phase,
         loop=attempt.loop,
     )
+
+
+def unpriced_warning(*, model: str, runner: str, unit_id: str, tokens: int) -> str:
+    """The warning that ``max_cost`` cannot count a model's attempts (their cost is unknown)."""
+    return (
+        f"cost is unknown for model {model} (runner {runner}), so max_cost cannot count it: "
+        f"unit {unit_id} used {tokens:,} tokens at no known price. Give the price "
+        f"(runners.{runner}.prices), declare the runner local (local: true), or install "
+        "genai-prices (wf_magic[prices])."
+    )
+
+
+def _warn_unpriced(ctx: DriveContext, state: RunState, attempt: AttemptRow, finish: Finish) -> None:
+    """Warn once per model and drive that a charged attempt's cost is unknown under a
+    ``max_cost`` ceiling: unpriced attempts add nothing to it, so it would never bind."""
+    shared = ctx.options.shared_budget
+    if ctx.budget.spec.max_cost is None and (shared is None or shared.max_cost is None):
+        return
+    model = finish.model or attempt.model or "(none)"
+    if not ctx.budget.first_unpriced(f"{attempt.runner}:{model}"):
+        return
+    message = unpriced_warning(
+        model=model,
+        runner=attempt.runner,
+        unit_id=attempt.unit_id,
+        tokens=finish.tokens_in + finish.tokens_out,
+    )
+    data = {"message": message, "reason": "cost_unknown", "model": model, "runner": attempt.runner}
+    ctx.store.record_event(
+        state.run_id,
+        "warning",
+        step_id=attempt.step_id,
+        unit_id=attempt.unit_id,
+        dispatch_id=attempt.dispatch_id,
+        data=data,
+    )
+    ctx.emit("warning", run_id=state.run_id, step_id=attempt.step_id, message=message)
 
 
 def abandon(ctx: DriveContext, state: RunState, attempt: AttemptRow) -> None:

@@ -22,7 +22,17 @@ class Budget:
     tokens: int = 0
     cost: float = 0.0
     _offered: int = field(default=0, repr=False, compare=False)
+    _unpriced: set[str] = field(default_factory=set, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def first_unpriced(self, model: str) -> bool:
+        """Whether ``model`` (``runner:model``) is met unpriced for the first time in this
+        drive: the warning that ``max_cost`` cannot count it is given once per model."""
+        with self._lock:
+            if model in self._unpriced:
+                return False
+            self._unpriced.add(model)
+            return True
 
     def check(self, *, run_id: str, step_id: str, unit_id: str) -> None:
         """Raise ``BudgetExceeded`` when dispatching one more unit would pass a ceiling."""

@@ -252,10 +252,18 @@ def _reuse_verdict(
 
 
 def _judge_runner(state: RunState, step: PlanStep, gate: GateSpec) -> tuple[str, str | None]:
+    """The runner and model of the step's judge (the rule of ``spec/models_resolve.judge_runner``).
+
+    A prompt step's judge falls back to the step's model, as it runs on the step's runner by
+    default. Any other kind's judge runs on the workflow's runner, so the step's model (an
+    agent's ``claude-sonnet-4-5``, an exec step's nothing) is no model for it: its model is
+    ``gate.model``, else unset so the judge runner's own ``model`` option applies.
+    """
     if gate.judge in ("expr", "human"):
         return gate.judge, None
-    default = step.runner if step.kind == "prompt" else state.plan.runner
-    return gate.runner or default, gate.model or step.model
+    if step.kind == "prompt":
+        return gate.runner or step.runner, gate.model or step.model
+    return gate.runner or state.plan.runner, gate.model
 
 
 def _judge_expr(

@@ -46,9 +46,12 @@ class GateSpec(_Strict):
     max_loops: int = Field(1, ge=1, le=50)
     """Executions of the step in all; after this many rejections the run stops."""
     runner: str | None = None
-    """Runner of an ``llm`` judge (default: the step's runner)."""
+    """Runner of an ``llm`` judge (default: a prompt step's runner; for any other kind the
+    workflow's ``runner``)."""
     model: str | None = None
-    """Model of an ``llm`` judge (default: the step's model); an id, alias or params template."""
+    """Model of an ``llm`` judge; an id, alias or params template. Default: a prompt step's
+    model; for any other kind none, so the judge runner's own ``model`` option applies (an
+    agent's model is no model for the workflow's runner)."""
     charged: bool | None = None
     """Charge an ``llm`` judge's calls to the run's budget (a dispatch, its tokens and
     cost), as work units are; default: the workflow's ``budget.charge_judges`` (false)."""

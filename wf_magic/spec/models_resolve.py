@@ -264,7 +264,11 @@ def _step_for_params(plan: Plan, step: PlanStep, params: Mapping[str, Any]) -> P
 
 
 def judge_runner(kind: str, step_runner: str, gate_runner: str | None, default: str) -> str:
-    """The runner of a step's llm judge (the rule of ``drive/judging.py:_judge_runner``)."""
+    """The runner of a step's llm judge (the rule of ``drive/judging.py:_judge_runner``).
+
+    Its model is frozen from ``gate.model`` alone, for this runner: a prompt step's judge
+    falls back to the step's model at run time, any other kind's to the runner's option.
+    """
     return gate_runner or (step_runner if kind == "prompt" else default)
 
 

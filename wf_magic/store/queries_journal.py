@@ -111,6 +111,31 @@ class JournalQueries(StoreAccess):
         return self._read(lambda c: journal.events_after(c, run_id, after_id, limit), run_id)
 
     # -- writes ----------------------------------------------------------------------------
+    def record_event(
+        self,
+        run_id: str,
+        kind: str,
+        *,
+        step_id: str | None = None,
+        unit_id: str | None = None,
+        dispatch_id: str | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        """Append one event of its own (a drive's warning), its data redacted like the rest."""
+        kept = self.scrubber.redactor(run_id).redact_value(data)
+        self._write(
+            lambda c: journal.append_event_txn(
+                c,
+                run_id,
+                kind,
+                step_id=step_id,
+                unit_id=unit_id,
+                dispatch_id=dispatch_id,
+                data=kept,
+            ),
+            run_id,
+        )
+
     def reserve_attempt(self, key: UnitKey, *, charged: bool) -> AttemptRow:
         """Insert a ``running`` attempt with a fresh dispatch_id."""
         key = self.scrubber.key(key)

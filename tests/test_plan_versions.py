@@ -10,6 +10,7 @@ marks it abandoned); the driving verbs check the version first, then the hashes,
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,6 +112,33 @@ VALUE_LEVEL = [
     Corruption("retry is a number", _step0(retry=3), needle=EDITED),
 ]
 """JSON the plan models reject that looks like a plan: the stale hash is what gives it away."""
+VALUE_LEVEL_REHASHED = [
+    Corruption(
+        "an unknown key (rehashed)",
+        lambda p: {**p, "bogus": 1},
+        rehash=True,
+        needle=f"{NOT_DECODED} (1 problem(s), first bogus: Extra inputs are not permitted)",
+    ),
+    Corruption(
+        "max_loops is a word (rehashed)",
+        _step0(max_loops="many"),
+        rehash=True,
+        needle="first steps.0.max_loops: Input should be a valid integer",
+    ),
+    Corruption(
+        "retry is a number (rehashed)",
+        _step0(retry=3),
+        rehash=True,
+        needle="first steps.0.retry: Input should be an object",
+    ),
+    Corruption(
+        "a step's unknown key (rehashed)",
+        _step0(colour="red"),
+        rehash=True,
+        needle="first steps.0.colour: Extra inputs are not permitted",
+    ),
+]
+"""The same with the hashes recomputed: only the plan models can tell, and they are asked."""
 TOO_NEW_PLANS = [
     Corruption("newer plan_version column", None, version=NEWER, needle=TOO_NEW),
     Corruption("newer plan_version key", lambda p: {**p, "plan_version": NEWER}, needle=TOO_NEW),
@@ -124,7 +152,14 @@ TOO_NEW_PLANS = [
 TOO_OLD_PLANS = [
     Corruption(f"plan_version {v}", None, version=v, needle=unsupported(v)) for v in (0, -1)
 ]
-EVERY_CLASS = [*UNDECODABLE, *REHASHED, *VALUE_LEVEL, *TOO_NEW_PLANS, *TOO_OLD_PLANS]
+EVERY_CLASS = [
+    *UNDECODABLE,
+    *REHASHED,
+    *VALUE_LEVEL,
+    *VALUE_LEVEL_REHASHED,
+    *TOO_NEW_PLANS,
+    *TOO_OLD_PLANS,
+]
 ids = [c.name for c in EVERY_CLASS]
 
 
@@ -132,7 +167,7 @@ def test_every_undecodable_edit_in_the_tables_is_rejected_by_the_plan_models(
     engine: Engine,
 ) -> None:
     plan = json.loads(engine.get_run(engine.start(FLOW).run_id).plan_json)
-    for corruption in [*UNDECODABLE, *VALUE_LEVEL]:
+    for corruption in [*UNDECODABLE, *VALUE_LEVEL, *VALUE_LEVEL_REHASHED]:
         assert corruption.plan is not None
         edited = corruption.plan(plan)
         with pytest.raises(ValidationError):
@@ -368,16 +403,27 @@ def test_driving_an_undecodable_plan_is_refused_and_leaves_the_row_as_it_is(
     assert table_counts(state_dir) == counts
 
 
-def test_a_decodable_plan_rehashed_with_an_unknown_key_warns_only_when_driven(
-    engine: Engine, state_dir: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("corruption", VALUE_LEVEL_REHASHED, ids=lambda c: c.name)
+def test_a_plan_rehashed_after_an_edit_the_models_reject_warns_on_read_and_refuses_to_drive(
+    corruption: Corruption, engine: Engine, state_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Read verbs never decode: a plan that keeps its shape and hash looks intact to them.
+    # Shape and hashes look intact; the read verbs ask the plan models (without using the
+    # decoded plan) and name the problem; the drive refuses with the same first problem.
     run_id = half_run(engine)
-    Corruption("bogus", lambda p: {**p, "bogus": 1}, rehash=True).apply(engine, run_id)
-    assert wf_inproc(capsys, state_dir, "status", run_id).stderr == ""
-    with pytest.raises(PlanIntegrityError, match="does not decode .*first bogus: Extra inputs"):
+    corruption.apply(engine, run_id)
+    before = run_row(state_dir, run_id)
+    for verb in (("status", run_id), ("list",)):
+        result = wf_inproc(capsys, state_dir, *verb)
+        assert result.returncode == 0
+        warning = one_warning(result.stderr, run_id, corruption.needle)
+        assert warning.endswith(
+            "it was edited outside wf_magic and cannot be driven; start afresh with "
+            "`wf run FILE --new`"
+        )
+    first = corruption.needle.split("first ", 1)[1].split(":", 1)[0]
+    with pytest.raises(PlanIntegrityError, match=f"does not decode .*first {re.escape(first)}:"):
         engine.drive(run_id)
-    assert column(state_dir, run_id, "status") == "active"
+    assert run_row(state_dir, run_id) == before
 
 
 # -- %workflow status ----------------------------------------------------------------------------

@@ -449,3 +449,63 @@ def test_an_error_no_layer_translated_in_an_authoring_verb_is_one_line(
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.startswith("error: `wf check` failed with RuntimeError: boom")
     assert len(done.stderr.splitlines()) == 1
+
+
+# (the model param's schema, what `wf check` and `wf run` both say): check agrees with run.
+TEMPLATED_MODELS = [
+    ({"type": "string", "default": "m-small"}, None),
+    ({"type": "string", "default": "m-large"}, None),
+    ({"type": "string"}, None),  # required: no default renders; the plan waits for params
+    (
+        {"type": "string", "default": ""},
+        "expected a model id or alias (got an empty string)",
+    ),
+    (
+        {"type": "string", "default": "a\nb"},
+        "expected a model id on one line without surrounding spaces (got 'a\\nb')",
+    ),
+    (
+        {"type": "string", "default": "x" * 201},
+        "expected a model id of at most 200 characters (got 201)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("schema", "problem"), TEMPLATED_MODELS, ids=lambda v: repr(v)[:30])
+def test_check_renders_a_templated_model_with_the_default_params_as_a_run_does(
+    schema: dict[str, object],
+    problem: str | None,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    quiet_dir: Path,
+) -> None:
+    source = (
+        f"name: tm\nparams:\n  model: {json.dumps(schema)}\nsteps:\n"
+        '  - id: a\n    model: "{{ params.model }}"\n    prompt: hi\n'
+    )
+    write_file(quiet_dir, "tm.yaml", source)
+    checked = wf_inproc(capsys, tmp_path / "state", "check", "tm.yaml")
+    extra = () if "default" in schema else ("--param", "model=m-given")
+    dry = wf_inproc(capsys, tmp_path / "state", "run", "tm.yaml", "--dry-run")
+    if problem is None:
+        assert checked.returncode == 0, checked.stdout
+        plan_hash = checked.stdout.split()[-1]
+        assert checked.stdout == f"tm.yaml: ok {plan_hash}\n"
+        assert dry.returncode == 0 and f"hash {plan_hash[:16]}" in dry.stdout
+        if "default" in schema:  # the run records the hash the check printed
+            ran = wf_inproc(capsys, tmp_path / "state", "run", "tm.yaml", *extra)
+            assert ran.returncode == 0, ran.stderr
+            [(recorded,)] = db_rows(tmp_path / "state", "SELECT plan_hash FROM runs", ())
+            assert recorded == plan_hash
+        return
+    said = (
+        f"steps.a.model: '{{{{ params.model }}}}' rendered to an unusable model: {problem}; "
+        "pass a model id or alias in the param"
+    )
+    assert (checked.returncode, checked.stdout) == (
+        2,
+        f"tm.yaml: error: {said} (with the default params)\n",
+    )
+    ran = wf_inproc(capsys, tmp_path / "state", "run", "tm.yaml")
+    assert (ran.returncode, ran.stderr) == (2, f"error: {said}\n")
+    assert dry.returncode == 2

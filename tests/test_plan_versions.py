@@ -524,3 +524,43 @@ def test_any_plan_edit_the_model_rejects_is_shown_and_refused_never_driven(
             "UPDATE runs SET plan_json = ?, plan_hash = ?, status = 'active' WHERE run_id = ?",
             (original.plan_json, original.plan_hash, run_id),
         )
+
+
+# -- decisions: approve/reject are followed by a drive, so they refuse as it does ---------------
+GATED = "name: s\nsteps:\n  - id: a\n    prompt: one\n    gate: {judge: human}\n"
+
+
+@pytest.mark.parametrize("verb", ["approve", "reject"])
+@pytest.mark.parametrize("corruption", EVERY_CLASS, ids=ids)
+def test_a_decision_on_a_blocked_run_whose_plan_cannot_be_driven_is_refused_unwritten(
+    verb: str,
+    corruption: Corruption,
+    engine: Engine,
+    state_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    run_id = engine.run(GATED).run_id
+    assert engine.handle(run_id).status == "blocked"
+    corruption.apply(engine, run_id)
+    before = run_row(state_dir, run_id)
+    attempts = db_rows(state_dir, "SELECT * FROM attempts")
+    feedback = ("--feedback", "redo") if verb == "reject" else ()
+    result = wf_inproc(capsys, state_dir, verb, run_id, "a", *feedback)
+    assert result.stdout == ""
+    [line] = result.stderr.splitlines()
+    assert db_rows(state_dir, "SELECT * FROM attempts") == attempts  # no verdict written
+    if corruption in TOO_NEW_PLANS:
+        assert result.returncode == 2
+        assert (
+            line == f"error: Run {run_id} was {TOO_NEW} wf_magic to drive it. Nothing was changed."
+        )
+        assert run_row(state_dir, run_id) == before  # byte-identical
+    elif corruption in TOO_OLD_PLANS:
+        assert result.returncode == 1
+        assert corruption.needle in line and line.endswith("the run was abandoned.")
+        assert column(state_dir, run_id, "status") == "abandoned"
+    else:
+        assert result.returncode == 1
+        assert line.startswith(f"error: Run {run_id}: ")
+        assert "edited outside wf_magic. Nothing was dispatched." in line
+        assert run_row(state_dir, run_id) == before

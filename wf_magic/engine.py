@@ -418,6 +418,8 @@ class Engine(SweepVerbs):
 
         Raises:
             GateDecisionRefused: the step is not waiting (or not at ``loop``), or was decided.
+            PlanVersionTooNew, PlanVersionError, PlanIntegrityError: the run's plan cannot be
+                driven (as ``drive`` refuses it); nothing is recorded.
         """
         return self.handle(run_id).approve(step_id, feedback=feedback, loop=loop)
 
@@ -434,6 +436,8 @@ class Engine(SweepVerbs):
 
         Raises:
             GateDecisionRefused: the step is not waiting (or not at ``loop``), or was decided.
+            PlanVersionTooNew, PlanVersionError, PlanIntegrityError: the run's plan cannot be
+                driven (as ``drive`` refuses it); nothing is recorded.
             UsageError: no feedback was given.
         """
         handle = self.handle(run_id)

@@ -13,7 +13,6 @@ hash mismatch says nothing about such a plan, and a newer run must stay byte-ide
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import dataclass
 from typing import Any, get_args
@@ -182,14 +181,26 @@ def plan_warning(run: RunRow) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=256)
+_DECODED: dict[str, str | None] = {}
+"""``decode_problem`` by plan hash: ``wf list`` validates each distinct plan once."""
+_DECODED_MAX = 1024
+
+
 def decode_problem(plan_hash: str, plan_json: str) -> str | None:
     """What the plan models reject in ``plan_json`` (None: it decodes), on one line.
 
     Validated and thrown away: a read verb shows the run from its row, never from the
-    decoded plan. ``plan_hash`` (checked against the JSON first) keys the cache, so
-    ``wf list`` validates each distinct plan once.
+    decoded plan. Only call it once ``plan_json`` matched ``plan_hash`` (the cache key; the
+    hash, not the JSON, is kept, so the cache stays small whatever the plans weigh).
     """
+    if plan_hash not in _DECODED:
+        if len(_DECODED) >= _DECODED_MAX:
+            _DECODED.clear()
+        _DECODED[plan_hash] = _validate(plan_json)
+    return _DECODED[plan_hash]
+
+
+def _validate(plan_json: str) -> str | None:
     from pydantic import ValidationError
 
     from .plan import Plan  # plan.py imports this module's versions

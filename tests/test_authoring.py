@@ -397,3 +397,115 @@ def test_check_pins_python_targets_beside_the_file_and_leaves_sys_path_as_it_was
     assert done.stdout.startswith("py.yaml:7: error: steps[1].python: ")
     assert "nope" in done.stdout and sys.path == before
     _nothing_written(tmp_path, quiet_dir, "authoring_helpers_mod.py", "py.yaml")
+
+
+# (what the module does on import, how the failure reads): one row per way an import ends.
+IMPORT_ENDINGS = [
+    ("raise SystemExit(0)", "SystemExit: 0"),
+    ("raise SystemExit(4)", "SystemExit: 4"),
+    ("import sys; sys.exit('bye')", "SystemExit: bye"),
+    ("raise SystemExit", "SystemExit"),
+    ("raise KeyboardInterrupt", "KeyboardInterrupt"),
+    ("raise RuntimeError('no config')", "RuntimeError: no config"),
+    ("1 / 0", "ZeroDivisionError: division by zero"),
+]
+
+
+@pytest.mark.parametrize(("body", "said"), IMPORT_ENDINGS, ids=[b for b, _ in IMPORT_ENDINGS])
+def test_a_python_target_module_that_ends_its_import_is_a_one_line_definition_error(
+    body: str, said: str, capsys: pytest.CaptureFixture[str], tmp_path: Path, quiet_dir: Path
+) -> None:
+    # `wf check` and `wf run` agree: exit 2 and one line naming the step's field and line,
+    # never the module's own exit code or a silent stop.
+    module = f"ending_mod_{abs(hash(body))}"
+    write_file(quiet_dir, f"{module}.py", f"{body}\n\ndef f(x):\n    return x\n")
+    write_file(
+        quiet_dir,
+        "py.yaml",
+        f"name: py\nsteps:\n  - id: a\n    python: {module}:f\n    with: {{x: 1}}\n",
+    )
+    problem = f"steps[0].python: importing python target '{module}:f' failed: {said}"
+
+    checked = wf_inproc(capsys, tmp_path / "state", "check", "py.yaml")
+    assert (checked.returncode, checked.stdout, checked.stderr) == (
+        2,
+        f"py.yaml:4: error: {problem}\n",
+        "",
+    )
+    ran = wf_inproc(capsys, tmp_path / "state", "run", "py.yaml")
+    assert (ran.returncode, ran.stdout) == (2, "")
+    assert ran.stderr == f"error: {problem} (py.yaml, line 4)\n"
+    assert module not in sys.modules
+
+
+def test_an_error_no_layer_translated_in_an_authoring_verb_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(path: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr("wf_magic.spec.authoring.check_file", broken)
+    done = wf_inproc(capsys, tmp_path / "state", "check", "x.yaml")
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.startswith("error: `wf check` failed with RuntimeError: boom")
+    assert len(done.stderr.splitlines()) == 1
+
+
+# (the model param's schema, what `wf check` and `wf run` both say): check agrees with run.
+TEMPLATED_MODELS = [
+    ({"type": "string", "default": "m-small"}, None),
+    ({"type": "string", "default": "m-large"}, None),
+    ({"type": "string"}, None),  # required: no default renders; the plan waits for params
+    (
+        {"type": "string", "default": ""},
+        "expected a model id or alias (got an empty string)",
+    ),
+    (
+        {"type": "string", "default": "a\nb"},
+        "expected a model id on one line without surrounding spaces (got 'a\\nb')",
+    ),
+    (
+        {"type": "string", "default": "x" * 201},
+        "expected a model id of at most 200 characters (got 201)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("schema", "problem"), TEMPLATED_MODELS, ids=lambda v: repr(v)[:30])
+def test_check_renders_a_templated_model_with_the_default_params_as_a_run_does(
+    schema: dict[str, object],
+    problem: str | None,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    quiet_dir: Path,
+) -> None:
+    source = (
+        f"name: tm\nparams:\n  model: {json.dumps(schema)}\nsteps:\n"
+        '  - id: a\n    model: "{{ params.model }}"\n    prompt: hi\n'
+    )
+    write_file(quiet_dir, "tm.yaml", source)
+    checked = wf_inproc(capsys, tmp_path / "state", "check", "tm.yaml")
+    extra = () if "default" in schema else ("--param", "model=m-given")
+    dry = wf_inproc(capsys, tmp_path / "state", "run", "tm.yaml", "--dry-run")
+    if problem is None:
+        assert checked.returncode == 0, checked.stdout
+        plan_hash = checked.stdout.split()[-1]
+        assert checked.stdout == f"tm.yaml: ok {plan_hash}\n"
+        assert dry.returncode == 0 and f"hash {plan_hash[:16]}" in dry.stdout
+        if "default" in schema:  # the run records the hash the check printed
+            ran = wf_inproc(capsys, tmp_path / "state", "run", "tm.yaml", *extra)
+            assert ran.returncode == 0, ran.stderr
+            [(recorded,)] = db_rows(tmp_path / "state", "SELECT plan_hash FROM runs", ())
+            assert recorded == plan_hash
+        return
+    said = (
+        f"steps.a.model: '{{{{ params.model }}}}' rendered to an unusable model: {problem}; "
+        "pass a model id or alias in the param"
+    )
+    assert (checked.returncode, checked.stdout) == (
+        2,
+        f"tm.yaml: error: {said} (with the default params)\n",
+    )
+    ran = wf_inproc(capsys, tmp_path / "state", "run", "tm.yaml")
+    assert (ran.returncode, ran.stderr) == (2, f"error: {said}\n")
+    assert dry.returncode == 2

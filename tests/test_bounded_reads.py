@@ -101,6 +101,11 @@ def cassette_bytes(size: int) -> bytes:
     return b"\n" * size  # blank lines: a cassette with no recordings
 
 
+def rows_bytes(size: int) -> bytes:
+    row = b'{"topic": "cats"}'
+    return row + b" " * (size - len(row) - 1) + b"\n"  # one row, padded inside its line
+
+
 # -- file kinds -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Kind:
@@ -269,6 +274,29 @@ def _cassette(ctx: Ctx | None, path: Path) -> str | None:
     raise AssertionError("an empty cassette answered")
 
 
+SWEEP_FLOW = """
+name: rows
+params:
+  topic: {type: string}
+runner: scripted
+runners: {scripted: {rules: [{match: ".", reply: "ok"}]}}
+steps:
+  - id: a
+    prompt: "about {{ params.topic }}"
+"""
+
+
+def _sweep_rows(ctx: Ctx, path: Path) -> str | None:
+    flow = ctx.tmp / "flow.yaml"
+    flow.write_text(SWEEP_FLOW)
+    result = wf_inproc(ctx.capsys, ctx.tmp / "state", "sweep", str(flow), "--rows", str(path))
+    if result.returncode == 0:
+        return None
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    return lines[0]
+
+
 ENTRY_POINTS = [
     EntryPoint("wf-run-FILE", workflow_bytes, "flow.yaml", _cli_run),
     EntryPoint("load_workflow", workflow_bytes, "flow.yaml", _api_load),
@@ -276,6 +304,7 @@ ENTRY_POINTS = [
     EntryPoint("index-entry-path", workflow_bytes, "review.yaml", _index_entry),
     EntryPoint("child-workflow-file", workflow_bytes, "kid.yaml", _child_file),
     EntryPoint("replay-cassette", cassette_bytes, "tape.jsonl", _cassette),
+    EntryPoint("wf-sweep-rows-FILE", rows_bytes, "rows.jsonl", _sweep_rows),
 ]
 _CASSETTE_MISSING = "does not exist; write one with `wf export-cassette RUN"
 
@@ -286,6 +315,7 @@ def small_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("wf_magic.spec.source.MAX_SOURCE_BYTES", LIMIT)
     monkeypatch.setattr("wf_magic.library.MAX_DOCUMENT_BYTES", LIMIT)
     monkeypatch.setattr("wf_magic.runners.replay.MAX_CASSETTE_BYTES", LIMIT)
+    monkeypatch.setattr("wf_magic.sweeps.expand.MAX_ROWS_BYTES", LIMIT)
 
 
 def _call_without_hanging(fn: Callable[[], str | None], fifo: Path | None) -> str | None:
@@ -541,3 +571,98 @@ def test_a_file_whose_size_lies_is_still_cut_at_the_bound_plus_one(read_log: Rea
     assert caught.value.reason == "too_large"
     assert str(caught.value) == f"{status}: larger than 100 bytes"
     assert read_log.bytes_read == 101
+
+
+# -- no reader outside wf_magic.reading: the next unbounded read is found here ------------------
+PACKAGE = Path(__file__).resolve().parent.parent / "wf_magic"
+UNBOUNDED_ALLOWED = {
+    # (module, the call as written): why it may read without read_bounded.
+    ("locking.py", "Path(f'/proc/{pid}/stat').read_text()"): "a kernel file: one short line",
+    (
+        "runners/orphans.py",
+        "Path(f'/proc/{pid}/stat').read_text(encoding='utf-8', errors='replace')",
+    ): "a kernel file: one short line",
+    ("store/db.py", "Path('/proc/mounts').read_text()"): "a kernel file: the mount table",
+    (
+        "drive/loopcontext.py",
+        "Path(str(origin)).read_text(encoding='utf-8')",
+    ): "wf_magic's own installed modules, for the code fingerprint",
+    ("runners/replay.py", "store.open()"): "opens a Store (a database), not a file",
+    ("notebook/rows.py", "self.detail.open()"): "opens a widget panel",
+    (
+        "library.py",
+        "opener.open(request, timeout=self.timeout_s)",
+    ): "an HTTP response, read with response.read(MAX_DOCUMENT_BYTES + 1)",
+}
+"""Every call that could read a file unbounded and is not a read through wf_magic.reading."""
+_WRITE_MODE = frozenset("wax")
+_WRITE_FLAGS = frozenset({"O_WRONLY", "O_RDWR", "O_CREAT", "O_APPEND"})
+
+
+def _is_write(call: Any) -> bool:
+    """Whether an ``open`` call opens for writing (a literal mode with w/a/x, or O_WRONLY…)."""
+    import ast
+
+    args = [*call.args[1:2], *(k.value for k in call.keywords if k.arg in ("mode", "flags"))]
+    if isinstance(call.func, ast.Attribute) and call.func.attr == "open" and not call.args[1:]:
+        args += call.args[:1]  # Path.open("w"): the mode is the first argument
+    for arg in args:
+        modes = [
+            n.value
+            for n in ast.walk(arg)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str)
+        ]
+        if modes:  # a literal mode, or a choice between literal modes: all must write
+            return all(_WRITE_MODE & set(mode) for mode in modes)
+        names = {n.attr for n in ast.walk(arg) if isinstance(n, ast.Attribute)}
+        if names & _WRITE_FLAGS:
+            return True
+    return False
+
+
+def _file_reads(source: str) -> list[str]:
+    """The calls (as ``ast.unparse`` writes them) in ``source`` that read a file's bytes without a bound: ``.read_text()``,
+    ``.read_bytes()``, ``open()`` / ``x.open()`` / ``os.open()`` not opening for writing."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if name in ("read_text", "read_bytes") or (name == "open" and not _is_write(node)):
+            found.append(ast.unparse(node))
+    return found
+
+
+def test_no_module_reads_a_file_unbounded_outside_the_reading_helper() -> None:
+    found = {
+        (str(path.relative_to(PACKAGE)), call)
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.name != "reading.py" or path.parent != PACKAGE
+        for call in _file_reads(path.read_text(encoding="utf-8"))
+    }
+    assert sorted(found - UNBOUNDED_ALLOWED.keys()) == []  # read it through read_bounded
+    assert sorted(UNBOUNDED_ALLOWED.keys() - found) == []  # a stale entry: remove it
+
+
+@pytest.mark.parametrize(
+    ("source", "calls"),
+    [
+        ("p.read_text()", ["p.read_text()"]),
+        ("Path(x).read_bytes()", ["Path(x).read_bytes()"]),
+        ("open(p)", ["open(p)"]),
+        ("open(p, 'rb')", ["open(p, 'rb')"]),
+        ("p.open(encoding='utf-8')", ["p.open(encoding='utf-8')"]),
+        ("os.open(p, os.O_RDONLY)", ["os.open(p, os.O_RDONLY)"]),
+        ("open(p, 'w')", []),
+        ("p.open('a', encoding='utf-8')", []),
+        ("p.open('w' if force else 'x')", []),
+        ("p.open('w' if force else 'r')", ["p.open('w' if force else 'r')"]),
+        ("os.open(p, os.O_WRONLY | os.O_CREAT)", []),
+        ("read_bounded(p, limit=1)", []),
+    ],
+)
+def test_the_scan_finds_file_reads_and_passes_writes(source: str, calls: list[str]) -> None:
+    assert _file_reads(source) == calls

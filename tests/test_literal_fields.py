@@ -29,7 +29,18 @@ BASE: dict[str, Any] = {
     "budget": {"max_units": 50, "max_tokens": 10000, "max_cost": 5.0},
     "execution": {"max_concurrency": 2, "durability": "normal"},
     "runner": "scripted",
-    "runners": {"local": {"type": "scripted", "replies": {"x": "{{ groups[0] }}"}}},
+    "runners": {
+        "local": {
+            "type": "scripted",
+            "replies": {"x": "{{ groups[0] }}"},
+            "rules": [
+                {"match": "^a", "reply": "{{ prompt }} ({{ groups[0] }})", "model": "m-1"},
+                {"match": ".", "reply": {"text": "plain"}},
+            ],
+            "model": "m-0",
+        },
+        "scripted": {"rules": [{"match": ".", "reply": "{{ prompt }}"}]},
+    },
     "models": {"fast": {"scripted": "tiny"}},
     "steps": [
         {
@@ -84,6 +95,16 @@ CASES: list[tuple[tuple[Any, ...], str, str]] = [
     (("runners", "local", KEY), "runners.{{ params.topic }}", "a key is not a template"),
     (("runners", "local", "type"), "runners.local.type", "not a template"),
     (("runners", "local", "replies", KEY), "runners.local.{{ params.topic }}", "a key"),
+    # Runner options pass as written: only the scripted runner's string replies are rendered.
+    (("runners", "local", "model"), "runners.local.model", "is a runner option"),
+    (("runners", "local", "rules", 0, "match"), "runners.local.rules[0].match", "runner option"),
+    (("runners", "local", "rules", 0, "model"), "runners.local.rules[0].model", "runner option"),
+    (
+        ("runners", "local", "rules", 1, "reply", "text"),
+        "runners.local.rules[1].reply.text",
+        "runner",
+    ),
+    (("runners", "scripted", "rules", 0, "match"), "runners.scripted.rules[0].match", "runner"),
     (("models", "fast", "scripted"), "models.fast.scripted", "not a template"),
     (("models", "fast", KEY), "models.{{ params.topic }}", "a key is not a template"),
     (("steps", 0, "id"), "steps[0].id", "not a template"),
@@ -224,6 +245,16 @@ def test_text_without_jinja_syntax_is_kept_in_a_description(text: str) -> None:
     [
         ("description: 'about {{ params.x }}'", "description", "is not a template"),
         ("runner: '{{ params.x }}'", "runner", "`runner:` is not a template"),
+        (
+            "runners: {openai: {base_url: 'http://{{ params.x }}/v1'}}",
+            "runners.openai.base_url",
+            "is a runner option, passed to the runner as written",
+        ),
+        (
+            "runners: {llm: {options: {temperature: '{% if 1 %}0{% endif %}'}}}",
+            "runners.llm.options.temperature",
+            "is a runner option",
+        ),
     ],
 )
 def test_wf_check_names_the_line_of_a_template_in_a_literal_field(
@@ -257,3 +288,42 @@ def test_wf_check_names_the_line_of_a_model_template_reading_the_item(
     assert done.returncode == 2
     assert done.stdout.startswith(f"{path}:6: error: steps[0].model: a `model:` template is")
     assert "cannot read item" in done.stdout
+
+
+# (the runners: table, the path of the template it holds): templates a runner renders itself.
+RUNNER_TEMPLATES_KEPT = [
+    ({"scripted": {"rules": [{"match": ".", "reply": T}]}}, "rules[0].reply"),
+    ({"scripted": {"replies": {"hi": T}}}, "replies.hi"),
+    ({"fake": {"type": "scripted", "rules": [{"match": ".", "reply": T}]}}, "rules[0].reply"),
+]
+RUNNER_TEMPLATES_REFUSED = [
+    # The same paths under a runner that does not render them, or a reply that is JSON.
+    ({"replay": {"rules": [{"match": ".", "reply": T}]}}, "runners.replay.rules[0].reply"),
+    ({"fake": {"type": "openai", "replies": {"hi": T}}}, "runners.fake.replies.hi"),
+    ({"scripted": {"rules": [{"match": ".", "reply": [T]}]}}, "runners.scripted.rules[0].reply[0]"),
+]
+
+
+@pytest.mark.parametrize(("runners", "where"), RUNNER_TEMPLATES_KEPT)
+def test_the_scripted_runners_string_replies_are_its_own_templates(
+    runners: dict[str, Any], where: str
+) -> None:
+    data = {"name": "r", "params": {"topic": {"type": "string", "default": "owls"}}}
+    data |= {
+        "runners": runners,
+        "runner": next(iter(runners)),
+        "steps": [{"id": "a", "prompt": "hi"}],
+    }
+    _freeze(data)
+
+
+@pytest.mark.parametrize(("runners", "field"), RUNNER_TEMPLATES_REFUSED)
+def test_a_template_a_runner_does_not_render_is_refused_whatever_the_path(
+    runners: dict[str, Any], field: str
+) -> None:
+    data = {"name": "r", "params": {"topic": {"type": "string", "default": "owls"}}}
+    data |= {"runners": runners, "steps": [{"id": "a", "prompt": "hi"}]}
+    with pytest.raises(DefinitionError) as caught:
+        _freeze(data)
+    assert caught.value.field == field
+    assert "is a runner option, passed to the runner as written" in caught.value.problem

@@ -10,6 +10,7 @@ marks it abandoned); the driving verbs check the version first, then the hashes,
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +113,33 @@ VALUE_LEVEL = [
     Corruption("retry is a number", _step0(retry=3), needle=EDITED),
 ]
 """JSON the plan models reject that looks like a plan: the stale hash is what gives it away."""
+VALUE_LEVEL_REHASHED = [
+    Corruption(
+        "an unknown key (rehashed)",
+        lambda p: {**p, "bogus": 1},
+        rehash=True,
+        needle=f"{NOT_DECODED} (1 problem(s), first bogus: Extra inputs are not permitted)",
+    ),
+    Corruption(
+        "max_loops is a word (rehashed)",
+        _step0(max_loops="many"),
+        rehash=True,
+        needle="first steps.0.max_loops: Input should be a valid integer",
+    ),
+    Corruption(
+        "retry is a number (rehashed)",
+        _step0(retry=3),
+        rehash=True,
+        needle="first steps.0.retry: Input should be an object",
+    ),
+    Corruption(
+        "a step's unknown key (rehashed)",
+        _step0(colour="red"),
+        rehash=True,
+        needle="first steps.0.colour: Extra inputs are not permitted",
+    ),
+]
+"""The same with the hashes recomputed: only the plan models can tell, and they are asked."""
 TOO_NEW_PLANS = [
     Corruption("newer plan_version column", None, version=NEWER, needle=TOO_NEW),
     Corruption("newer plan_version key", lambda p: {**p, "plan_version": NEWER}, needle=TOO_NEW),
@@ -125,7 +153,14 @@ TOO_NEW_PLANS = [
 TOO_OLD_PLANS = [
     Corruption(f"plan_version {v}", None, version=v, needle=unsupported(v)) for v in (0, -1)
 ]
-EVERY_CLASS = [*UNDECODABLE, *REHASHED, *VALUE_LEVEL, *TOO_NEW_PLANS, *TOO_OLD_PLANS]
+EVERY_CLASS = [
+    *UNDECODABLE,
+    *REHASHED,
+    *VALUE_LEVEL,
+    *VALUE_LEVEL_REHASHED,
+    *TOO_NEW_PLANS,
+    *TOO_OLD_PLANS,
+]
 ids = [c.name for c in EVERY_CLASS]
 
 
@@ -133,7 +168,7 @@ def test_every_undecodable_edit_in_the_tables_is_rejected_by_the_plan_models(
     engine: Engine,
 ) -> None:
     plan = json.loads(engine.get_run(engine.start(FLOW).run_id).plan_json)
-    for corruption in [*UNDECODABLE, *VALUE_LEVEL]:
+    for corruption in [*UNDECODABLE, *VALUE_LEVEL, *VALUE_LEVEL_REHASHED]:
         assert corruption.plan is not None
         edited = corruption.plan(plan)
         with pytest.raises(ValidationError):
@@ -369,16 +404,27 @@ def test_driving_an_undecodable_plan_is_refused_and_leaves_the_row_as_it_is(
     assert table_counts(state_dir) == counts
 
 
-def test_a_decodable_plan_rehashed_with_an_unknown_key_warns_only_when_driven(
-    engine: Engine, state_dir: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("corruption", VALUE_LEVEL_REHASHED, ids=lambda c: c.name)
+def test_a_plan_rehashed_after_an_edit_the_models_reject_warns_on_read_and_refuses_to_drive(
+    corruption: Corruption, engine: Engine, state_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Read verbs never decode: a plan that keeps its shape and hash looks intact to them.
+    # Shape and hashes look intact; the read verbs ask the plan models (without using the
+    # decoded plan) and name the problem; the drive refuses with the same first problem.
     run_id = half_run(engine)
-    Corruption("bogus", lambda p: {**p, "bogus": 1}, rehash=True).apply(engine, run_id)
-    assert wf_inproc(capsys, state_dir, "status", run_id).stderr == ""
-    with pytest.raises(PlanIntegrityError, match="does not decode .*first bogus: Extra inputs"):
+    corruption.apply(engine, run_id)
+    before = run_row(state_dir, run_id)
+    for verb in (("status", run_id), ("list",)):
+        result = wf_inproc(capsys, state_dir, *verb)
+        assert result.returncode == 0
+        warning = one_warning(result.stderr, run_id, corruption.needle)
+        assert warning.endswith(
+            "it was edited outside wf_magic and cannot be driven; start afresh with "
+            "`wf run FILE --new`"
+        )
+    first = corruption.needle.split("first ", 1)[1].split(":", 1)[0]
+    with pytest.raises(PlanIntegrityError, match=f"does not decode .*first {re.escape(first)}:"):
         engine.drive(run_id)
-    assert column(state_dir, run_id, "status") == "active"
+    assert run_row(state_dir, run_id) == before
 
 
 # -- %workflow status ----------------------------------------------------------------------------
@@ -479,3 +525,43 @@ def test_any_plan_edit_the_model_rejects_is_shown_and_refused_never_driven(
             "UPDATE runs SET plan_json = ?, plan_hash = ?, status = 'active' WHERE run_id = ?",
             (original.plan_json, original.plan_hash, run_id),
         )
+
+
+# -- decisions: approve/reject are followed by a drive, so they refuse as it does ---------------
+GATED = "name: s\nsteps:\n  - id: a\n    prompt: one\n    gate: {judge: human}\n"
+
+
+@pytest.mark.parametrize("verb", ["approve", "reject"])
+@pytest.mark.parametrize("corruption", EVERY_CLASS, ids=ids)
+def test_a_decision_on_a_blocked_run_whose_plan_cannot_be_driven_is_refused_unwritten(
+    verb: str,
+    corruption: Corruption,
+    engine: Engine,
+    state_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    run_id = engine.run(GATED).run_id
+    assert engine.handle(run_id).status == "blocked"
+    corruption.apply(engine, run_id)
+    before = run_row(state_dir, run_id)
+    attempts = db_rows(state_dir, "SELECT * FROM attempts")
+    feedback = ("--feedback", "redo") if verb == "reject" else ()
+    result = wf_inproc(capsys, state_dir, verb, run_id, "a", *feedback)
+    assert result.stdout == ""
+    [line] = result.stderr.splitlines()
+    assert db_rows(state_dir, "SELECT * FROM attempts") == attempts  # no verdict written
+    if corruption in TOO_NEW_PLANS:
+        assert result.returncode == 2
+        assert (
+            line == f"error: Run {run_id} was {TOO_NEW} wf_magic to drive it. Nothing was changed."
+        )
+        assert run_row(state_dir, run_id) == before  # byte-identical
+    elif corruption in TOO_OLD_PLANS:
+        assert result.returncode == 1
+        assert corruption.needle in line and line.endswith("the run was abandoned.")
+        assert column(state_dir, run_id, "status") == "abandoned"
+    else:
+        assert result.returncode == 1
+        assert line.startswith(f"error: Run {run_id}: ")
+        assert "edited outside wf_magic. Nothing was dispatched." in line
+        assert run_row(state_dir, run_id) == before

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from wf_magic.redact import (
     MASK,
     MIN_SECRET_LEN,
+    PIECE_MIN,
     PREFIX_MIN,
     Redactor,
     is_secret_key,
@@ -211,6 +212,14 @@ LONG = "vault-a1b2c3d4e5f6g7h8i9j0k1l2m3n4o5"
         (json.dumps({"x": LONG[:30] + "…"}), '{"x": "***\\u2026"}'),
         (f"{LONG[9:]} exited", "*** exited"),  # a tail kept: the start of a text
         (f"stderr: …{LONG[5:]}", "stderr: …***"),
+        # Touching an ellipsis, any piece of PIECE_MIN characters or more: a cut is there.
+        (f"keys look like {LONG[:8]}…", "keys look like ***…"),
+        (f"{LONG[:11]}…", "***…"),
+        (f"{LONG[:4]}...", "***..."),
+        (f"x…{LONG[-4:]}", "x…***"),
+        (f"…{LONG[-10:]} exited", "…*** exited"),
+        (json.dumps({"x": "…" + LONG[-6:]}), '{"x": "\\u2026***"}'),
+        (f"…{LONG[:7]}…{LONG[-5:]}", "…***…***"),
     ],
 )
 def test_a_clipped_piece_of_a_known_secret_is_masked(text: str, expected: str) -> None:
@@ -220,8 +229,11 @@ def test_a_clipped_piece_of_a_known_secret_is_masked(text: str, expected: str) -
 @pytest.mark.parametrize(
     "text",
     [
-        f"keys look like {LONG[:8]}…",  # a format's fixed start: shorter than PREFIX_MIN
-        f"{LONG[:11]}…",
+        f"keys look like {LONG[:8]}",  # no clip mark: shorter than PREFIX_MIN
+        f"{LONG[:3]}…",  # shorter than PIECE_MIN at an ellipsis
+        f"…{LONG[-3:]}",
+        f"{LONG[1:9]}…",  # not a start of the secret, though touching an ellipsis
+        f"…{LONG[3:9]} more",  # not an end of it
         f"{LONG[:16]} and more",  # not at a clip: text that merely starts the same
         f"the end {LONG[-11:]}",
     ],
@@ -242,6 +254,29 @@ def test_no_clip_of_a_secret_at_or_past_the_minimum_survives(
     piece = secret[: min(cut, len(secret))]
     redacted = Redactor([secret]).redact(before + piece + mark)
     assert piece not in redacted
+
+
+@given(
+    secret=st.text(min_size=MIN_SECRET_LEN, max_size=60),
+    cut=st.integers(PIECE_MIN, 60),
+    before=st.text(max_size=20),
+    after=st.text(max_size=20),
+    mark=st.sampled_from(["…", "...", "\\u2026"]),
+    keep=st.sampled_from(["start", "end"]),
+)
+def test_no_piece_of_a_secret_touching_an_ellipsis_survives(
+    secret: str, cut: int, before: str, after: str, mark: str, keep: str
+) -> None:
+    # What a clipper leaves: the start of a secret then the mark, or the mark then its end.
+    n = min(cut, len(secret))
+    assume("\0" not in secret and mark not in secret)
+    assume(secret[:n] not in before + after and secret[-n:] not in before + after)
+    if keep == "start":
+        piece, text = secret[:n], before + secret[:n] + mark + after
+    else:
+        piece, text = secret[-n:], before + mark + secret[-n:] + after
+    redacted = Redactor([secret]).redact(text)
+    assert piece not in redacted.replace(MASK, "\0")
 
 
 @given(secret=st.text(min_size=MIN_SECRET_LEN, max_size=40), before=st.text(max_size=10))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import tempfile
 import threading
@@ -21,15 +22,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.helpers_flow import use_runner
 from tests.helpers_secrets import CANARY_RUNS, SECRETS, cli_shown, everything_shown, leaks, wf
 from wf_magic import Engine, load_workflow
 from wf_magic.errors import DefinitionError, UsageError
-from wf_magic.redact import PREFIX_MIN
+from wf_magic.redact import PIECE_MIN
 from wf_magic.runners.base import UnitRequest
 
 CANARY = "canary-2b7e0d91f4a6"
@@ -90,14 +93,14 @@ def template_error(t: Trial) -> None:
 
 
 def map_value_clipped(t: Trial) -> None:
-    """``map must evaluate to a list (got str: '<secret, clipped>…')``: a long secret cut."""
+    """``map must evaluate to a list (got str: '<secret>')``: a long secret, masked before the cut."""
     flow = _workflow(
         {"api_key": {"type": "string"}}, [{"id": "a", "map": "{{ params.api_key }}", "prompt": "x"}]
     )
     secret = t.canary + "-" + "z" * 90  # longer than the 80 characters the message keeps
     t.canary = secret
     shown = t.wf("run", t.write(flow), "--param", _param("api_key", secret), expect=1)
-    assert "map must evaluate to a list (got str: '***…')" in shown
+    assert "map must evaluate to a list (got str: '***')" in shown
 
 
 def expr_criteria(t: Trial) -> None:
@@ -199,7 +202,7 @@ SCENARIOS: dict[str, Callable[[Trial], None]] = {
 
 def _needles(canary: str) -> list[str]:
     """The canary, and the clipped start and kept end of it a message could hold."""
-    return [canary, canary[:PREFIX_MIN], canary[-PREFIX_MIN:]]
+    return [canary, canary[:PIECE_MIN], canary[-PIECE_MIN:]]
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
@@ -217,6 +220,68 @@ def test_a_canary_reaches_no_row_event_frame_or_terminal(scenario: str, secret: 
             texts += [cli_shown(trial.state_dir, run_id) for run_id in run_ids]
         found = {n: leaks(n, trial.state_dir, texts) for n in _needles(trial.canary)}
         assert found == {n: [] for n in _needles(trial.canary)}
+
+
+# -- a secret cut at a clip boundary (issue 20 class 1: redact before clipping) ----------------
+CLIP_SECRETS = st.text(alphabet="GHJKLMNPQRSTVWXZ", min_size=8, max_size=40)
+"""Secrets of every length from MIN_SECRET_LEN, in letters no message, id or hash is made of,
+so any piece of PIECE_MIN of them found anywhere is a leak."""
+MAP_CLIP = 80
+"""What ``map must evaluate to a list (got str: '…')`` keeps of the value."""
+
+
+def map_clipped_inside(t: Trial, pad: int, post: int) -> None:
+    """A map value whose 80-character cut may land inside the secret, anywhere in it."""
+    source = f"{{{{ 'x' * {pad} ~ params.api_key ~ 'y' * {post} }}}}"
+    flow = _workflow({"api_key": {"type": "string"}}, [{"id": "a", "map": source, "prompt": "x"}])
+    shown = t.wf("run", t.write(flow), "--param", _param("api_key", t.canary), expect=1)
+    assert "map must evaluate to a list (got str: 'xxx" in shown
+
+
+def stderr_tail_inside(t: Trial, pad: int, post: int) -> None:
+    """An exec step's stderr whose 2000-character tail may start inside an env secret."""
+    script = (
+        f"head -c {pad} /dev/zero | tr '\\0' x >&2; printf %s \"$DEPLOY_TOKEN\" >&2; "
+        f"head -c {post} /dev/zero | tr '\\0' y >&2; exit 3"
+    )
+    flow = _workflow(
+        {}, [{"id": "a", "exec": ["/bin/sh", "-c", script], "pass_env": ["DEPLOY_TOKEN"]}]
+    )
+    with mock.patch.dict(os.environ, {"DEPLOY_TOKEN": t.canary}):
+        shown = t.wf("run", t.write(flow), expect=1)
+    assert "exited with status 3; stderr: " in shown
+
+
+CLIPPED_AT = {
+    # (scenario, padding before the secret, padding after it): the cut sweeps the secret.
+    # The cut keeps 0 to 17 characters of the secret: past PIECE_MIN and past PREFIX_MIN.
+    "map": (map_clipped_inside, st.integers(MAP_CLIP - 18, MAP_CLIP - 1), st.integers(0, 20)),
+    "stderr": (stderr_tail_inside, st.integers(0, 30), st.integers(2000 - 17, 2000)),
+}
+
+
+@pytest.mark.parametrize("where", sorted(CLIPPED_AT))
+@settings(CANARY_RUNS, max_examples=10)
+@given(secret=CLIP_SECRETS, data=st.data())
+def test_no_piece_of_a_secret_survives_a_clip_in_any_row_event_or_terminal(
+    where: str, secret: str, data: st.DataObject
+) -> None:
+    # Whatever the padding, the clip lands before, inside (any offset) or after the secret;
+    # status_reason, notes, events, attempts.failure, every verb's output and stderr are read.
+    scenario, pads, posts = CLIPPED_AT[where]
+    pad, post = data.draw(pads, label="pad"), data.draw(posts, label="post")
+    with tempfile.TemporaryDirectory() as tmp:
+        trial = Trial(state_dir=Path(tmp) / "state", tmp=Path(tmp), canary=secret)
+        scenario(trial, pad, post)
+        texts = list(trial.texts)
+        with Engine(trial.state_dir) as engine:
+            [run] = engine.list_runs()
+            texts += [everything_shown(engine, run.run_id), run.status_reason or ""]
+            texts += [a.failure or "" for a in engine.attempts(run.run_id)]
+            texts += [s.note or "" for s in engine.steps(run.run_id)]
+        texts.append(cli_shown(trial.state_dir, run.run_id))
+        found = {n: leaks(n, trial.state_dir, texts) for n in _needles(secret)}
+        assert found == {n: [] for n in _needles(secret)}
 
 
 # -- a secret default is refused at freeze, like a secret runner option -------------------------

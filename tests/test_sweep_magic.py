@@ -76,7 +76,10 @@ def test_sweep_cell_errors_are_one_line_usage_errors(
     for line, message in [
         ("%%sweep --grid colour=red", "sweep grid axis 'colour' is not a param of workflow"),
         ("%%sweep --grid style", "--grid expects K=V1,V2 (got 'style')"),
-        ("%%sweep --grid style=a --rows nowhere.csv", "sweep rows: no file 'nowhere.csv'"),
+        (
+            "%%sweep --grid style=a --rows nowhere.csv",
+            "sweep rows: no file 'nowhere.csv' (No such file or directory)",
+        ),
     ]:
         result = shell.run_cell(f"{line}\n{YAML}")
         assert result.error_in_exec is not None

@@ -565,10 +565,20 @@ def _error(args: argparse.Namespace, exc: WorkflowError, store: Store | None = N
 
 
 def _authoring(args: argparse.Namespace) -> int:
+    """An authoring verb (no state dir): its errors end it as ``_main``'s do, in one line."""
     try:
         return int(args.authoring(args))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except WorkflowError as exc:
         return _error(args, exc)
+    except Exception as exc:  # noqa: BLE001 - an error no layer translated: one line, not a wall
+        if args.debug:
+            raise
+        text = unexpected_text(exc, command=_command_text(args))
+        print(f"error: {clip_message(_redactor(args).redact(text))}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 def _masked(text: str, store: Store, args: argparse.Namespace) -> str:

@@ -450,6 +450,8 @@ class Engine(SweepVerbs):
         Raises:
             GateDecisionRefused: the step is not waiting (or not at ``loop``), or was decided.
             RunNotOwned: the run is another user's (:meth:`adopt` it first).
+            PlanVersionTooNew, PlanVersionError, PlanIntegrityError: the run's plan cannot be
+                driven (as ``drive`` refuses it); nothing is recorded.
         """
         return self.handle(run_id).approve(step_id, feedback=feedback, loop=loop)
 
@@ -466,6 +468,8 @@ class Engine(SweepVerbs):
 
         Raises:
             GateDecisionRefused: the step is not waiting (or not at ``loop``), or was decided.
+            PlanVersionTooNew, PlanVersionError, PlanIntegrityError: the run's plan cannot be
+                driven (as ``drive`` refuses it); nothing is recorded.
             UsageError: no feedback was given.
             RunNotOwned: the run is another user's (:meth:`adopt` it first).
         """

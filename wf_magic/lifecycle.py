@@ -16,7 +16,6 @@ from .errors import PlanVersionTooNew, UsageError
 from .hashing import hash_value
 from .redact import is_secret_key
 from .sealing import (
-    SEAL_PREFIX,
     Sealed,
     Sealer,
     env_name,
@@ -25,7 +24,7 @@ from .sealing import (
     missing_secret,
     seals_of,
 )
-from .spec.models_resolve import is_pending, workflow_for_params
+from .spec.models_resolve import preview_workflow, workflow_for_params
 from .spec.params import coerce_param, normalise, resolve_params
 from .spec.plan import Plan
 from .spec.stored import version_problem
@@ -162,16 +161,7 @@ def preview(
     Raises:
         UsageError: given params are invalid, or render an unusable model.
     """
-    if not is_pending(wf.plan):
-        return wf  # nothing waits for params: a dry run reads no param at all
-    try:
-        resolved = resolve_params(wf.plan, params, from_strings=params_from_strings)
-    except UsageError:
-        if params:
-            raise
-        return wf
-    masked = {k: SEAL_PREFIX if is_secret_key(k) else v for k, v in resolved.items()}
-    return workflow_for_params(wf, masked)
+    return preview_workflow(wf, params, from_strings=params_from_strings)
 
 
 def _refuse_newer(old: RunRow) -> None:

@@ -25,6 +25,16 @@ the closing quote of a clipped value quoted in a message (``got str: 'sk-live-ab
 The end of a secret whose start was cut off (a tail kept) is masked at the start of a text
 or after an ellipsis (``…ghij0123 exited``)."""
 _ELLIPSES = ("…", "...")
+PIECE_MIN = 4
+"""The shortest piece of a known secret masked where it touches an ellipsis (``_ELLIPSES``).
+
+An ellipsis is where a text was cut, so what touches it is a cut piece whatever its length:
+``…Zq9xW4vT7p…`` (a map value clipped ten characters into a secret) or ``…9aS2dF4gH6`` (the
+kept end of a stderr tail). Shorter pieces would mask every word that shares a secret's first
+letters.
+"""
+_CUT_MARKS = ("…", "...", "\\u2026")
+"""The ellipses as text may hold them: as is, as three dots, JSON-escaped (``\\u2026``)."""
 
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
 # Stricter, for keys inside JSON values (model outputs): the name must *end* in a secret
@@ -134,7 +144,8 @@ class Redactor:
                 ``MIN_SECRET_LEN`` characters are ignored. Each is also masked in its
                 JSON-escaped and ``repr`` forms (as a JSON column or a message quotes it),
                 and so is a clipped piece of one (at least ``PREFIX_MIN`` characters)
-                that ends where the text was clipped (see ``CLIP_MARKS``).
+                that ends where the text was clipped (see ``CLIP_MARKS``), and any piece of
+                one (at least ``PIECE_MIN`` characters) touching an ellipsis.
         """
         kept = {s for s in secrets if isinstance(s, str) and len(s) >= MIN_SECRET_LEN}
         self._secrets: frozenset[str] = frozenset(kept)
@@ -196,7 +207,7 @@ class Redactor:
 
     def _mask_known(self, text: str, heads: re.Pattern[str]) -> str:
         """``text`` with each known secret, and each clipped piece of one, masked (one pass)."""
-        text = self._mask_tails(text)
+        text = self._mask_cuts(self._mask_tails(text))
         parts: list[str] = []
         pos = start = 0
         while (found := heads.search(text, start)) is not None:
@@ -231,6 +242,60 @@ class Redactor:
             return text
         parts.append(text[pos:])
         return "".join(parts)
+
+    def _mask_cuts(self, text: str) -> str:
+        """``text`` with a piece of a secret (``PIECE_MIN`` characters or more) masked on
+        either side of each ellipsis: the start of one before it, the end of one after it."""
+        marks = sorted(
+            (found, len(mark)) for mark in _CUT_MARKS for found in _occurrences(text, mark)
+        )
+        if not marks:
+            return text
+        parts: list[str] = []
+        pos = 0
+        for at, width in marks:
+            if at < pos:
+                continue  # inside a piece already masked
+            before = self._head_before(text, at, floor=pos)
+            after = self._tail_after(text, at + width)
+            if before or after:
+                parts += (text[pos : at - before], MASK if before else "", text[at : at + width])
+                parts.append(MASK if after else "")
+                pos = at + width + after
+        if not parts:
+            return text
+        parts.append(text[pos:])
+        return "".join(parts)
+
+    def _head_before(self, text: str, end: int, *, floor: int) -> int:
+        """How many characters before ``end`` (after ``floor``) start a known secret."""
+        best = 0
+        last = text[max(end - PIECE_MIN, floor) : end]
+        for forms in self._by_start.values():
+            for form in forms:
+                if len(last) < PIECE_MIN or last not in form:
+                    continue  # the cheap test: most ellipses touch no secret
+                top = min(len(form), end - floor)
+                for n in range(top, max(PIECE_MIN, best + 1) - 1, -1):
+                    if text.startswith(form[:n], end - n):
+                        best = n
+                        break
+        return best
+
+    def _tail_after(self, text: str, at: int) -> int:
+        """How many characters from ``at`` end a known secret (its start cut off)."""
+        best = 0
+        first = text[at : at + PIECE_MIN]
+        for forms in self._by_start.values():
+            for form in forms:
+                if len(first) < PIECE_MIN or first not in form:
+                    continue
+                top = min(len(form), len(text) - at)
+                for n in range(top, max(PIECE_MIN, best + 1) - 1, -1):
+                    if text.startswith(form[len(form) - n :], at):
+                        best = n
+                        break
+        return best
 
     def _tail_at(self, text: str, at: int) -> int:
         """How many characters from ``at`` are the end of a known secret (its start cut off)."""
@@ -325,6 +390,15 @@ def _forms(secret: str) -> set[str]:
         " ".join(secret.split()),
     }
     return {f for f in forms if len(f) >= MIN_SECRET_LEN}
+
+
+def _occurrences(text: str, mark: str) -> list[int]:
+    """Where ``mark`` occurs in ``text``."""
+    found, out = text.find(mark), []
+    while found >= 0:
+        out.append(found)
+        found = text.find(mark, found + 1)
+    return out
 
 
 def _common_length(text: str, at: int, form: str) -> int:

@@ -193,6 +193,8 @@ class Run:
         Raises:
             GateDecisionRefused: the step is not waiting (or not at ``loop``), or was decided.
             RunNotOwned: the run is another user's (adopt it first).
+            PlanVersionTooNew, PlanVersionError, PlanIntegrityError: the run's plan cannot be
+                driven (as ``drive`` refuses it); nothing is recorded.
         """
         from .gates.verdict import Verdict
 
@@ -212,6 +214,8 @@ class Run:
 
         Raises:
             GateDecisionRefused: the step is not waiting (or not at ``loop``), or was decided.
+            PlanVersionTooNew, PlanVersionError, PlanIntegrityError: the run's plan cannot be
+                driven (as ``drive`` refuses it); nothing is recorded.
             UsageError: no feedback was given.
             RunNotOwned: the run is another user's (adopt it first).
         """
@@ -224,8 +228,14 @@ class Run:
         return self._decide(step_id, verdict, loop=loop)
 
     def _decide(self, step_id: str, verdict: Verdict, *, loop: int | None) -> int:
+        from .bus import EventBus
+        from .drive.integrity import verified_plan
         from .gates.human import record_human_verdict
         from .sealing import sealed_words
+
+        # A decision is followed by a drive: it decodes the plan first, and refuses as the
+        # drive would (a newer plan version leaves the row byte-identical) before writing.
+        verified_plan(self.store, self.bus or EventBus(), self.row)
 
         # A secret param's value pasted into the feedback is masked though no process that
         # started the run is at hand: its words are checked against the run's seals.

@@ -99,9 +99,13 @@ def _report(sweep: Sweep, *, interrupted: bool) -> int:
 def cmd_sweep(engine: Engine, args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from .sweeps.expand import read_rows_file
+
     if str(Path(args.file).resolve().parent) not in sys.path:
         sys.path.insert(0, str(Path(args.file).resolve().parent))
     wf = engine.load(Path(args.file))
+    # Read before the drive starts: a bad rows file is refused before any signal is taken.
+    rows = None if args.rows is None else read_rows_file(Path(args.rows))
     ceilings = _ceilings(args)
     stopped: list[threading.Event] = []
 
@@ -110,7 +114,7 @@ def cmd_sweep(engine: Engine, args: argparse.Namespace) -> int:
         return engine.sweep(
             wf,
             grid=parse_grid(args.grid or ()),
-            rows=args.rows,
+            rows=rows,
             repeat=args.repeat,
             budget=ceilings or None,
             max_concurrency=args.max_concurrency,

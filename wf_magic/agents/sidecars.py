@@ -16,7 +16,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import FileRefused
+from ..reading import read_bounded_text
+
 AGENTS_DIR = "agents"
+SIDECAR_BYTES = 64 * 1024
+"""The largest sidecar read back: a few counters and ids (a bigger one is not ours)."""
 _NAMESPACE = uuid.UUID("6f1c7f0e-8a59-4c1b-9d55-1e0d7f2a9b31")
 
 
@@ -61,11 +66,10 @@ def _path(state_dir: str | Path, run_id: str, dispatch_id: str, suffix: str) -> 
 def load(state_dir: str | Path, run_id: str, dispatch_id: str) -> Sidecar | None:
     """The sidecar of ``dispatch_id`` (None: never launched, or unreadable)."""
     try:
-        data: dict[str, Any] = json.loads(
-            _path(state_dir, run_id, dispatch_id, ".json").read_text()
-        )
+        path = _path(state_dir, run_id, dispatch_id, ".json")
+        data: dict[str, Any] = json.loads(read_bounded_text(path, limit=SIDECAR_BYTES))
         return Sidecar(**{k: v for k, v in data.items() if k in Sidecar.__dataclass_fields__})
-    except (OSError, ValueError, TypeError):
+    except (OSError, ValueError, TypeError, FileRefused):  # ValueError: UnicodeDecodeError too
         return None
 
 

@@ -7,7 +7,12 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from ..errors import FileRefused
+from ..reading import read_bounded_text
+
 WORKTREES_DIR = "worktrees"
+GIT_FILE_BYTES = 64 * 1024
+"""The largest ``.git`` file of a worktree read (one ``gitdir:`` line)."""
 _GIT_TIMEOUT_S = 60.0
 
 
@@ -106,8 +111,9 @@ def sweep(state_dir: str | Path, run_ids: list[str]) -> list[Path]:
 def _repo_of(path: Path) -> Path | None:
     """The main repository of the worktree at ``path`` (from its ``.git`` file)."""
     try:
-        text = (path / ".git").read_text().strip()
-    except OSError:
+        # Bounded: the agent owned this folder, and may have left a FIFO or a huge file here.
+        text = read_bounded_text(path / ".git", limit=GIT_FILE_BYTES).strip()
+    except (FileRefused, UnicodeDecodeError):
         return None
     if not text.startswith("gitdir:"):
         return None

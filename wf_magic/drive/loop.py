@@ -143,6 +143,7 @@ def _run_step(ctx: DriveContext, state: RunState, step: PlanStep) -> spine.StepO
                 outputs=state.outputs,
                 loop=loop,
                 feedback=feedback,
+                redact=state.redactor.redact,
             )
         except StepInputError as exc:
             work = spine.LoopWork(input_error=str(exc))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
@@ -205,18 +205,31 @@ def feedback_block(feedback: Feedback) -> str:
 
 
 def expand_items(
-    step: PlanStep, params: Mapping[str, Any], outputs: Mapping[str, Any]
+    step: PlanStep,
+    params: Mapping[str, Any],
+    outputs: Mapping[str, Any],
+    *,
+    redact: Callable[[str], str] | None = None,
 ) -> list[Any] | None:
     """The map items of ``step`` (None when it is not a map step).
 
     Raises:
         StepInputError: the map template fails or yields no list, or too many items.
     """
-    return None if step.map is None else map_items(step.map, params, outputs)
+    return None if step.map is None else map_items(step.map, params, outputs, redact=redact)
 
 
-def map_items(source: str, params: Mapping[str, Any], outputs: Mapping[str, Any]) -> list[Any]:
+def map_items(
+    source: str,
+    params: Mapping[str, Any],
+    outputs: Mapping[str, Any],
+    *,
+    redact: Callable[[str], str] | None = None,
+) -> list[Any]:
     """The items a ``map:`` template expands to over ``params`` and step ``outputs``.
+
+    ``redact`` (the drive's redactor) masks a value quoted in a message *before* it is
+    clipped: a clip inside a secret would leave a piece no redactor can tell from text.
 
     Raises:
         StepInputError: the template fails or yields no list, or too many items.
@@ -228,8 +241,9 @@ def map_items(source: str, params: Mapping[str, Any], outputs: Mapping[str, Any]
     if isinstance(value, tuple):
         value = list(value)
     if not isinstance(value, list):
-        # Cut, not folded onto one line: the redactor then knows a secret's start in it.
-        shown = str(value) if len(str(value)) <= 80 else str(value)[:79] + "…"
+        # Redacted, then cut (not folded onto one line): the cut lands after the masks.
+        shown = str(value) if redact is None else redact(str(value))
+        shown = shown if len(shown) <= 80 else shown[:79] + "…"
         raise StepInputError(f"map must evaluate to a list (got {type(value).__name__}: {shown!r})")
     if len(value) > MAX_MAP_UNITS:
         raise StepInputError(
@@ -247,14 +261,17 @@ def build_units(
     outputs: Mapping[str, Any],
     loop: int,
     feedback: Feedback | None,
+    redact: Callable[[str], str] | None = None,
 ) -> LoopUnits:
     """The work units of ``step`` at ``loop``, in item order (rendered on first use).
+
+    ``redact`` masks secrets in a message before it is clipped (see :func:`map_items`).
 
     Raises:
         StepInputError: the map template fails or yields no list, or too many items. A unit
             whose own template fails raises it when its input is first used.
     """
-    items = expand_items(step, params, outputs)
+    items = expand_items(step, params, outputs, redact=redact)
     return LoopUnits(
         plan, step, params=params, outputs=outputs, loop=loop, feedback=feedback, items=items
     )

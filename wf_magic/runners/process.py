@@ -33,6 +33,7 @@ import time
 from typing import IO
 
 from ..errors import RunnerError
+from ..redact import Redactor
 from .base import BaseRunner, RunnerContext, UnitRequest, UnitResult
 from .orphans import forget_unit_process, record_unit_process
 
@@ -196,9 +197,12 @@ class ExecRunner(BaseRunner):
             )
         stdout, stderr = out.text(), err.text()
         if code != 0:
-            tail = stderr[-STDERR_TAIL:].strip()
-            if tail and (err.is_over or len(stderr) > STDERR_TAIL):
-                tail = "…" + tail  # its start was cut: the redactor masks a secret's end here
+            # Redacted before the tail is cut: a cut inside a secret the child's environment
+            # holds would leave a piece of it (the drive's redactor masks a piece at "…" too).
+            whole = Redactor.from_environ(request.env).redact(stderr)
+            tail = whole[-STDERR_TAIL:].strip()
+            if tail and (err.is_over or len(whole) > STDERR_TAIL):
+                tail = "…" + tail
             raise RunnerError(f"exited with status {code}" + (f"; stderr: {tail}" if tail else ""))
         output: object = stdout
         if request.output_schema is not None:

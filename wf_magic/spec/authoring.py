@@ -1,7 +1,9 @@
 """``wf check``: freeze workflow files without a state dir and say, in one line each, what came out.
 
 A check freezes exactly as ``wf run`` does (the same loader, the library for children, python
-targets pinned) and so reports the same plan hash a run of the file would record; it writes
+targets pinned, a ``model:`` templated from params rendered with the default params when they
+resolve) and so reports the plan hash a run of the file with its default params would record,
+or the error that run would stop on (a default rendering to an unusable model); it writes
 nothing: no state dir, no database, no cache (a child fetched from a remote library index is
 cached in a throwaway directory).
 
@@ -24,7 +26,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import DefinitionError, WorkflowError
+from ..errors import DefinitionError, UsageError, WorkflowError
+from .models_resolve import preview_workflow
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,6 +78,12 @@ def check_file(path: str | Path) -> FileCheck:
             )
         except WorkflowError as exc:  # the library could not provide a child, ...
             return FileCheck(path=name, error=" ".join(str(exc).split()))
+    try:
+        # As `wf run` (and its --dry-run) would freeze it: models templated from params are
+        # rendered with the default params when they resolve, so the hashes agree.
+        wf = preview_workflow(wf, None)
+    except UsageError as exc:
+        return FileCheck(path=name, error=f"{' '.join(str(exc).split())} (with the default params)")
     return FileCheck(path=name, plan_hash=wf.plan_hash)
 
 

@@ -191,10 +191,13 @@ class _Freezer:
                 )
             except functions.TargetError as exc:
                 raise src.error(str(exc), (*at, "python")) from exc
-            except Exception as exc:  # importing the author's module may raise anything
+            # Importing the author's module may raise anything, sys.exit() and a stray
+            # KeyboardInterrupt included: neither may end `wf check` or `wf run` silently.
+            except (Exception, SystemExit, KeyboardInterrupt) as exc:
+                said = clip(str(exc), 200)
                 raise src.error(
                     f"importing python target {step.python!r} failed: "
-                    f"{type(exc).__name__}: {clip(str(exc), 200)}",
+                    f"{type(exc).__name__}{': ' + said if said else ''}",
                     (*at, "python"),
                 ) from None
         for name in step.pass_env:

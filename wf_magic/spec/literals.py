@@ -7,8 +7,10 @@ a value (ids, names, descriptions, ``runner:``, ``exec`` argv, ``pass_env``, rou
 param and output schemas, alias tables), is taken as written, so ``{{`` or ``{%`` in one would
 reach the runner or the journal as literal braces: it is a definition error instead.
 
-Runner options (the values under ``runners.<name>``) are the runner's own and pass through as
-written: the scripted runner's ``reply:`` is its own template over the match groups.
+Runner options (the values under ``runners.<name>``) pass to the runner as written, so they
+are refused too (a ``base_url: "http://{{ params.host }}/v1"`` would reach the runner as
+literal braces), except the few a runner renders itself (``RUNNER_TEMPLATES``): the scripted
+runner's string replies, templates over the prompt and the match groups.
 """
 
 from __future__ import annotations
@@ -38,8 +40,14 @@ MODEL_FIELDS: tuple[tuple[str, ...], ...] = (
     ("steps", ANY, "gate", "model"),
 )
 """Fields rendered from params when a run starts (``spec/models_resolve.py``)."""
-RUNNER_OWNED: tuple[tuple[str, ...], ...] = (("runners", ANY, ANY, REST),)
-"""Values passed to a runner as written (their keys are still checked, and ``type``)."""
+RUNNER_TEMPLATES: dict[str, tuple[tuple[str, ...], ...]] = {
+    "scripted": (("rules", ANY, "reply"), ("replies", ANY)),
+}
+"""Runner options a runner renders itself, by runner type: paths below ``runners.<name>``.
+
+Only a string there is a template (``runners/scripted.py``: ``_render_reply``); a JSON reply is
+returned as written, so ``{{`` inside one is refused like any other option value.
+"""
 RUNNER_FIELDS: tuple[tuple[str, ...], ...] = (
     ("runner",),
     ("steps", ANY, "runner"),
@@ -62,11 +70,21 @@ def _matches(pattern: tuple[str, ...], path: Path) -> bool:
     return len(pattern) == len(path)
 
 
-def _rendered(path: Path) -> bool:
-    if _matches(("runners", ANY, "type"), path):
-        return False
-    patterns = (*TEMPLATE_FIELDS, *MODEL_FIELDS, *RUNNER_OWNED)
+def _rendered(path: Path, root: Any) -> bool:
+    if path and path[0] == "runners":
+        return _runner_renders(path, root)
+    patterns = (*TEMPLATE_FIELDS, *MODEL_FIELDS)
     return any(_matches(p, path) for p in patterns)
+
+
+def _runner_renders(path: Path, root: Any) -> bool:
+    """Whether the runner option at ``path`` (``runners.<name>.…``) is one its runner renders."""
+    if len(path) < 3:
+        return False
+    options = root.get("runners", {}).get(path[1]) if isinstance(root, dict) else None
+    kind = options.get("type", path[1]) if isinstance(options, dict) else path[1]
+    own = RUNNER_TEMPLATES.get(kind, ()) if isinstance(kind, str) else ()
+    return any(_matches(p, path[2:]) for p in own)
 
 
 def _problem(path: Path) -> str:
@@ -74,6 +92,12 @@ def _problem(path: Path) -> str:
         return (
             "`runner:` is not a template: name a runner (the runner decides which options "
             "freeze checks, so it cannot wait for params); template `model:` from params instead"
+        )
+    if len(path) >= 3 and path[0] == "runners" and path[2:] != ("type",):
+        return (
+            "is a runner option, passed to the runner as written, so `{{`/`{%` here would "
+            "reach it as literal text (only the scripted runner's string `reply:` values are "
+            "templates); write the value out, or pass it from a template field"
         )
     if len(path) >= 3 and path[0] == "steps" and path[2] == "exec":
         return (
@@ -93,18 +117,18 @@ def check_literals(data: Any, src: Source) -> None:
     Raises:
         DefinitionError: naming the field and its line.
     """
-    _walk(data, (), src)
+    _walk(data, (), src, data)
 
 
-def _walk(value: Any, path: Path, src: Source) -> None:
+def _walk(value: Any, path: Path, src: Source, root: Any) -> None:
     if isinstance(value, str):
-        if is_templated(value) and not _rendered(path):
+        if is_templated(value) and not _rendered(path, root):
             raise src.error(_problem(path), path)
     elif isinstance(value, dict):
         for key, sub in value.items():
             if isinstance(key, str) and is_templated(key):
                 raise src.error("a key is not a template; write it without `{{`/`{%`", (*path, key))
-            _walk(sub, (*path, key), src)
+            _walk(sub, (*path, key), src, root)
     elif isinstance(value, list):
         for i, sub in enumerate(value):
-            _walk(sub, (*path, i), src)
+            _walk(sub, (*path, i), src, root)

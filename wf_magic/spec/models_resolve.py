@@ -21,6 +21,7 @@ from ..redact import is_secret_key
 from ..sealing import SEAL_PREFIX
 from ..templates import GLOBAL_NAMES, TemplateError, references, render_text
 from .literals import is_templated
+from .params import resolve_params
 from .plan import Plan, PlanStep
 from .workflow import Workflow
 
@@ -283,3 +284,27 @@ def workflow_for_params(wf: Workflow, params: Mapping[str, Any]) -> Workflow:
         return wf
     plan_json = plan.to_json()
     return dataclasses.replace(wf, plan=plan, plan_json=plan_json, plan_hash=sha256_text(plan_json))
+
+
+def preview_workflow(
+    wf: Workflow, params: Mapping[str, Any] | None, *, from_strings: bool = False
+) -> Workflow:
+    """``wf`` as a start with ``params`` would freeze it, writing nothing (dry runs, checks).
+
+    Templated models are rendered when the params resolve; without params given, a workflow
+    whose params do not resolve (a required one) is shown as frozen, its templates pending.
+    Secret values are never rendered: a template reading one is refused, as at a start.
+
+    Raises:
+        UsageError: given params are invalid, or render an unusable model.
+    """
+    if not is_pending(wf.plan):
+        return wf  # nothing waits for params: a dry run reads no param at all
+    try:
+        resolved = resolve_params(wf.plan, params, from_strings=from_strings)
+    except UsageError:
+        if params:
+            raise
+        return wf
+    masked = {k: SEAL_PREFIX if is_secret_key(k) else v for k, v in resolved.items()}
+    return workflow_for_params(wf, masked)

@@ -1,11 +1,12 @@
 """A run's stored plan read without decoding it: its plan version, its hashes and its shape.
 
 The read verbs (``wf status``, ``wf list``, ``wf show``, ``wf abandon``, ``Engine.handle``)
-report a run from its row and never decode its plan, so they work on a plan this version
-cannot drive; :func:`plan_warning` says in one line why it cannot be driven, checking the
-version, then the shape (the few fields a run view reads, with ``json`` alone: no pydantic),
-then the hashes. A drive (``drive/integrity.py``) checks the version first too, then the
-hashes, then decodes the plan with the plan models (only that sees every rejection). The
+report a run from its row and never display a decoded plan, so they work on a plan this
+version cannot drive; :func:`plan_warning` says in one line why it cannot be driven, checking
+the version, then the shape (the few fields a run view reads, with ``json`` alone), then the
+hashes, then whether the plan models accept it (so a hand edit with recomputed hashes, such as
+``max_loops: "many"`` or an unknown key, is named too). A drive (``drive/integrity.py``)
+checks the version first too, then the hashes, then decodes the plan with the plan models. The
 version comes first because another version may hash or shape its plan differently, so a
 hash mismatch says nothing about such a plan, and a newer run must stay byte-identical.
 """
@@ -16,6 +17,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, get_args
 
+from ..errors import clip
 from ..hashing import sha256_text
 from ..store.records import RunRow, StepKind
 
@@ -150,7 +152,8 @@ def hash_problem(run: RunRow) -> str | None:
 def plan_warning(run: RunRow) -> str | None:
     """One line saying why this run's stored plan cannot be driven (None: nothing seen).
 
-    Reads only the row: the plan is never decoded, and nothing is written.
+    Reads only the row, and writes nothing: the version, the shape and the hashes, then
+    whether the plan models accept it (validated, never used for display).
     """
     parsed = _parse(run.plan_json)
     version = version_problem(run, parsed=parsed)
@@ -169,4 +172,43 @@ def plan_warning(run: RunRow) -> str | None:
             f"Run {run.run_id}: {edited}; it was edited outside wf_magic and cannot be driven; "
             "start afresh with `wf run FILE --new`"
         )
+    problem = decode_problem(run.plan_hash, run.plan_json)
+    if problem is not None:
+        return (
+            f"Run {run.run_id}: its stored plan does not decode ({problem}); it was edited "
+            "outside wf_magic and cannot be driven; start afresh with `wf run FILE --new`"
+        )
+    return None
+
+
+_DECODED: dict[str, str | None] = {}
+"""``decode_problem`` by plan hash: ``wf list`` validates each distinct plan once."""
+_DECODED_MAX = 1024
+
+
+def decode_problem(plan_hash: str, plan_json: str) -> str | None:
+    """What the plan models reject in ``plan_json`` (None: it decodes), on one line.
+
+    Validated and thrown away: a read verb shows the run from its row, never from the
+    decoded plan. Only call it once ``plan_json`` matched ``plan_hash`` (the cache key; the
+    hash, not the JSON, is kept, so the cache stays small whatever the plans weigh).
+    """
+    if plan_hash not in _DECODED:
+        if len(_DECODED) >= _DECODED_MAX:
+            _DECODED.clear()
+        _DECODED[plan_hash] = _validate(plan_json)
+    return _DECODED[plan_hash]
+
+
+def _validate(plan_json: str) -> str | None:
+    from pydantic import ValidationError
+
+    from .plan import Plan  # plan.py imports this module's versions
+
+    try:
+        Plan.model_validate_json(plan_json)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "plan"
+        return f"{exc.error_count()} problem(s), first {where}: {clip(first['msg'], 200)}"
     return None

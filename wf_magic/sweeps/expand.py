@@ -4,6 +4,7 @@ cells, and hashed into the sweep's identity."""
 from __future__ import annotations
 
 import csv
+import io
 import itertools
 import json
 from collections.abc import Iterable, Mapping, Sequence
@@ -11,11 +12,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import UsageError
+from ..errors import FileRefused, UsageError
 from ..hashing import canonical_json, hash_value
+from ..reading import read_bounded
 from ..spec.params import SWEEP_PARAM, coerce_param, normalise, resolve_params
 from ..spec.plan import Plan
 
+MAX_ROWS_BYTES = 64 * 1024 * 1024
+"""The largest rows file (``--rows FILE``, ``rows="data.csv"``) a sweep reads: 64 MiB.
+
+A sweep keeps every row in memory and stores them in its definition; a bigger dataset is
+split over several sweeps. A larger file, or a special one (``/dev/zero``, a FIFO), is refused
+in one line naming it, before more than the bound + 1 byte is read.
+"""
 SWEEP_ID_PREFIX = "sw-"
 
 
@@ -120,7 +129,7 @@ def load_rows(rows: Any) -> list[dict[str, Any]]:
             or there are no rows.
     """
     if isinstance(rows, (str, Path)):
-        table = _read_rows_file(Path(rows))
+        table = read_rows_file(Path(rows))
     elif hasattr(rows, "to_dict") and hasattr(rows, "columns"):  # a pandas DataFrame
         table = [dict(r) for r in rows.to_dict(orient="records")]
     elif isinstance(rows, Iterable) and not isinstance(rows, Mapping):
@@ -138,23 +147,48 @@ def load_rows(rows: Any) -> list[dict[str, Any]]:
     return [{str(k): v for k, v in row.items()} for row in table]
 
 
-def _read_rows_file(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        raise UsageError(f"sweep rows: no file {str(path)!r}")
+def read_rows_file(path: Path) -> list[dict[str, Any]]:
+    """The rows of a ``.csv`` or ``.jsonl`` file, read bounded (``MAX_ROWS_BYTES``).
+
+    Raises:
+        UsageError: one line naming the file: not .csv/.jsonl, missing, special, too large,
+            not UTF-8, or a line that is not JSON.
+    """
+    if path.suffix not in (".csv", ".jsonl"):
+        raise UsageError(f"sweep rows: expected a .csv or .jsonl file (got {path.name!r})")
+    text = _rows_text(path)
     if path.suffix == ".csv":
-        with path.open(newline="", encoding="utf-8") as fh:
-            return [dict(r) for r in csv.DictReader(fh)]
-    if path.suffix == ".jsonl":
-        out = []
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                out.append(json.loads(line))
-            except ValueError as exc:
-                raise UsageError(f"sweep rows: {path} line {n} is not JSON ({exc})") from None
-        return out
-    raise UsageError(f"sweep rows: expected a .csv or .jsonl file (got {path.name!r})")
+        return [dict(r) for r in csv.DictReader(io.StringIO(text, newline=""))]
+    out = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except ValueError as exc:
+            raise UsageError(f"sweep rows: {path} line {n} is not JSON ({exc})") from None
+    return out
+
+
+def _rows_text(path: Path) -> str:
+    """The text of a rows file, read bounded (``MAX_ROWS_BYTES``; regular files only).
+
+    Raises:
+        UsageError: one line naming the file: missing, special, too large or not UTF-8.
+    """
+    try:
+        data = read_bounded(path, limit=MAX_ROWS_BYTES)
+    except FileRefused as exc:
+        if exc.reason == "missing":
+            raise UsageError(f"sweep rows: no file {str(path)!r} ({exc.problem})") from None
+        advice = "; split the rows over several sweeps" if exc.reason == "too_large" else ""
+        raise UsageError(f"sweep rows: cannot read {str(path)!r}: {exc.problem}{advice}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(
+            f"sweep rows: {str(path)!r} is not UTF-8 text (byte {exc.start})"
+        ) from None
 
 
 def expand(plan: Plan, spec: Definition) -> list[Cell]:

@@ -90,8 +90,17 @@ def test_an_expr_per_item_gate_loops_only_the_rejected_items(tmp_path: Path) -> 
         assert [a.item_index for a in gates] == [0, 1, 2, 3, 1, 3]
         # Only the re-paid items are charged: budget max_units 6 = 4 + 2.
         assert sum(a.charged for a in engine.attempts(run.run_id)) == 6
-        block = "\n\nGate feedback (loop 1 was rejected):\nstarts with ok\nMissing:\n- starts with ok"
-        assert rec.prompts() == ["Do 0.", "Do 1.", "Do 2.", "Do 3.", f"Do 1.{block}", f"Do 3.{block}"]
+        block = (
+            "\n\nGate feedback (loop 1 was rejected):\nstarts with ok\nMissing:\n- starts with ok"
+        )
+        assert rec.prompts() == [
+            "Do 0.",
+            "Do 1.",
+            "Do 2.",
+            "Do 3.",
+            f"Do 1.{block}",
+            f"Do 3.{block}",
+        ]
         step = next(s for s in engine.steps(run.run_id) if s.step_id == "m")
         assert (step.status, step.loop) == ("completed", 2)
         assert step.note == "gate passed at loop 2/3 (expr): 4 of 4 items passed"

@@ -388,3 +388,39 @@ steps:
         reclaimed = next(a for a in in_flight if a.unit_id == "m[1]")
         assert m1.dispatch_id == reclaimed.dispatch_id
         assert m1.attempt == reclaimed.attempt
+
+
+def test_the_sweep_frame_counts_each_cells_items_as_the_journal_judged_them(
+    tmp_path: Path,
+) -> None:
+    use_runner("fixer", _fix_odd)
+    source = """
+name: per-item-sweep
+runner: fixer
+params:
+  n: {type: integer, default: 2}
+steps:
+  - id: m
+    map: "{{ range(params.n) | list }}"
+    prompt: "Do {{ item }}."
+    gate:
+      per_item: true
+      judge: expr
+      check: "output.startswith('ok')"
+      max_loops: "{loops}"
+"""
+    with Engine(tmp_path / "state") as engine:
+        sweep = engine.sweep(source.replace('"{loops}"', "1"), grid={"n": [1, 2, 4]})
+        frame = sweep.frame()
+        assert list(frame.columns)[-4:] == [
+            "gate_m",
+            "gate_m_loops",
+            "gate_m_items",
+            "gate_m_passed_items",
+        ]
+        assert frame["gate_m"].tolist() == ["passed", "blocked", "blocked"]
+        assert frame["gate_m_items"].tolist() == [1, 2, 4]
+        assert frame["gate_m_passed_items"].tolist() == [1, 1, 2]
+        for run_id, passed in zip(frame["run_id"], frame["gate_m_passed_items"], strict=True):
+            journal = engine.journal(run_id)
+            assert (journal["verdict"] == "passed").sum() == passed

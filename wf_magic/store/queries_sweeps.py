@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from . import sweeps
 from .access import StoreAccess
-from .sweeps import CellSpec, CellStepRow, SweepCellRow, SweepRow, SweepStatus
+from .sweeps import CellSpec, CellItemsRow, CellStepRow, SweepCellRow, SweepRow, SweepStatus
 
 
 class SweepQueries(StoreAccess):
@@ -38,6 +38,10 @@ class SweepQueries(StoreAccess):
     def sweep_cell_steps(self, sweep_id: str, step_ids: list[str]) -> list[CellStepRow]:
         """The rows of ``step_ids`` in every cell's run (the frame's gate columns)."""
         return self._read(lambda c: sweeps.sweep_cell_steps(c, sweep_id, step_ids))
+
+    def sweep_cell_items(self, sweep_id: str, step_ids: list[str]) -> list[CellItemsRow]:
+        """Per-item gate verdicts counted per cell and step (the frame's item columns)."""
+        return self._read(lambda c: sweeps.sweep_cell_items(c, sweep_id, step_ids))
 
     # -- writes ----------------------------------------------------------------------------
     def create_sweep(self, row: SweepRow, cells: list[CellSpec]) -> None:

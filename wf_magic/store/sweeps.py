@@ -236,3 +236,35 @@ def sweep_cell_steps(
         (sweep_id, *step_ids),
     ).fetchall()
     return [from_row(CellStepRow, r) for r in rows]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CellItemsRow:
+    """A per-item gate's verdicts in one cell's run: items judged and items accepted."""
+
+    cell_index: int
+    step_id: str
+    items: int
+    """Items with at least one verdict of their own."""
+    passed: int
+    """Items one of whose verdicts accepted them."""
+
+
+def sweep_cell_items(
+    conn: sqlite3.Connection, sweep_id: str, step_ids: list[str]
+) -> list[CellItemsRow]:
+    """Per cell and step of ``step_ids``, its per-item gate verdicts counted by item."""
+    if not step_ids:
+        return []
+    marks = ", ".join("?" * len(step_ids))
+    rows = conn.execute(
+        "SELECT c.cell_index, a.step_id, COUNT(DISTINCT a.item_index),"
+        " COUNT(DISTINCT CASE WHEN json_valid(a.output_json)"
+        " AND json_extract(a.output_json, '$.complete') = 1 THEN a.item_index END)"
+        " FROM sweep_cells c JOIN attempts a ON a.run_id = c.run_id"
+        " WHERE c.sweep_id = ? AND a.phase = 'gate' AND a.item_index IS NOT NULL"
+        f" AND a.status IN ('succeeded', 'reused') AND a.step_id IN ({marks})"
+        " GROUP BY c.cell_index, a.step_id ORDER BY c.cell_index",
+        (sweep_id, *step_ids),
+    ).fetchall()
+    return [CellItemsRow(cell_index=r[0], step_id=r[1], items=r[2], passed=r[3]) for r in rows]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from . import sweeps
 from .access import StoreAccess
-from .sweeps import CellSpec, CellItemsRow, CellStepRow, SweepCellRow, SweepRow, SweepStatus
+from .sweeps import CellItemsRow, CellSpec, CellStepRow, SweepCellRow, SweepRow, SweepStatus
 
 
 class SweepQueries(StoreAccess):

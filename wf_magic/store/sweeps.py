@@ -14,7 +14,8 @@ SweepStatus = Literal["running", "completed", "stopped", "failed"]
 
 - ``running``: cells are owed (being driven now, or by the next ``sweep-resume``).
 - ``completed``: every cell's run completed.
-- ``stopped``: the sweep's budget stopped it; ``status_reason`` names the ceiling.
+- ``stopped``: the sweep's budget stopped it (``status_reason`` names the ceiling), or an
+  interrupt did (``status_reason`` starts ``interrupted``); resumable either way.
 - ``failed``: every cell settled and at least one is failed, blocked or was skipped.
 """
 

@@ -202,7 +202,8 @@ def drive_sweep(ctx: SweepDrive, sweep: SweepRow, wf: Workflow) -> SweepRow:
         if pool is not None and pool is not ctx.executor:
             pool.shutdown(wait=True)
         runners.close()
-    return settle_sweep(ctx.store, sweep, shared)
+    interrupted = ctx.signal is not None and ctx.signal.is_set()
+    return settle_sweep(ctx.store, sweep, shared, interrupted=interrupted)
 
 
 def _drive_cell(
@@ -237,8 +238,14 @@ def _drive_cell(
         ctx.store.set_cell_run(sweep.sweep_id, cell.cell_index, run_id, note=note)
 
 
-def settle_sweep(store: Store, sweep: SweepRow, shared: SharedBudget) -> SweepRow:
-    """Write the status the sweep's cells add up to, and return its row."""
+def settle_sweep(
+    store: Store, sweep: SweepRow, shared: SharedBudget, *, interrupted: bool = False
+) -> SweepRow:
+    """Write the status the sweep's cells add up to, and return its row.
+
+    ``interrupted``: the drive's stop signal was set (an interrupt, a stop): with cells owed
+    the sweep is ``stopped``, its reason ``interrupted; …`` (resumable like a budget stop).
+    """
     cells = store.sweep_cells(sweep.sweep_id, since=sweep.created_at)
     status: SweepStatus
     done = sum(c.run_status == "completed" for c in cells)
@@ -258,7 +265,12 @@ def settle_sweep(store: Store, sweep: SweepRow, shared: SharedBudget) -> SweepRo
     else:
         bad = [c for c in cells if c.run_status in ("failed", "blocked", "abandoned")]
         owed = len(cells) - done - len(bad)
-        if owed:
+        if owed and interrupted:
+            status = "stopped"
+            reason = (
+                f"interrupted; {owed} cell(s) owed; `wf sweep-resume {sweep.sweep_id}` continues"
+            )
+        elif owed:
             status, reason = "running", f"{owed} cell(s) owed; `wf sweep-resume {sweep.sweep_id}`"
         else:
             status = "failed"

@@ -16,7 +16,7 @@ from .. import lifecycle
 from ..bus import EventBus
 from ..drive.budget import SharedBudget
 from ..drive.context import DriveOptions, RunnerPool
-from ..drive.executors import thread_executor
+from ..drive.executors import UnitSlots, thread_executor
 from ..drive.root import drive_locked_run
 from ..errors import RunLockHeld, UsageError
 from ..hashing import canonical_json
@@ -174,6 +174,8 @@ def drive_sweep(ctx: SweepDrive, sweep: SweepRow, wf: Workflow) -> SweepRow:
         max_concurrency=ctx.max_concurrency,
         executor=pool,
         shared_budget=shared,
+        # One count of units in flight for every cell: the cap is the sweep's, not each cell's.
+        unit_slots=UnitSlots(ctx.max_concurrency),
     )
     # One runner pool for every cell: the cells share a plan, so one runner (one HTTP client
     # and its connections) serves them all, as it serves the units of one map.

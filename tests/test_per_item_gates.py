@@ -424,3 +424,23 @@ steps:
         for run_id, passed in zip(frame["run_id"], frame["gate_m_passed_items"], strict=True):
             journal = engine.journal(run_id)
             assert (journal["verdict"] == "passed").sum() == passed
+
+
+def test_the_sweeps_doc_score_each_row_example_runs(tmp_path: Path) -> None:
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "sweeps.md").read_text()
+    section = doc.split("## Score each row", 1)[1]
+    steps = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    source = (
+        "name: scored\nrunner: words\nparams:\n"
+        "  questions: {type: array, default: [sky, sea, a long question]}\n" + steps
+    )
+    use_runner(
+        "words",
+        lambda r: "blue" if "Gate feedback" in (r.prompt or "") else f"the {r.item} is blue",
+    )
+    with Engine(tmp_path / "state") as engine:
+        run = engine.run(source)
+        assert run.status == "completed"
+        assert run.result == ["the sky is blue", "the sea is blue", "blue"]
+        work = [a.unit_id for a in engine.attempts(run.run_id) if a.phase == "work"]
+        assert work == ["answer[0]", "answer[1]", "answer[2]", "answer[2]"]

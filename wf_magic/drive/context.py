@@ -45,6 +45,9 @@ class DriveOptions:
     shared_budget: SharedBudget | None = None
     """Ceilings shared with other runs (a sweep's): a charged unit they refuse is not
     dispatched and the drive stops, leaving the run resumable (``stopped_by='shared_budget'``)."""
+    payer: str | None = None
+    """The sweep that pays this drive's charged attempts: recorded with each reservation
+    (``sweep_charges``), so what a sweep paid is its own attempts, never another's."""
     unit_slots: UnitSlots | None = None
     """Units in flight shared with other runs (a sweep's ``max_concurrency``): a unit is
     reserved only once it holds a slot."""

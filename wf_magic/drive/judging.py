@@ -407,7 +407,7 @@ def _reclaim_or_reserve(
     if charged:
         ctx.budget.check(run_id=state.run_id, step_id=key.step_id, unit_id=key.unit_id)
         ctx.budget.charge_unit()
-    return ctx.store.reserve_attempt(key, charged=charged)
+    return ctx.store.reserve_attempt(key, charged=charged, payer=ctx.options.payer)
 
 
 def as_journaled(ctx: DriveContext, state: RunState, verdict: Verdict) -> tuple[Verdict, str]:

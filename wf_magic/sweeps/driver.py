@@ -149,9 +149,9 @@ def reopen_sweep(store: Store, sweep_id: str, *, budget: Mapping[str, Any] | Non
 
 
 def seed_shared_budget(store: Store, sweep: SweepRow) -> SharedBudget:
-    """The sweep's ceilings and what its cells' runs already charged since it was created."""
+    """The sweep's ceilings and what it already paid (its own charged attempts)."""
     ceilings = json.loads(sweep.budget_json)
-    units, tokens, cost = store.sweep_usage(sweep.sweep_id, since=sweep.created_at)
+    units, tokens, cost = store.sweep_usage(sweep.sweep_id)
     return SharedBudget(**ceilings, units=units, tokens=tokens, cost=cost)
 
 
@@ -162,7 +162,7 @@ def drive_sweep(ctx: SweepDrive, sweep: SweepRow, wf: Workflow) -> SweepRow:
     another process drives is skipped (and listed in ``ctx.skipped``), never raced.
     """
     shared = seed_shared_budget(ctx.store, sweep)
-    cells = ctx.store.sweep_cells(sweep.sweep_id, since=sweep.created_at)
+    cells = ctx.store.sweep_cells(sweep.sweep_id)
     owed = [c for c in cells if c.run_status not in SETTLED]
     settled = [len(cells) - len(owed)]
     lock = threading.Lock()
@@ -176,6 +176,7 @@ def drive_sweep(ctx: SweepDrive, sweep: SweepRow, wf: Workflow) -> SweepRow:
         shared_budget=shared,
         # One count of units in flight for every cell: the cap is the sweep's, not each cell's.
         unit_slots=UnitSlots(ctx.max_concurrency),
+        payer=sweep.sweep_id,
     )
     # One runner pool for every cell: the cells share a plan, so one runner (one HTTP client
     # and its connections) serves them all, as it serves the units of one map.
@@ -248,7 +249,7 @@ def settle_sweep(
     ``interrupted``: the drive's stop signal was set (an interrupt, a stop): with cells owed
     the sweep is ``stopped``, its reason ``interrupted; …`` (resumable like a budget stop).
     """
-    cells = store.sweep_cells(sweep.sweep_id, since=sweep.created_at)
+    cells = store.sweep_cells(sweep.sweep_id)
     status: SweepStatus
     done = sum(c.run_status == "completed" for c in cells)
     if done == len(cells):

@@ -73,7 +73,7 @@ class Sweep:
 
     def cells(self) -> list[SweepCellRow]:
         """The cell rows, with what their runs report."""
-        return self._store.sweep_cells(self.sweep_id, since=self.row.created_at)
+        return self._store.sweep_cells(self.sweep_id)
 
     def frame(self) -> pd.DataFrame:
         """One row per cell: the axes, ``row``, ``repeat``, ``run_id``, ``status``,
@@ -127,7 +127,7 @@ class Sweep:
 
     def totals(self) -> dict[str, float]:
         """What the sweep paid: units, tokens and cost, over all its cells."""
-        units, tokens, cost = self._store.sweep_usage(self.sweep_id, since=self.row.created_at)
+        units, tokens, cost = self._store.sweep_usage(self.sweep_id)
         return {"units": units, "tokens": tokens, "cost": cost}
 
     def pivot(self, values: str, index: str, columns: str, aggfunc: str = "mean") -> pd.DataFrame:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ..gates.judge import artifact_summary, schema_errors, schema_requirement
 from ..gates.verdict import GateWaiting, Verdict, Waiting
@@ -34,13 +34,21 @@ class ItemLoops:
     """Items whose gate accepted them (judged no more)."""
 
 
+ItemGateFate = Literal["passed", "loop", "exhausted", "blocked"]
+"""A per-item gate's decision on one loop:
+
+- ``passed``: every open item accepted (or a person approved the step).
+- ``loop``: some items rejected with loops left; only they re-execute.
+- ``exhausted``: items still rejected after ``max_loops``; the step blocks.
+- ``blocked``: a judge could not answer for an item (no loop consumed).
+"""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ItemFate:
     """What a per-item gate decided on one loop."""
 
-    status: str
-    """``passed`` (every judged item accepted, or a person approved), ``loop``, ``exhausted``
-    or ``blocked`` (a judge could not answer)."""
+    status: ItemGateFate
     note: str
     feedback: Feedback | None = None
     """The first rejected item's feedback (what the ``gate_rejected`` event carries)."""
@@ -106,13 +114,13 @@ def decide(
             f"{first.feedback}",
             feedback=Feedback(loop=loop, feedback=first.feedback, missing=first.missing),
         )
-    waiting = Waiting(loop=loop, input_hash=step_hash, summary=summary, judge="exhausted")
+    exhausted = Waiting(loop=loop, input_hash=step_hash, summary=summary, judge="exhausted")
     note = (
         f"gate exhausted after {loop} loop(s) on {len(rejected)} of {total} items "
         f"({failed_ids}); last feedback: {first.feedback}"
         + (f" (missing: {', '.join(first.missing)})" if first.missing else "")
     )
-    return ItemFate(status="exhausted", note=note, output=waiting.to_json())
+    return ItemFate(status="exhausted", note=note, output=exhausted.to_json())
 
 
 def _judge_each(

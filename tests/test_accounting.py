@@ -54,7 +54,7 @@ JOURNAL_DTYPES = {
     "cost": "float64", "reused_from": "string", "started_at": "datetime64[ns, UTC]",
     "finished_at": "datetime64[ns, UTC]", "duration_s": "float64", "failure": "string",
     "loop": "Int64", "charged": "boolean", "saved_tokens": "Int64", "session_id": "string",
-    "reused_from_run": "string", "reused_from_unit": "string",
+    "reused_from_run": "string", "reused_from_unit": "string", "verdict": "string",
 }  # fmt: skip
 # (unit, phase, loop, attempt, runner, model, status, tokens_in, tokens_out, charged)
 FIRST_RUN_ROWS = [

@@ -137,3 +137,38 @@ steps:
     assert len(detail.finder.options) == 250
     detail.finder.value = "fan[249]"
     assert "unit 249" in detail.unit_view.value
+
+
+PER_ITEM = """\
+name: per-item-view
+runner: scripted
+runners:
+  scripted:
+    rules:
+      - match: "Gate feedback"
+        reply: "ok fixed"
+      - match: "^Do 1"
+        reply: "bad"
+      - match: "^Do"
+        reply: "ok"
+steps:
+  - id: m
+    map: "{{ [0, 1] }}"
+    prompt: "Do {{ item }}"
+    gate: {per_item: true, judge: expr, check: "output.startswith('ok')", criteria: [ok],
+           max_loops: 2}
+"""
+
+
+def test_a_per_item_gates_unit_shows_its_own_items_verdict(engine: Engine) -> None:
+    _run_id, view = driven_view(engine, PER_ITEM)
+    view.rows["m"].toggle.value = True
+    detail = detail_of(view, "m")
+
+    detail.units.children[0].click()
+    first = detail.unit_view.value
+    assert first.count("gate passed") == 1 and "gate rejected" not in first
+
+    detail.units.children[1].click()
+    second = detail.unit_view.value
+    assert second.count("gate rejected") == 1 and second.count("gate passed") == 1

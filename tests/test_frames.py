@@ -54,6 +54,7 @@ JOURNAL_DTYPES = {
     "session_id": "string",
     "reused_from_run": "string",
     "reused_from_unit": "string",
+    "verdict": "string",
 }
 TOKENS_SUM_DTYPES = {
     "attempts": "Int64",
@@ -220,7 +221,7 @@ def test_journal_frame_of_an_empty_journal_has_every_column_and_dtype() -> None:
         "run", "step", "unit", "attempt", "dispatch_id", "phase", "runner", "model", "status",
         "input_hash", "tokens_in", "tokens_out", "cost", "reused_from", "started_at",
         "finished_at", "duration_s", "failure", "loop", "charged", "saved_tokens", "session_id",
-        "reused_from_run", "reused_from_unit",
+        "reused_from_run", "reused_from_unit", "verdict",
     ]  # fmt: skip
     assert list(JOURNAL_COLUMNS) == list(JOURNAL_DTYPES)
 
@@ -230,7 +231,7 @@ def test_journal_frame_is_empty_but_typed_when_there_are_no_attempts(
 ) -> None:
     frame = journal_frame(conn)
 
-    assert frame.shape == (0, 24)
+    assert frame.shape == (0, 25)
     assert dtypes(frame) == JOURNAL_DTYPES
     assert dtypes(journal_frame(conn, "r-missing")) == JOURNAL_DTYPES
 

@@ -171,3 +171,68 @@ def test_each_cells_own_budget_still_holds(tmp_path: Path) -> None:
         assert sweep.status_reason == ("2 cell(s) failed, blocked or abandoned (first: cell 0)")
         assert len(charged(state)) == 4
         assert sweep.frame()["status"].tolist() == ["failed", "failed"]
+
+
+TWO_STEPS = """
+name: two-steps
+params:
+  style: {type: string, default: a}
+runner: scripted
+runners:
+  scripted:
+    rules:
+      - {match: ".*", reply: "ok", tokens_in: 3, tokens_out: 2}
+steps:
+  - id: first
+    prompt: "First {{ params.style }}"
+  - id: second
+    prompt: "Second {{ params.style }} {{ steps.first.output }}"
+"""
+
+
+def test_overlapping_sweeps_each_count_only_what_they_paid(tmp_path: Path) -> None:
+    """Sweep A stops with cell b half done; sweep B (cells b, c) finishes b's run. Each sweep
+    counts the dispatches it paid for (``sweep_charges``): A's are not B's, and A's total
+    never grows past its ceiling because another sweep drove one of its runs."""
+    with Engine(tmp_path / "st") as engine:
+        first = engine.sweep(TWO_STEPS, grid={"style": ["a", "b"]}, budget={"max_units": 3})
+        assert first.status == "stopped"
+        assert first.totals() == {"units": 3, "tokens": 15, "cost": 0.0}
+        second = engine.sweep(TWO_STEPS, grid={"style": ["b", "c"]})
+        assert second.status == "completed"
+        b_run = first.frame()["run_id"].tolist()[1]
+        assert second.frame()["run_id"].tolist()[0] == b_run  # the same run, finished by B
+        assert second.totals() == {"units": 3, "tokens": 15, "cost": 0.0}
+        again = engine.sweep_handle(first.sweep_id)
+        assert again.totals() == {"units": 3, "tokens": 15, "cost": 0.0}
+        assert again.frame()["tokens_paid"].tolist() == [10, 5]
+        assert second.frame()["tokens_paid"].tolist() == [5, 10]
+        # A resumed under a larger ceiling has nothing of b left to pay.
+        resumed = engine.sweep_resume(first.sweep_id, budget={"max_units": 10})
+        assert resumed.status == "completed"
+        assert resumed.totals()["units"] == 3
+
+
+def test_m015_backfills_the_charges_of_sweeps_made_before_it(tmp_path: Path) -> None:
+    """A state DB from before ``sweep_charges``: the migration gives each charged attempt of a
+    sweep's cells (since it was created) to the earliest sweep that counted it."""
+    from wf_magic.store.migrations import apply_migrations
+
+    with Engine(tmp_path / "st") as engine:
+        first = engine.sweep(TWO_STEPS, grid={"style": ["a", "b"]}, budget={"max_units": 3})
+        engine.sweep(TWO_STEPS, grid={"style": ["b", "c"]})
+        db = engine.db_path
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        conn.execute("DROP TABLE sweep_charges")
+        conn.execute("DELETE FROM schema_migrations WHERE id = 'm015_sweep_charges'")
+        assert apply_migrations(conn) == ["m015_sweep_charges"]
+        rows = conn.execute(
+            "SELECT sweep_id, COUNT(*) FROM sweep_charges GROUP BY sweep_id ORDER BY 2 DESC"
+        ).fetchall()
+    finally:
+        conn.close()
+    # The old rule gave the first sweep 4 (its b run was finished by the second); the second
+    # sweep keeps only the attempts the first had not claimed.
+    assert rows[0] == (first.sweep_id, 4)
+    assert [count for _, count in rows] == [4, 2]

@@ -3,6 +3,9 @@ its sweep budget, the grid it shows, and one-line errors."""
 
 from __future__ import annotations
 
+import _thread
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,7 +13,9 @@ import pandas as pd
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
+from tests.helpers_flow import use_runner
 from tests.helpers_notebook import ipython_shell, magics_in
+from wf_magic import UnitRequest
 from wf_magic.notebook.magics import WorkflowMagics
 from wf_magic.sweeps.handle import Sweep
 
@@ -68,6 +73,41 @@ def test_sweep_cell_runs_the_grid_over_a_notebook_frame_and_binds_the_handle(
     assert shell.user_ns["s"].sweep_id == sweep.sweep_id
     assert shell.user_ns["s"].status == "completed"
     assert shell.user_ns["s"].totals()["units"] == 24
+
+
+def test_an_interrupt_stops_the_sweep_between_cells_with_one_line_and_no_traceback(
+    shell: InteractiveShell, magics: WorkflowMagics, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls: list[str] = []
+
+    def slow(request: UnitRequest) -> object:
+        calls.append(request.prompt or "")
+        if len(calls) == 1:  # the kernel interrupt arrives while the first cell's unit runs
+            threading.Timer(0.05, _thread.interrupt_main).start()
+        time.sleep(0.4)
+        return "ok"
+
+    use_runner("slowpoke", slow)
+    source = YAML.replace("runner: scripted", "runner: slowpoke")
+    result = shell.run_cell("%%sweep --grid style=a,b,c,d --grid topic=t --as s\n" + source)
+
+    assert result.error_in_exec is None
+    sweep = shell.user_ns["s"]
+    assert sweep.status == "stopped"
+    assert sweep.status_reason == (
+        f"interrupted; 3 cell(s) owed; `wf sweep-resume {sweep.sweep_id}` continues"
+    )
+    assert len(calls) == 1  # no cell was dispatched after the interrupt
+    assert sweep.frame()["status"].tolist() == ["completed", "pending", "pending", "pending"]
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if line.strip()] == [
+        "Interrupted: the sweep dispatches nothing more and stops after the units in flight; "
+        "re-run the cell to continue it."
+    ]
+    again = shell.run_cell("%%sweep --grid style=a,b,c,d --grid topic=t --as s\n" + source)
+    again.raise_error()
+    assert shell.user_ns["s"].status == "completed"
+    assert len(calls) == 4
 
 
 def test_sweep_cell_errors_are_one_line_usage_errors(

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import sqlite3
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -455,3 +459,51 @@ def test_the_frame_has_a_gate_outcome_and_loops_per_gated_step_matching_the_jour
         assert verdicts == frame["gate_write_loops"].tolist()
         assert frame["status"].tolist() == ["blocked", "completed"]
         assert sweep.status == "failed"
+
+
+SLOW_MAP = """
+name: sweep-slow-map
+params:
+  style: {type: string, default: a}
+execution: {max_concurrency: 8}
+steps:
+  - id: each
+    map: "{{ range(8) | list }}"
+    python: slow
+    with: {}
+"""
+
+
+@pytest.mark.parametrize("external", [False, True])
+def test_max_concurrency_caps_the_units_in_flight_over_all_cells(
+    tmp_path: Path, external: bool
+) -> None:
+    """Four cells of an 8-unit map under ``max_concurrency=4``: never more than 4 units at
+    once in all (each cell alone would run 8), on the sweep's pool or a caller's larger one."""
+    lock = threading.Lock()
+    running = [0]
+    peak = [0]
+
+    def slow(item: int) -> int:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.03)
+        with lock:
+            running[0] -= 1
+        return item
+
+    pool = ThreadPoolExecutor(max_workers=32) if external else None
+    try:
+        with Engine(tmp_path / "st", namespace={"slow": slow}, executor=pool) as engine:
+            sweep = engine.sweep(
+                SLOW_MAP.replace("    with: {}\n", ""),
+                grid={"style": ["a", "b", "c", "d"]},
+                max_concurrency=4,
+            )
+            assert sweep.status == "completed"
+            assert sweep.totals()["units"] == 32
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    assert 2 <= peak[0] <= 4

@@ -91,9 +91,13 @@ def _report(sweep: Sweep, *, interrupted: bool) -> int:
         print(f"  {row.status_reason}")
     for line in sweep.skipped:
         print(f"warning: {line}", file=sys.stderr)
-    if interrupted and row.status == "running":
+    if interrupted and (row.status == "running" or _stopped_by_interrupt(row.status_reason)):
         return EXIT_INTERRUPTED
     return SWEEP_EXIT_CODES.get(row.status, EXIT_FAILED)
+
+
+def _stopped_by_interrupt(reason: str | None) -> bool:
+    return bool(reason and reason.startswith("interrupted"))
 
 
 def cmd_sweep(engine: Engine, args: argparse.Namespace) -> int:

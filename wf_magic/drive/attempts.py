@@ -70,7 +70,9 @@ def reserve_many(ctx: DriveContext, state: RunState, units: Sequence[UnitPlan]) 
     The caller has checked the budget and counted each charged unit (``Budget.charge_unit``)
     as it took it into the batch, so the next unit's check sees it.
     """
-    rows = ctx.store.reserve_attempts([(unit_key(state, u), u.charged) for u in units])
+    rows = ctx.store.reserve_attempts(
+        [(unit_key(state, u), u.charged) for u in units], payer=ctx.options.payer
+    )
     for unit, attempt in zip(units, rows, strict=True):
         ctx.emit(
             "unit_started",

@@ -24,7 +24,7 @@ from ..spec.plan import Plan, PlanStep
 from ..store import Store
 from ..store.records import RunRow, StepRow
 from .budget import Budget, SharedBudget
-from .executors import UnitExecutors
+from .executors import UnitExecutors, UnitSlots
 from .units import StepOutputs
 
 STOP_POLL_S = 0.2
@@ -45,6 +45,12 @@ class DriveOptions:
     shared_budget: SharedBudget | None = None
     """Ceilings shared with other runs (a sweep's): a charged unit they refuse is not
     dispatched and the drive stops, leaving the run resumable (``stopped_by='shared_budget'``)."""
+    payer: str | None = None
+    """The sweep that pays this drive's charged attempts: recorded with each reservation
+    (``sweep_charges``), so what a sweep paid is its own attempts, never another's."""
+    unit_slots: UnitSlots | None = None
+    """Units in flight shared with other runs (a sweep's ``max_concurrency``): a unit is
+    reserved only once it holds a slot."""
 
 
 @dataclass(slots=True, kw_only=True)

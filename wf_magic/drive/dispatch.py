@@ -33,6 +33,8 @@ from .units import UnitPlan
 MAX_OUTPUT_BYTES = outcomes.MAX_OUTPUT_BYTES
 OWED_LOOKUP_MAX = 500
 """Past this many owed units, their history is read with one scan of the step instead."""
+SLOT_WAIT_S = 0.01
+"""How long a drive waits before asking again for a slot other drives hold (a sweep's)."""
 
 
 @dataclass(slots=True)
@@ -147,13 +149,24 @@ def _schedule(
     in_flight: dict[Future[UnitResult], tuple[_Job, AttemptRow]] = {}
     finished: SimpleQueue[Future[UnitResult]] = SimpleQueue()
     """Futures as they complete (a done-callback each): no per-wait scan of those in flight."""
+    # Slots shared with other drives (a sweep's cells); never for inline units (a child
+    # workflow's drive would wait on the slot its parent's unit holds).
+    slots = None if KINDS[step.kind].runs_inline else ctx.options.unit_slots
+    held = 0
     halt = False
     try:
         while jobs or in_flight:
-            if jobs and len(in_flight) < limit and not halt:
-                for job, attempt in _start_batch(
-                    ctx, state, step, jobs, work, limit - len(in_flight), in_flight
-                ):
+            free = limit - len(in_flight) if jobs and not halt else 0
+            if free > 0 and slots is not None:
+                got = slots.take(free)
+                held, free = held + got, got
+                if not got and not in_flight:
+                    if state.should_stop(ctx):
+                        work.stopped = halt = True
+                    time.sleep(SLOT_WAIT_S)  # every slot is another cell's: wait for one
+                    continue
+            if free > 0:
+                for job, attempt in _start_batch(ctx, state, step, jobs, work, free, in_flight):
                     launched = _launch(ctx, state, step, job, attempt, work, executor, inline)
                     if launched is None:
                         ctx.budget.release(job.offer)
@@ -162,10 +175,16 @@ def _schedule(
                     in_flight[launched] = (job, attempt)
                     launched.add_done_callback(finished.put)
                 halt = halt or work.stopped or work.budget_error is not None
+                if slots is not None and held > len(in_flight):
+                    slots.give(held - len(in_flight))  # taken but not launched
+                    held = len(in_flight)
             if in_flight:
                 ctx.store.flush()  # nothing finished may wait on what is in flight
                 for future in _completed(finished, timeout=0.5):
                     job, attempt = in_flight.pop(future)
+                    if slots is not None:
+                        slots.give()
+                        held -= 1
                     if not _finish(ctx, state, step, job, attempt, future, work, jobs):
                         halt = halt or step.on_error == "fail"
                 if step.agent and not work.stopped and in_flight and state.should_stop(ctx):
@@ -195,6 +214,8 @@ def _schedule(
                 _finish(ctx, state, step, job, attempt, future, work, deque())
         raise
     finally:
+        if slots is not None:
+            slots.give(held)
         ctx.store.flush()
 
 

@@ -15,6 +15,7 @@ Dask is the optional extra ``wf_magic[dask]``; it is imported only when
 from __future__ import annotations
 
 import importlib
+import threading
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -142,6 +143,33 @@ class InlineExecutor(Executor):
                 raise
             future.set_exception(exc)
         return future
+
+
+class UnitSlots:
+    """Units in flight counted across several drives (a sweep's cells): at most ``limit``.
+
+    A drive takes slots before it reserves units and gives each back when its unit's outcome
+    is in, so the cells of a sweep together never have more than ``limit`` units reserved
+    and running, whatever executor runs them (a Dask cluster runs as many as it is given).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self._used = 0
+        self._lock = threading.Lock()
+
+    def take(self, wanted: int) -> int:
+        """Take up to ``wanted`` free slots at once; how many were taken (maybe 0)."""
+        with self._lock:
+            got = max(0, min(wanted, self.limit - self._used))
+            self._used += got
+            return got
+
+    def give(self, count: int = 1) -> None:
+        """Give back ``count`` slots."""
+        if count:
+            with self._lock:
+                self._used -= count
 
 
 class UnitExecutors:

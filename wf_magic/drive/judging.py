@@ -20,6 +20,7 @@ from ..gates.verdict import (
     Verdict,
     VerdictError,
     Waiting,
+    gate_item_unit_id,
     gate_unit_id,
 )
 from ..hashing import canonical_json, hash_value
@@ -44,22 +45,29 @@ def gate_key(
     model: str | None,
     input_hash: str,
     judge_input: dict[str, Any] | None = None,
+    item: int | None = None,
 ) -> UnitKey:
-    """The journal key of a verdict unit ``<step>.gate:l<loop>`` (with the judge's input)."""
+    """The journal key of a verdict unit ``<step>.gate:l<loop>`` (with the judge's input), or
+    ``<step>.gate:l<loop>[<item>]`` for one item of a per-item gate."""
     kept = None if judge_input is None else canonical_json(state.redactor.redact_value(judge_input))
     return UnitKey(
         run_id=state.run_id,
         workflow=state.plan.name,
         step_id=step_id,
-        unit_id=gate_unit_id(step_id, loop),
+        unit_id=verdict_unit_id(step_id, loop, item),
         phase="gate",
         loop=loop,
-        item_index=None,
+        item_index=item,
         runner=runner,
         model=model,
         input_hash=input_hash,
         input_json=kept,
     )
+
+
+def verdict_unit_id(step_id: str, loop: int, item: int | None) -> str:
+    """``<step>.gate:l<loop>``, or ``<step>.gate:l<loop>[<item>]`` for one item's verdict."""
+    return gate_unit_id(step_id, loop) if item is None else gate_item_unit_id(step_id, loop, item)
 
 
 def obtain_verdict(
@@ -70,9 +78,11 @@ def obtain_verdict(
     loop: int,
     artifact: Any,
     unit_count: int,
+    item: int | None = None,
 ) -> Judged | GateWaiting:
     """The verdict on this loop: the journaled one for this judge input, or a new judgement.
 
+    ``item`` names the map item a per-item gate judges alone (``artifact`` is its output).
     A human gate with no recorded decision, and a judge that cannot answer, give
     ``GateWaiting`` (the step blocks; no loop is consumed).
     """
@@ -84,7 +94,15 @@ def obtain_verdict(
     except TemplateError as exc:
         # A judge that cannot read its criteria cannot judge (DESIGN §3.6): the step blocks.
         return _criteria_failed(
-            ctx, state, step, loop=loop, summary=summary, runner=runner, model=model, exc=exc
+            ctx,
+            state,
+            step,
+            loop=loop,
+            summary=summary,
+            runner=runner,
+            model=model,
+            exc=exc,
+            item=item,
         )
     hashed: dict[str, Any] = {
         "judge": gate.judge,
@@ -105,12 +123,15 @@ def obtain_verdict(
         hashed = {**hashed, "runner": settings, "content_hash": hash_value(hashed)}
     input_hash = hash_value(hashed)
     judge_input = dict(hashed)  # what is kept: the hashed input, plus what an LLM judge reads
+    label = step.id if item is None else f"{step.id}[{item}]"
     if gate.judge == "llm":
-        judge_input["prompt"] = judge_prompt(step.id, criteria, summary)
-    unit_id = gate_unit_id(step.id, loop)
+        judge_input["prompt"] = judge_prompt(label, criteria, summary)
+    unit_id = verdict_unit_id(step.id, loop, item)
     recorded = ctx.store.find_in_run(run_id=state.run_id, input_hash=input_hash, unit_id=unit_id)
     if recorded is None:
-        recorded = _reuse_verdict(ctx, state, step, loop, runner, model, input_hash, judge_input)
+        recorded = _reuse_verdict(
+            ctx, state, step, loop, runner, model, input_hash, judge_input, item=item
+        )
     if recorded is not None and recorded.output_json:
         verdict = Verdict.from_json(json.loads(recorded.output_json))
         return Judged(verdict=verdict, input_hash=input_hash, summary=summary)
@@ -127,19 +148,20 @@ def obtain_verdict(
         model=model,
         input_hash=input_hash,
         judge_input=judge_input,
+        item=item,
     )
     try:
         if gate.judge == "expr":
             verdict = _judge_expr(ctx, state, gate, key, criteria, artifact)
         else:
-            verdict = _judge_llm(ctx, state, step, key, criteria, summary)
+            verdict = _judge_llm(ctx, state, step, key, criteria, summary, label=label)
     except (VerdictError, RunnerError) as exc:
         return GateWaiting(
             reason=f"judge failed on loop {loop}: {state.redactor.redact(str(exc))}; no loop "
             "was consumed. Fix the judge and resume to re-judge this work.",
             waiting=Waiting(loop=loop, input_hash=input_hash, summary=summary, judge="failed"),
         )
-    _announce(ctx, state, step.id, loop, verdict)
+    _announce(ctx, state, step.id, loop, verdict, item=item)
     return Judged(verdict=verdict, input_hash=input_hash, summary=summary)
 
 
@@ -169,6 +191,7 @@ def _criteria_failed(
     runner: str,
     model: str | None,
     exc: TemplateError,
+    item: int | None = None,
 ) -> Judged | GateWaiting:
     """The gate's criteria failed to render for this run's values: no judge is asked.
 
@@ -187,13 +210,20 @@ def _criteria_failed(
         "model": model,
     }
     input_hash = hash_value(hashed)
-    unit_id = gate_unit_id(step.id, loop)
+    unit_id = verdict_unit_id(step.id, loop, item)
     recorded = ctx.store.find_in_run(run_id=state.run_id, input_hash=input_hash, unit_id=unit_id)
     if recorded is not None and recorded.output_json:
         verdict = Verdict.from_json(json.loads(recorded.output_json))
         return Judged(verdict=verdict, input_hash=input_hash, summary=summary)
     key = gate_key(
-        state, step.id, loop, runner=runner, model=model, input_hash=input_hash, judge_input=hashed
+        state,
+        step.id,
+        loop,
+        runner=runner,
+        model=model,
+        input_hash=input_hash,
+        judge_input=hashed,
+        item=item,
     )
     attempt = ctx.store.reserve_attempt(key, charged=False)
     shown = attempts.finish_error(ctx, state, attempt, failure)
@@ -214,6 +244,8 @@ def _reuse_verdict(
     model: str | None,
     input_hash: str,
     judge_input: dict[str, Any],
+    *,
+    item: int | None = None,
 ) -> AttemptRow | None:
     """A verdict this run may take instead of judging again, journaled as ``reused``.
 
@@ -221,7 +253,7 @@ def _reuse_verdict(
     same history). Otherwise llm/expr verdicts on the same judge input are reused across runs
     like work units (cache permitting); a person's decision never is.
     """
-    unit_id = gate_unit_id(step.id, loop)
+    unit_id = verdict_unit_id(step.id, loop, item)
     run = state.run
     source: AttemptRow | None = None
     if run.forked_from and run.fork_step and not state.reexecutes(step):
@@ -247,6 +279,7 @@ def _reuse_verdict(
         model=model,
         input_hash=input_hash,
         judge_input=judge_input,
+        item=item,
     )
     return attempts.record_reuse(ctx, state, key, source, notify=False)
 
@@ -302,6 +335,8 @@ def _judge_llm(
     key: UnitKey,
     criteria: list[str],
     summary: str,
+    *,
+    label: str,
 ) -> Verdict:
     charged = judge_is_charged(state, step.gate or GateSpec())
     attempt = _reclaim_or_reserve(ctx, state, key, charged=charged)
@@ -315,7 +350,7 @@ def _judge_llm(
             input_hash=key.input_hash,
             attempt=attempt.attempt,
             kind="judge",
-            prompt=judge_prompt(step.id, criteria, summary),
+            prompt=judge_prompt(label, criteria, summary),
             model=key.model,
             output_schema=VERDICT_SCHEMA,
             timeout_s=step.timeout_s,
@@ -380,7 +415,7 @@ def _reclaim_or_reserve(
     if charged:
         ctx.budget.check(run_id=state.run_id, step_id=key.step_id, unit_id=key.unit_id)
         ctx.budget.charge_unit()
-    return ctx.store.reserve_attempt(key, charged=charged)
+    return ctx.store.reserve_attempt(key, charged=charged, payer=ctx.options.payer)
 
 
 def as_journaled(ctx: DriveContext, state: RunState, verdict: Verdict) -> tuple[Verdict, str]:
@@ -418,14 +453,15 @@ def record_schema_verdict(
     loop: int,
     artifact: Any,
     verdict: Verdict,
+    item: int | None = None,
 ) -> Verdict:
-    """Journal a schema rejection as the loop's verdict (once per loop and artifact); returns
-    it as journaled."""
-    count = len(artifact) if isinstance(artifact, list) and step.map else 1
+    """Journal a schema rejection as the loop's verdict (once per loop and artifact), or as
+    one item's verdict of a per-item gate; returns it as journaled."""
+    count = len(artifact) if isinstance(artifact, list) and step.map and item is None else 1
     summary = artifact_summary(artifact, unit_count=count)
     hashed = {"judge": "schema", "summary": summary, "schema": step.output}
     input_hash = hash_value(hashed)
-    unit_id = gate_unit_id(step.id, loop)
+    unit_id = verdict_unit_id(step.id, loop, item)
     existing = ctx.store.find_in_run(run_id=state.run_id, input_hash=input_hash, unit_id=unit_id)
     if existing is None:
         key = gate_key(
@@ -436,23 +472,42 @@ def record_schema_verdict(
             model=None,
             input_hash=input_hash,
             judge_input=hashed,
+            item=item,
         )
         verdict = _record(ctx, state, key, verdict)
     else:
         verdict, _ = as_journaled(ctx, state, verdict)
-    _announce(ctx, state, step.id, loop, verdict)
+    _announce(ctx, state, step.id, loop, verdict, item=item)
     return verdict
 
 
+def step_decision(
+    ctx: DriveContext, state: RunState, step: PlanStep, *, loop: int, input_hash: str
+) -> Verdict | None:
+    """A person's decision on the whole step at ``loop`` (``<step>.gate:l<loop>``) for the
+    artifact ``input_hash`` names: how an exhausted or failed per-item gate is approved."""
+    unit_id = gate_unit_id(step.id, loop)
+    recorded = ctx.store.find_in_run(run_id=state.run_id, input_hash=input_hash, unit_id=unit_id)
+    if recorded is None or not recorded.output_json:
+        return None
+    return Verdict.from_json(json.loads(recorded.output_json))
+
+
 def _announce(
-    ctx: DriveContext, state: RunState, step_id: str, loop: int, verdict: Verdict
+    ctx: DriveContext,
+    state: RunState,
+    step_id: str,
+    loop: int,
+    verdict: Verdict,
+    *,
+    item: int | None = None,
 ) -> None:
-    """Tell observers the verdict on ``step_id`` at ``loop``."""
+    """Tell observers the verdict on ``step_id`` (or one of its items) at ``loop``."""
     ctx.emit(
         "gate_verdict",
         run_id=state.run_id,
         step_id=step_id,
-        unit_id=gate_unit_id(step_id, loop),
+        unit_id=verdict_unit_id(step_id, loop, item),
         loop=loop,
         complete=verdict.complete,
         feedback=verdict.feedback,

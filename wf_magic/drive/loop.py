@@ -10,7 +10,7 @@ import json
 from collections.abc import Sequence
 
 from ..errors import RunLockHeld, RunnerError
-from ..gates.verdict import gate_unit_id
+from ..gates.verdict import gate_item_unit_id, gate_unit_id
 from ..hashing import canonical_json
 from ..runners.base import UnitResult
 from ..spec.plan import Plan, PlanStep
@@ -18,6 +18,7 @@ from ..store.records import AttemptRow, RunRow, StepRow
 from . import children, dispatch, spine
 from .context import DriveContext, DriveStats, RunState
 from .integrity import verified_plan
+from .itemgates import ItemLoops
 from .units import StepInputError, UnitPlan, build_units
 
 
@@ -134,6 +135,8 @@ def _route_skip(state: RunState, routers: Sequence[PlanStep], step: PlanStep) ->
 
 def _run_step(ctx: DriveContext, state: RunState, step: PlanStep) -> spine.StepOutcome | None:
     loop, feedback = 1, None
+    per_item = step.gate is not None and step.gate.per_item and step.map is not None
+    items = ItemLoops() if per_item else None
     while True:
         try:
             units = build_units(
@@ -144,6 +147,7 @@ def _run_step(ctx: DriveContext, state: RunState, step: PlanStep) -> spine.StepO
                 loop=loop,
                 feedback=feedback,
                 redact=state.redactor.redact,
+                item_feedback=items.feedback if items is not None else None,
             )
         except StepInputError as exc:
             work = spine.LoopWork(input_error=str(exc))
@@ -152,12 +156,14 @@ def _run_step(ctx: DriveContext, state: RunState, step: PlanStep) -> spine.StepO
         def inline(step: PlanStep, unit: UnitPlan, attempt: AttemptRow) -> UnitResult:
             return _run_inline(ctx, state, step, unit)
 
-        judged = _has_verdict(ctx, state, step, loop)
+        judged = _has_verdict(ctx, state, step, loop, len(units) if per_item else None)
         work = dispatch.run_units(ctx, state, step, units, inline=inline, judged=judged)
         state.stats.dispatched += work.dispatched
         if work.stopped and not work.is_complete:
             return None
-        outcome = spine.complete_step(ctx, state, step, loop=loop, units=units, work=work)
+        outcome = spine.complete_step(
+            ctx, state, step, loop=loop, units=units, work=work, items=items
+        )
         state.stats.retryable_failure = outcome.retryable and outcome.run_failed
         if outcome.status != "loop":
             return outcome
@@ -169,7 +175,8 @@ def _run_step(ctx: DriveContext, state: RunState, step: PlanStep) -> spine.StepO
             feedback=outcome.feedback.feedback if outcome.feedback else "",
             missing=list(outcome.feedback.missing) if outcome.feedback else [],
         )
-        loop, feedback = loop + 1, outcome.feedback
+        # A per-item gate's items carry their own feedback (items.feedback); the step none.
+        loop, feedback = loop + 1, None if per_item else outcome.feedback
 
 
 def _sync_run_status(ctx: DriveContext, state: RunState, step: PlanStep) -> None:
@@ -203,11 +210,17 @@ def _still_active(state: RunState, step: PlanStep) -> bool:
     return position < len(steps) and state.step_rows[steps[position].id].status == "pending"
 
 
-def _has_verdict(ctx: DriveContext, state: RunState, step: PlanStep, loop: int) -> bool:
+def _has_verdict(
+    ctx: DriveContext, state: RunState, step: PlanStep, loop: int, items: int | None = None
+) -> bool:
+    """Whether ``loop`` of ``step`` has a journaled verdict (on any of its ``items`` when the
+    gate judges them one by one)."""
     if step.gate is None and step.output is None:
         return False
-    unit_id = gate_unit_id(step.id, loop)
-    verdicts = ctx.store.attempts_of_units(state.run_id, [unit_id])
+    unit_ids = [gate_unit_id(step.id, loop)]
+    if items is not None:
+        unit_ids += [gate_item_unit_id(step.id, loop, i) for i in range(items)]
+    verdicts = ctx.store.attempts_of_units(state.run_id, unit_ids)
     return any(a.status == "succeeded" for a in verdicts)
 
 

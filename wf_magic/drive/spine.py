@@ -19,7 +19,7 @@ from ..gates.verdict import GateWaiting, Judged, Verdict, Waiting
 from ..hashing import canonical_json
 from ..spec.plan import Plan, PlanStep
 from ..store.records import RunStatus, StepRow, StepStatus
-from . import judging
+from . import itemgates, judging
 from .context import DriveContext, RunState
 from .units import Feedback, UnitPlan
 
@@ -82,9 +82,13 @@ def complete_step(
     loop: int,
     units: Sequence[UnitPlan],
     work: LoopWork,
+    items: itemgates.ItemLoops | None = None,
 ) -> StepOutcome:
-    """Decide and record a step's status after one loop of work."""
-    outcome = _decide(ctx, state, step, loop=loop, units=units, work=work)
+    """Decide and record a step's status after one loop of work.
+
+    ``items`` carries a per-item gate's state across loops (updated when a loop is decided).
+    """
+    outcome = _decide(ctx, state, step, loop=loop, units=units, work=work, items=items)
     if outcome.status == "loop":
         # A rejected loop is replayed from the journal; the row is written when the next
         # loop dispatches (start_loop), so re-driving a finished gate writes nothing.
@@ -122,6 +126,7 @@ def _decide(
     loop: int,
     units: Sequence[UnitPlan],
     work: LoopWork,
+    items: itemgates.ItemLoops | None = None,
 ) -> StepOutcome:
     if work.input_error:
         return _failed(step, work.input_error)
@@ -144,6 +149,8 @@ def _decide(
         if failures
         else list(range(len(units)))
     )
+    if step.gate is not None and step.gate.per_item and items is not None:
+        return _with_note(_per_item(ctx, state, step, loop, units, work, ok, items), partial)
     artifact = _reduce(step, work.outputs, ok=ok)
     if isinstance(artifact, StepOutcome):
         return _with_note(artifact, partial)
@@ -168,6 +175,35 @@ def _decide(
     if isinstance(verdict, GateWaiting):
         return StepOutcome(status="blocked", note=verdict.reason, output=verdict.waiting.to_json())
     return _with_note(_judged(step, loop=loop, artifact=artifact, judged=verdict), partial)
+
+
+def _per_item(
+    ctx: DriveContext,
+    state: RunState,
+    step: PlanStep,
+    loop: int,
+    units: Sequence[UnitPlan],
+    work: LoopWork,
+    ok: list[int],
+    items: itemgates.ItemLoops,
+) -> StepOutcome:
+    """A per-item gate's fate for this loop (drive/itemgates.py); the reduce runs once every
+    item passed."""
+    try:
+        fate = itemgates.decide(
+            ctx, state, step, loop=loop, units=units, outputs=work.outputs, ok=ok, items=items
+        )
+    except BudgetExceeded as exc:  # a charged judge would pass a ceiling: stop as a unit would
+        ctx.emit("warning", run_id=state.run_id, step_id=step.id, message=str(exc))
+        return StepOutcome(status="failed", note=str(exc), run_failed=True, hard_stop=True)
+    if fate.status == "loop":
+        return StepOutcome(status="loop", note=fate.note, feedback=fate.feedback)
+    if fate.status in ("blocked", "exhausted"):
+        return StepOutcome(status="blocked", note=fate.note, output=fate.output)
+    artifact = _reduce(step, work.outputs, ok=ok)
+    if isinstance(artifact, StepOutcome):
+        return artifact
+    return StepOutcome(status="completed", output=artifact, note=fate.note)
 
 
 def _with_note(outcome: StepOutcome, extra: str | None) -> StepOutcome:

@@ -262,10 +262,14 @@ def build_units(
     loop: int,
     feedback: Feedback | None,
     redact: Callable[[str], str] | None = None,
+    item_feedback: Mapping[int, Feedback] | None = None,
 ) -> LoopUnits:
     """The work units of ``step`` at ``loop``, in item order (rendered on first use).
 
     ``redact`` masks secrets in a message before it is clipped (see :func:`map_items`).
+    ``item_feedback`` (a per-item gate) gives each map item its own last rejection: an item
+    absent from it renders as it did when its gate accepted it, so it keeps its input hash
+    and its output is found in the journal instead of being re-dispatched.
 
     Raises:
         StepInputError: the map template fails or yields no list, or too many items. A unit
@@ -273,7 +277,14 @@ def build_units(
     """
     items = expand_items(step, params, outputs, redact=redact)
     return LoopUnits(
-        plan, step, params=params, outputs=outputs, loop=loop, feedback=feedback, items=items
+        plan,
+        step,
+        params=params,
+        outputs=outputs,
+        loop=loop,
+        feedback=feedback,
+        items=items,
+        item_feedback=item_feedback,
     )
 
 
@@ -295,6 +306,7 @@ class LoopUnits(Sequence[UnitPlan]):
         loop: int,
         feedback: Feedback | None,
         items: list[Any] | None,
+        item_feedback: Mapping[int, Feedback] | None = None,
     ) -> None:
         self.plan = plan
         self.step = step
@@ -302,6 +314,7 @@ class LoopUnits(Sequence[UnitPlan]):
         self.outputs = outputs
         self.loop = loop
         self.feedback = feedback
+        self.item_feedback = item_feedback or {}
         self._items = items
         self._built: list[UnitPlan | None] = [None] * (1 if items is None else len(items))
         self._context_hash: tuple[str | None] | None = None
@@ -342,7 +355,8 @@ class LoopUnits(Sequence[UnitPlan]):
         Raises:
             StepInputError: a template of the step cannot be rendered for this unit.
         """
-        step, feedback, idx = self.step, self.feedback, unit.item_index
+        step, idx = self.step, unit.item_index
+        feedback = self.feedback if idx is None else self.item_feedback.get(idx, self.feedback)
         block = None
         if (
             feedback
@@ -403,7 +417,8 @@ class LoopUnits(Sequence[UnitPlan]):
         cannot be proven (a small map, a single step, ``random``): every unit is compared.
         """
         if self._context_hash is None:
-            self._context_hash = (context_hash(self),)
+            # Items with feedback of their own (a per-item gate) are compared unit by unit.
+            self._context_hash = (None if self.item_feedback else context_hash(self),)
         return self._context_hash[0]
 
 

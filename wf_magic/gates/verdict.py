@@ -20,6 +20,12 @@ def gate_unit_id(step_id: str, loop: int) -> str:
     return f"{step_id}.gate:l{loop}"
 
 
+def gate_item_unit_id(step_id: str, loop: int, index: int) -> str:
+    """The unit id of a per-item gate's verdict on map item ``index``:
+    ``<step>.gate:l<loop>[<index>]``."""
+    return f"{step_id}.gate:l{loop}[{index}]"
+
+
 class VerdictError(Exception):
     """A judge answered something that is not a verdict (a judge failure, never a pass)."""
 

@@ -222,10 +222,18 @@ class StepDetail:
             return
         newest: dict[int, AttemptRow] = {}
         verdicts: dict[int, object] = {}
+        item = next(
+            (a.item_index for a in attempts if a.unit_id == unit_id and a.phase == "work"), None
+        )
         for a in attempts:
             if a.unit_id == unit_id and a.phase == "work":
                 newest[a.loop] = a
-            elif a.phase == "gate" and a.status in ("succeeded", "reused") and a.output_json:
+            elif (
+                a.phase == "gate"
+                and a.status in ("succeeded", "reused")
+                and a.output_json
+                and a.item_index in (None, item)  # a per-item gate's: this item's own verdict
+            ):
                 verdicts[a.loop] = json.loads(a.output_json)
         records = [record_of(self.store, newest[loop], with_agent=True) for loop in sorted(newest)]
         self.unit_view.value = (

@@ -4,7 +4,9 @@ whose rich display is the sweep's grid (static HTML that stays in the saved note
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+import sys
+import threading
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
@@ -29,6 +31,11 @@ def sweep_rows(value: str | None, user_ns: Mapping[str, Any]) -> Any:
 def run_sweep_cell(ctx: CommandContext, ns: argparse.Namespace, source: str) -> Sweep:
     """Freeze the cell's workflow, run the sweep, bind ``--as``; the handle shows the grid.
 
+    An interrupt (the kernel's, a ``KeyboardInterrupt`` in the main thread) stops the sweep
+    gracefully: no new cell or unit is dispatched, the units in flight finish, the sweep
+    settles ``stopped`` (reason ``interrupted; …``) and one line says so; a second interrupt
+    stops waiting (the sweep still winds down on its thread).
+
     Raises:
         UsageError: the cell is empty, a bad ``--grid``, or what ``Engine.sweep`` refuses.
     """
@@ -46,17 +53,22 @@ def run_sweep_cell(ctx: CommandContext, ns: argparse.Namespace, source: str) -> 
     }
     grid, rows = parse_grid(ns.grid or ()), sweep_rows(ns.rows, ctx.user_ns)
     view = _live_view(ctx, wf, grid, rows, ns.repeat) if ctx.use_widgets else None
+    stop = threading.Event()
     try:
-        sweep = ctx.engine.sweep(
-            wf,
-            grid=grid,
-            rows=rows,
-            repeat=ns.repeat,
-            budget=budget or None,
-            max_concurrency=ns.max_concurrency,
-            key=ns.key,
-            progress=view.poke if view is not None else None,
-            values_from_strings=True,
+        sweep = _interruptible(
+            lambda: ctx.engine.sweep(
+                wf,
+                grid=grid,
+                rows=rows,
+                repeat=ns.repeat,
+                budget=budget or None,
+                max_concurrency=ns.max_concurrency,
+                key=ns.key,
+                signal=stop,
+                progress=view.poke if view is not None else None,
+                values_from_strings=True,
+            ),
+            stop,
         )
     finally:
         if view is not None:
@@ -64,6 +76,60 @@ def run_sweep_cell(ctx: CommandContext, ns: argparse.Namespace, source: str) -> 
     if ns.as_var:
         ctx.user_ns[ns.as_var] = sweep
     return sweep
+
+
+def _interruptible(drive: Callable[[], Sweep], stop: threading.Event) -> Sweep:
+    """Run ``drive`` on a thread and wait; an interrupt sets ``stop`` (a graceful stop).
+
+    The main thread only waits, so a kernel interrupt lands here and never inside the
+    drive's journal writes (as ``%%workflow``'s foreground drive).
+
+    Raises:
+        Whatever ``drive`` raised.
+    """
+    done = threading.Event()
+    outcome: list[Sweep] = []
+    error: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            outcome.append(drive())
+        except BaseException as exc:  # handed to the waiting thread, raised there
+            error.append(exc)
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=target, name="wf-sweep", daemon=True)
+    interrupted = False
+    try:
+        worker.start()
+    except KeyboardInterrupt:
+        if worker.ident is None:
+            raise  # nothing was started
+        interrupted = _interrupted(stop)
+    while not done.is_set():
+        try:
+            done.wait(0.1)
+        except KeyboardInterrupt:
+            if interrupted:
+                raise UsageError(
+                    "Stopped waiting; the sweep stops after its units in flight "
+                    "(`wf sweeps` shows it when it has)."
+                ) from None
+            interrupted = _interrupted(stop)
+    if error:
+        raise error[0]
+    return outcome[0]
+
+
+def _interrupted(stop: threading.Event) -> bool:
+    stop.set()
+    print(
+        "Interrupted: the sweep dispatches nothing more and stops after the units in flight; "
+        "re-run the cell to continue it.",
+        file=sys.stderr,
+    )
+    return True
 
 
 def _live_view(

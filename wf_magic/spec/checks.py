@@ -173,6 +173,15 @@ def check_schema(schema: dict[str, Any], src: Source, at: Path) -> None:
         raise src.error(f"invalid schema: {exc.message}", at) from None
 
 
+def check_gate(step: StepSpec, src: Source, at: Path) -> None:
+    """A ``per_item`` gate judges the items of a map: the step must have ``map:``."""
+    if step.gate is not None and step.gate.per_item and step.map is None:
+        raise src.error(
+            f"`per_item: true` judges each item of a map step; step {step.id} has no `map:`",
+            (*at, "gate", "per_item"),
+        )
+
+
 def _unknown_keywords(schema: Any) -> set[str]:
     if not isinstance(schema, dict):
         return set()

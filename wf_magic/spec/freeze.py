@@ -19,6 +19,7 @@ from ..store.records import StepKind
 from .aliases import AliasTable, base_table, parse_table
 from .checks import (
     check_bindings,
+    check_gate,
     check_params,
     check_routes,
     check_runners,
@@ -208,6 +209,7 @@ class _Freezer:
                 )
         if step.output is not None:
             check_schema(step.output, src, (*at, "output"))
+        check_gate(step, src, at)
         gate = _gate(spec, step, runner, aliases, src, at)
         max_loops = gate.max_loops if gate else 1
         capped = not KINDS[kind].reads_feedback and max_loops > 1

@@ -55,6 +55,10 @@ class GateSpec(_Strict):
     charged: bool | None = None
     """Charge an ``llm`` judge's calls to the run's budget (a dispatch, its tokens and
     cost), as work units are; default: the workflow's ``budget.charge_judges`` (false)."""
+    per_item: bool = False
+    """On a map step: judge each unit's output alone (its own verdict unit
+    ``<step>.gate:l<loop>[<i>]``) and re-execute only the rejected items; the accepted ones
+    keep their output. ``llm`` and ``expr`` judges (and the output schema) only."""
 
     @model_validator(mode="after")
     def _check_needs_expr(self) -> GateSpec:
@@ -65,6 +69,11 @@ class GateSpec(_Strict):
         if self.charged is not None and self.judge != "llm":
             raise ValueError(
                 f"`charged:` is only read by `judge: llm` (a {self.judge} judge costs nothing)"
+            )
+        if self.per_item and self.judge == "human":
+            raise ValueError(
+                "`per_item:` needs `judge: llm` or `judge: expr` (a human gate decides the "
+                "whole step)"
             )
         return self
 

@@ -23,10 +23,12 @@ _OMITTED_WHEN_UNSET: dict[str, Any] = {
     "aliases": {},
     "agent": None,
     "charged": None,
+    "per_item": False,
 }
 """Fields added after plan_version 1 shipped, with their unset value: left out of the JSON
 while unset, so a plan that does not use them keeps the hash it had before they existed
-(``charged: false`` is kept: it differs from unset)."""
+(``charged: false`` is kept: it differs from unset; ``per_item: false`` is the unset value)."""
+_FALSE_IS_UNSET = frozenset({"per_item"})
 _BUDGET_UNSET: dict[str, Any] = {"charge_judges": False}
 """The same for the budget's fields added since."""
 
@@ -34,7 +36,9 @@ _BUDGET_UNSET: dict[str, Any] = {"charge_judges": False}
 def _omit_unset(data: Any) -> Any:
     if isinstance(data, dict):
         for key in _OMITTED_WHEN_UNSET.keys() & data.keys():
-            if data[key] == _OMITTED_WHEN_UNSET[key] and data[key] is not False:
+            if data[key] == _OMITTED_WHEN_UNSET[key] and (
+                data[key] is not False or key in _FALSE_IS_UNSET
+            ):
                 del data[key]
         budget = data.get("budget")
         if isinstance(budget, dict):

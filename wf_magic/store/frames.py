@@ -49,12 +49,19 @@ _JOURNAL: _Spec = (
         "(SELECT src.unit_id FROM attempts AS src WHERE src.dispatch_id = attempts.reused_from)",
         "str",
     ),
+    (
+        "verdict",
+        "CASE WHEN phase = 'gate' AND status IN ('succeeded', 'reused') AND json_valid(output_json)"
+        " THEN CASE json_extract(output_json, '$.complete') WHEN 1 THEN 'passed'"
+        " WHEN 0 THEN 'rejected' END END",
+        "str",
+    ),
 )
 JOURNAL_COLUMNS: tuple[str, ...] = (
     "run", "step", "unit", "attempt", "dispatch_id", "phase", "runner", "model", "status",
     "input_hash", "tokens_in", "tokens_out", "cost", "reused_from", "started_at", "finished_at",
     "duration_s", "failure", "loop", "charged", "saved_tokens", "session_id",
-    "reused_from_run", "reused_from_unit",
+    "reused_from_run", "reused_from_unit", "verdict",
 )  # fmt: skip
 """The columns of :func:`journal_frame`, in order."""
 JOURNAL_COMPACT: tuple[str, ...] = (
@@ -223,7 +230,8 @@ def journal_frame(
 
         - ``run`` (string): the run id.
         - ``step`` (string): the step id.
-        - ``unit`` (string): the unit id; gate verdicts are ``<step>.gate:l<loop>``.
+        - ``unit`` (string): the unit id; gate verdicts are ``<step>.gate:l<loop>`` (one item's
+          of a per-item gate ``<step>.gate:l<loop>[<i>]``).
         - ``attempt`` (Int64): 1 for a unit's first attempt, then 2, 3 … on retries.
         - ``dispatch_id`` (string): the attempt's unique id (a side effect's idempotency key).
         - ``phase`` (string): ``work`` or ``gate``.
@@ -243,6 +251,8 @@ def journal_frame(
         - ``session_id`` (string): the agent session (or completion) id, <NA> when none.
         - ``reused_from_run``, ``reused_from_unit`` (string): the run and unit whose attempt
           answered a reused one (<NA> otherwise, or when that run was deleted by gc).
+        - ``verdict`` (string): a gate attempt's decision, ``passed`` or ``rejected`` (<NA>
+          for work attempts and unfinished gate attempts); a per-item gate has one per item.
     """
     cte, where, params = _run_filter(run_id, with_children=with_children)
     frame = _query(conn, _JOURNAL, f"FROM attempts {where} ORDER BY attempt_pk", params, cte=cte)

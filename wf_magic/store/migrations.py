@@ -451,3 +451,32 @@ def m014_run_leases(conn: sqlite3.Connection) -> None:
         ALTER TABLE runs ADD COLUMN lease_expires REAL;
         """,
     )
+
+
+@migration
+def m015_sweep_charges(conn: sqlite3.Connection) -> None:
+    # Which sweep paid each charged attempt, written with the attempt's reservation: a sweep's
+    # paid units, tokens and cost are those of its own attempts, so two sweeps over the same
+    # runs (overlapping definitions) do not both count one dispatch. Existing sweeps are
+    # backfilled by the rule this replaces (the charged attempts of their cells' runs since
+    # they were created), each attempt given to the earliest sweep that counted it.
+    _script(
+        conn,
+        """
+        CREATE TABLE sweep_charges (
+            dispatch_id TEXT PRIMARY KEY,
+            sweep_id TEXT NOT NULL REFERENCES sweeps(sweep_id) ON DELETE CASCADE,
+            run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE
+        ) WITHOUT ROWID;
+        CREATE INDEX sweep_charges_sweep ON sweep_charges(sweep_id);
+        CREATE INDEX sweep_charges_run ON sweep_charges(run_id);
+        INSERT OR IGNORE INTO sweep_charges (dispatch_id, sweep_id, run_id)
+            SELECT a.dispatch_id, s.sweep_id, a.run_id
+            FROM sweeps s
+            JOIN sweep_cells c ON c.sweep_id = s.sweep_id AND c.run_id IS NOT NULL
+            JOIN runs r ON r.root_run_id = c.run_id
+            JOIN attempts a ON a.run_id = r.run_id
+            WHERE a.charged = 1 AND a.started_at >= s.created_at
+            ORDER BY s.created_at, s.sweep_id;
+        """,
+    )

@@ -290,10 +290,36 @@ def _run_leases(conn: Any) -> None:
     )
 
 
+def _sweep_charges(conn: Any) -> None:
+    """Which sweep paid each charged attempt (store/sweeps.py); nothing to backfill on a
+    schema that starts here, and a schema from before has its sweeps counted from now on
+    by the rule the SQLite migration backfills with."""
+    conn.raw.execute(
+        f"""
+        CREATE TABLE sweep_charges (
+            dispatch_id {T} PRIMARY KEY,
+            sweep_id {T} NOT NULL REFERENCES sweeps(sweep_id) ON DELETE CASCADE,
+            run_id {T} NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE
+        );
+        CREATE INDEX sweep_charges_sweep ON sweep_charges(sweep_id);
+        CREATE INDEX sweep_charges_run ON sweep_charges(run_id);
+        INSERT INTO sweep_charges (dispatch_id, sweep_id, run_id)
+            SELECT DISTINCT ON (a.dispatch_id) a.dispatch_id, s.sweep_id, a.run_id
+            FROM sweeps s
+            JOIN sweep_cells c ON c.sweep_id = s.sweep_id AND c.run_id IS NOT NULL
+            JOIN runs r ON r.root_run_id = c.run_id
+            JOIN attempts a ON a.run_id = r.run_id
+            WHERE a.charged = 1 AND a.started_at >= s.created_at
+            ORDER BY a.dispatch_id, s.created_at, s.sweep_id;
+        """
+    )
+
+
 MIGRATIONS: list[tuple[str, Migration]] = [
     *((name, _initial if name == "m001_initial" else _folded) for name in _UP_TO_M012),
     ("m013_run_owner", _run_owner),
     ("m014_run_leases", _run_leases),
+    ("m015_sweep_charges", _sweep_charges),
 ]
 """(id, step) in ledger order; the ids are SQLite's (store/migrations.py)."""
 

@@ -12,7 +12,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import journal, resume, runs
+from . import journal, resume, runs, sweeps
 from .access import StoreAccess
 from .journal import Finish, UnitKey
 from .records import AttemptRow, BudgetUse, EventRow, RunRow, StepRow
@@ -136,23 +136,41 @@ class JournalQueries(StoreAccess):
             run_id,
         )
 
-    def reserve_attempt(self, key: UnitKey, *, charged: bool) -> AttemptRow:
-        """Insert a ``running`` attempt with a fresh dispatch_id."""
+    def reserve_attempt(
+        self, key: UnitKey, *, charged: bool, payer: str | None = None
+    ) -> AttemptRow:
+        """Insert a ``running`` attempt with a fresh dispatch_id (charged to sweep ``payer``
+        too, when given)."""
         key = self.scrubber.key(key)
-        return self._write(
-            lambda c: journal.reserve_attempt_txn(c, key, charged=charged), key.run_id
-        )
 
-    def reserve_attempts(self, keys: Sequence[tuple[UnitKey, bool]]) -> list[AttemptRow]:
+        def txn(conn: sqlite3.Connection) -> AttemptRow:
+            row = journal.reserve_attempt_txn(conn, key, charged=charged)
+            if payer is not None:
+                sweeps.record_charges_txn(conn, payer, [row])
+            return row
+
+        return self._write(txn, key.run_id)
+
+    def reserve_attempts(
+        self, keys: Sequence[tuple[UnitKey, bool]], *, payer: str | None = None
+    ) -> list[AttemptRow]:
         """Reserve several ``(key, charged)`` attempts in one transaction (a dispatch batch).
 
         Each unit is still reserved before it is dispatched: the batch is the units about to
         be handed to the executor together, and the transaction commits before any of them.
+        ``payer``: the sweep paying the charged ones, recorded in the same transaction.
         """
         if not keys:
             return []
         keys = [(self.scrubber.key(key), charged) for key, charged in keys]
-        return self._write(lambda c: journal.reserve_attempts_txn(c, keys), keys[0][0].run_id)
+
+        def txn(conn: sqlite3.Connection) -> list[AttemptRow]:
+            rows = journal.reserve_attempts_txn(conn, keys)
+            if payer is not None:
+                sweeps.record_charges_txn(conn, payer, rows)
+            return rows
+
+        return self._write(txn, keys[0][0].run_id)
 
     def finish_attempt(self, attempt: AttemptRow, finish: Finish) -> bool:
         """Finish a running attempt; False (nothing written) when it was already finished."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from . import sweeps
 from .access import StoreAccess
-from .sweeps import CellSpec, CellStepRow, SweepCellRow, SweepRow, SweepStatus
+from .sweeps import CellItemsRow, CellSpec, CellStepRow, SweepCellRow, SweepRow, SweepStatus
 
 
 class SweepQueries(StoreAccess):
@@ -27,17 +27,21 @@ class SweepQueries(StoreAccess):
         """Every sweep, newest first."""
         return self._read(sweeps.list_sweeps)
 
-    def sweep_cells(self, sweep_id: str, *, since: float) -> list[SweepCellRow]:
-        """Every cell of a sweep, with its run and what it paid since ``since``."""
-        return self._read(lambda c: sweeps.sweep_cells(c, sweep_id, since))
+    def sweep_cells(self, sweep_id: str) -> list[SweepCellRow]:
+        """Every cell of a sweep, with its run and what this sweep paid for it."""
+        return self._read(lambda c: sweeps.sweep_cells(c, sweep_id))
 
-    def sweep_usage(self, sweep_id: str, *, since: float) -> tuple[int, int, float]:
-        """(charged attempts, tokens, cost) of the sweep's cells since ``since``."""
-        return self._read(lambda c: sweeps.sweep_usage(c, sweep_id, since))
+    def sweep_usage(self, sweep_id: str) -> tuple[int, int, float]:
+        """(charged attempts, tokens, cost) this sweep paid (its ``sweep_charges``)."""
+        return self._read(lambda c: sweeps.sweep_usage(c, sweep_id))
 
     def sweep_cell_steps(self, sweep_id: str, step_ids: list[str]) -> list[CellStepRow]:
         """The rows of ``step_ids`` in every cell's run (the frame's gate columns)."""
         return self._read(lambda c: sweeps.sweep_cell_steps(c, sweep_id, step_ids))
+
+    def sweep_cell_items(self, sweep_id: str, step_ids: list[str]) -> list[CellItemsRow]:
+        """Per-item gate verdicts counted per cell and step (the frame's item columns)."""
+        return self._read(lambda c: sweeps.sweep_cell_items(c, sweep_id, step_ids))
 
     # -- writes ----------------------------------------------------------------------------
     def create_sweep(self, row: SweepRow, cells: list[CellSpec]) -> None:

@@ -7,14 +7,15 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from .records import from_row
+from .records import AttemptRow, from_row
 
 SweepStatus = Literal["running", "completed", "stopped", "failed"]
 """Where a sweep stands:
 
 - ``running``: cells are owed (being driven now, or by the next ``sweep-resume``).
 - ``completed``: every cell's run completed.
-- ``stopped``: the sweep's budget stopped it; ``status_reason`` names the ceiling.
+- ``stopped``: the sweep's budget stopped it (``status_reason`` names the ceiling), or an
+  interrupt did (``status_reason`` starts ``interrupted``); resumable either way.
 - ``failed``: every cell settled and at least one is failed, blocked or was skipped.
 """
 
@@ -157,7 +158,7 @@ def set_cell_run_txn(
 
 
 # Per cell: its run's fields, and the charged attempts of the run's tree. "Paid" counts the
-# attempts started since the sweep was created (what this sweep paid); "original" counts
+# attempts this sweep paid (``sweep_charges``, written at reservation); "original" counts
 # every charged attempt plus what reused attempts cost where they were first paid.
 _CELLS = """
 WITH tree AS (
@@ -167,16 +168,16 @@ WITH tree AS (
 ),
 paid AS (
     SELECT t.cell_index,
-        SUM(CASE WHEN a.charged = 1 AND a.started_at >= :since THEN 1 ELSE 0 END) AS units,
-        SUM(CASE WHEN a.charged = 1 AND a.started_at >= :since
-            THEN a.tokens_in + a.tokens_out ELSE 0 END) AS tokens,
-        SUM(CASE WHEN a.charged = 1 AND a.started_at >= :since
-            THEN COALESCE(a.cost, 0) ELSE 0 END) AS cost,
+        SUM(CASE WHEN sc.sweep_id IS NOT NULL THEN 1 ELSE 0 END) AS units,
+        SUM(CASE WHEN sc.sweep_id IS NOT NULL THEN a.tokens_in + a.tokens_out ELSE 0 END)
+            AS tokens,
+        SUM(CASE WHEN sc.sweep_id IS NOT NULL THEN COALESCE(a.cost, 0) ELSE 0 END) AS cost,
         SUM(CASE WHEN a.charged = 1 THEN a.tokens_in + a.tokens_out ELSE 0 END
             + CASE WHEN a.status = 'reused' THEN a.saved_tokens ELSE 0 END) AS tokens_original,
         SUM(CASE WHEN a.charged = 1 THEN COALESCE(a.cost, 0)
             WHEN a.status = 'reused' THEN COALESCE(o.cost, 0) ELSE 0 END) AS cost_original
     FROM tree t JOIN attempts a ON a.run_id = t.run_id
+    LEFT JOIN sweep_charges sc ON sc.dispatch_id = a.dispatch_id AND sc.sweep_id = :sweep
     LEFT JOIN attempts o ON a.status = 'reused' AND o.dispatch_id = a.reused_from
     GROUP BY t.cell_index
 )
@@ -194,22 +195,30 @@ ORDER BY c.cell_index
 """
 
 
-def sweep_cells(conn: sqlite3.Connection, sweep_id: str, since: float) -> list[SweepCellRow]:
-    """Every cell of ``sweep_id`` with its run's status, result and what it paid since ``since``."""
-    rows = conn.execute(_CELLS, {"sweep": sweep_id, "since": since}).fetchall()
+def sweep_cells(conn: sqlite3.Connection, sweep_id: str) -> list[SweepCellRow]:
+    """Every cell of ``sweep_id`` with its run's status, result and what this sweep paid."""
+    rows = conn.execute(_CELLS, {"sweep": sweep_id}).fetchall()
     return [from_row(SweepCellRow, r) for r in rows]
 
 
-def sweep_usage(conn: sqlite3.Connection, sweep_id: str, since: float) -> tuple[int, int, float]:
-    """(charged attempts, tokens, cost) of the cells' runs started since ``since``."""
+def sweep_usage(conn: sqlite3.Connection, sweep_id: str) -> tuple[int, int, float]:
+    """(charged attempts, tokens, cost) this sweep paid (its ``sweep_charges``)."""
     row = conn.execute(
         "SELECT COUNT(*), COALESCE(SUM(a.tokens_in + a.tokens_out), 0), COALESCE(SUM(a.cost), 0)"
-        " FROM attempts a JOIN runs r ON r.run_id = a.run_id"
-        " WHERE a.charged = 1 AND a.started_at >= ? AND r.root_run_id IN"
-        " (SELECT DISTINCT run_id FROM sweep_cells WHERE sweep_id = ? AND run_id IS NOT NULL)",
-        (since, sweep_id),
+        " FROM sweep_charges sc JOIN attempts a ON a.dispatch_id = sc.dispatch_id"
+        " WHERE sc.sweep_id = ?",
+        (sweep_id,),
     ).fetchone()
     return int(row[0]), int(row[1]), float(row[2])
+
+
+def record_charges_txn(conn: sqlite3.Connection, sweep_id: str, attempts: list[AttemptRow]) -> None:
+    """Record that ``sweep_id`` pays these charged attempts (in their reservation's
+    transaction)."""
+    conn.executemany(
+        "INSERT OR IGNORE INTO sweep_charges (dispatch_id, sweep_id, run_id) VALUES (?, ?, ?)",
+        [(a.dispatch_id, sweep_id, a.run_id) for a in attempts if a.charged],
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -236,3 +245,35 @@ def sweep_cell_steps(
         (sweep_id, *step_ids),
     ).fetchall()
     return [from_row(CellStepRow, r) for r in rows]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CellItemsRow:
+    """A per-item gate's verdicts in one cell's run: items judged and items accepted."""
+
+    cell_index: int
+    step_id: str
+    items: int
+    """Items with at least one verdict of their own."""
+    passed: int
+    """Items one of whose verdicts accepted them."""
+
+
+def sweep_cell_items(
+    conn: sqlite3.Connection, sweep_id: str, step_ids: list[str]
+) -> list[CellItemsRow]:
+    """Per cell and step of ``step_ids``, its per-item gate verdicts counted by item."""
+    if not step_ids:
+        return []
+    marks = ", ".join("?" * len(step_ids))
+    rows = conn.execute(
+        "SELECT c.cell_index, a.step_id, COUNT(DISTINCT a.item_index),"
+        " COUNT(DISTINCT CASE WHEN json_valid(a.output_json)"
+        " AND json_extract(a.output_json, '$.complete') = 1 THEN a.item_index END)"
+        " FROM sweep_cells c JOIN attempts a ON a.run_id = c.run_id"
+        " WHERE c.sweep_id = ? AND a.phase = 'gate' AND a.item_index IS NOT NULL"
+        f" AND a.status IN ('succeeded', 'reused') AND a.step_id IN ({marks})"
+        " GROUP BY c.cell_index, a.step_id ORDER BY c.cell_index",
+        (sweep_id, *step_ids),
+    ).fetchall()
+    return [CellItemsRow(cell_index=r[0], step_id=r[1], items=r[2], passed=r[3]) for r in rows]

@@ -15,7 +15,7 @@ from .. import lifecycle
 from ..bus import EventBus
 from ..drive.budget import SharedBudget
 from ..drive.context import DriveOptions, RunnerPool
-from ..drive.executors import thread_executor
+from ..drive.executors import UnitSlots, thread_executor
 from ..drive.root import drive_locked_run
 from ..errors import RunLockHeld, UsageError
 from ..hashing import canonical_json
@@ -148,9 +148,9 @@ def reopen_sweep(store: Store, sweep_id: str, *, budget: Mapping[str, Any] | Non
 
 
 def seed_shared_budget(store: Store, sweep: SweepRow) -> SharedBudget:
-    """The sweep's ceilings and what its cells' runs already charged since it was created."""
+    """The sweep's ceilings and what it already paid (its own charged attempts)."""
     ceilings = json.loads(sweep.budget_json)
-    units, tokens, cost = store.sweep_usage(sweep.sweep_id, since=sweep.created_at)
+    units, tokens, cost = store.sweep_usage(sweep.sweep_id)
     return SharedBudget(**ceilings, units=units, tokens=tokens, cost=cost)
 
 
@@ -161,7 +161,7 @@ def drive_sweep(ctx: SweepDrive, sweep: SweepRow, wf: Workflow) -> SweepRow:
     another process drives is skipped (and listed in ``ctx.skipped``), never raced.
     """
     shared = seed_shared_budget(ctx.store, sweep)
-    cells = ctx.store.sweep_cells(sweep.sweep_id, since=sweep.created_at)
+    cells = ctx.store.sweep_cells(sweep.sweep_id)
     owed = [c for c in cells if c.run_status not in SETTLED]
     settled = [len(cells) - len(owed)]
     lock = threading.Lock()
@@ -173,6 +173,9 @@ def drive_sweep(ctx: SweepDrive, sweep: SweepRow, wf: Workflow) -> SweepRow:
         max_concurrency=ctx.max_concurrency,
         executor=pool,
         shared_budget=shared,
+        # One count of units in flight for every cell: the cap is the sweep's, not each cell's.
+        unit_slots=UnitSlots(ctx.max_concurrency),
+        payer=sweep.sweep_id,
     )
     # One runner pool for every cell: the cells share a plan, so one runner (one HTTP client
     # and its connections) serves them all, as it serves the units of one map.
@@ -203,7 +206,8 @@ def drive_sweep(ctx: SweepDrive, sweep: SweepRow, wf: Workflow) -> SweepRow:
         if pool is not None and pool is not ctx.executor:
             pool.shutdown(wait=True)
         runners.close()
-    return settle_sweep(ctx.store, sweep, shared)
+    interrupted = ctx.signal is not None and ctx.signal.is_set()
+    return settle_sweep(ctx.store, sweep, shared, interrupted=interrupted)
 
 
 def _drive_cell(
@@ -238,9 +242,15 @@ def _drive_cell(
         ctx.store.set_cell_run(sweep.sweep_id, cell.cell_index, run_id, note=note)
 
 
-def settle_sweep(store: Store, sweep: SweepRow, shared: SharedBudget) -> SweepRow:
-    """Write the status the sweep's cells add up to, and return its row."""
-    cells = store.sweep_cells(sweep.sweep_id, since=sweep.created_at)
+def settle_sweep(
+    store: Store, sweep: SweepRow, shared: SharedBudget, *, interrupted: bool = False
+) -> SweepRow:
+    """Write the status the sweep's cells add up to, and return its row.
+
+    ``interrupted``: the drive's stop signal was set (an interrupt, a stop): with cells owed
+    the sweep is ``stopped``, its reason ``interrupted; …`` (resumable like a budget stop).
+    """
+    cells = store.sweep_cells(sweep.sweep_id)
     status: SweepStatus
     done = sum(c.run_status == "completed" for c in cells)
     if done == len(cells):
@@ -259,7 +269,12 @@ def settle_sweep(store: Store, sweep: SweepRow, shared: SharedBudget) -> SweepRo
     else:
         bad = [c for c in cells if c.run_status in ("failed", "blocked", "abandoned")]
         owed = len(cells) - done - len(bad)
-        if owed:
+        if owed and interrupted:
+            status = "stopped"
+            reason = (
+                f"interrupted; {owed} cell(s) owed; `wf sweep-resume {sweep.sweep_id}` continues"
+            )
+        elif owed:
             status, reason = "running", f"{owed} cell(s) owed; `wf sweep-resume {sweep.sweep_id}`"
         else:
             status = "failed"

@@ -73,7 +73,7 @@ class Sweep:
 
     def cells(self) -> list[SweepCellRow]:
         """The cell rows, with what their runs report."""
-        return self._store.sweep_cells(self.sweep_id, since=self.row.created_at)
+        return self._store.sweep_cells(self.sweep_id)
 
     def frame(self) -> pd.DataFrame:
         """One row per cell: the axes, ``row``, ``repeat``, ``run_id``, ``status``,
@@ -95,23 +95,39 @@ class Sweep:
 
     def _gate_columns(self, records: list[dict[str, Any]]) -> list[str]:
         """Add ``gate_<step>`` (passed / blocked / the step's status) and
-        ``gate_<step>_loops`` (loops used) for each gated step to ``records``."""
+        ``gate_<step>_loops`` (loops used) for each gated step to ``records``; a per-item gate
+        adds ``gate_<step>_items`` (items judged) and ``gate_<step>_passed_items`` (items its
+        verdicts accepted, as the journal's ``<step>.gate:l<n>[<i>]`` rows say)."""
         plan = json.loads(self.row.plan_json)
         gated = [s["id"] for s in plan.get("steps", []) if s.get("gate")]
         outcome = {"completed": "passed", "blocked": "blocked"}
         found = {
             (r.cell_index, r.step_id): r for r in self._store.sweep_cell_steps(self.sweep_id, gated)
         }
+        per_item = {s["id"] for s in plan.get("steps", []) if (s.get("gate") or {}).get("per_item")}
+        items = {
+            (r.cell_index, r.step_id): r
+            for r in self._store.sweep_cell_items(self.sweep_id, sorted(per_item))
+        }
+        columns: list[str] = []
+        for step in gated:
+            columns += [f"gate_{step}", f"gate_{step}_loops"]
+            if step in per_item:
+                columns += [f"gate_{step}_items", f"gate_{step}_passed_items"]
         for index, rec in enumerate(records):
             for step in gated:
                 row = found.get((index, step))
                 rec[f"gate_{step}"] = None if row is None else outcome.get(row.status, row.status)
                 rec[f"gate_{step}_loops"] = None if row is None else row.loop
-        return [name for step in gated for name in (f"gate_{step}", f"gate_{step}_loops")]
+                if step in per_item:
+                    judged = items.get((index, step))
+                    rec[f"gate_{step}_items"] = 0 if judged is None else judged.items
+                    rec[f"gate_{step}_passed_items"] = 0 if judged is None else judged.passed
+        return columns
 
     def totals(self) -> dict[str, float]:
         """What the sweep paid: units, tokens and cost, over all its cells."""
-        units, tokens, cost = self._store.sweep_usage(self.sweep_id, since=self.row.created_at)
+        units, tokens, cost = self._store.sweep_usage(self.sweep_id)
         return {"units": units, "tokens": tokens, "cost": cost}
 
     def pivot(self, values: str, index: str, columns: str, aggfunc: str = "mean") -> pd.DataFrame:

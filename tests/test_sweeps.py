@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import sqlite3
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor

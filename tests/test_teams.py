@@ -22,8 +22,6 @@ import pytest
 from IPython.core.error import UsageError as IPythonUsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-pytestmark = pytest.mark.backends  # the contract suite runs on SQLite and PostgreSQL
-
 from tests.conftest import ROOT, db_execute, db_rows, wf_cmd, wf_inproc
 from tests.helpers_notebook import ipython_shell, magics_in, view_of
 from wf_magic import Engine
@@ -33,6 +31,8 @@ from wf_magic.sealing import KEY_FILENAME
 from wf_magic.store import db as dbmod
 from wf_magic.store import migrations
 from wf_magic.users import current_user
+
+pytestmark = pytest.mark.backends  # the contract suite runs on SQLite and PostgreSQL
 
 GATED = """
 name: teamflow

@@ -52,8 +52,8 @@ _JOURNAL: _Spec = (
     (
         "verdict",
         "CASE WHEN phase = 'gate' AND status IN ('succeeded', 'reused') AND json_valid(output_json)"
-        " THEN CASE json_extract(output_json, '$.complete') WHEN 1 THEN 'passed'"
-        " WHEN 0 THEN 'rejected' END END",
+        " THEN CASE json_type(output_json, '$.complete') WHEN 'true' THEN 'passed'"
+        " WHEN 'false' THEN 'rejected' END END",
         "str",
     ),
 )

@@ -10,8 +10,9 @@ written for both backends (``tests/test_pg_backend.py`` checks the two registrie
 Differences from the SQLite schema, each for the same behaviour: ``double precision`` for
 REAL seconds, ``bigint`` for INTEGER; text in the "C" collation (byte order, as SQLite sorts);
 ``runs.rowid`` (SQLite's implicit row id, which the queries order ties by) as an identity
-column; the append-only triggers as PL/pgSQL; ``json_extract`` and ``json_valid`` as functions
-with SQLite's meaning (NULL / false for text that is not JSON, never an error).
+column; the append-only triggers as PL/pgSQL; ``json_extract``, ``json_type`` and
+``json_valid`` as functions with SQLite's meaning (JSON true/false extracted as 1/0; NULL or
+false for text that is not JSON, never an error).
 """
 
 from __future__ import annotations
@@ -241,8 +242,27 @@ EXCEPTION WHEN others THEN
     RETURN false;
 END $$;
 CREATE FUNCTION json_extract(doc text, path text) RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v jsonb;
 BEGIN
-    RETURN doc::jsonb #>> string_to_array(substr(path, 3), '.');
+    v := doc::jsonb #> string_to_array(substr(path, 3), '.');
+    IF jsonb_typeof(v) = 'boolean' THEN  -- SQLite gives JSON true/false as 1/0
+        RETURN CASE WHEN v::text = 'true' THEN '1' ELSE '0' END;
+    END IF;
+    RETURN v #>> '{}';
+EXCEPTION WHEN others THEN
+    RETURN NULL;
+END $$;
+CREATE FUNCTION json_type(doc text, path text) RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v jsonb;
+BEGIN
+    v := doc::jsonb #> string_to_array(substr(path, 3), '.');
+    RETURN CASE jsonb_typeof(v)
+        WHEN 'boolean' THEN v::text
+        WHEN 'number' THEN CASE WHEN v::text ~ '^-?[0-9]+$' THEN 'integer' ELSE 'real' END
+        WHEN 'string' THEN 'text'
+        ELSE jsonb_typeof(v) END;
 EXCEPTION WHEN others THEN
     RETURN NULL;
 END $$;

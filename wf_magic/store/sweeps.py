@@ -269,7 +269,7 @@ def sweep_cell_items(
     rows = conn.execute(
         "SELECT c.cell_index, a.step_id, COUNT(DISTINCT a.item_index),"
         " COUNT(DISTINCT CASE WHEN json_valid(a.output_json)"
-        " AND json_extract(a.output_json, '$.complete') = 1 THEN a.item_index END)"
+        " AND json_type(a.output_json, '$.complete') = 'true' THEN a.item_index END)"
         " FROM sweep_cells c JOIN attempts a ON a.run_id = c.run_id"
         " WHERE c.sweep_id = ? AND a.phase = 'gate' AND a.item_index IS NOT NULL"
         f" AND a.status IN ('succeeded', 'reused') AND a.step_id IN ({marks})"

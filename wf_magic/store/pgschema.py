@@ -249,7 +249,7 @@ BEGIN
     IF jsonb_typeof(v) = 'boolean' THEN  -- SQLite gives JSON true/false as 1/0
         RETURN CASE WHEN v::text = 'true' THEN '1' ELSE '0' END;
     END IF;
-    RETURN v #>> '{}';
+    RETURN v #>> '{{}}';
 EXCEPTION WHEN others THEN
     RETURN NULL;
 END $$;

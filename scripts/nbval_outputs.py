@@ -46,7 +46,12 @@ def kernel_specs(folder: Path) -> KernelSpecManager:
     scratch = folder / "tmp"
     scratch.mkdir()
     argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-    env = {"PYTHONPATH": str(REPO), "TMPDIR": str(scratch), "IPYTHONDIR": str(ipython_dir(folder))}
+    env = {
+        "PYTHONPATH": str(REPO),
+        "TMPDIR": str(scratch),
+        "IPYTHONDIR": str(ipython_dir(folder)),
+        "JUPYTERHUB_USER": "learner",  # the owner the saved run lists show, on any machine
+    }
     kernel = {"argv": argv, "display_name": "Python 3", "language": "python", "env": env}
     (spec / "kernel.json").write_text(json.dumps(kernel))
     return KernelSpecManager(kernel_dirs=[str(folder / "kernels")])

@@ -48,7 +48,9 @@ def state_dir(tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch) -> 
             pytest.skip("PostgreSQL leg: set WF_MAGIC_TEST_PG=postgresql://USER@HOST:PORT/DB")
         local = tmp_path / "pg-local"
         monkeypatch.setenv("WF_MAGIC_LOCAL_DIR", str(local))
-        monkeypatch.setenv("WF_MAGIC_LEASE_TTL", "3")  # a paused driver's lease runs out soon
+        # The default lease (30 s): a unit holding the GIL for seconds (redacting a 10 MB
+        # output) must not cost its driver the lease; tests/test_pg_faults.py shortens it.
+        monkeypatch.delenv("WF_MAGIC_LEASE_TTL", raising=False)
         return PgState(server, local)  # type: ignore[return-value]
     return tmp_path / "state"
 

@@ -118,6 +118,7 @@ CASES: list[tuple[tuple[Any, ...], str, str]] = [
     (("steps", 0, "gate", "judge"), "steps[0].gate.judge", "not a template"),
     (("steps", 0, "gate", "max_loops"), "steps[0].gate.max_loops", "not a template"),
     (("steps", 0, "gate", "charged"), "steps[0].gate.charged", "not a template"),
+    (("steps", 0, "gate", "per_item"), "steps[0].gate.per_item", "not a template"),
     (("steps", 0, "gate", "runner"), "steps[0].gate.runner", "`runner:` is not a template"),
     (("steps", 0, "cache"), "steps[0].cache", "not a template"),
     (("steps", 0, "agent"), "steps[0].agent", "not a template"),

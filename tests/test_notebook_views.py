@@ -543,7 +543,7 @@ def test_the_journal_verb_shows_a_compact_frame_and_all_shows_every_column(
 
     run = shell.run_cell_magic("workflow", "", DIGEST)
     frame = shell.run_line_magic("workflow", f"journal {run.run_id}")
-    assert len(frame.columns) == 24  # the data stays whole for Python
+    assert len(frame.columns) == 25  # the data stays whole for Python
     shown = frame.readable()
     assert "run" not in shown.columns and "dispatch_id" not in shown.columns
     assert "input_hash" not in shown.columns
@@ -551,7 +551,7 @@ def test_the_journal_verb_shows_a_compact_frame_and_all_shows_every_column(
     assert run.run_id not in page and "<NA>" not in page and "NaN" not in page
     assert '<td style="white-space:nowrap">outline</td>' in page
     every = shell.run_line_magic("workflow", f"journal {run.run_id} --all")
-    assert type(every) is pd.DataFrame and len(every.columns) == 24
+    assert type(every) is pd.DataFrame and len(every.columns) == 25
     capsys.readouterr()
 
 

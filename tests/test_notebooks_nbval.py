@@ -58,6 +58,7 @@ def test_a_tour_reproduces_its_saved_outputs_under_nbval(path: Path, tmp_path: P
         "PYTHONPATH": str(REPO),
         "TMPDIR": str(scratch),
         "WF_MAGIC_HOME": str(tmp_path / "state"),  # the tours set their own; never ~/.wf_magic
+        "JUPYTERHUB_USER": "learner",  # the owner the saved outputs show (scripts/nbval_outputs.py)
     }
     argv = [
         sys.executable,

@@ -125,7 +125,8 @@ def _step_problem(step: Any, where: str) -> str | None:
     for key in ("id", "runner"):
         if not isinstance(step.get(key), str):
             return f"{where}.{key}: expected a string (got {_got(step.get(key))})"
-    if step.get("kind") not in _KINDS:
+    kind = step.get("kind")
+    if not isinstance(kind, str) or kind not in _KINDS:  # a list or an object is unhashable
         kinds = ", ".join(sorted(_KINDS))
         return f"{where}.kind: expected one of {kinds} (got {_got(step.get('kind'))})"
     if step.get("map") is not None and not isinstance(step["map"], str):
@@ -149,11 +150,13 @@ def hash_problem(run: RunRow) -> str | None:
     return None
 
 
-def plan_warning(run: RunRow) -> str | None:
+def plan_warning(run: RunRow, *, deep: bool = True) -> str | None:
     """One line saying why this run's stored plan cannot be driven (None: nothing seen).
 
     Reads only the row, and writes nothing: the version, the shape and the hashes, then
-    whether the plan models accept it (validated, never used for display).
+    (``deep``) whether the plan models accept it (validated once per plan hash, never used
+    for display). ``deep=False`` checks without the plan models (no pydantic import): only a
+    hand edit that also recomputed the plan hash then goes unnamed.
     """
     parsed = _parse(run.plan_json)
     version = version_problem(run, parsed=parsed)
@@ -172,7 +175,7 @@ def plan_warning(run: RunRow) -> str | None:
             f"Run {run.run_id}: {edited}; it was edited outside wf_magic and cannot be driven; "
             "start afresh with `wf run FILE --new`"
         )
-    problem = decode_problem(run.plan_hash, run.plan_json)
+    problem = decode_problem(run.plan_hash, run.plan_json) if deep else None
     if problem is not None:
         return (
             f"Run {run.run_id}: its stored plan does not decode ({problem}); it was edited "

@@ -15,6 +15,18 @@ from .pgconn import PgConnection, wrap_error
 from .pgschema import apply_migrations
 
 CONNECT_TIMEOUT_S = 10
+BUSY_TIMEOUT_S = 30
+"""How long a write waits for another writer's transaction (SQLite's busy timeout)."""
+
+
+def _idle_timeout_s() -> int:
+    """Half the lease TTL, at least 5 s: a paused driver's transaction ends (and releases
+    the writers' lock) before its lease can be taken over."""
+    from .leases import lease_ttl_s
+
+    return max(5, int(lease_ttl_s() / 2))
+
+
 _migrated: set[str] = set()
 _migrate_lock = threading.Lock()
 
@@ -47,6 +59,13 @@ def open_pg(location: PgLocation, *, migrate: bool) -> PgConnection:
             application_name=f"wf_magic pid {os.getpid()}",
         )
         raw.execute(f'SET search_path TO "{location.schema}"')
+        # A writer waits for the writers' lock as SQLite's busy timeout does, and a session
+        # left idle inside a transaction (a driver paused mid-write: SIGSTOP, a laptop lid)
+        # is ended by the server, so it cannot hold every other writer of the state for ever.
+        raw.execute(
+            f"SET lock_timeout = '{BUSY_TIMEOUT_S}s';"
+            f" SET idle_in_transaction_session_timeout = '{_idle_timeout_s()}s'"
+        )
     except psycopg.Error as exc:
         wrapped = wrap_error(exc)
         raise StateDBError(

@@ -212,7 +212,13 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
                     self._checkpointer.poke()
                 return result
         except sqlite3.Error as exc:
-            raise self._fault(exc, run_id) from exc
+            fault = self._fault(exc, run_id)
+            if isinstance(fault, StateDBError) and run_id in self._fences:
+                # A leased run's connection died under the write (the server ended a session
+                # left idle in a transaction by a paused driver, say): if the lease is gone
+                # meanwhile, that is what to say.
+                self._lost_lease(run_id)
+            raise fault from exc
         except StateDBError as exc:
             raise (exc.for_run(run_id) if run_id else exc) from exc.__cause__
 
@@ -226,6 +232,25 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
             epoch = self._fences.get(rid)
             if epoch is not None:
                 fence(conn, rid, epoch)
+
+    def _lost_lease(self, run_id: str) -> None:
+        """Raise ``LeaseLost`` when ``run_id``'s lease is no longer this driver's (checked on
+        a connection of its own); return when it still is, or when nothing can be checked."""
+        from .pgopen import open_pg
+
+        epoch = self._fences.get(run_id)
+        if self.pg is None or epoch is None:
+            return
+        try:
+            conn = open_pg(self.pg, migrate=False)
+        except StateDBError:
+            return
+        try:
+            fence(conn, run_id, epoch)
+        except sqlite3.Error:
+            return
+        finally:
+            conn.close()
 
     # -- one driver per run ------------------------------------------------------------------
     def run_lock(self, run_id: str) -> RunLock | RunLease:

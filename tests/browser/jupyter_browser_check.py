@@ -12,7 +12,11 @@ A screenshot is saved in every case. Exit status: 0 pass, 1 fail, 2 bad usage.
 
 Adapted for wf_magic from ../shared/tools/browser/ (ours to change): ``check_notebook`` can
 wait for a text before the click (``before``) and type into the output's textarea
-(``feedback``), so a human-gate run view is approved with a note, as a person would.
+(``feedback``), so a human-gate run view is approved with a note, as a person would; it
+returns the outputs' texts (Fork from here: the fork's view). ``check_saved_views`` reopens
+saved run views without a kernel; ``check_drill_down`` measures a step's drill-down against
+the step table; ``check_run_all_twice`` runs each of several notebooks twice in one kernel
+and reads each saved file for errors.
 """
 
 import argparse
@@ -64,20 +68,30 @@ def free_port():
         return s.getsockname()[1]
 
 
-@contextlib.contextmanager
-def jupyter_lab(notebook, extra_files=(), startup_timeout=90):
-    """Serve a temp copy of `notebook` (and `extra_files`) with JupyterLab; yield the URL that opens it."""
-    work = Path(tempfile.mkdtemp(prefix="jupyter-check-"))
-    root, state = work / "root", work / "state"
-    root.mkdir()
+def write_cleared(notebook, dest):
+    """Copy `notebook` to `dest` without outputs, execution counts or widget state: saved
+    outputs (the tours are committed with theirs) could show stale buttons or texts."""
     nb = json.loads(notebook.read_text())
-    for cell in nb["cells"]:  # start clean: saved outputs or widget state could show stale buttons
+    for cell in nb["cells"]:
         if cell["cell_type"] == "code":
             cell["outputs"], cell["execution_count"] = [], None
     nb.get("metadata", {}).pop("widgets", None)
-    (root / notebook.name).write_text(json.dumps(nb))
+    dest.write_text(json.dumps(nb))
+
+
+@contextlib.contextmanager
+def jupyter_lab(notebook, extra_files=(), startup_timeout=90):
+    """Serve a temp copy of `notebook` (and `extra_files`, notebooks among them cleared) with
+    JupyterLab; yield the URL that opens it."""
+    work = Path(tempfile.mkdtemp(prefix="jupyter-check-"))
+    root, state = work / "root", work / "state"
+    root.mkdir()
+    write_cleared(notebook, root / notebook.name)
     for path in extra_files:
-        (shutil.copytree if path.is_dir() else shutil.copy)(path, root / path.name)
+        if path.suffix == ".ipynb":
+            write_cleared(path, root / path.name)
+        else:
+            (shutil.copytree if path.is_dir() else shutil.copy)(path, root / path.name)
     port, token = free_port(), secrets.token_hex(16)
     base = f"http://127.0.0.1:{port}"
     server_log = work / "jupyter.log"
@@ -173,7 +187,8 @@ def stop_server(server, base, token):
 def check_notebook(
     url, button, expected, screenshot, timeout_s, *, before=None, feedback=None, reopen=False
 ):
-    """Open `url` in headless Chromium, run all cells, click `button`, wait for `expected`.
+    """Open `url` in headless Chromium, run all cells, click `button`, wait for `expected`;
+    returns the texts of the outputs then.
 
     `before`: a text that must show in an output before the click; `feedback`: typed into the
     (single) textarea of the outputs before the click; `reopen`: then save the notebook, shut
@@ -253,6 +268,7 @@ def check_notebook(
                 if outputs.get_by_text("Error displaying widget").count():
                     raise CheckFailed("the reopened notebook shows 'Error displaying widget'")
                 log(f"reopened without the kernel; saw {expected!r}")
+            return [t.strip() for t in outputs.all_inner_texts()]
         except (PlaywrightError, CheckFailed) as exc:
             reason = (
                 f"could not {step}: {str(exc).splitlines()[0]}"
@@ -304,20 +320,29 @@ def menu(page, top, item):
     page.get_by_role("menuitem", name=item, exact=True).click()
 
 
-def interrupt_kernels(url):
-    """Interrupt every kernel of the server behind `url` (POST /api/kernels/ID/interrupt)."""
+def server_api(url, path, method="GET"):
+    """Call the REST API of the server behind `url` (its token taken from `url`); the JSON
+    answer, or None for an empty one."""
     base = url.split("/lab/", 1)[0]
     token = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)["token"][0]
-    headers = {"Authorization": f"token {token}"}
-    with urllib.request.urlopen(
-        urllib.request.Request(f"{base}/api/kernels", headers=headers)
-    ) as r:
-        kernels = json.load(r)
-    for kernel in kernels:
-        request = urllib.request.Request(
-            f"{base}/api/kernels/{kernel['id']}/interrupt", method="POST", headers=headers
-        )
-        urllib.request.urlopen(request, timeout=10).close()
+    request = urllib.request.Request(
+        f"{base}/api/{path}", method=method, headers={"Authorization": f"token {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as r:
+        body = r.read()
+    return json.loads(body) if body else None
+
+
+def interrupt_kernels(url):
+    """Interrupt every kernel of the server behind `url` (POST /api/kernels/ID/interrupt)."""
+    for kernel in server_api(url, "kernels"):
+        server_api(url, f"kernels/{kernel['id']}/interrupt", method="POST")
+
+
+def shut_down_kernels(url):
+    """Shut down every kernel of the server behind `url` (DELETE /api/kernels/ID)."""
+    for kernel in server_api(url, "kernels"):
+        server_api(url, f"kernels/{kernel['id']}", method="DELETE")
 
 
 def check_saved_views(url, texts, screenshot, timeout_s, *, interrupt_when):
@@ -377,6 +402,200 @@ def check_saved_views(url, texts, screenshot, timeout_s, *, interrupt_when):
             with contextlib.suppress(PlaywrightError):
                 page.screenshot(path=str(screenshot), full_page=True)
             browser.close()
+
+
+def failure(exc, step, outputs, errors):
+    """The one-line reason a check failed (what it could not do), with the cell outputs and
+    the last browser errors on the lines after."""
+    reason = (
+        f"could not {step}: {str(exc).splitlines()[0]}" if isinstance(exc, PlaywrightError) else exc
+    )
+    with contextlib.suppress(PlaywrightError):
+        shown = [clip(t.strip()) for t in outputs.all_inner_texts()]
+        reason = f"{reason}\ncell outputs: {shown}"
+    return CheckFailed(f"{reason}\nbrowser errors: {errors[-5:]}")
+
+
+def clip(text, chars=400):
+    """`text`, or its first `chars` characters and how many more there were."""
+    return text if len(text) <= chars else f"{text[:chars]}… (+{len(text) - chars} chars)"
+
+
+def box(locator):
+    """`locator`'s bounding box once the layout settled (two reads in a row agree)."""
+    last = None
+    for _ in range(50):
+        now = locator.bounding_box()
+        if now is not None and now == last:
+            return now
+        last = now
+        locator.page.wait_for_timeout(100)  # the next frame's layout, compared with this one
+    raise CheckFailed(f"the layout did not settle: {locator} moved until {last}")
+
+
+def check_drill_down(url, step, screenshot, timeout_s):
+    """Run all cells; in the live run view of the last cell, open the drill-down of step
+    `step` (its row's toggle) and return the bounding boxes, once the panel shows its units,
+    of the step table (`grid`), the step's name cell (`row`), the panel (`panel`) and the
+    name cell of the step after it (`next_row`)."""
+    with (
+        sync_playwright() as pw,
+        tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile,
+    ):
+        browser, page, errors = open_browser(pw, profile, timeout_s)
+        outputs = page.locator(".jp-OutputArea-output")
+        step_name = "open the notebook"
+        try:
+            page.goto(url)
+            wait_idle_kernel(page)
+            step_name = "run all cells"
+            menu(page, "Run", "Run All Cells")
+            step_name = "see the live run view of the last cell"
+            view = page.locator(".jp-Notebook .jp-CodeCell").last.locator(".wf-run-view")
+            view.get_by_text("Run completed.").wait_for()
+            grid = view.locator(".widget-gridbox").first
+            names = grid.locator(".widget-hbox", has=page.locator("code"))
+            row = names.filter(has=page.get_by_text(step, exact=True))
+            panel = view.locator(".wf-step-detail").filter(has_text="units")
+            if panel.count():
+                raise CheckFailed(f"a drill-down panel shows before {step!r} was opened")
+            shown = [t.strip() for t in names.all_inner_texts()]
+            if step not in shown[:-1]:
+                raise CheckFailed(f"step {step!r} is not a row followed by another in {shown}")
+            index = shown.index(step)
+            step_name = f"open the drill-down of step {step!r}"
+            row.locator(".widget-toggle-button").click()
+            panel.wait_for()
+            panel.get_by_text("succeeded").first.wait_for()  # the units, read from the journal
+            step_name = "measure the step table and the panel"
+            boxes = {
+                "grid": box(grid),
+                "row": box(row),
+                "panel": box(panel),
+                "next_row": box(names.nth(index + 1)),
+            }
+            log(f"drill-down of {step!r}: {boxes}")
+            return boxes
+        except (PlaywrightError, CheckFailed) as exc:
+            raise failure(exc, step_name, outputs, errors) from None
+        finally:
+            with contextlib.suppress(PlaywrightError):
+                page.screenshot(path=str(screenshot), full_page=True)
+            browser.close()
+
+
+PROMPTS_JS = """() => [...document.querySelectorAll(
+    '.jp-NotebookPanel .jp-CodeCell .jp-InputPrompt')].map(p => p.textContent.trim())"""
+
+
+def run_all_and_wait(page, first, cells):
+    """Run All from the Run menu, then wait until it ended: the first code cell shows
+    execution count `first` and no cell is still queued or running (``[*]:``). Returns the
+    prompts then (a failing cell leaves the cells after it unrun)."""
+    menu(page, "Run", "Run All Cells")
+    page.wait_for_function(f"() => ({PROMPTS_JS})()[0] === '[{first}]:'")
+    page.wait_for_function(
+        f"() => {{ const p = ({PROMPTS_JS})(); return p.length === {cells} && "
+        "!p.some(t => t === '[*]:'); }"
+    )
+    return page.evaluate(PROMPTS_JS)
+
+
+def save_and_read(page, url, name, prompts, timeout_s):
+    """Save the open notebook `name` (its toolbar's save button) and return the file as the
+    server holds it (REST API) once its execution counts are those `prompts` show.
+
+    The file is read only after a save's PUT answered: a read during the server's atomic
+    write finds a half-written file, sets it aside as `.invalid` and restores the old one."""
+    shown = [int(p[1:-2]) if re.fullmatch(r"\[\d+\]:", p) else None for p in prompts]
+    path = f"contents/{urllib.parse.quote(name)}"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with page.expect_response(
+            lambda r: r.request.method == "PUT" and r.url.split("?")[0].endswith(path)
+        ) as answer:
+            page.locator(".jp-NotebookPanel-toolbar [data-jp-item-name='save']").click()
+        if not answer.value.ok:
+            raise CheckFailed(f"saving {name} answered HTTP {answer.value.status}")
+        nb = server_api(url, f"{path}?content=1")["content"]
+        saved = [c.get("execution_count") for c in nb["cells"] if c["cell_type"] == "code"]
+        if saved == shown:
+            return nb
+        if time.monotonic() > deadline:
+            raise CheckFailed(f"{name} saved with execution counts {saved}, shown {shown}")
+
+
+def notebook_problems(nb):
+    """What a teacher must not see in an executed notebook (a JSON dict): error outputs,
+    stderr, a traceback or a run "not being driven" in any output, a code cell left unrun."""
+    problems = []
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    for number, cell in enumerate(code, 1):
+        if cell.get("execution_count") is None:
+            problems.append(f"cell {number} did not run")
+        for out in cell.get("outputs", []):
+            kind = out["output_type"]
+            if kind == "error":
+                problems.append(f"cell {number} raised {out['ename']}: {out['evalue'][:300]}")
+                continue
+            if kind == "stream" and out.get("name") == "stderr":
+                problems.append(f"cell {number} wrote to stderr: {out['text'][:300]!r}")
+            text = out.get("text", "") if kind == "stream" else json.dumps(out.get("data", {}))
+            for word in ("Traceback", "not being driven"):
+                if word in text:
+                    problems.append(f"cell {number} shows {word!r}")
+    return problems
+
+
+def check_run_all_twice(url, names, screenshots, timeout_s):
+    """For each notebook of `names` (served next to the one `url` opens), in one browser:
+    open it, Run All, and Run All again in the same kernel; after each Run All, save and
+    read the saved file (REST API): every code cell ran, and no output is an error, stderr,
+    a traceback or a run "not being driven". The kernel is then shut down before the next
+    notebook. Returns {name: seconds both Run All took}; raises CheckFailed naming the
+    notebook, the Run All and the problems, with the cells' outputs."""
+    timings = {}
+    with (
+        sync_playwright() as pw,
+        tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile,
+    ):
+        browser, page, errors = open_browser(pw, profile, timeout_s)
+        outputs = page.locator(".jp-OutputArea-output")
+        base = url.split("/lab/tree/", 1)[0]
+        query = urllib.parse.urlsplit(url).query
+        for name in names:
+            step = f"open {name}"
+            try:
+                page.goto(f"{base}/lab/tree/{urllib.parse.quote(name)}?{query}&reset")
+                wait_idle_kernel(page)
+                nb = server_api(url, f"contents/{urllib.parse.quote(name)}?content=1")["content"]
+                cells = sum(c["cell_type"] == "code" for c in nb["cells"])
+                started = time.monotonic()
+                for run in (1, 2):
+                    step = f"Run All #{run} of {name}"
+                    prompts = run_all_and_wait(page, (run - 1) * cells + 1, cells)
+                    step = f"save {name} after Run All #{run}"
+                    saved = save_and_read(page, url, name, prompts, timeout_s)
+                    problems = notebook_problems(saved)
+                    shown = " ".join(outputs.all_text_contents())
+                    if "Traceback" in shown:
+                        problems.append("an output shows 'Traceback'")
+                    if problems:
+                        raise CheckFailed(
+                            f"{name}, Run All #{run}: {'; '.join(problems)} (prompts {prompts})"
+                        )
+                timings[name] = time.monotonic() - started
+                log(f"{name}: Run All twice in {timings[name]:.1f}s")
+                step = f"shut the kernel of {name} down"
+                shut_down_kernels(url)
+            except (PlaywrightError, CheckFailed) as exc:
+                failed = failure(exc, step, outputs, errors)
+                with contextlib.suppress(PlaywrightError):
+                    page.screenshot(path=str(screenshots / f"{Path(name).stem}.png"))
+                browser.close()
+                raise failed from None
+        browser.close()
+    return timings
 
 
 def main():

@@ -90,3 +90,65 @@ def test_every_saved_run_view_reads_without_a_kernel(tmp_path: Path) -> None:
     assert runs["blocked-tour"] == "blocked"
     assert runs["stopped-tour"] == "active"
     assert runs["interrupted-tour"] == "active"
+
+
+TOURS = sorted((HERE.parent.parent / "notebooks").glob("*.ipynb"))
+
+
+def test_run_all_twice_in_one_kernel_on_every_tour(tmp_path: Path) -> None:
+    """A teacher's day: each tour opened in JupyterLab, Run All, then Run All again in the
+    same kernel; neither leaves an error, stderr, a traceback or an undriven run in any
+    cell (the tours that reset their state folder in their first cell reopen it)."""
+    from .jupyter_browser_check import check_run_all_twice, jupyter_lab
+
+    assert len(TOURS) == 6
+    started = time.monotonic()
+    with jupyter_lab(TOURS[0], TOURS[1:]) as url:  # each tour's state folder next to it
+        timings = check_run_all_twice(url, [p.name for p in TOURS], tmp_path, timeout_s=120)
+    assert list(timings) == [p.name for p in TOURS]
+    assert time.monotonic() - started < 360, timings
+
+
+def test_a_step_drill_down_spans_the_whole_row_of_the_step_table(tmp_path: Path) -> None:
+    """Opened from its row's toggle, a step's drill-down (grid-area "auto / 1 / auto / -1") starts at
+    the table's left edge and is as wide as the table, between its row and the next one,
+    instead of squeezing into the first grid column."""
+    from .jupyter_browser_check import check_drill_down, jupyter_lab
+
+    with jupyter_lab(HERE / "drill_down.ipynb") as url:
+        boxes = check_drill_down(url, "draft", tmp_path / "drill_down.png", timeout_s=60)
+    grid, row, panel, next_row = (boxes[k] for k in ("grid", "row", "panel", "next_row"))
+    assert abs(panel["x"] - grid["x"]) <= 2, boxes
+    assert panel["width"] >= 0.95 * grid["width"], boxes
+    assert panel["x"] + panel["width"] <= grid["x"] + grid["width"] + 2, boxes
+    assert panel["y"] >= row["y"] + row["height"] - 1, boxes  # under its own row
+    assert next_row["y"] >= panel["y"] + panel["height"] - 1, boxes  # the next row under it
+
+
+def test_fork_from_here_in_the_browser_drives_the_fork_to_completion(tmp_path: Path) -> None:
+    """A gate rejected on every loop blocks the run; Fork from here in its view starts a
+    new run from the gated step, which is driven below the view until it completes (its
+    gate passes this time); the blocked run is superseded by it."""
+    from .jupyter_browser_check import check_notebook, jupyter_lab
+
+    with jupyter_lab(HERE / "fork_from_here.ipynb") as url:
+        shown = check_notebook(
+            url,
+            "Fork from here",
+            "Run completed.",
+            tmp_path / "fork_from_here.png",
+            timeout_s=60,
+            before="Gate exhausted",
+        )
+    with Engine(tmp_path / "home") as engine:
+        runs = {r.status: r for r in engine.list_runs()}
+        assert sorted(runs) == ["abandoned", "completed"]
+        source, fork = runs["abandoned"], runs["completed"]
+        assert source.status_reason == f"superseded by {fork.run_id}"
+        assert fork.forked_from == source.run_id
+        steps = {s.step_id: s for s in engine.steps(fork.run_id)}
+        journal = engine.journal(fork.run_id)
+    assert [s.status for s in steps.values()] == ["completed"] * 3
+    assert list(journal[journal["step"] == "outline"]["status"]) == ["reused"]
+    completed = [text for text in shown if "Run completed." in text]
+    assert completed and all(fork.run_id in text for text in completed), shown

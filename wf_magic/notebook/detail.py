@@ -156,10 +156,17 @@ class StepDetail:
             icon="refresh", tooltip="read the journal again", layout=w.Layout(width="32px")
         )
         self.refresh_button.on_click(lambda _b: self.load())
+        # The whole grid row, as grid-area (row-start / column-start / row-end / column-end):
+        # the front end applies a Layout's traits in order and clears the unset grid_area
+        # last, and that shorthand clears a grid-column set before it (the panel then fell
+        # into the first column and pushed the next row's cells along).
         self.widget = w.VBox(
             [w.HBox([self.refresh_button, self.counts]), self.units, self.finder, self.unit_view],
             layout=w.Layout(
-                display="none", grid_column="1 / -1", border="1px solid #d0d7de", padding="4px"
+                display="none",
+                grid_area="auto / 1 / auto / -1",
+                border="1px solid #d0d7de",
+                padding="4px",
             ),
         )
         self.widget.add_class("wf-step-detail")

@@ -370,18 +370,14 @@ class PgConnection:
         returned (positioned on its result), each deferred write's rowcount filled in."""
         batch, self._queue = self._queue, []
         cur = self.raw.execute("; ".join(text for text, _ in batch))
-        results = []
-        # Walk the results in order: one per statement (the BEGIN line holds two).
-        expected = sum(2 if text.startswith("BEGIN; ") else 1 for text, _ in batch)
-        for index in range(expected):
-            results.append(cur.rowcount)
-            if index < expected - 1:
-                cur.nextset()
-        position = 0
-        for text, pending in batch:
-            position += 2 if text.startswith("BEGIN; ") else 1
+        # The results come in statement order, one each; the BEGIN line holds two.
+        for index, (text, pending) in enumerate(batch):
+            if text.startswith("BEGIN; "):
+                cur.nextset()  # past BEGIN's result to the lock's
             if pending is not None:
-                pending.rowcount = results[position - 1]
+                pending.rowcount = cur.rowcount
+            if index < len(batch) - 1:
+                cur.nextset()
         return cur
 
     def _flush(self) -> None:

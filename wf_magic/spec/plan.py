@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler
 
 from ..store.records import StepKind
 from .models import BudgetSpec, ExecutionSpec, GateSpec, RetrySpec, RouteSpec
-from .stored import OLDEST_PLAN_VERSION, PLAN_VERSION
+from .versions import OLDEST_PLAN_VERSION, PLAN_VERSION
 
 __all__ = ["OLDEST_PLAN_VERSION", "PLAN_VERSION", "Plan", "PlanGate", "PlanStep"]
 

@@ -20,11 +20,7 @@ from typing import Any, get_args
 from ..errors import clip
 from ..hashing import sha256_text
 from ..store.records import RunRow, StepKind
-
-PLAN_VERSION = 1
-"""Bumped whenever the plan's JSON shape changes; runs record the version that froze them."""
-OLDEST_PLAN_VERSION = 1
-"""The oldest plan version this wf_magic still drives (DESIGN.md §7); older runs are abandoned."""
+from .versions import OLDEST_PLAN_VERSION, PLAN_VERSION
 
 _KINDS = frozenset(get_args(StepKind))
 _CONTAINERS = {"params": dict, "budget": dict, "execution": dict, "runners": dict, "children": dict}

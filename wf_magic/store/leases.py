@@ -19,26 +19,28 @@ import json
 import os
 import socket
 import threading
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 from ..errors import LeaseLost, RunLockHeld
 from ..locking import process_alive
 from ..users import current_user
+from .location import PgLocation
+from .pgopen import lease_ttl_s, open_pg
 
-if TYPE_CHECKING:
-    from .store import Store
-
-DEFAULT_TTL_S = 30.0
+T = TypeVar("T")
 
 
-def lease_ttl_s() -> float:
-    """The lease TTL: ``$WF_MAGIC_LEASE_TTL`` seconds (default 30; at least 0.3)."""
-    raw = os.environ.get("WF_MAGIC_LEASE_TTL", "").strip()
-    try:
-        value = float(raw) if raw else DEFAULT_TTL_S
-    except ValueError:
-        value = DEFAULT_TTL_S
-    return max(value, 0.3)
+class LeaseStore(Protocol):
+    """What a lease needs of the Store (store/store.py), named here so this module does not
+    import the Store that imports it."""
+
+    pg: PgLocation | None
+    _fences: dict[str, int]
+
+    def _write(self, fn: Callable[[Any], T], run_id: str | None = None) -> T: ...
+
+    def _read(self, fn: Callable[[Any], T], run_id: str | None = None) -> T: ...
 
 
 def _holder() -> dict[str, Any]:
@@ -78,7 +80,7 @@ _HELD = (
 class RunLease:
     """The lease of one run, held while a drive runs (a context manager like ``RunLock``)."""
 
-    def __init__(self, store: Store, run_id: str):
+    def __init__(self, store: LeaseStore, run_id: str):
         self.store = store
         self.run_id = run_id
         self.ttl_s = lease_ttl_s()
@@ -121,8 +123,6 @@ class RunLease:
         return self
 
     def _renew(self) -> None:
-        from .pgopen import open_pg
-
         assert self.store.pg is not None
         conn = None
         try:
@@ -188,7 +188,7 @@ def _dead_here(holder_json: str | None) -> bool:
     return host == socket.gethostname() and not process_alive(pid)
 
 
-def holder_of(store: Store, run_id: str) -> dict[str, Any] | None:
+def holder_of(store: LeaseStore, run_id: str) -> dict[str, Any] | None:
     """The live holder of ``run_id``'s lease (host, pid, user, expires_in_s), or None."""
     row = store._read(lambda c: c.execute(_HELD, (run_id,)).fetchone())
     if row is None:

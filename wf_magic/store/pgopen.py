@@ -19,11 +19,23 @@ BUSY_TIMEOUT_S = 30
 """How long a write waits for another writer's transaction (SQLite's busy timeout)."""
 
 
+DEFAULT_LEASE_TTL_S = 30.0
+
+
+def lease_ttl_s() -> float:
+    """The TTL of a driver's lease (store/leases.py): ``$WF_MAGIC_LEASE_TTL`` seconds (default
+    30; at least 0.3). Here, beside the session settings that follow from it."""
+    raw = os.environ.get("WF_MAGIC_LEASE_TTL", "").strip()
+    try:
+        value = float(raw) if raw else DEFAULT_LEASE_TTL_S
+    except ValueError:
+        value = DEFAULT_LEASE_TTL_S
+    return max(value, 0.3)
+
+
 def _idle_timeout_s() -> int:
     """Half the lease TTL, at least 5 s: a paused driver's transaction ends (and releases
     the writers' lock) before its lease can be taken over."""
-    from .leases import lease_ttl_s
-
     return max(5, int(lease_ttl_s() / 2))
 
 

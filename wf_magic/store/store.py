@@ -30,6 +30,7 @@ from .journal import Finish
 from .leases import RunLease, fence, holder_of
 from .location import DB_FILENAME, PgLocation
 from .opening import open_state_db, schema_is_current
+from .pgopen import open_pg
 from .queries_journal import JournalQueries
 from .queries_runs import RunQueries
 from .queries_sweeps import SweepQueries
@@ -127,8 +128,6 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
     def _write_conn(self) -> sqlite3.Connection:
         with self._write_lock:
             if self._writer is None and self.pg is not None:
-                from .pgopen import open_pg
-
                 self._writer = open_pg(self.pg, migrate=True)  # type: ignore[assignment]
                 self._migrated = True
             if self._writer is None:
@@ -149,8 +148,6 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
     def _read_conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None and self.pg is not None:
-            from .pgopen import open_pg
-
             if not self._migrated:
                 self._write_conn()
             conn = open_pg(self.pg, migrate=False)  # type: ignore[assignment]
@@ -236,8 +233,6 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
     def _lost_lease(self, run_id: str) -> None:
         """Raise ``LeaseLost`` when ``run_id``'s lease is no longer this driver's (checked on
         a connection of its own); return when it still is, or when nothing can be checked."""
-        from .pgopen import open_pg
-
         epoch = self._fences.get(run_id)
         if self.pg is None or epoch is None:
             return

@@ -161,9 +161,7 @@ def test_following_a_finished_run_prints_its_events_and_ends_at_once(
     run = engine.run(THREE)
     fake = FakeTime()
 
-    got = follow.follow_events(
-        engine.store, engine.lock_dir, run.run_id, clock=fake.clock, sleep=fake.sleep
-    )
+    got = follow.follow_events(engine.store, run.run_id, clock=fake.clock, sleep=fake.sleep)
 
     assert [e.event_id for e in got] == event_ids(state_dir, run.run_id)
     assert fake.sleeps == 0
@@ -177,7 +175,6 @@ def test_following_an_active_run_nobody_drives_ends_after_the_idle_time(engine: 
     got = list(
         follow.follow_events(
             engine.store,
-            engine.lock_dir,
             run.run_id,
             idle_s=1.0,
             poll_s=0.25,
@@ -205,12 +202,12 @@ def test_a_held_lock_keeps_the_follower_on_a_settled_status_until_it_is_released
             lock.release()
 
     try:
-        list(follow.follow_events(engine.store, engine.lock_dir, run.run_id, sleep=sleep))
+        list(follow.follow_events(engine.store, run.run_id, sleep=sleep))
         assert fake.sleeps == 3  # blocked, but driven: followed until the lock went
 
         lock.acquire()
         fake.sleeps = 0
-        list(follow.follow_events(engine.store, engine.lock_dir, child, sleep=sleep))
+        list(follow.follow_events(engine.store, child, sleep=sleep))
         assert fake.sleeps == 3  # a child is driven by its root's driver
     finally:
         lock.release()

@@ -9,20 +9,21 @@ Each verb is a few lines over the layers below it: ``lifecycle`` (start, fork),
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .bus import EventBus, Observer
 from .errors import RunAbandoned, RunLockHeld, UsageError
+from .follow import FollowVerbs
+from .gc import GcVerbs
 from .redact import Redactor, secret_strings
 from .run import Run, RunRef, run_ref
 from .store import Store
 from .store.db import DB_FILENAME, default_state
 from .store.location import PgLocation, parse_state
-from .store.records import AttemptRow, EventRow, RunRow, StepRow
+from .store.records import AttemptRow, RunRow, StepRow
 from .sweeps.verbs import SweepVerbs
 from .users import check_owner, current_user
 
@@ -41,9 +42,6 @@ if TYPE_CHECKING:
 _AMBIGUOUS_SHOWN = 8
 """How many matches an ambiguous run id prefix lists."""
 
-GC_STATUSES: tuple[str, ...] = ("completed", "failed", "abandoned")
-"""The run statuses gc deletes (finished ones); ``wf gc --status`` picks among them."""
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Adoption:
@@ -58,11 +56,13 @@ class Adoption:
     """The run ids whose owner changed: the run first, then the runs below it."""
 
 
-class Engine(SweepVerbs):
+class Engine(SweepVerbs, GcVerbs, FollowVerbs):
     """Everything wf_magic does, as plain Python; the CLI and the magics are thin shells.
 
     The sweep verbs (``sweep``, ``sweep_resume``, ``sweep_handle``, ``sweeps``) come from
-    :class:`wf_magic.sweeps.verbs.SweepVerbs`.
+    :class:`wf_magic.sweeps.verbs.SweepVerbs`, ``gc`` from :class:`wf_magic.gc.GcVerbs`, and
+    the event cursors (``events_after``, ``follow_events``) from
+    :class:`wf_magic.follow.FollowVerbs`.
 
     Args:
         state_dir: where ``state.db`` and the run locks live (default ``$WF_MAGIC_HOME`` or
@@ -526,108 +526,6 @@ class Engine(SweepVerbs):
 
         return self.store.is_driven_now(run_ref(run_id))
 
-    def gc(
-        self,
-        *,
-        older_than_s: float,
-        statuses: Sequence[str] = GC_STATUSES,
-        dry_run: bool = False,
-        vacuum: bool = False,
-        on_skip: Callable[[str, str], None] | None = None,
-    ) -> list[str]:
-        """Delete finished root runs (and their children) older than the retention.
-
-        Each run is deleted under its lock and its descendants' (a family any member of which
-        is being driven is skipped), and its status is re-checked inside the delete, so a
-        failed run resumed meanwhile is kept. A tree with a live member (an ``active`` or
-        ``blocked`` child of a finished root) is never deleted; abandon the root to end it.
-        Each deleted run leaves a receipt in the same transaction (``runs(include_deleted=
-        True)``). The lock files of deleted runs go too.
-
-        Args:
-            older_than_s: the retention: runs finished at least this long ago go.
-            statuses: only root runs of these (finished) statuses.
-            dry_run: only list what would be deleted.
-            vacuum: afterwards rebuild the file to return the freed pages to the disk.
-            on_skip: called with ``(run_id, why)`` for each candidate kept.
-
-        Returns:
-            The deleted root run ids (with ``dry_run``: those that would be deleted).
-
-        Raises:
-            UsageError: a negative retention, or a status that is not a finished one.
-        """
-        if older_than_s < 0:
-            raise UsageError("gc retention must be >= 0 seconds")
-        wrong = [s for s in statuses if s not in GC_STATUSES]
-        if wrong or not statuses:
-            raise UsageError(
-                f"expected finished statuses {', '.join(GC_STATUSES)} "
-                f"(got {', '.join(map(repr, wrong)) or 'none'})"
-            )
-        cutoff = time.time() - older_than_s
-        candidates = self.store.finished_runs_before(cutoff)
-        if set(statuses) != set(GC_STATUSES):
-            rows = [self.store.get_run(c) for c in candidates]
-            candidates = [r.run_id for r in rows if r is not None and r.status in statuses]
-        candidates = self._without_live_members(candidates, on_skip)
-        if dry_run:
-            return candidates
-        deleted = self._delete_finished(
-            candidates, cutoff=cutoff, statuses=statuses, on_skip=on_skip
-        )
-        if vacuum:
-            self.store.vacuum()
-        return deleted
-
-    def _without_live_members(
-        self, candidates: list[str], on_skip: Callable[[str, str], None] | None
-    ) -> list[str]:
-        """The candidates none of whose descendants is active or blocked."""
-        from .store.runs import LIVE
-
-        kept = []
-        for rid in candidates:
-            live = [c for c in self.store.descendants(rid) if c.status in LIVE]
-            if not live:
-                kept.append(rid)
-            elif on_skip is not None:
-                on_skip(
-                    rid,
-                    f"its child run {live[0].run_id} is {live[0].status}; "
-                    f"`wf abandon {rid}` ends the family, then gc deletes it",
-                )
-        return kept
-
-    def _delete_finished(
-        self,
-        candidates: list[str],
-        *,
-        cutoff: float,
-        statuses: Sequence[str],
-        on_skip: Callable[[str, str], None] | None,
-    ) -> list[str]:
-        import contextlib
-
-        deleted = []
-        for rid in candidates:
-            with contextlib.ExitStack() as held:
-                locks = {}
-                try:
-                    for member in [rid, *(c.run_id for c in self.store.descendants(rid))]:
-                        locks[member] = held.enter_context(self.store.run_lock(member))
-                except RunLockHeld as exc:
-                    if on_skip is not None:
-                        on_skip(rid, f"{exc.message} (kept)")
-                    continue
-                tree = self.store.delete_finished_tree(rid, cutoff=cutoff, statuses=statuses)
-                for run_id in tree:
-                    (locks.get(run_id) or self.store.run_lock(run_id)).remove()
-                _sweep_agent_files(self.state_dir, list(tree))
-            if tree:
-                deleted.append(rid)
-        return deleted
-
     # -- frames (pandas is imported when one is asked for) ----------------------------------
     def runs(self, *, include_deleted: bool = False) -> pd.DataFrame:
         """All runs; ``include_deleted`` adds gc receipts and journal totals per run (see
@@ -645,31 +543,6 @@ class Engine(SweepVerbs):
     def events(self, run_id: RunRef) -> pd.DataFrame:
         """The run's events (see :func:`wf_magic.store.frames.events_frame`)."""
         return self.store.events_frame(self.resolve_run_id(run_id))
-
-    def events_after(
-        self, run_id: RunRef, cursor: int = 0, *, limit: int | None = None
-    ) -> list[EventRow]:
-        """The run's events with ``event_id > cursor``, oldest first, as ``EventRow`` records.
-
-        The cursor is durable: pass the last record's ``event_id`` to get exactly the events
-        committed since, in this process or another (see :mod:`wf_magic.follow`).
-        """
-        from .follow import events_after
-
-        return events_after(self.store, self.resolve_run_id(run_id), cursor, limit=limit)
-
-    def follow_events(
-        self, run_id: RunRef, cursor: int = 0, *, idle_s: float = 10.0, poll_s: float = 0.2
-    ) -> Iterator[EventRow]:
-        """Yield the run's events after ``cursor`` as they are committed, until the run settles:
-        no driver holds it and it is not active (or has been active with no driver for
-        ``idle_s`` seconds). Each record's ``event_id`` is the cursor to resume from."""
-        from .follow import follow_events
-
-        rid = self.resolve_run_id(run_id)
-        return follow_events(
-            self.store, self.lock_dir, rid, cursor=cursor, idle_s=idle_s, poll_s=poll_s
-        )
 
     def budget(self, run_id: RunRef) -> pd.DataFrame:
         """Used vs limit per ceiling, and what reuse saved (root run's ceilings)."""
@@ -705,13 +578,3 @@ def _at_least(**checks: tuple[int | None, int]) -> None:
     for label, (value, low) in checks.items():
         if value is not None and value < low:
             raise UsageError(f"{label} must be >= {low} (got {value})")
-
-
-def _sweep_agent_files(state_dir: Path, run_ids: list[str]) -> None:
-    """The worktrees, HOMEs, sidecars and logs of agent attempts of runs gc deleted."""
-    if not run_ids or not ((state_dir / "worktrees").is_dir() or (state_dir / "agents").is_dir()):
-        return
-    from .agents import sidecars, worktrees
-
-    worktrees.sweep(state_dir, run_ids)
-    sidecars.sweep(state_dir, run_ids)

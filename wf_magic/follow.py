@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
+from .run import RunRef
 from .store import Store
 from .store.records import EventRow, RunRow
 
@@ -53,7 +53,6 @@ def is_driven(store: Store, row: RunRow) -> bool:
 
 def follow_events(
     store: Store,
-    lock_dir: Path,
     run_id: str,
     *,
     cursor: int = 0,
@@ -82,3 +81,31 @@ def follow_events(
         elif clock() - idle_since >= idle_s:
             return
         sleep(poll_s)
+
+
+class FollowVerbs:
+    """The Engine's event cursors (``events_after``, ``follow_events``), as a mixin."""
+
+    store: Store
+
+    def resolve_run_id(self, run_id: RunRef) -> str:
+        raise NotImplementedError
+
+    def events_after(
+        self, run_id: RunRef, cursor: int = 0, *, limit: int | None = None
+    ) -> list[EventRow]:
+        """The run's events with ``event_id > cursor``, oldest first, as ``EventRow`` records.
+
+        The cursor is durable: pass the last record's ``event_id`` to get exactly the events
+        committed since, in this process or another.
+        """
+        return events_after(self.store, self.resolve_run_id(run_id), cursor, limit=limit)
+
+    def follow_events(
+        self, run_id: RunRef, cursor: int = 0, *, idle_s: float = 10.0, poll_s: float = 0.2
+    ) -> Iterator[EventRow]:
+        """Yield the run's events after ``cursor`` as they are committed, until the run settles:
+        no driver holds it and it is not active (or has been active with no driver for
+        ``idle_s`` seconds). Each record's ``event_id`` is the cursor to resume from."""
+        rid = self.resolve_run_id(run_id)
+        return follow_events(self.store, rid, cursor=cursor, idle_s=idle_s, poll_s=poll_s)

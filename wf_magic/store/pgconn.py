@@ -89,7 +89,7 @@ def _wrap(exc: BaseException) -> sqlite3.Error:
     else:
         cls = PgError
     out = cls(message)
-    out.sqlstate = sqlstate  # type: ignore[attr-defined]
+    out.sqlstate = sqlstate
     return out
 
 
@@ -200,7 +200,7 @@ class Row(tuple):  # type: ignore[type-arg]
     __slots__ = ()
     _names: tuple[str, ...] = ()
 
-    def __getitem__(self, key: Any) -> Any:  # type: ignore[override]
+    def __getitem__(self, key: Any) -> Any:
         if isinstance(key, str):
             try:
                 return tuple.__getitem__(self, self._names.index(key))
@@ -248,7 +248,7 @@ class Cursor:
             yield row
 
     @property
-    def description(self) -> list[tuple[str, ...]] | None:
+    def description(self) -> list[tuple[Any, ...]] | None:
         if not self._rows:
             return None
         return [(name, None, None, None, None, None, None) for name in self._rows[0]._names]
@@ -280,7 +280,7 @@ class _LazyCursor(Cursor):
         self._conn = conn
         self._pending = pending
 
-    @property  # type: ignore[override]
+    @property
     def rowcount(self) -> int:
         self._conn._flush()
         return self._pending.rowcount

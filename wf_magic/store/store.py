@@ -65,10 +65,12 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
         durability: str = "normal",
         redactor: Redactor | None = None,
     ):
-        self.pg: PgLocation | None = db_path if isinstance(db_path, PgLocation) else None
-        self.db_path: Path = (
-            self.pg.local_dir / DB_FILENAME if self.pg is not None else Path(db_path)
-        )
+        self.pg: PgLocation | None = None
+        self.db_path: Path
+        if isinstance(db_path, PgLocation):
+            self.pg, self.db_path = db_path, db_path.local_dir / DB_FILENAME
+        else:
+            self.db_path = Path(db_path)
         """The SQLite file (on PostgreSQL: where it would be in ``state_dir``, never opened)."""
         self.where = self.pg.where if self.pg is not None else str(self.db_path)
         """The state as messages name it (a folder's ``state.db``, or the URL, no password)."""

@@ -90,20 +90,8 @@ def db_execute(state_dir: Path, sql: str, params: tuple[object, ...] = ()) -> No
 
 def tamper(engine: Engine, sql: str, params: tuple[object, ...] = ()) -> None:
     """Edit the state DB behind wf_magic's back (as a person with the sqlite3 shell would)."""
-    if engine.location is not None:
-        PgState.for_location(engine.location).tamper(sql, params)
-        return
-    conn = sqlite3.connect(engine.db_path, timeout=30, isolation_level=None)
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            conn.execute(sql, params)
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
-    finally:
-        conn.close()
+    state = PgState.for_location(engine.location) if engine.location else engine.state_dir
+    db_execute(state, sql, params)  # type: ignore[arg-type]
 
 
 def table_counts(state_dir: Path) -> dict[str, int]:

@@ -184,11 +184,12 @@ def add_event(
     conn: sqlite3.Connection, run_id: str, kind: str, *, at: float, unit: str | None = None
 ) -> None:
     conn.execute(
-        "INSERT INTO events (run_id, at, kind, step_id, unit_id, dispatch_id, data_json)"
-        " VALUES (?,?,?,?,?,?,?)",
+        "INSERT INTO event_log (event_id, run_id, at, kind, step_id, unit_id, dispatch_id,"
+        " data_json) VALUES ((SELECT n + 1 FROM journal_seq),?,?,?,?,?,?,?)",
         (run_id, at, kind, unit and unit.split("[")[0], unit, unit and f"{run_id}/{unit}/1",
          json.dumps({"kind": kind})),
     )  # fmt: skip
+    conn.execute("UPDATE journal_seq SET n = n + 1")
 
 
 def seed_demo_run(conn: sqlite3.Connection) -> dict[str, str]:

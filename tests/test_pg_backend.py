@@ -131,9 +131,13 @@ def test_translation_of_the_sqlite_spellings() -> None:
         "INSERT INTO agent_facts (dispatch_id, run_id) VALUES (%s, %s)"
         " ON CONFLICT (dispatch_id) DO UPDATE SET run_id = EXCLUDED.run_id"
     )
-    assert translate("INSERT INTO events (run_id) VALUES (?)") == (
-        "INSERT INTO events (run_id) VALUES (%s) RETURNING event_id",
-        "event_id",
+    assert translate("INSERT INTO attempts (run_id) VALUES (?)") == (
+        "INSERT INTO attempts (run_id) VALUES (%s) RETURNING attempt_pk",
+        "attempt_pk",
+    )
+    assert translate("INSERT INTO attempts (run_id) VALUES (?) RETURNING attempt") == (
+        "INSERT INTO attempts (run_id) VALUES (%s) RETURNING attempt",
+        None,
     )
     assert translate("SELECT json_group_array(i), total(c) FROM t")[0] == (
         "SELECT coalesce(json_agg(i)::text, '[]'), coalesce(sum(c), 0.0) FROM t"

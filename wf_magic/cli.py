@@ -35,6 +35,8 @@ class _RunLister(Protocol):
     """What ``wf list`` needs: the Engine, or just its Store (no engine import)."""
 
     db_path: Path
+    where: str
+    """The state's location as shown to people (the SQLite file, or the PostgreSQL schema)."""
 
     def list_runs(
         self, *, include_children: bool = False, limit: int | None = None, owner: str | None = None

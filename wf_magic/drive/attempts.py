@@ -299,17 +299,44 @@ def record_reuse(
 
 
 def try_reuse(
-    ctx: DriveContext, state: RunState, step: PlanStep, unit: UnitPlan
+    ctx: DriveContext,
+    state: RunState,
+    step: PlanStep,
+    unit: UnitPlan,
+    found: dict[tuple[str, str], AttemptRow] | None = None,
 ) -> AttemptRow | None:
-    """Answer ``unit`` from its fork source or an earlier run, journaled ``reused`` (or None)."""
-    source = _reuse_source(ctx, state, step, unit)
+    """Answer ``unit`` from its fork source or an earlier run, journaled ``reused`` (or None).
+
+    ``found``: the loop's earlier-run sources looked up at once (``reuse_sources``); None
+    looks this unit's up alone.
+    """
+    source = _reuse_source(ctx, state, step, unit, found)
     if source is None:
         return None
     return record_reuse(ctx, state, unit_key(state, unit), source)
 
 
+def reuse_sources(
+    ctx: DriveContext, state: RunState, step: PlanStep, units: Sequence[UnitPlan]
+) -> dict[tuple[str, str], AttemptRow] | None:
+    """The earlier-run sources of a loop's ``units`` in one read, by (input_hash, runner);
+    None where they are not looked up that way (a fork reads its source run per unit)."""
+    if state.fork_index is not None or not state.run.use_cache:
+        return None
+    hashes = [unit.input_hash for unit in units if unit.cacheable]
+    if not hashes:
+        return {}
+    return ctx.store.find_reusable_many(
+        workflow=state.plan.name, input_hashes=hashes, exclude_run_id=state.run.run_id
+    )
+
+
 def _reuse_source(
-    ctx: DriveContext, state: RunState, step: PlanStep, unit: UnitPlan
+    ctx: DriveContext,
+    state: RunState,
+    step: PlanStep,
+    unit: UnitPlan,
+    found: dict[tuple[str, str], AttemptRow] | None,
 ) -> AttemptRow | None:
     run = state.run
     if state.fork_index is not None:
@@ -320,6 +347,8 @@ def _reuse_source(
         )
     if not (unit.cacheable and run.use_cache):
         return None
+    if found is not None:
+        return found.get((unit.input_hash, unit.runner))
     return ctx.store.find_reusable(
         workflow=state.plan.name,
         input_hash=unit.input_hash,

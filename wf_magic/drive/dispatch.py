@@ -73,6 +73,7 @@ def run_units(
     # (drive/resume.py); whole attempt rows are read just for the units still owed.
     owed = resume.settle(ctx, state, step, units, work)
     history = _history(ctx, state, step, [units[i].unit_id for i in owed])
+    found = attempts.reuse_sources(ctx, state, step, [units[i] for i in owed]) if owed else {}
     jobs: deque[_Job] = deque()
     for i in owed:
         unit = units[i]
@@ -90,7 +91,7 @@ def run_units(
             else:
                 attempts.abandon(ctx, state, latest)
         if reclaim is None:
-            reused = attempts.try_reuse(ctx, state, step, unit)
+            reused = attempts.try_reuse(ctx, state, step, unit, found)
             if reused is not None:
                 work.outputs[i] = _load(reused.output_json)
                 continue

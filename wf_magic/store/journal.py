@@ -44,6 +44,14 @@ def new_dispatch_id() -> str:
     return f"{time.time_ns() // 1000:014x}{secrets.token_hex(9)}"
 
 
+NEXT_SEQ = "(SELECT n + 1 FROM journal_seq)"
+"""The next event id (SQL): one counter for ``event_log`` rows and the unit events derived
+from attempts (``migrations.UNIT_EVENTS_VIEW``), so ids follow commit order across both.
+Writers are serialised (``BEGIN IMMEDIATE``; the advisory lock on PostgreSQL), so reading it
+and bumping it in one transaction never hands one id out twice."""
+_BUMP_SEQ = "UPDATE journal_seq SET n = n + 1"
+
+
 def append_event_txn(
     conn: sqlite3.Connection,
     run_id: str,
@@ -55,10 +63,11 @@ def append_event_txn(
     data: Any = None,
     at: float | None = None,
 ) -> None:
-    """Append one event row (``at``: when it happened; None: now)."""
+    """Append one event row to ``event_log`` (``at``: when it happened; None: now), its id
+    the next of ``journal_seq``."""
     conn.execute(
-        "INSERT INTO events (run_id, at, kind, step_id, unit_id, dispatch_id, data_json)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO event_log (event_id, run_id, at, kind, step_id, unit_id, dispatch_id,"
+        f" data_json) VALUES ({NEXT_SEQ}, ?, ?, ?, ?, ?, ?, ?)",
         (
             run_id,
             at or time.time(),
@@ -66,31 +75,15 @@ def append_event_txn(
             step_id,
             unit_id,
             dispatch_id,
-            None if data is None else json.dumps(data, sort_keys=True, default=str),
+            None if data is None else _event_json(data),
         ),
     )
+    conn.execute(_BUMP_SEQ)
 
 
-def _upsert_unit_txn(conn: sqlite3.Connection, key: UnitKey, status: str, attempt: int) -> None:
-    conn.execute(
-        "INSERT INTO units (run_id, unit_id, step_id, phase, item_index, loop, status, input_hash,"
-        " attempts, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-        " ON CONFLICT (run_id, unit_id) DO UPDATE SET loop = excluded.loop,"
-        " status = excluded.status, input_hash = excluded.input_hash,"
-        " attempts = excluded.attempts, updated_at = excluded.updated_at",
-        (
-            key.run_id,
-            key.unit_id,
-            key.step_id,
-            key.phase,
-            key.item_index,
-            key.loop,
-            status,
-            key.input_hash,
-            attempt,
-            time.time(),
-        ),
-    )
+def _event_json(data: Any) -> str:
+    """An event's data as stored: canonical JSON (sorted keys), anything else as its text."""
+    return json.dumps(data, sort_keys=True, default=str)
 
 
 def _keep_input_txn(conn: sqlite3.Connection, key: UnitKey, now: float) -> None:
@@ -111,12 +104,12 @@ def input_of(conn: sqlite3.Connection, input_hash: str) -> str | None:
 
 
 def price_source_of(conn: sqlite3.Connection, run_id: str, dispatch_id: str) -> str | None:
-    """Where the cost of attempt ``dispatch_id`` came from, as its ``unit_finished`` event
-    recorded it; None when it was not priced (or finished before prices had sources)."""
+    """Where the cost of attempt ``dispatch_id`` came from, as its finish recorded it (the
+    data of its ``unit_finished`` event); None when it was not priced (or finished before
+    prices had sources)."""
     row = conn.execute(
-        "SELECT json_extract(data_json, '$.price_source') FROM events WHERE run_id = ?"
-        " AND dispatch_id = ? AND kind = 'unit_finished' AND json_valid(data_json)"
-        " ORDER BY event_id DESC LIMIT 1",
+        "SELECT json_extract(finish_data, '$.price_source') FROM attempts WHERE run_id = ?"
+        " AND dispatch_id = ? AND json_valid(finish_data)",
         (run_id, dispatch_id),
     ).fetchone()
     return None if row is None or row[0] is None else str(row[0])
@@ -136,37 +129,64 @@ def inputs_of(conn: sqlite3.Connection, input_hashes: set[str]) -> dict[str, str
     return out
 
 
-def _next_attempt_txn(conn: sqlite3.Connection, run_id: str, unit_id: str) -> int:
-    row = conn.execute(
-        "SELECT MAX(attempt) FROM attempts WHERE run_id = ? AND unit_id = ?", (run_id, unit_id)
-    ).fetchone()
-    return int(row[0] or 0) + 1
-
-
-def _insert_attempt_sql(columns: Sequence[str], *, status: str = "?") -> str:
-    """``INSERT INTO attempts`` of ``columns``, all bound but ``status`` (given as SQL)."""
-    values = ", ".join(status if c == "status" else "?" for c in columns)
-    return f"INSERT INTO attempts ({', '.join(columns)}) VALUES ({values})"
-
-
+_NEXT_ATTEMPT = (
+    "(SELECT COALESCE(MAX(b.attempt), 0) + 1 FROM attempts b WHERE b.run_id = ? AND b.unit_id = ?)"
+)
+"""The next attempt number of a unit (SQL, bound to its run and unit id): folded into the
+insert, so journaling an attempt is one statement (one round trip on PostgreSQL), not a read
+and then a write."""
 _KEY_COLUMNS = (
-    "run_id, workflow, step_id, unit_id, attempt, dispatch_id, phase, loop, item_index, runner,"
-    " model, status, input_hash, charged"
+    "run_id, workflow, step_id, unit_id, dispatch_id, phase, loop, item_index, runner, model,"
+    " input_hash, charged, attempt"
 ).split(", ")
-"""What every new attempt binds first, in this order: its key, number, dispatch id, status."""
+"""What every new attempt binds first, in this order: its key and dispatch id, then its
+number (``_NEXT_ATTEMPT``, bound to the run and unit ids)."""
 _OUTCOME_COLUMNS = (
-    "tokens_in, tokens_out, cost, saved_tokens, reused_from, session_id, output_json, failure,"
-    " transient"
+    "status, tokens_in, tokens_out, cost, saved_tokens, reused_from, session_id, output_json,"
+    " failure, transient"
 ).split(", ")
-_RESERVE_SQL = _insert_attempt_sql([*_KEY_COLUMNS, "started_at"], status="'running'")
-"""A reservation: status ``running``; its outcome columns keep their defaults until finished."""
-_TERMINAL_SQL = _insert_attempt_sql([*_KEY_COLUMNS, *_OUTCOME_COLUMNS, "started_at", "finished_at"])
-"""An attempt terminal at once: its outcome is written with it."""
+
+
+def _insert_attempt_sql(columns: Sequence[str], values: Sequence[str]) -> str:
+    """``INSERT INTO attempts`` of ``columns`` with ``values`` (SQL), returning the key and
+    number it was given."""
+    return (
+        f"INSERT INTO attempts ({', '.join(columns)}) VALUES ({', '.join(values)})"
+        " RETURNING attempt_pk, attempt"
+    )
+
+
+_KEY_VALUES = ["?"] * (len(_KEY_COLUMNS) - 1) + [_NEXT_ATTEMPT]
+_RESERVE_SQL = _insert_attempt_sql(
+    [*_KEY_COLUMNS, "status", "started_at", "started_seq"],
+    [*_KEY_VALUES, "'running'", "?", NEXT_SEQ],
+)
+"""A reservation: status ``running``, its ``unit_started`` event at the next event id; its
+outcome columns keep their defaults until it finishes."""
+_TERMINAL_SQL = _insert_attempt_sql(
+    [*_KEY_COLUMNS, *_OUTCOME_COLUMNS, "started_at", "finished_at"],
+    [*_KEY_VALUES, *["?"] * len(_OUTCOME_COLUMNS), "?", "?"],
+)
+"""An attempt terminal at once (a reuse, a recorded verdict): its outcome is written with it,
+and its one event is an ``event_log`` row, not a derived one."""
+_FINISH_SQL = (
+    "UPDATE attempts SET status = ?, output_json = ?, failure = ?, transient = ?,"
+    " tokens_in = ?, tokens_out = ?, cost = ?, model = COALESCE(?, model), session_id = ?,"
+    f" finished_at = ?, finish_data = ?, finished_seq = {NEXT_SEQ}"
+    " WHERE dispatch_id = ? AND status = 'running'"
+)
+_FINISHED_NOW = (
+    f" WHERE EXISTS (SELECT 1 FROM attempts WHERE dispatch_id = ? AND finished_seq = {NEXT_SEQ})"
+)
+"""True (SQL, bound to a dispatch id) right after ``_FINISH_SQL`` finished that attempt: it
+holds the next event id, not yet bumped. The writes that follow a finish are conditioned on
+it instead of on the update's row count, so on PostgreSQL none of them waits for a reply: the
+finish goes out with the transaction's next read or its COMMIT."""
 
 
 def reserve_attempt_txn(conn: sqlite3.Connection, key: UnitKey, *, charged: bool) -> AttemptRow:
-    """Insert a ``running`` attempt with a fresh dispatch_id and its ``unit_started`` event."""
-    return _journal_attempt_txn(conn, key, None, charged=charged, event="unit_started")
+    """Insert a ``running`` attempt with a fresh dispatch_id (its ``unit_started`` event)."""
+    return _journal_attempt_txn(conn, key, None, charged=charged, event=None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -199,11 +219,28 @@ def reserve_attempts_txn(
 
 def finish_attempt_txn(conn: sqlite3.Connection, attempt: AttemptRow, finish: Finish) -> bool:
     """Finish a running attempt; False (and nothing written) when it was already finished."""
+    return bool(queue_finish_txn(conn, attempt, finish).rowcount > 0)
+
+
+def queue_finish_txn(conn: sqlite3.Connection, attempt: AttemptRow, finish: Finish) -> Any:
+    """Finish a running attempt without asking whether it was (nothing is written when it
+    was already finished); the cursor of the update, whose ``rowcount`` says.
+
+    The attempt row carries its ``unit_finished`` event: its id (``finished_seq``) and its data
+    (``finish_data``, the JSON the event had when it was a row of its own).
+    """
     now = finish.finished_at or time.time()
+    data = {
+        "status": finish.status,
+        "attempt": attempt.attempt,
+        "tokens": finish.tokens_in + finish.tokens_out,
+        "failure": finish.failure,
+        "phase": attempt.phase,
+        "loop": attempt.loop,
+        **({"price_source": finish.price_source} if finish.price_source else {}),
+    }
     cur = conn.execute(
-        "UPDATE attempts SET status = ?, output_json = ?, failure = ?, transient = ?,"
-        " tokens_in = ?, tokens_out = ?, cost = ?, model = COALESCE(?, model), session_id = ?,"
-        " finished_at = ? WHERE dispatch_id = ? AND status = 'running'",
+        _FINISH_SQL,
         (
             finish.status,
             finish.output_json,
@@ -215,50 +252,19 @@ def finish_attempt_txn(conn: sqlite3.Connection, attempt: AttemptRow, finish: Fi
             finish.model,
             finish.session_id,
             now,
+            _event_json(data),
             attempt.dispatch_id,
         ),
     )
-    if cur.rowcount == 0:
-        return False
     if finish.agent_json is not None:
-        record_agent_facts_txn(conn, attempt.run_id, attempt.dispatch_id, finish.agent_json)
-    # The unit row exists since the reservation: only its status and clock move.
-    conn.execute(
-        "UPDATE units SET status = ?, attempts = ?, updated_at = ?"
-        " WHERE run_id = ? AND unit_id = ?",
-        (finish.status, attempt.attempt, now, attempt.run_id, attempt.unit_id),
-    )
-    append_event_txn(
-        conn,
-        attempt.run_id,
-        "unit_finished",
-        at=now,
-        step_id=attempt.step_id,
-        unit_id=attempt.unit_id,
-        dispatch_id=attempt.dispatch_id,
-        data={
-            "status": finish.status,
-            "attempt": attempt.attempt,
-            "tokens": finish.tokens_in + finish.tokens_out,
-            "failure": finish.failure,
-            "phase": attempt.phase,
-            "loop": attempt.loop,
-            **({"price_source": finish.price_source} if finish.price_source else {}),
-        },
-    )
-    return True
-
-
-def record_agent_facts_txn(
-    conn: sqlite3.Connection, run_id: str, dispatch_id: str, facts_json: str
-) -> None:
-    """Keep an agent attempt's facts (one row per dispatch id; the harness is read from them)."""
-    harness = str(json.loads(facts_json).get("harness") or "")
-    conn.execute(
-        "INSERT OR REPLACE INTO agent_facts (dispatch_id, run_id, harness, facts_json)"
-        " VALUES (?, ?, ?, ?)",
-        (dispatch_id, run_id, harness, facts_json),
-    )
+        harness = str(json.loads(finish.agent_json).get("harness") or "")
+        conn.execute(
+            "INSERT OR REPLACE INTO agent_facts (dispatch_id, run_id, harness, facts_json)"
+            " SELECT ?, ?, ?, ?" + _FINISHED_NOW,
+            (attempt.dispatch_id, attempt.run_id, harness, finish.agent_json, attempt.dispatch_id),
+        )
+    conn.execute(_BUMP_SEQ + _FINISHED_NOW, (attempt.dispatch_id,))
+    return cur
 
 
 def agent_facts(conn: sqlite3.Connection, dispatch_id: str) -> str | None:
@@ -308,42 +314,74 @@ def _journal_attempt_txn(
     finish: Finish | None,
     *,
     charged: bool,
-    event: str,
+    event: str | None,
     reused_from: str | None = None,
     saved_tokens: int = 0,
 ) -> AttemptRow:
-    """Journal a new attempt of ``key``: ``running`` (``finish`` None) or terminal at once.
-
-    In the caller's transaction, with it: its input kept, its unit row moved, ``event``.
-    """
-    number = _next_attempt_txn(conn, key.run_id, key.unit_id)
+    """Journal a new attempt of ``key``: ``running`` (``finish`` None; its event is derived)
+    or terminal at once (with ``event`` in ``event_log``), its input kept, in the caller's
+    transaction."""
     dispatch_id = new_dispatch_id()
     now = time.time()
-    attempt_pk = _insert_attempt_txn(
-        conn,
-        key,
-        finish,
-        number=number,
-        dispatch_id=dispatch_id,
-        now=now,
-        charged=charged,
-        reused_from=reused_from,
-        saved_tokens=saved_tokens,
-    )
-    status: AttemptStatus = "running" if finish is None else finish.status
-    _keep_input_txn(conn, key, now)
-    _upsert_unit_txn(conn, key, status, number)
-    append_event_txn(
-        conn,
+    key_values = (
         key.run_id,
-        event,
-        step_id=key.step_id,
-        unit_id=key.unit_id,
-        dispatch_id=dispatch_id,
-        data=_event_data(
-            key, finish, attempt=number, reused_from=reused_from, saved_tokens=saved_tokens
-        ),
+        key.workflow,
+        key.step_id,
+        key.unit_id,
+        dispatch_id,
+        key.phase,
+        key.loop,
+        key.item_index,
+        key.runner,
+        (finish.model if finish is not None else None) or key.model,
+        key.input_hash,
+        int(charged),
+        key.run_id,
+        key.unit_id,
     )
+    if finish is None:
+        row = conn.execute(_RESERVE_SQL, (*key_values, now)).fetchall()
+    else:
+        row = conn.execute(
+            _TERMINAL_SQL,
+            (
+                *key_values,
+                finish.status,
+                finish.tokens_in,
+                finish.tokens_out,
+                finish.cost,
+                saved_tokens,
+                reused_from,
+                finish.session_id,
+                finish.output_json,
+                finish.failure,
+                None if finish.transient is None else int(finish.transient),
+                now,
+                now,
+            ),
+        ).fetchall()
+    attempt_pk, number = int(row[0][0]), int(row[0][1])
+    if finish is None:
+        conn.execute(_BUMP_SEQ)
+    _keep_input_txn(conn, key, now)
+    if event is not None and finish is not None:
+        append_event_txn(
+            conn,
+            key.run_id,
+            event,
+            at=now,
+            step_id=key.step_id,
+            unit_id=key.unit_id,
+            dispatch_id=dispatch_id,
+            data={
+                "attempt": number,
+                "phase": key.phase,
+                "loop": key.loop,
+                "status": finish.status,
+                "reused_from": reused_from,
+                "saved_tokens": saved_tokens,
+            },
+        )
     return _row(
         key,
         attempt_pk=attempt_pk,
@@ -351,77 +389,12 @@ def _journal_attempt_txn(
         dispatch_id=dispatch_id,
         charged=charged,
         started_at=now,
-        status=status,
+        status="running" if finish is None else finish.status,
         finish=finish or _NO_OUTCOME,
         finished_at=None if finish is None else now,
         saved_tokens=saved_tokens,
         reused_from=reused_from,
     )
-
-
-def _insert_attempt_txn(
-    conn: sqlite3.Connection,
-    key: UnitKey,
-    finish: Finish | None,
-    *,
-    number: int,
-    dispatch_id: str,
-    now: float,
-    charged: bool,
-    reused_from: str | None,
-    saved_tokens: int,
-) -> int:
-    """Insert attempt ``number`` of ``key`` (``finish`` None: ``running``); its ``attempt_pk``."""
-    key_values = (
-        key.run_id,
-        key.workflow,
-        key.step_id,
-        key.unit_id,
-        number,
-        dispatch_id,
-        key.phase,
-        key.loop,
-        key.item_index,
-        key.runner,
-    )
-    if finish is None:
-        values: tuple[Any, ...] = (*key_values, key.model, key.input_hash, int(charged), now)
-        return int(conn.execute(_RESERVE_SQL, values).lastrowid or 0)
-    values = (
-        *key_values,
-        finish.model or key.model,
-        finish.status,
-        key.input_hash,
-        int(charged),
-        finish.tokens_in,
-        finish.tokens_out,
-        finish.cost,
-        saved_tokens,
-        reused_from,
-        finish.session_id,
-        finish.output_json,
-        finish.failure,
-        None if finish.transient is None else int(finish.transient),
-        now,
-        now,
-    )
-    return int(conn.execute(_TERMINAL_SQL, values).lastrowid or 0)
-
-
-def _event_data(
-    key: UnitKey, finish: Finish | None, *, attempt: int, reused_from: str | None, saved_tokens: int
-) -> dict[str, Any]:
-    """The data of a new attempt's event: which attempt of which loop, and any outcome."""
-    if finish is None:
-        return {"attempt": attempt, "phase": key.phase, "loop": key.loop}
-    return {
-        "attempt": attempt,
-        "phase": key.phase,
-        "loop": key.loop,
-        "status": finish.status,
-        "reused_from": reused_from,
-        "saved_tokens": saved_tokens,
-    }
 
 
 _NO_OUTCOME = Finish(status="succeeded")
@@ -547,6 +520,31 @@ def find_reusable(
         (workflow, input_hash, runner, exclude_run_id, phase, unit_id, unit_id),
     ).fetchone()
     return from_row(AttemptRow, row) if row else None
+
+
+def find_reusable_many(
+    conn: sqlite3.Connection, *, workflow: str, input_hashes: Sequence[str], exclude_run_id: str
+) -> dict[tuple[str, str], AttemptRow]:
+    """``find_reusable`` of many work units at once: (input_hash, runner) → the newest
+    succeeded work attempt of another run of ``workflow`` with that input and runner.
+
+    One statement per 500 hashes instead of one per unit: a loop's lookups cost one round
+    trip on PostgreSQL, not one per unit.
+    """
+    wanted = sorted(set(input_hashes))
+    out: dict[tuple[str, str], AttemptRow] = {}
+    for start in range(0, len(wanted), 500):
+        chunk = wanted[start : start + 500]
+        marks = ", ".join("?" for _ in chunk)
+        rows = conn.execute(
+            f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE workflow = ? AND input_hash IN ({marks})"
+            " AND status = 'succeeded' AND run_id != ? AND phase = 'work' ORDER BY attempt_pk",
+            (workflow, *chunk, exclude_run_id),
+        )
+        for r in rows:
+            row = from_row(AttemptRow, r)
+            out[(row.input_hash, row.runner)] = row  # later (newer) rows win
+    return out
 
 
 def find_in_run(

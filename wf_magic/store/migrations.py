@@ -480,3 +480,85 @@ def m015_sweep_charges(conn: sqlite3.Connection) -> None:
             ORDER BY s.created_at, s.sweep_id;
         """,
     )
+
+
+UNIT_EVENTS_VIEW = """
+CREATE VIEW events (event_id, run_id, at, kind, step_id, unit_id, dispatch_id, data_json) AS
+    SELECT event_id, run_id, at, kind, step_id, unit_id, dispatch_id, data_json FROM event_log
+    UNION ALL
+    SELECT started_seq, run_id, started_at, 'unit_started', step_id, unit_id, dispatch_id,
+        '{"attempt": ' || attempt || ', "loop": ' || loop || ', "phase": "' || phase || '"}'
+    FROM attempts WHERE started_seq IS NOT NULL
+    UNION ALL
+    SELECT finished_seq, run_id, finished_at, 'unit_finished', step_id, unit_id, dispatch_id,
+        finish_data
+    FROM attempts WHERE finished_seq IS NOT NULL;
+CREATE VIEW units (run_id, unit_id, step_id, phase, item_index, loop, status, input_hash,
+        attempts, updated_at) AS
+    SELECT a.run_id, a.unit_id, a.step_id, a.phase, a.item_index, a.loop, a.status,
+        a.input_hash, a.attempt, COALESCE(a.finished_at, a.started_at)
+    FROM attempts a
+    WHERE NOT EXISTS (SELECT 1 FROM attempts b WHERE b.run_id = a.run_id
+        AND b.unit_id = a.unit_id AND b.attempt > a.attempt);
+"""
+"""The unit events and the ``units`` projection, derived from the attempt rows (m016): an
+attempt that was reserved is its ``unit_started`` event at ``started_seq`` and, once finished,
+its ``unit_finished`` event at ``finished_seq`` with the data its finish wrote
+(``finish_data``); every other event is a row of ``event_log``. Event ids of both kinds come
+from ``journal_seq``, one counter, so they are one cursor (``wf events --after``)."""
+
+
+@migration
+def m016_derived_unit_events(conn: sqlite3.Connection) -> None:
+    # The attempt row is the single source of truth (DESIGN §3): a unit's start and finish
+    # events and the `units` projection were two more rows written per attempt and two more
+    # rewritten per finish; now they are read from the attempt row. Existing unit events move
+    # onto their attempts (same ids, same data), the rest stay in `event_log`, and the one
+    # counter `journal_seq` continues after the highest event id ever given.
+    _script(
+        conn,
+        """
+        ALTER TABLE attempts ADD COLUMN started_seq INTEGER;
+        ALTER TABLE attempts ADD COLUMN finished_seq INTEGER;
+        ALTER TABLE attempts ADD COLUMN finish_data TEXT;
+        CREATE TABLE journal_seq (n INTEGER NOT NULL);
+        INSERT INTO journal_seq (n) SELECT MAX(x) FROM (
+            SELECT 0 AS x
+            UNION ALL SELECT COALESCE(MAX(event_id), 0) FROM events
+            UNION ALL SELECT seq FROM sqlite_sequence WHERE name = 'events');
+        CREATE INDEX m016_events_dispatch ON events(dispatch_id, kind, event_id);
+        DROP TRIGGER attempts_terminal_immutable;
+        UPDATE attempts SET started_seq = (SELECT MIN(e.event_id) FROM events e
+            WHERE e.dispatch_id = attempts.dispatch_id AND e.kind = 'unit_started');
+        UPDATE attempts SET
+            finished_seq = (SELECT MAX(e.event_id) FROM events e
+                WHERE e.dispatch_id = attempts.dispatch_id AND e.kind = 'unit_finished'),
+            finish_data = (SELECT e.data_json FROM events e
+                WHERE e.dispatch_id = attempts.dispatch_id AND e.kind = 'unit_finished'
+                ORDER BY e.event_id DESC LIMIT 1)
+            WHERE started_seq IS NOT NULL;
+        CREATE TRIGGER attempts_terminal_immutable BEFORE UPDATE ON attempts
+        WHEN OLD.status != 'running'
+        BEGIN SELECT RAISE(ABORT, 'attempts are append-only: a terminal attempt is never updated'); END;
+        CREATE TABLE event_log (
+            event_id INTEGER PRIMARY KEY,
+            run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+            at REAL NOT NULL,
+            kind TEXT NOT NULL,
+            step_id TEXT,
+            unit_id TEXT,
+            dispatch_id TEXT,
+            data_json TEXT
+        );
+        INSERT INTO event_log SELECT e.event_id, e.run_id, e.at, e.kind, e.step_id, e.unit_id,
+            e.dispatch_id, e.data_json FROM events e
+            WHERE NOT (e.kind IN ('unit_started', 'unit_finished') AND EXISTS (
+                SELECT 1 FROM attempts a WHERE a.dispatch_id = e.dispatch_id
+                AND a.started_seq IS NOT NULL))
+            ORDER BY e.event_id;
+        DROP TABLE events;
+        CREATE INDEX event_log_run ON event_log(run_id, event_id);
+        DROP TABLE units;
+        """
+        + UNIT_EVENTS_VIEW,
+    )

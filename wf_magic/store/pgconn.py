@@ -39,11 +39,10 @@ _PRIMARY_KEYS = {
     "inputs": ("input_hash",),
     "loop_contexts": ("run_id", "step_id", "loop", "which"),
     "library_cache": ("url",),
-    "units": ("run_id", "unit_id"),
 }
 """The conflict target of ``INSERT OR REPLACE`` into each table."""
 
-_SERIAL_KEYS = {"attempts": "attempt_pk", "events": "event_id"}
+_SERIAL_KEYS = {"attempts": "attempt_pk"}
 """Tables whose key the database assigns: an insert returns it as ``lastrowid``."""
 
 _INSERT = re.compile(r"^\s*INSERT\s+(?:OR\s+(IGNORE|REPLACE)\s+)?INTO\s+(\w+)", re.IGNORECASE)
@@ -255,12 +254,13 @@ class Cursor:
 
 
 _DEFERRABLE = re.compile(
-    r"^\s*(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+(events|units|inputs|attempts|steps|"
-    r"loop_contexts|agent_facts)\b",
-    re.IGNORECASE,
+    r"^\s*(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+(event_log|journal_seq|inputs|attempts|"
+    r"steps|loop_contexts|agent_facts)\b(?!.*\bRETURNING\b)",
+    re.IGNORECASE | re.DOTALL,
 )
-"""Writes whose outcome no caller inspects at once: inside a write transaction they are sent
-with the next statement that returns rows, or with the COMMIT (one round trip)."""
+"""Writes whose outcome no caller inspects at once (no ``RETURNING``): inside a write
+transaction they are sent with the next statement that returns rows, or with the COMMIT (one
+round trip)."""
 
 
 class _Pending:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import MigrationError
+from .migrations import UNIT_EVENTS_VIEW
 
 T = 'TEXT COLLATE "C"'
 
@@ -335,11 +336,43 @@ def _sweep_charges(conn: Any) -> None:
     )
 
 
+def _derived_unit_events(conn: Any) -> None:
+    """The unit events and the ``units`` projection read from the attempt rows (SQLite's m016,
+    store/migrations.py, which says why): the same columns, counter and views."""
+    conn.raw.execute(
+        f"""
+        ALTER TABLE attempts ADD COLUMN started_seq BIGINT, ADD COLUMN finished_seq BIGINT,
+            ADD COLUMN finish_data {T};
+        CREATE TABLE journal_seq (n BIGINT NOT NULL);
+        INSERT INTO journal_seq (n) SELECT COALESCE(MAX(event_id), 0) FROM events;
+        CREATE INDEX m016_events_dispatch ON events(dispatch_id, kind, event_id);
+        ALTER TABLE attempts DISABLE TRIGGER attempts_terminal_immutable;
+        UPDATE attempts a SET started_seq = e.first FROM (SELECT dispatch_id,
+            MIN(event_id) AS first FROM events WHERE kind = 'unit_started' GROUP BY dispatch_id)
+            e WHERE e.dispatch_id = a.dispatch_id;
+        UPDATE attempts a SET finished_seq = e.event_id, finish_data = e.data_json
+            FROM (SELECT DISTINCT ON (dispatch_id) dispatch_id, event_id, data_json FROM events
+                WHERE kind = 'unit_finished' ORDER BY dispatch_id, event_id DESC) e
+            WHERE e.dispatch_id = a.dispatch_id AND a.started_seq IS NOT NULL;
+        ALTER TABLE attempts ENABLE TRIGGER attempts_terminal_immutable;
+        DELETE FROM events e WHERE e.kind IN ('unit_started', 'unit_finished') AND EXISTS (
+            SELECT 1 FROM attempts a WHERE a.dispatch_id = e.dispatch_id
+            AND a.started_seq IS NOT NULL);
+        DROP INDEX m016_events_dispatch;
+        ALTER TABLE events RENAME TO event_log;
+        ALTER INDEX events_run RENAME TO event_log_run;
+        DROP TABLE units;
+        {UNIT_EVENTS_VIEW}
+        """
+    )
+
+
 MIGRATIONS: list[tuple[str, Migration]] = [
     *((name, _initial if name == "m001_initial" else _folded) for name in _UP_TO_M012),
     ("m013_run_owner", _run_owner),
     ("m014_run_leases", _run_leases),
     ("m015_sweep_charges", _sweep_charges),
+    ("m016_derived_unit_events", _derived_unit_events),
 ]
 """(id, step) in ledger order; the ids are SQLite's (store/migrations.py)."""
 

@@ -70,6 +70,16 @@ class JournalQueries(StoreAccess):
             )
         )
 
+    def find_reusable_many(
+        self, *, workflow: str, input_hashes: Sequence[str], exclude_run_id: str
+    ) -> dict[tuple[str, str], AttemptRow]:
+        """``find_reusable`` for many work units in one read: (input_hash, runner) → source."""
+        return self._read(
+            lambda c: journal.find_reusable_many(
+                c, workflow=workflow, input_hashes=input_hashes, exclude_run_id=exclude_run_id
+            )
+        )
+
     def input_of(self, input_hash: str) -> dict[str, Any] | None:
         """The journaled (redacted) input of ``input_hash``; None when it was never recorded."""
         text = self._read(lambda c: journal.input_of(c, input_hash))

@@ -372,7 +372,7 @@ RECEIPT_ROW_COLUMNS = (
 """The columns a receipt copies from its run row (all but the plan and the result)."""
 _OF_RUN = "FROM attempts a WHERE a.run_id = r.run_id"
 RUN_TOTALS: tuple[tuple[str, str], ...] = (
-    ("units", "SELECT COUNT(*) FROM units u WHERE u.run_id = r.run_id AND u.phase = 'work'"),
+    ("units", f"SELECT COUNT(DISTINCT a.unit_id) {_OF_RUN} AND a.phase = 'work'"),
     ("dispatched", f"SELECT COUNT(*) {_OF_RUN} AND a.charged = 1"),
     ("tokens_in", f"SELECT COALESCE(SUM(a.tokens_in), 0) {_OF_RUN}"),
     ("tokens_out", f"SELECT COALESCE(SUM(a.tokens_out), 0) {_OF_RUN}"),

@@ -201,7 +201,7 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
                     deferred = self._deferred
                     if deferred:  # they commit first, in the same transaction
                         for attempt, finish in deferred:
-                            journal.finish_attempt_txn(conn, attempt, finish)
+                            journal.queue_finish_txn(conn, attempt, finish)
                     result = fn(conn)
                 # Committed: only now are the deferred finishes off the queue (a rolled-back
                 # transaction keeps them for the next write or flush).

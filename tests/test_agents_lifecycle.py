@@ -145,7 +145,10 @@ def test_a_secret_passed_through_pass_env_is_in_no_row_event_input_output_or_log
     engine.close()
     conn = sqlite3.connect(state_dir / "state.db")
     try:
-        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        tables = [
+            r[0]
+            for r in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")
+        ]
         for table in tables:
             for row in conn.execute(f"SELECT * FROM {table}"):  # noqa: S608
                 assert secret not in repr(row), table

@@ -638,8 +638,12 @@ def scan_db(state_dir: Path, needle: str) -> list[str]:
     hits: list[str] = []
     conn = sqlite3.connect(state_dir / "state.db")
     try:
-        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-        assert {"runs", "steps", "units", "attempts", "events"} <= set(tables)
+        # The tables, and the views read from them (`units`, `events`: DESIGN §7).
+        tables = [
+            r[0]
+            for r in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")
+        ]
+        assert {"runs", "steps", "units", "attempts", "events", "event_log"} <= set(tables)
         for table in tables:
             columns = [r[1] for r in conn.execute(f"PRAGMA table_info('{table}')")]
             for column in columns:

@@ -104,9 +104,12 @@ _RULES: tuple[_Rule, ...] = (
 
 
 _ANY_TRIGGER = re.compile(
-    "|".join(sorted({re.escape(t) for rule in _RULES for t in rule.triggers})), re.IGNORECASE
+    "|".join(sorted({re.escape(t.lower()) for rule in _RULES for t in rule.triggers}))
 )
-"""Any rule's trigger, case-folded: text without one (most of it) skips every rule at once."""
+"""Any rule's trigger, case-folded: text without one (most of it) skips every rule at once.
+Searched in the lowered text: the same alternation matched case-insensitively took 15× as
+long (90 ms over a 360 KB map output, which resume and the step spine redact several
+times; 7.5 µs for a unit's one-line output)."""
 
 
 def looks_secret(name: str) -> bool:
@@ -190,8 +193,8 @@ class Redactor:
         if not text:
             return text
         out = text
-        if _ANY_TRIGGER.search(text) is not None:
-            lowered = text.lower()
+        lowered = text.lower()
+        if _ANY_TRIGGER.search(lowered) is not None:
             for rule in _RULES:
                 out = rule.apply(out, lowered)
         heads = self._heads

@@ -16,10 +16,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import db_rows
+from tests.conftest import db_execute, db_rows
 from tests.helpers_flow import run_cli, use_runner
 from wf_magic import Engine
-from wf_magic.errors import UsageError
+from wf_magic.errors import PlanIntegrityError, UsageError
+from wf_magic.hashing import sha256_text
+from wf_magic.spec.stored import plan_warning
 from wf_magic.spec.freeze import load_workflow
 from wf_magic.sweeps.expand import definition, expand
 
@@ -506,3 +508,47 @@ def test_max_concurrency_caps_the_units_in_flight_over_all_cells(
         if pool is not None:
             pool.shutdown()
     assert 2 <= peak[0] <= 4
+
+
+# -- the plan stored once per sweep (item 4) ------------------------------------------------------
+def test_a_sweep_stores_its_plan_once_not_once_per_cell(state_dir: Path) -> None:
+    template = "{{ params.model }}"
+    source = WORKFLOW.replace("  - id: write\n", f'  - id: write\n    model: "{template}"\n', 1)
+    with Engine(state_dir) as engine:
+        sweep = engine.sweep(
+            source, grid={"model": ["m-a", "m-b"], "style": ["terse", "long", "plain"]}
+        )
+        frame = sweep.frame()
+        assert list(frame["status"]) == ["completed"] * 6
+        # Each cell reads its own plan back (the model its params rendered).
+        rows = [engine.get_run(rid) for rid in frame["run_id"]]
+    assert [json.loads(r.plan_json)["steps"][0]["model"] for r in rows] == ["m-a"] * 3 + ["m-b"] * 3
+    assert all(sha256_text(r.plan_json) == r.plan_hash for r in rows)
+    # Six cells, two rendered plans: two copies, in `plans`; no cell row holds one.
+    assert db_rows(state_dir, "SELECT COUNT(*) FROM plans") == [(2,)]
+    assert db_rows(state_dir, "SELECT COUNT(*) FROM runs WHERE plan_json != ''") == [(0,)]
+    stored = db_rows(state_dir, "SELECT plan_hash, plan_json FROM plans")
+    assert all(sha256_text(text) == digest for digest, text in stored)
+
+
+def test_a_cell_whose_shared_plan_was_edited_is_refused_like_any_run(state_dir: Path) -> None:
+    with Engine(state_dir) as engine:
+        sweep = engine.sweep(WORKFLOW, grid={"style": ["terse", "long"]}, budget={"max_units": 1})
+        assert sweep.status == "stopped"
+        owed = [
+            r for r, s in zip(sweep.frame()["run_id"], sweep.frame()["status"]) if s != "completed"
+        ]
+        db_execute(state_dir, "UPDATE plans SET plan_json = REPLACE(plan_json, 'Write', 'Erase')")
+        row = engine.get_run(owed[0])
+        assert "hash" in (plan_warning(row) or "")
+        with pytest.raises(PlanIntegrityError):
+            engine.drive(owed[0])
+
+
+def test_gc_drops_a_shared_plan_with_the_last_run_reading_it(state_dir: Path) -> None:
+    with Engine(state_dir) as engine:
+        engine.sweep(WORKFLOW, grid={"style": ["terse", "long"]})
+        assert db_rows(state_dir, "SELECT COUNT(*) FROM plans") == [(1,)]
+        assert engine.gc(older_than_s=0) != []
+    assert db_rows(state_dir, "SELECT COUNT(*) FROM runs") == [(0,)]
+    assert db_rows(state_dir, "SELECT COUNT(*) FROM plans") == [(0,)]

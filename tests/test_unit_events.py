@@ -92,9 +92,7 @@ def test_events_journaled_before_the_change_read_back_the_same(
                 gap = pd.Timestamp(was_row.pop("at")) - pd.Timestamp(is_row.pop("at"))
                 assert abs(gap.total_seconds()) <= 0.0015
             assert is_row == was_row
-    assert db_rows(state, "SELECT id FROM schema_migrations ORDER BY position")[-1] == (
-        "m016_derived_unit_events",
-    )
+    assert ("m016_derived_unit_events",) in db_rows(state, "SELECT id FROM schema_migrations")
     # The projection reads the same (its clock is now the attempt's own finish or start).
     new_units = sorted(db_rows(state, "SELECT * FROM units"))
     assert [u[:-1] for u in new_units] == [u[:-1] for u in old_units]

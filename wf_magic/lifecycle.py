@@ -61,8 +61,12 @@ def start(
     no_cache: bool = False,
     params_from_strings: bool = False,
     key: str | None = None,
+    shared_plan: bool = False,
 ) -> Started:
     """Find or create the run a (re-)run of ``wf`` should drive (DESIGN.md §4).
+
+    ``shared_plan``: a new run keeps its plan once per plan hash (``store/plans.py``), as a
+    sweep's cells do.
 
     With a launch ``key``, the first start records it with the run it settles on; a later
     start with the key and the same request (plan hash + params hash) returns that run,
@@ -91,7 +95,9 @@ def start(
     given = _with_secret_env(wf, params, os.environ)
     sealed = _sealed(store, resolve_params(wf.plan, given, from_strings=params_from_strings))
     wf = workflow_for_params(wf, sealed.params)
-    started = _start(store, bus, wf, sealed.params, new=new, no_cache=no_cache, key=key)
+    started = _start(
+        store, bus, wf, sealed.params, new=new, no_cache=no_cache, key=key, shared=shared_plan
+    )
     started.secrets.update(sealed.vault)
     return started
 
@@ -105,6 +111,7 @@ def _start(
     new: bool,
     no_cache: bool,
     key: str | None,
+    shared: bool = False,
 ) -> Started:
     """:func:`start` once the params are resolved and their secrets sealed."""
     scope = scope_key(wf.name, resolved)
@@ -142,7 +149,12 @@ def _start(
                 )
 
         kept = store.start_in_scope(
-            row, plan_steps(wf), decide=decide, launch_key=key, check_key=check_key
+            row,
+            plan_steps(wf),
+            decide=decide,
+            launch_key=key,
+            check_key=check_key,
+            shared_plan=shared,
         )
     if kept.run_id != row.run_id:
         return _continue(kept, wf, no_cache=no_cache)

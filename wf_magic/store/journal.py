@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..errors import UsageError
+from .plans import plan_of
 from .records import AttemptRow, AttemptStatus, BudgetUse, EventRow, Phase, from_row
 
 _ATTEMPT_COLS = ", ".join(AttemptRow.__dataclass_fields__)
@@ -603,7 +604,7 @@ def budget_use(conn: sqlite3.Connection, run_id: str) -> BudgetUse:
         UsageError: no run ``run_id`` is in the state database.
     """
     row = conn.execute(
-        "SELECT root.run_id, root.plan_json FROM runs AS run"
+        f"SELECT root.run_id, {plan_of('root')} FROM runs AS run"
         " JOIN runs AS root ON root.run_id = run.root_run_id WHERE run.run_id = ?",
         (run_id,),
     ).fetchone()

@@ -562,3 +562,20 @@ def m016_derived_unit_events(conn: sqlite3.Connection) -> None:
         """
         + UNIT_EVENTS_VIEW,
     )
+
+
+@migration
+def m017_shared_plans(conn: sqlite3.Connection) -> None:
+    # A sweep's cells are runs of one plan (or a few: one per rendered `model:`): their rows
+    # keep `plan_json = ''` and read the plan from here by hash (store/plans.py), so the plan
+    # is stored once per sweep, not once per cell. gc drops a plan with its last such run.
+    _script(
+        conn,
+        """
+        CREATE TABLE plans (
+            plan_hash TEXT PRIMARY KEY,
+            plan_json TEXT NOT NULL,
+            created_at REAL NOT NULL
+        ) WITHOUT ROWID;
+        """,
+    )

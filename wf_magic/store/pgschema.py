@@ -367,12 +367,21 @@ def _derived_unit_events(conn: Any) -> None:
     )
 
 
+def _shared_plans(conn: Any) -> None:
+    """Plans kept once per hash for runs that keep none of their own (store/plans.py)."""
+    conn.raw.execute(
+        f"CREATE TABLE plans (plan_hash {T} PRIMARY KEY, plan_json {T} NOT NULL,"
+        " created_at DOUBLE PRECISION NOT NULL)"
+    )
+
+
 MIGRATIONS: list[tuple[str, Migration]] = [
     *((name, _initial if name == "m001_initial" else _folded) for name in _UP_TO_M012),
     ("m013_run_owner", _run_owner),
     ("m014_run_leases", _run_leases),
     ("m015_sweep_charges", _sweep_charges),
     ("m016_derived_unit_events", _derived_unit_events),
+    ("m017_shared_plans", _shared_plans),
 ]
 """(id, step) in ledger order; the ids are SQLite's (store/migrations.py)."""
 

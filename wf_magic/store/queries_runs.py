@@ -91,8 +91,11 @@ class RunQueries(StoreAccess):
         decide: Callable[[RunRow | None], ScopeChoice],
         launch_key: str | None = None,
         check_key: Callable[[LaunchKey], None] | None = None,
+        shared_plan: bool = False,
     ) -> RunRow:
         """Find the scope's run or insert ``row``, as one atomic step; returns the run kept.
+
+        ``shared_plan``: a new row keeps its plan once per hash in ``plans`` (a sweep cell's).
 
         ``decide(latest)`` sees the newest root run of ``row.scope_key`` that ``row.owner`` may
         change (theirs or nobody's; any owner's when ``row.owner`` is None) inside the write
@@ -116,7 +119,9 @@ class RunQueries(StoreAccess):
             choice = decide(runs.latest_in_scope(conn, row.scope_key, owner=row.owner))
             kept = choice.keep
             if kept is None:
-                runs.create_run_txn(conn, row, steps, supersede=choice.supersede)
+                runs.create_run_txn(
+                    conn, row, steps, supersede=choice.supersede, shared_plan=shared_plan
+                )
                 kept = row
             if launch_key is not None:
                 runs.insert_launch_key_txn(conn, launch_key, kept)

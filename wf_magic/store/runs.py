@@ -14,20 +14,45 @@ from ..hashing import canonical_json
 from ..redact import is_secret_key
 from ..sealing import is_seal
 from .journal import append_event_txn
+from .plans import plan_of
 from .records import RunRow, StepRow, from_row
 
-_RUN_COLS = ", ".join(RunRow.__dataclass_fields__)
+_INSERT_COLS = ", ".join(RunRow.__dataclass_fields__)
+
+
+def run_columns(alias: str = "runs") -> str:
+    """The ``RunRow`` columns of ``alias`` for a SELECT, its plan read from ``plans`` when the
+    row keeps none of its own (a sweep cell's: ``shared_plan``)."""
+    return ", ".join(
+        f"{plan_of(alias)} AS plan_json" if c == "plan_json" else f"{alias}.{c}"
+        for c in RunRow.__dataclass_fields__
+    )
+
+
+_RUN_COLS = run_columns()
 
 
 def insert_run_txn(
-    conn: sqlite3.Connection, run: RunRow, steps: Sequence[tuple[str, int, str, int]]
+    conn: sqlite3.Connection,
+    run: RunRow,
+    steps: Sequence[tuple[str, int, str, int]],
+    *,
+    shared_plan: bool = False,
 ) -> None:
-    """Insert a run and its step rows (``(step_id, position, kind, max_loops)``)."""
+    """Insert a run and its step rows (``(step_id, position, kind, max_loops)``).
+
+    ``shared_plan``: the plan is kept once per plan hash in ``plans`` and the run row holds
+    none of its own (``''``): a sweep's thousands of cells share their few plans.
+    """
     marks = ", ".join("?" for _ in RunRow.__dataclass_fields__)
-    conn.execute(
-        f"INSERT INTO runs ({_RUN_COLS}) VALUES ({marks})",
-        [getattr(run, f) for f in RunRow.__dataclass_fields__],
-    )
+    values = [getattr(run, f) for f in RunRow.__dataclass_fields__]
+    if shared_plan:
+        conn.execute(
+            "INSERT OR IGNORE INTO plans (plan_hash, plan_json, created_at) VALUES (?, ?, ?)",
+            (run.plan_hash, run.plan_json, run.created_at),
+        )
+        values[list(RunRow.__dataclass_fields__).index("plan_json")] = ""
+    conn.execute(f"INSERT INTO runs ({_INSERT_COLS}) VALUES ({marks})", values)
     conn.executemany(
         "INSERT INTO steps (run_id, step_id, position, kind, status, loop, max_loops, updated_at)"
         " VALUES (?, ?, ?, ?, 'pending', 1, ?, ?)",
@@ -52,6 +77,7 @@ def create_run_txn(
     steps: Sequence[tuple[str, int, str, int]],
     *,
     supersede: str | None,
+    shared_plan: bool = False,
 ) -> None:
     """Insert a run, first superseding ``supersede`` and abandoning its unfinished descendants
     (so the scope never has two unfinished runs, and no child outlives its parent).
@@ -66,7 +92,7 @@ def create_run_txn(
         if failed:  # it keeps its status and reason: its failure stays visible
             append_event_txn(conn, supersede, "run_superseded", data={"by": run.run_id})
         abandon_tree_txn(conn, supersede, reason=f"superseded by {run.run_id}", own=not failed)
-    insert_run_txn(conn, run, steps)
+    insert_run_txn(conn, run, steps, shared_plan=shared_plan)
 
 
 UNFINISHED = ("active", "blocked", "failed")
@@ -77,7 +103,7 @@ LIVE = ("active", "blocked")
 
 def descendants(conn: sqlite3.Connection, run_id: str) -> list[RunRow]:
     """Every run below ``run_id`` (children, their children, ...), oldest first."""
-    cols = ", ".join(f"r.{c}" for c in RunRow.__dataclass_fields__)
+    cols = run_columns("r")
     rows = conn.execute(
         "WITH RECURSIVE below(run_id) AS (SELECT run_id FROM runs WHERE parent_run_id = ?"
         " UNION SELECT r.run_id FROM runs r JOIN below b ON r.parent_run_id = b.run_id)"
@@ -318,8 +344,22 @@ def delete_run_tree_txn(conn: sqlite3.Connection, run_id: str) -> None:
             (run_id,),
         )
     ]
+    plans = [
+        r[0]
+        for r in conn.execute(
+            "SELECT DISTINCT plan_hash FROM runs WHERE root_run_id = ? AND plan_json = ''",
+            (run_id,),
+        )
+    ]
     conn.execute("DELETE FROM runs WHERE root_run_id = ? AND run_id != ?", (run_id, run_id))
     conn.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
+    # A shared plan goes with the last run that reads it.
+    for plan_hash in plans:
+        conn.execute(
+            "DELETE FROM plans WHERE plan_hash = ? AND NOT EXISTS (SELECT 1 FROM runs"
+            " WHERE runs.plan_hash = plans.plan_hash AND runs.plan_json = '')",
+            (plan_hash,),
+        )
     # Inputs are shared by hash across runs: drop the tree's own that nothing refers to now.
     for start in range(0, len(hashes), 500):
         chunk = hashes[start : start + 500]

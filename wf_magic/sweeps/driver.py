@@ -220,7 +220,9 @@ def _drive_cell(
 ) -> None:
     run_id = cell.run_id
     if run_id is None:
-        started = lifecycle.start(ctx.store, ctx.bus, wf, params=json.loads(cell.params_json))
+        started = lifecycle.start(
+            ctx.store, ctx.bus, wf, params=json.loads(cell.params_json), shared_plan=True
+        )
         run_id = started.run_id
         ctx.store.set_cell_run(sweep.sweep_id, cell.cell_index, run_id)
     row = ctx.store.get_run(run_id)

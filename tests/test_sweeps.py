@@ -21,8 +21,8 @@ from tests.helpers_flow import run_cli, use_runner
 from wf_magic import Engine
 from wf_magic.errors import PlanIntegrityError, UsageError
 from wf_magic.hashing import sha256_text
-from wf_magic.spec.stored import plan_warning
 from wf_magic.spec.freeze import load_workflow
+from wf_magic.spec.stored import plan_warning
 from wf_magic.sweeps.expand import definition, expand
 
 pytestmark = pytest.mark.backends  # the contract suite runs on SQLite and PostgreSQL
@@ -535,9 +535,8 @@ def test_a_cell_whose_shared_plan_was_edited_is_refused_like_any_run(state_dir: 
     with Engine(state_dir) as engine:
         sweep = engine.sweep(WORKFLOW, grid={"style": ["terse", "long"]}, budget={"max_units": 1})
         assert sweep.status == "stopped"
-        owed = [
-            r for r, s in zip(sweep.frame()["run_id"], sweep.frame()["status"]) if s != "completed"
-        ]
+        frame = sweep.frame()
+        owed = list(frame.loc[frame["status"] != "completed", "run_id"])
         db_execute(state_dir, "UPDATE plans SET plan_json = REPLACE(plan_json, 'Write', 'Erase')")
         row = engine.get_run(owed[0])
         assert "hash" in (plan_warning(row) or "")

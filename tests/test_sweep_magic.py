@@ -157,3 +157,41 @@ def test_in_a_kernel_the_sweep_is_a_live_widget_and_leaves_its_static_grid(
     html = final["data"]["text/html"]
     assert html.count("<span title=") == 6 and "completed · 6 cells" in html
     assert nb.cells[2].outputs[0]["text"].strip() == "completed 6"
+
+
+def test_the_live_grid_has_a_square_per_cell_and_a_click_opens_its_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from wf_magic import Engine
+    from wf_magic.display import STATUS_COLOURS
+    from wf_magic.notebook import sweepview
+    from wf_magic.notebook.sweepview import SweepGridView
+
+    with Engine(tmp_path / "state") as engine:
+        sweep = engine.sweep(YAML, grid={"style": ["a", "b", "c"], "topic": ["x", "y"]})
+        runs = list(sweep.frame()["run_id"])
+        view = SweepGridView(engine, sweep.sweep_id)
+        view._redraw()
+        assert len(view.buttons) == 6 and view.grid.children == tuple(view.buttons)
+        assert {b.style.button_color for b in view.buttons} == {STATUS_COLOURS["completed"]}
+        assert view.buttons[2].tooltip == (
+            f'cell 2 {{"style":"b","topic":"x"}} repeat 0: completed {runs[2]}'
+        )
+        assert "completed · 6 cells · tokens 30" in view.header.value
+        view.buttons[2].click()
+        assert view.view is not None and view.view.run_id == runs[2]
+        assert f"run <code>{runs[2]}</code>" in view.opened.value
+        view.pick.value = 4
+        view.pick_button.click()
+        assert view.view.run_id == runs[4]
+        view.open_cell(99)
+        assert view.opened.value == "<i>no cell 99 in this sweep</i>"
+        view.close()
+        # A sweep too big for buttons is one picture; its cells open by number.
+        monkeypatch.setattr(sweepview, "MAX_BUTTONS", 5)
+        big = SweepGridView(engine, sweep.sweep_id)
+        big._redraw()
+        assert big.buttons == [] and big.picture.value.count("<span title=") == 6
+        big.open_cell(5)
+        assert big.view is not None and big.view.run_id == runs[5]
+        big.close()

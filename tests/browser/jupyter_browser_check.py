@@ -488,6 +488,44 @@ PROMPTS_JS = """() => [...document.querySelectorAll(
     '.jp-NotebookPanel .jp-CodeCell .jp-InputPrompt')].map(p => p.textContent.trim())"""
 
 
+def check_sweep_click(url, cells, index, screenshot, timeout_s):
+    """Run all; once the sweep's grid shows `cells` squares and the sweep completed, click
+    square `index`: its run view must open below the grid. Returns the outputs' texts."""
+    with (
+        sync_playwright() as pw,
+        tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile,
+    ):
+        browser, page, errors = open_browser(pw, profile, timeout_s)
+        outputs = page.locator(".jp-OutputArea-output")
+        step = "open the notebook and run all cells"
+        try:
+            page.goto(url)
+            wait_idle_kernel(page)
+            menu(page, "Run", "Run All Cells")
+            step = f"see {cells} cell squares and the sweep completed"
+            squares = outputs.locator("button.wf-sweep-cell")
+            outputs.get_by_text(re.compile(r"completed · 6 cells")).first.wait_for()
+            deadline = time.monotonic() + timeout_s
+            while squares.count() != cells:
+                if time.monotonic() > deadline:
+                    raise CheckFailed(f"{squares.count()} squares, expected {cells}")
+                page.wait_for_timeout(100)
+            if outputs.get_by_text("Run completed.").count():
+                raise CheckFailed("a run view shows before any click")
+            step = f"click square {index} and see its run view"
+            squares.nth(index).click()
+            outputs.get_by_text(re.compile(rf"cell {index}\b")).first.wait_for()
+            outputs.get_by_text("Run completed.").first.wait_for()
+            log(f"clicked square {index}; its run view opened")
+            return [t.strip() for t in outputs.all_inner_texts()]
+        except (PlaywrightError, CheckFailed) as exc:
+            raise failure(exc, step, outputs, errors) from None
+        finally:
+            with contextlib.suppress(PlaywrightError):
+                page.screenshot(path=str(screenshot))
+            browser.close()
+
+
 def run_all_and_wait(page, first, cells):
     """Run All from the Run menu, then wait until it ended: the first code cell shows
     execution count `first` and no cell is still queued or running (``[*]:``). Returns the

@@ -152,3 +152,14 @@ def test_fork_from_here_in_the_browser_drives_the_fork_to_completion(tmp_path: P
     assert list(journal[journal["step"] == "outline"]["status"]) == ["reused"]
     completed = [text for text in shown if "Run completed." in text]
     assert completed and all(fork.run_id in text for text in completed), shown
+
+
+def test_a_click_on_a_sweep_cell_opens_its_run_view(tmp_path: Path) -> None:
+    """The live grid of a ``%%sweep`` cell has one square per cell; once the sweep completed,
+    a click on a square opens that cell's run view below the grid."""
+    from .jupyter_browser_check import check_sweep_click, jupyter_lab
+
+    with jupyter_lab(HERE / "sweep_grid.ipynb") as url:
+        shown = check_sweep_click(url, 6, 2, tmp_path / "sweep_grid.png", timeout_s=60)
+    opened = [text for text in shown if "cell 2" in text and "Run completed." in text]
+    assert opened, shown

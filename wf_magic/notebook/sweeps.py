@@ -72,7 +72,7 @@ def run_sweep_cell(ctx: CommandContext, ns: argparse.Namespace, source: str) -> 
         )
     finally:
         if view is not None:
-            view.close()
+            view.finish()  # the grid stays: a click on a cell opens its run
     if ns.as_var:
         ctx.user_ns[ns.as_var] = sweep
     return sweep
@@ -147,6 +147,6 @@ def _live_view(
     except UsageError:
         return None
     sweep_id, _ = sweep_identity(wf.plan_hash, spec)
-    view = SweepGridView(ctx.engine.store, sweep_id)
+    view = SweepGridView(ctx.engine, sweep_id)
     display(view.widget)  # type: ignore[no-untyped-call]
     return view

@@ -1,26 +1,67 @@
-"""The live grid of a ``%%sweep`` cell: an ipywidgets HTML box redrawn (throttled) as cells
-settle; the finished cell keeps the sweep's static HTML grid as its output."""
+"""The live grid of a ``%%sweep`` cell: one small button per cell, coloured by its run's status
+and redrawn (throttled) as cells settle, the tokens paid against the sweep's ceiling above it;
+a click on a cell opens its run view below the grid. The cell's result keeps the sweep's static
+HTML grid, which is what a saved notebook shows without a kernel."""
 
 from __future__ import annotations
 
+import html
 from typing import TYPE_CHECKING
 
-from ..store import Store
-from ..sweeps.handle import Sweep, grid_html
+from ..display import STATUS_COLOURS
+from ..sweeps.handle import Sweep
 from .throttle import Throttle
 
 if TYPE_CHECKING:
     import ipywidgets
 
+    from ..engine import Engine
+    from ..store.sweeps import SweepCellRow
+    from .widgets import RunView
+
+MAX_BUTTONS = 400
+"""Past this many cells the grid is one HTML picture (thousands of buttons would slow the
+browser); a cell is then opened by its number in the box beside it."""
+
 
 class SweepGridView:
-    """Observes one sweep (reads its rows) and redraws its grid; it never drives."""
+    """Observes one sweep (reads its rows) and redraws its grid; it never drives.
 
-    def __init__(self, store: Store, sweep_id: str):
-        import ipywidgets
+    Args:
+        engine: the engine the sweep's runs are in (a click opens a run view on it).
+        sweep_id: the sweep shown (its rows may not exist yet: the grid fills in once they do).
+    """
 
-        self.sweep = Sweep(store, sweep_id)
-        self.widget: ipywidgets.HTML = ipywidgets.HTML(value="<i>sweep starting…</i>")
+    def __init__(self, engine: Engine, sweep_id: str):
+        import ipywidgets as w
+
+        self.engine = engine
+        self.sweep = Sweep(engine.store, sweep_id)
+        self.header = w.HTML(value="<i>sweep starting…</i>")
+        self.grid = w.GridBox(
+            layout=w.Layout(grid_template_columns="repeat(auto-fill, 16px)", grid_gap="2px")
+        )
+        self.picture = w.HTML()
+        self.pick = w.BoundedIntText(
+            value=0, min=0, max=0, description="open cell", layout=w.Layout(width="180px")
+        )
+        self.pick_button = w.Button(description="Open", layout=w.Layout(width="70px"))
+        self.pick_button.on_click(lambda _: self.open_cell(int(self.pick.value)))
+        self.opened = w.HTML()
+        self.run_box = w.Output()
+        self.widget: ipywidgets.VBox = w.VBox(
+            [
+                self.header,
+                self.grid,
+                self.picture,
+                w.HBox([self.pick, self.pick_button]),
+                self.opened,
+                self.run_box,
+            ]
+        )
+        self.buttons: list[ipywidgets.Button] = []
+        self.cells: list[SweepCellRow] = []
+        self.view: RunView | None = None
         self._throttle = Throttle(self._redraw)
 
     def poke(self, done: int, total: int) -> None:
@@ -28,10 +69,93 @@ class SweepGridView:
         self._throttle.poke()
 
     def _redraw(self) -> None:
-        if self.sweep._store.get_sweep(self.sweep.sweep_id) is not None:
-            self.widget.value = grid_html(self.sweep)
+        from ..sweeps.handle import grid_html
+
+        if self.sweep._store.get_sweep(self.sweep.sweep_id) is None:
+            return
+        cells = self.sweep.cells()
+        self.cells = cells
+        self.pick.max = max(len(cells) - 1, 0)
+        if len(cells) > MAX_BUTTONS:
+            self.header.value = ""
+            self.picture.value = grid_html(self.sweep)
+            return
+        self.header.value = _header(self.sweep)
+        if len(self.buttons) != len(cells):
+            self.buttons = [self._button(c.cell_index) for c in cells]
+            self.grid.children = tuple(self.buttons)
+        for button, cell in zip(self.buttons, cells, strict=True):
+            status = cell.run_status or "pending"
+            button.style.button_color = STATUS_COLOURS.get(status, "#ccc")
+            button.tooltip = f"cell {cell.cell_index} {_where(cell)}: {status} {cell.run_id or ''}"
+
+    def _button(self, index: int) -> ipywidgets.Button:
+        import ipywidgets as w
+
+        button = w.Button(
+            description="",
+            layout=w.Layout(width="14px", height="14px", padding="0", margin="0"),
+        )
+        button.add_class("wf-sweep-cell")
+        button.on_click(lambda _: self.open_cell(index))
+        return button
+
+    def open_cell(self, index: int) -> None:
+        """Show cell ``index``'s run view below the grid (a live one: it follows the run while
+        the sweep drives it); a cell without a run yet says so."""
+        from IPython.display import display
+
+        from .widgets import RunView
+
+        if not self.cells:
+            self._redraw()
+        cell = next((c for c in self.cells if c.cell_index == index), None)
+        if cell is None:
+            self.opened.value = f"<i>no cell {index} in this sweep</i>"
+            return
+        fresh = self.sweep._store.sweep_cells(self.sweep.sweep_id)
+        run_id = next((c.run_id for c in fresh if c.cell_index == index), None)
+        point = html.escape(_where(cell))
+        if run_id is None:
+            self.opened.value = f"<i>cell {index} ({point}) has no run yet</i>"
+            return
+        if self.view is not None:
+            self.view.close()
+        self.opened.value = f"<b>cell {index}</b> ({point}): run <code>{run_id}</code>"
+        self.view = RunView(self.engine, run_id)
+        self.run_box.clear_output()
+        with self.run_box:
+            display(self.view)  # type: ignore[no-untyped-call]
+        self.view.flush()
+
+    def finish(self) -> None:
+        """The sweep ended: stop redrawing after one last draw; the grid stays clickable."""
+        self._throttle.flush()
+        self._throttle.close()
 
     def close(self) -> None:
-        """Stop redrawing and close the widget (the cell's result shows the static grid)."""
+        """Stop redrawing and close the widgets."""
         self._throttle.close()
+        if self.view is not None:
+            self.view.close()
         self.widget.close()
+
+
+def _where(cell: SweepCellRow) -> str:
+    """A cell's place in the sweep: its grid point, dataset row (if any) and repeat."""
+    row = f" row {cell.row_index}" if cell.row_index is not None else ""
+    return f"{cell.point_json}{row} repeat {cell.repeat}"
+
+
+def _header(sweep: Sweep) -> str:
+    """The sweep's name, status, cell count and tokens against its token ceiling."""
+    row = sweep.row
+    totals = sweep.totals()
+    limit = sweep.budget.get("max_tokens")
+    of = f" of {limit}" if limit is not None else ""
+    reason = f" — {html.escape(row.status_reason)}" if row.status_reason else ""
+    return (
+        f"<b>sweep {html.escape(row.sweep_id)}</b> {html.escape(row.workflow)} · "
+        f"{html.escape(row.status)}{reason} · {row.cells} cells · tokens "
+        f"{int(totals['tokens'])}{of} · click a cell to open its run"
+    )

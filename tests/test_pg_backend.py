@@ -224,3 +224,29 @@ def test_the_replay_runner_reads_recordings_from_a_postgresql_journal(tmp_path: 
     finally:
         runner.close()
         copy.close()
+
+
+@needs_server
+def test_the_server_refuses_a_write_fenced_by_a_lost_lease_and_keeps_nothing(
+    tmp_path: Path,
+) -> None:
+    """The fence goes out with the write it guards (no reply read): when the epoch moved on,
+    the server fails the whole transaction and the driver gets LeaseLost naming the run."""
+    from wf_magic.errors import LeaseLost
+
+    server = pg_server()
+    assert server is not None
+    state = PgState(server, tmp_path / "s")
+    with Engine(state) as engine:
+        run = engine.start("name: x\nsteps:\n  - id: a\n    prompt: hi\n", params={})
+        store = engine.store
+        with store.run_lock(run.run_id):
+            store.record_event(run.run_id, "note", data={"n": 1})  # fenced, and allowed
+            before = state.rows("SELECT COUNT(*) FROM events WHERE run_id = ?", (run.run_id,))
+            state.tamper(
+                "UPDATE runs SET lease_epoch = lease_epoch + 1 WHERE run_id = ?", (run.run_id,)
+            )
+            with pytest.raises(LeaseLost, match=run.run_id):
+                store.record_event(run.run_id, "note", data={"n": 2})
+            after = state.rows("SELECT COUNT(*) FROM events WHERE run_id = ?", (run.run_id,))
+    assert after == before

@@ -205,3 +205,26 @@ def fence(conn: Any, run_id: str, epoch: int) -> None:
     """Raise ``LeaseLost`` unless ``epoch`` still holds ``run_id``'s unexpired lease."""
     if conn.execute(FENCE, (run_id, epoch)).fetchone() is None:
         raise LeaseLost(run_id)
+
+
+QUEUED_FENCE = "SELECT wf_fence(?, ?)"
+"""The fence as the server checks it (``wf_fence``, migration m018): it raises
+``LEASE_LOST_STATE`` instead of returning nothing, so no reply needs reading and the check
+goes out with the transaction's next statement (pgconn batches it like a write)."""
+LEASE_LOST_STATE = "WF075"
+"""The SQLSTATE ``wf_fence`` raises; its message is ``lease lost: <run id>``."""
+
+
+def queue_fence(conn: Any, run_id: str, epoch: int) -> None:
+    """Fence a write transaction of ``run_id`` without waiting for a reply: the transaction
+    fails with ``LEASE_LOST_STATE`` (see :func:`lease_lost_of`) where :func:`fence` would raise."""
+    conn.execute(QUEUED_FENCE, (run_id, epoch))
+
+
+def lease_lost_of(exc: BaseException) -> LeaseLost | None:
+    """The ``LeaseLost`` a failed write means when the server's fence refused it, else None."""
+    if getattr(exc, "sqlstate", None) != LEASE_LOST_STATE:
+        return None
+    text = str(exc)
+    run_id = text.split("lease lost: ", 1)[1].split()[0] if "lease lost: " in text else "?"
+    return LeaseLost(run_id)

@@ -579,3 +579,11 @@ def m017_shared_plans(conn: sqlite3.Connection) -> None:
         ) WITHOUT ROWID;
         """,
     )
+
+
+@migration
+def m018_lease_fence(conn: sqlite3.Connection) -> None:
+    # PostgreSQL's lease fence as a function the server checks (store/pgschema.py): SQLite
+    # drives by its lock file and has no leases, so there is nothing to do here; the id keeps
+    # the two ledgers one.
+    del conn

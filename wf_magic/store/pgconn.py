@@ -254,13 +254,14 @@ class Cursor:
 
 
 _DEFERRABLE = re.compile(
-    r"^\s*(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+(event_log|journal_seq|inputs|attempts|"
-    r"steps|loop_contexts|agent_facts)\b(?!.*\bRETURNING\b)",
+    r"^\s*(?:(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+(event_log|journal_seq|inputs|attempts|"
+    r"steps|loop_contexts|agent_facts)\b(?!.*\bRETURNING\b)|SELECT\s+wf_fence\s*\()",
     re.IGNORECASE | re.DOTALL,
 )
-"""Writes whose outcome no caller inspects at once (no ``RETURNING``): inside a write
-transaction they are sent with the next statement that returns rows, or with the COMMIT (one
-round trip)."""
+"""Statements whose outcome no caller inspects at once: writes without ``RETURNING``, and the
+lease fence (which fails the transaction instead of answering). Inside a write transaction
+they are sent with the next statement that returns rows, or with the COMMIT (one round
+trip)."""
 
 
 class _Pending:

@@ -375,6 +375,22 @@ def _shared_plans(conn: Any) -> None:
     )
 
 
+def _lease_fence(conn: Any) -> None:
+    """The lease fence checked by the server (store/leases.py ``QUEUED_FENCE``): it raises
+    instead of answering, so a write transaction sends it with its next statement."""
+    conn.raw.execute(
+        """
+        CREATE FUNCTION wf_fence(run text, epoch bigint) RETURNS void LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NOT EXISTS (SELECT 1 FROM runs WHERE run_id = run AND lease_epoch = epoch
+                           AND lease_expires > clock_timestamp()) THEN
+                RAISE EXCEPTION 'lease lost: %', run USING ERRCODE = 'WF075';
+            END IF;
+        END $$
+        """
+    )
+
+
 MIGRATIONS: list[tuple[str, Migration]] = [
     *((name, _initial if name == "m001_initial" else _folded) for name in _UP_TO_M012),
     ("m013_run_owner", _run_owner),
@@ -382,6 +398,7 @@ MIGRATIONS: list[tuple[str, Migration]] = [
     ("m015_sweep_charges", _sweep_charges),
     ("m016_derived_unit_events", _derived_unit_events),
     ("m017_shared_plans", _shared_plans),
+    ("m018_lease_fence", _lease_fence),
 ]
 """(id, step) in ledger order; the ids are SQLite's (store/migrations.py)."""
 

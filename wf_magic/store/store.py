@@ -27,7 +27,7 @@ from .checkpoint import BACKSTOP_PAGES, Checkpointer
 from .db import connect_reader, immediate
 from .faults import integrity_summary, pg_fault, state_db_fault, unreadable_row
 from .journal import Finish
-from .leases import RunLease, fence, holder_of
+from .leases import RunLease, fence, holder_of, lease_lost_of, queue_fence
 from .location import DB_FILENAME, PgLocation
 from .opening import open_state_db, schema_is_current
 from .pgopen import open_pg
@@ -211,6 +211,9 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
                     self._checkpointer.poke()
                 return result
         except sqlite3.Error as exc:
+            lost = lease_lost_of(exc)
+            if lost is not None:  # the server's fence refused it: nothing was written
+                raise lost from None
             fault = self._fault(exc, run_id)
             if isinstance(fault, StateDBError) and run_id in self._fences:
                 # A leased run's connection died under the write (the server ended a session
@@ -230,7 +233,7 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
         for rid in runs:
             epoch = self._fences.get(rid)
             if epoch is not None:
-                fence(conn, rid, epoch)
+                queue_fence(conn, rid, epoch)
 
     def _lost_lease(self, run_id: str) -> None:
         """Raise ``LeaseLost`` when ``run_id``'s lease is no longer this driver's (checked on

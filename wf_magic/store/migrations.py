@@ -493,6 +493,10 @@ CREATE VIEW events (event_id, run_id, at, kind, step_id, unit_id, dispatch_id, d
     SELECT finished_seq, run_id, finished_at, 'unit_finished', step_id, unit_id, dispatch_id,
         finish_data
     FROM attempts WHERE finished_seq IS NOT NULL;
+CREATE INDEX attempts_started_seq ON attempts(run_id, started_seq)
+    WHERE started_seq IS NOT NULL;
+CREATE INDEX attempts_finished_seq ON attempts(run_id, finished_seq)
+    WHERE finished_seq IS NOT NULL;
 CREATE VIEW units (run_id, unit_id, step_id, phase, item_index, loop, status, input_hash,
         attempts, updated_at) AS
     SELECT a.run_id, a.unit_id, a.step_id, a.phase, a.item_index, a.loop, a.status,
@@ -501,7 +505,8 @@ CREATE VIEW units (run_id, unit_id, step_id, phase, item_index, loop, status, in
     WHERE NOT EXISTS (SELECT 1 FROM attempts b WHERE b.run_id = a.run_id
         AND b.unit_id = a.unit_id AND b.attempt > a.attempt);
 """
-"""The unit events and the ``units`` projection, derived from the attempt rows (m016): an
+"""The unit events and the ``units`` projection, derived from the attempt rows (m016), and the
+two indexes that let a cursor read a run's new events without scanning its attempts: an
 attempt that was reserved is its ``unit_started`` event at ``started_seq`` and, once finished,
 its ``unit_finished`` event at ``finished_seq`` with the data its finish wrote
 (``finish_data``); every other event is a row of ``event_log``. Event ids of both kinds come

@@ -307,3 +307,23 @@ def test_every_event_gets_the_next_id_in_write_order(tmp_path_factory: Any, ops:
                 paged += batch
                 cursor = batch[-1].event_id
             assert paged == whole
+
+
+@pytest.mark.backends
+def test_an_event_inserted_into_the_events_view_lands_in_the_log_with_the_next_id(
+    state_dir: Path,
+) -> None:
+    from tests.conftest import db_execute
+
+    with Engine(state_dir) as engine:
+        run = engine.run(MAP, params={"items": ["a"]})
+    newest = max(r[0] for r in db_rows(state_dir, "SELECT event_id FROM events"))
+    db_execute(
+        state_dir,
+        "INSERT INTO events (run_id, at, kind, data_json) VALUES (?, ?, ?, ?)",
+        (run.run_id, 1.5, "note", '{"by": "hand"}'),
+    )
+    assert db_rows(
+        state_dir, "SELECT event_id, kind, data_json FROM events WHERE event_id > ?", (newest,)
+    ) == [(newest + 1, "note", '{"by": "hand"}')]
+    assert db_rows(state_dir, "SELECT n FROM journal_seq") == [(newest + 1,)]

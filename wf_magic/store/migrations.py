@@ -506,7 +506,8 @@ CREATE VIEW units (run_id, unit_id, step_id, phase, item_index, loop, status, in
         AND b.unit_id = a.unit_id AND b.attempt > a.attempt);
 """
 """The unit events and the ``units`` projection, derived from the attempt rows (m016), and the
-two indexes that let a cursor read a run's new events without scanning its attempts: an
+two indexes that let a cursor read a run's new events without scanning its attempts (an
+``INSERT INTO events`` still appends, with the next id, to ``event_log``): an
 attempt that was reserved is its ``unit_started`` event at ``started_seq`` and, once finished,
 its ``unit_finished`` event at ``finished_seq`` with the data its finish wrote
 (``finish_data``); every other event is a row of ``event_log``. Event ids of both kinds come
@@ -565,7 +566,17 @@ def m016_derived_unit_events(conn: sqlite3.Connection) -> None:
         CREATE INDEX event_log_run ON event_log(run_id, event_id);
         DROP TABLE units;
         """
-        + UNIT_EVENTS_VIEW,
+        + UNIT_EVENTS_VIEW
+        + """
+        CREATE TRIGGER events_insert INSTEAD OF INSERT ON events
+        BEGIN
+            INSERT INTO event_log (event_id, run_id, at, kind, step_id, unit_id, dispatch_id,
+                data_json)
+            VALUES ((SELECT n + 1 FROM journal_seq), NEW.run_id, NEW.at, NEW.kind, NEW.step_id,
+                NEW.unit_id, NEW.dispatch_id, NEW.data_json);
+            UPDATE journal_seq SET n = n + 1;
+        END;
+        """,
     )
 
 

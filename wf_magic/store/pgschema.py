@@ -363,6 +363,17 @@ def _derived_unit_events(conn: Any) -> None:
         ALTER INDEX events_run RENAME TO event_log_run;
         DROP TABLE units;
         {UNIT_EVENTS_VIEW}
+        CREATE FUNCTION events_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            INSERT INTO event_log (event_id, run_id, at, kind, step_id, unit_id, dispatch_id,
+                data_json)
+            VALUES ((SELECT n + 1 FROM journal_seq), NEW.run_id, NEW.at, NEW.kind, NEW.step_id,
+                NEW.unit_id, NEW.dispatch_id, NEW.data_json);
+            UPDATE journal_seq SET n = n + 1;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER events_insert INSTEAD OF INSERT ON events
+            FOR EACH ROW EXECUTE FUNCTION events_insert();
         """
     )
 

@@ -22,7 +22,6 @@ Prints the best of R reps of each and the ratios::
 from __future__ import annotations
 
 import argparse
-import functools
 import sqlite3
 import tempfile
 import time
@@ -93,17 +92,15 @@ def record_run(state_dir: Path, units: int) -> list[tuple[int, str, Any]]:
     return _Recording.log
 
 
-def journal_replay_per_unit(state_dir: Path, units: int, *, core: bool = False) -> float:
+def journal_replay_per_unit(state_dir: Path, units: int) -> float:
     """The SQL of a real engine run, replayed without the engine: seconds per unit.
 
     The statements (writes, reads, BEGIN/COMMIT, with their recorded parameters) run in the
     same order on as many connections, opened with the engine's pragmas, against a fresh
     migrated state dir. The checkpoint thread's statements are left out (it runs beside the
     driver); the writer keeps its backstop. What the engine costs above this is Python.
-
-    ``core``: leave out the writes DESIGN.md §3/§7 add to the attempt journal itself — the
-    ``unit_started``/``unit_finished`` event rows and the ``units`` projection — to show
-    what they cost.
+    (A unit's start and finish events and the ``units`` projection are read from its attempt
+    row since m016: there are no such writes left to leave out.)
     """
     log = record_run(state_dir / "record", units)
     target = state_dir / "replay"
@@ -125,9 +122,7 @@ def journal_replay_per_unit(state_dir: Path, units: int, *, core: bool = False) 
     steps = [
         (conns[conn_id], sql, params)
         for conn_id, sql, params in log
-        if "wal_checkpoint" not in sql
-        and "journal_mode" not in sql
-        and not (core and _verb(sql) in ("INSERT events", "INSERT units", "UPDATE units"))
+        if "wal_checkpoint" not in sql and "journal_mode" not in sql
     ]
     start = time.perf_counter()
     for conn, sql, params in steps:
@@ -163,7 +158,6 @@ def main() -> None:
     measures = {
         "bare": bare_floor_per_unit,
         "replay": journal_replay_per_unit,
-        "core": functools.partial(journal_replay_per_unit, core=True),
         "engine": engine_per_unit,
     }
     samples: dict[str, list[float]] = {name: [] for name in measures}
@@ -171,18 +165,16 @@ def main() -> None:
         for name, measure in measures.items():
             with tempfile.TemporaryDirectory() as tmp:
                 samples[name].append(measure(Path(tmp), args.units))
-    bare, replay, core, eng = (min(samples[name]) for name in measures)
+    bare, replay, eng = (min(samples[name]) for name in measures)
     print(f"units per run:                  {args.units} (best of {args.repeat})")
     print(f"bare floor (sqlite_floor.py):   {bare * 1e6:8.1f} us/unit")
     print(f"journal replay (our SQL):       {replay * 1e6:8.1f} us/unit")
-    print(f"  without unit events and units: {core * 1e6:8.1f} us/unit")
     print(f"engine (scripted no-op, c=1):   {eng * 1e6:8.1f} us/unit")
     print(f"ratio engine/bare floor:        {eng / bare:8.2f}x  (target <= 3x)")
     print(f"ratio engine/journal replay:    {eng / replay:8.2f}x  (the Python around the journal)")
     per_unit = ", ".join(f"{v:.2f} {k}" for k, v in STATEMENTS_PER_UNIT.most_common())
     print(f"journal statements per unit:    {sum(STATEMENTS_PER_UNIT.values()):.2f} ({per_unit})")
     print(f"ratio journal replay/bare:      {replay / bare:8.2f}x  (our schema and commits)")
-    print(f"  without unit events and units: {core / bare:8.2f}x")
 
 
 if __name__ == "__main__":

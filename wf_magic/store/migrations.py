@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from ..errors import MigrationError
 from .db import immediate
+from .derived import UNIT_EVENTS_VIEW
 
 Migration = Callable[[sqlite3.Connection], None]
 MIGRATIONS: list[Migration] = []
@@ -480,38 +481,6 @@ def m015_sweep_charges(conn: sqlite3.Connection) -> None:
             ORDER BY s.created_at, s.sweep_id;
         """,
     )
-
-
-UNIT_EVENTS_VIEW = """
-CREATE VIEW events (event_id, run_id, at, kind, step_id, unit_id, dispatch_id, data_json) AS
-    SELECT event_id, run_id, at, kind, step_id, unit_id, dispatch_id, data_json FROM event_log
-    UNION ALL
-    SELECT started_seq, run_id, started_at, 'unit_started', step_id, unit_id, dispatch_id,
-        '{"attempt": ' || attempt || ', "loop": ' || loop || ', "phase": "' || phase || '"}'
-    FROM attempts WHERE started_seq IS NOT NULL
-    UNION ALL
-    SELECT finished_seq, run_id, finished_at, 'unit_finished', step_id, unit_id, dispatch_id,
-        finish_data
-    FROM attempts WHERE finished_seq IS NOT NULL;
-CREATE INDEX attempts_started_seq ON attempts(run_id, started_seq)
-    WHERE started_seq IS NOT NULL;
-CREATE INDEX attempts_finished_seq ON attempts(run_id, finished_seq)
-    WHERE finished_seq IS NOT NULL;
-CREATE VIEW units (run_id, unit_id, step_id, phase, item_index, loop, status, input_hash,
-        attempts, updated_at) AS
-    SELECT a.run_id, a.unit_id, a.step_id, a.phase, a.item_index, a.loop, a.status,
-        a.input_hash, a.attempt, COALESCE(a.finished_at, a.started_at)
-    FROM attempts a
-    WHERE NOT EXISTS (SELECT 1 FROM attempts b WHERE b.run_id = a.run_id
-        AND b.unit_id = a.unit_id AND b.attempt > a.attempt);
-"""
-"""The unit events and the ``units`` projection, derived from the attempt rows (m016), and the
-two indexes that let a cursor read a run's new events without scanning its attempts (an
-``INSERT INTO events`` still appends, with the next id, to ``event_log``): an
-attempt that was reserved is its ``unit_started`` event at ``started_seq`` and, once finished,
-its ``unit_finished`` event at ``finished_seq`` with the data its finish wrote
-(``finish_data``); every other event is a row of ``event_log``. Event ids of both kinds come
-from ``journal_seq``, one counter, so they are one cursor (``wf events --after``)."""
 
 
 @migration

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import MigrationError
-from .migrations import UNIT_EVENTS_VIEW
+from .derived import UNIT_EVENTS_VIEW
 
 T = 'TEXT COLLATE "C"'
 

@@ -87,7 +87,7 @@ class PgState(os.PathLike):  # type: ignore[type-arg]
 
         from wf_magic.store.pgconn import translate
 
-        text, _ = translate(sql)
+        text = translate(sql)
         try:
             with self.connect() as conn:
                 cur = conn.execute(text, params or None)
@@ -98,6 +98,6 @@ class PgState(os.PathLike):  # type: ignore[type-arg]
     def tamper(self, sql: str, params: tuple[object, ...] = ()) -> None:
         from wf_magic.store.pgconn import translate
 
-        text, _ = translate(sql)
+        text = translate(sql)
         with self.connect() as conn, conn.transaction():
             conn.execute(text, params or None)

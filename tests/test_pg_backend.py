@@ -115,31 +115,28 @@ _LITERAL = st.text(st.sampled_from("ab ?:%$'.x"), max_size=12).map(
 @given(literal=_LITERAL)
 def test_translation_leaves_string_literals_alone(literal: str) -> None:
     sql = f"SELECT {literal}, x FROM t WHERE a = ? AND b = :name AND c LIKE 'p%'"
-    text, returning = translate(sql)
-    assert text == f"SELECT {literal}, x FROM t WHERE a = %s AND b = %(name)s AND c LIKE 'p%'"
-    assert returning is None
+    assert translate(sql) == (
+        f"SELECT {literal}, x FROM t WHERE a = %s AND b = %(name)s AND c LIKE 'p%'"
+    )
 
 
 def test_translation_of_the_sqlite_spellings() -> None:
-    assert translate("BEGIN IMMEDIATE") == ("BEGIN", None)
-    assert translate("INSERT OR IGNORE INTO inputs (a, b) VALUES (?, ?)")[0] == (
+    assert translate("BEGIN IMMEDIATE") == "BEGIN"
+    assert translate("INSERT OR IGNORE INTO inputs (a, b) VALUES (?, ?)") == (
         "INSERT INTO inputs (a, b) VALUES (%s, %s) ON CONFLICT DO NOTHING"
     )
-    assert translate("INSERT OR REPLACE INTO agent_facts (dispatch_id, run_id) VALUES (?, ?)")[
-        0
-    ] == (
+    assert translate("INSERT OR REPLACE INTO agent_facts (dispatch_id, run_id) VALUES (?, ?)") == (
         "INSERT INTO agent_facts (dispatch_id, run_id) VALUES (%s, %s)"
         " ON CONFLICT (dispatch_id) DO UPDATE SET run_id = EXCLUDED.run_id"
     )
+    # A key the database assigns is asked for by the statement itself, as on SQLite.
     assert translate("INSERT INTO attempts (run_id) VALUES (?)") == (
-        "INSERT INTO attempts (run_id) VALUES (%s) RETURNING attempt_pk",
-        "attempt_pk",
+        "INSERT INTO attempts (run_id) VALUES (%s)"
     )
     assert translate("INSERT INTO attempts (run_id) VALUES (?) RETURNING attempt") == (
-        "INSERT INTO attempts (run_id) VALUES (%s) RETURNING attempt",
-        None,
+        "INSERT INTO attempts (run_id) VALUES (%s) RETURNING attempt"
     )
-    assert translate("SELECT json_group_array(i), total(c) FROM t")[0] == (
+    assert translate("SELECT json_group_array(i), total(c) FROM t") == (
         "SELECT coalesce(json_agg(i)::text, '[]'), coalesce(sum(c), 0.0) FROM t"
     )
 

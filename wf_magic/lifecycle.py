@@ -96,7 +96,14 @@ def start(
     sealed = _sealed(store, resolve_params(wf.plan, given, from_strings=params_from_strings))
     wf = workflow_for_params(wf, sealed.params)
     started = _start(
-        store, bus, wf, sealed.params, new=new, no_cache=no_cache, key=key, shared=shared_plan
+        store,
+        bus,
+        wf,
+        sealed.params,
+        new=new,
+        no_cache=no_cache,
+        key=key,
+        shared_plan=shared_plan,
     )
     started.secrets.update(sealed.vault)
     return started
@@ -111,7 +118,7 @@ def _start(
     new: bool,
     no_cache: bool,
     key: str | None,
-    shared: bool = False,
+    shared_plan: bool = False,
 ) -> Started:
     """:func:`start` once the params are resolved and their secrets sealed."""
     scope = scope_key(wf.name, resolved)
@@ -154,7 +161,7 @@ def _start(
             decide=decide,
             launch_key=key,
             check_key=check_key,
-            shared_plan=shared,
+            shared_plan=shared_plan,
         )
     if kept.run_id != row.run_id:
         return _continue(kept, wf, no_cache=no_cache)

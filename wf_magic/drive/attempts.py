@@ -303,12 +303,11 @@ def try_reuse(
     state: RunState,
     step: PlanStep,
     unit: UnitPlan,
-    found: dict[tuple[str, str], AttemptRow] | None = None,
+    found: dict[tuple[str, str], AttemptRow],
 ) -> AttemptRow | None:
     """Answer ``unit`` from its fork source or an earlier run, journaled ``reused`` (or None).
 
-    ``found``: the loop's earlier-run sources looked up at once (``reuse_sources``); None
-    looks this unit's up alone.
+    ``found``: the loop's earlier-run sources, looked up at once (``reuse_sources``).
     """
     source = _reuse_source(ctx, state, step, unit, found)
     if source is None:
@@ -317,14 +316,12 @@ def try_reuse(
 
 
 def reuse_sources(
-    ctx: DriveContext, state: RunState, step: PlanStep, units: Sequence[UnitPlan]
-) -> dict[tuple[str, str], AttemptRow] | None:
+    ctx: DriveContext, state: RunState, units: Sequence[UnitPlan]
+) -> dict[tuple[str, str], AttemptRow]:
     """The earlier-run sources of a loop's ``units`` in one read, by (input_hash, runner);
-    None where they are not looked up that way (a fork reads its source run per unit)."""
-    if state.fork_index is not None or not state.run.use_cache:
-        return None
+    none where they are not looked up that way (a fork reads its source run per unit)."""
     hashes = [unit.input_hash for unit in units if unit.cacheable]
-    if not hashes:
+    if state.fork_index is not None or not state.run.use_cache or not hashes:
         return {}
     return ctx.store.find_reusable_many(
         workflow=state.plan.name, input_hashes=hashes, exclude_run_id=state.run.run_id
@@ -336,7 +333,7 @@ def _reuse_source(
     state: RunState,
     step: PlanStep,
     unit: UnitPlan,
-    found: dict[tuple[str, str], AttemptRow] | None,
+    found: dict[tuple[str, str], AttemptRow],
 ) -> AttemptRow | None:
     run = state.run
     if state.fork_index is not None:
@@ -347,11 +344,4 @@ def _reuse_source(
         )
     if not (unit.cacheable and run.use_cache):
         return None
-    if found is not None:
-        return found.get((unit.input_hash, unit.runner))
-    return ctx.store.find_reusable(
-        workflow=state.plan.name,
-        input_hash=unit.input_hash,
-        runner=unit.runner,
-        exclude_run_id=run.run_id,
-    )
+    return found.get((unit.input_hash, unit.runner))

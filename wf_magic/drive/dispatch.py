@@ -73,7 +73,7 @@ def run_units(
     # (drive/resume.py); whole attempt rows are read just for the units still owed.
     owed = resume.settle(ctx, state, step, units, work)
     history = _history(ctx, state, step, [units[i].unit_id for i in owed])
-    found = attempts.reuse_sources(ctx, state, step, [units[i] for i in owed]) if owed else {}
+    found = attempts.reuse_sources(ctx, state, [units[i] for i in owed])
     jobs: deque[_Job] = deque()
     for i in owed:
         unit = units[i]

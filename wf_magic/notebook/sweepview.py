@@ -107,15 +107,11 @@ class SweepGridView:
 
         from .widgets import RunView
 
-        if not self.cells:
-            self._redraw()
-        cell = next((c for c in self.cells if c.cell_index == index), None)
+        cell = next((c for c in self.sweep.cells() if c.cell_index == index), None)
         if cell is None:
             self.opened.value = f"<i>no cell {index} in this sweep</i>"
             return
-        fresh = self.sweep._store.sweep_cells(self.sweep.sweep_id)
-        run_id = next((c.run_id for c in fresh if c.cell_index == index), None)
-        point = html.escape(_where(cell))
+        run_id, point = cell.run_id, html.escape(_where(cell))
         if run_id is None:
             self.opened.value = f"<i>cell {index} ({point}) has no run yet</i>"
             return

@@ -47,7 +47,7 @@ def new_dispatch_id() -> str:
 
 NEXT_SEQ = "(SELECT n + 1 FROM journal_seq)"
 """The next event id (SQL): one counter for ``event_log`` rows and the unit events derived
-from attempts (``migrations.UNIT_EVENTS_VIEW``), so ids follow commit order across both.
+from attempts (``derived.UNIT_EVENTS_VIEW``), so ids follow commit order across both.
 Writers are serialised (``BEGIN IMMEDIATE``; the advisory lock on PostgreSQL), so reading it
 and bumping it in one transaction never hands one id out twice."""
 _BUMP_SEQ = "UPDATE journal_seq SET n = n + 1"
@@ -187,7 +187,7 @@ finish goes out with the transaction's next read or its COMMIT."""
 
 def reserve_attempt_txn(conn: sqlite3.Connection, key: UnitKey, *, charged: bool) -> AttemptRow:
     """Insert a ``running`` attempt with a fresh dispatch_id (its ``unit_started`` event)."""
-    return _journal_attempt_txn(conn, key, None, charged=charged, event=None)
+    return _journal_attempt_txn(conn, key, None, charged=charged)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -315,7 +315,7 @@ def _journal_attempt_txn(
     finish: Finish | None,
     *,
     charged: bool,
-    event: str | None,
+    event: str = "unit_finished",
     reused_from: str | None = None,
     saved_tokens: int = 0,
 ) -> AttemptRow:
@@ -365,7 +365,7 @@ def _journal_attempt_txn(
     if finish is None:
         conn.execute(_BUMP_SEQ)
     _keep_input_txn(conn, key, now)
-    if event is not None and finish is not None:
+    if finish is not None:
         append_event_txn(
             conn,
             key.run_id,

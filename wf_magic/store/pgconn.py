@@ -10,8 +10,8 @@ module is the one place where what differs is said:
   transaction (find-or-create a scope's run, a launch key, a child's publication) is as atomic
   here as there;
 - ``INSERT OR IGNORE`` / ``INSERT OR REPLACE`` become ``ON CONFLICT`` clauses (the conflict
-  target of each table is in ``_PRIMARY_KEYS``), and an insert into a table whose key the
-  database assigns returns it (``lastrowid``);
+  target of each table is in ``_PRIMARY_KEYS``); an insert whose caller needs the key the
+  database assigned says ``RETURNING`` itself, as it does on SQLite;
 - ``group_concat`` / ``json_group_array`` / ``total`` become ``string_agg`` / ``json_agg`` /
   ``coalesce(sum(…), 0.0)``; ``json_extract`` and ``json_valid`` are functions the schema
   defines (store/pgschema.py).
@@ -41,9 +41,6 @@ _PRIMARY_KEYS = {
     "library_cache": ("url",),
 }
 """The conflict target of ``INSERT OR REPLACE`` into each table."""
-
-_SERIAL_KEYS = {"attempts": "attempt_pk"}
-"""Tables whose key the database assigns: an insert returns it as ``lastrowid``."""
 
 _INSERT = re.compile(r"^\s*INSERT\s+(?:OR\s+(IGNORE|REPLACE)\s+)?INTO\s+(\w+)", re.IGNORECASE)
 _WORD_CALLS = {"group_concat": "string_agg"}
@@ -147,12 +144,11 @@ def _rewrite_call(sql: str, name: str, template: str) -> str:
 
 
 @functools.lru_cache(maxsize=1024)
-def translate(sql: str) -> tuple[str, str | None]:
-    """(PostgreSQL text of ``sql``, the serial key column its insert returns, or None)."""
+def translate(sql: str) -> str:
+    """The PostgreSQL text of ``sql``."""
     stripped = sql.strip()
     if re.fullmatch(r"BEGIN\s+IMMEDIATE", stripped, re.IGNORECASE):
-        return "BEGIN", None
-    returning: str | None = None
+        return "BEGIN"
     suffix = ""
     match = _INSERT.match(sql)
     if match is not None:
@@ -166,9 +162,6 @@ def translate(sql: str) -> tuple[str, str | None]:
             names = [c.strip() for c in columns.group(1).split(",")] if columns else []
             sets = ", ".join(f"{c} = EXCLUDED.{c}" for c in names if c not in keys)
             suffix = f" ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {sets}"
-        if table in _SERIAL_KEYS and "RETURNING" not in sql.upper():
-            returning = _SERIAL_KEYS[table]
-            suffix += f" RETURNING {returning}"
     pieces = []
     for is_code, text in _split(sql.rstrip().rstrip(";")):
         if is_code:
@@ -181,7 +174,7 @@ def translate(sql: str) -> tuple[str, str | None]:
     # literal inside the call was kept as it was, and the rewrite leaves it alone).
     out = _rewrite_call(out, "json_group_array", "coalesce(json_agg({})::text, '[]')")
     out = _rewrite_call(out, "total", "coalesce(sum({}), 0.0)")
-    return out + suffix, returning
+    return out + suffix
 
 
 # -- rows ---------------------------------------------------------------------------------
@@ -217,14 +210,12 @@ def _row_class(names: tuple[str, ...]) -> type[Row]:
 
 
 class Cursor:
-    """The results of one statement: ``fetchone``, ``fetchall``, iteration, ``rowcount``,
-    ``lastrowid`` (the key an insert into ``attempts`` or ``events`` was given)."""
+    """The results of one statement: ``fetchone``, ``fetchall``, iteration, ``rowcount``."""
 
-    def __init__(self, rows: list[Row], rowcount: int, lastrowid: int | None):
+    def __init__(self, rows: list[Row], rowcount: int):
         self._rows = rows
         self._pos = 0
         self.rowcount = rowcount
-        self.lastrowid = lastrowid
 
     def fetchone(self) -> Row | None:
         if self._pos >= len(self._rows):
@@ -277,7 +268,7 @@ class _LazyCursor(Cursor):
     """The cursor of a deferred write: asking for its rowcount sends the batch first."""
 
     def __init__(self, conn: PgConnection, pending: _Pending):
-        super().__init__([], -1, None)
+        super().__init__([], -1)
         self._conn = conn
         self._pending = pending
 
@@ -331,17 +322,17 @@ class PgConnection:
         )
 
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> Cursor:
-        text, returning = translate(sql)
+        text = translate(sql)
         with self._lock:
             try:
                 if text == "BEGIN":  # with the writers' lock; sent with what comes next
                     self._queue = [(f"BEGIN; SELECT pg_advisory_xact_lock({self.lock_key})", None)]
                     self._began = True
-                    return Cursor([], -1, None)
+                    return Cursor([], -1)
                 upper = text.lstrip()[:8].upper()
                 if upper.startswith(("COMMIT", "ROLLBACK")):
                     return self._end(upper.startswith("COMMIT"))
-                if self._began and returning is None and _DEFERRABLE.match(text):
+                if self._began and _DEFERRABLE.match(text):
                     pending = _Pending()
                     self._queue.append((self._render(text, params), pending))
                     return _LazyCursor(self, pending)
@@ -356,8 +347,7 @@ class PgConnection:
                 if _is_psycopg_error(exc):
                     raise _wrap(exc) from exc
                 raise
-        lastrowid = int(rows[0][0]) if returning and rows else None
-        return Cursor(rows, cur.rowcount, lastrowid)
+        return Cursor(rows, cur.rowcount)
 
     def _render(self, text: str, params: Sequence[Any] | dict[str, Any]) -> str:
         if not params:
@@ -401,15 +391,15 @@ class PgConnection:
                 self._send()
             else:
                 self.raw.execute("COMMIT")
-            return Cursor([], -1, None)
+            return Cursor([], -1)
         sent = not (self._queue and self._queue[0][0].startswith("BEGIN; "))
         self._queue = []
         if sent or not began:
             self.raw.execute("ROLLBACK")
-        return Cursor([], -1, None)
+        return Cursor([], -1)
 
     def executemany(self, sql: str, seq: Iterable[Sequence[Any]]) -> Cursor:
-        text, _ = translate(sql)
+        text = translate(sql)
         with self._lock:
             try:
                 self._flush()
@@ -421,7 +411,7 @@ class PgConnection:
                 if _is_psycopg_error(exc):
                     raise _wrap(exc) from exc
                 raise
-        return Cursor([], count, None)
+        return Cursor([], count)
 
     def cursor(self) -> _CursorShim:
         """A cursor as ``sqlite3.Connection.cursor()`` gives one (execute, then fetch)."""

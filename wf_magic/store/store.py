@@ -225,8 +225,9 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
             raise (exc.for_run(run_id) if run_id else exc) from exc.__cause__
 
     def _fence(self, conn: sqlite3.Connection, run_id: str | None) -> None:
-        """Raise ``LeaseLost`` (rolling the write back) when a lease this write depends on is no
-        longer this driver's: the write's own run's, and every run whose finishes it carries."""
+        """Fence this write by every lease it depends on (the write's own run's, and every run
+        whose finishes it carries): the server fails the transaction when one is no longer
+        this driver's, and :meth:`_write` turns that into ``LeaseLost``."""
         runs = {attempt.run_id for attempt, _ in self._deferred}
         if run_id is not None:
             runs.add(run_id)

@@ -135,3 +135,38 @@ def test_importing_the_package_loads_no_provider_sdk_nor_the_price_catalogue() -
         check=True,
     )
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+SCHEMA_REPORT = """
+import json, sys
+from wf_magic import Engine
+with Engine(sys.argv[1]) as engine:
+    status = engine.run(sys.argv[2]).status
+    try:
+        engine.load(sys.argv[2].replace("default: 2", "default: -1"))
+        problem = None
+    except Exception as exc:
+        problem = str(exc)
+hidden = "rfc3987_syntax" not in sys.modules
+import rfc3987_syntax  # importable again for whoever wants it
+print(json.dumps([status, "jsonschema" in sys.modules, hidden, problem]))
+"""
+
+
+def test_a_typed_param_loads_jsonschema_without_its_slow_format_checker(tmp_path: Path) -> None:
+    """rfc3987-syntax (installed with Jupyter) compiles lark grammars for seconds at import;
+    wf_magic never checks ``format``, so jsonschema is imported without it."""
+    pytest.importorskip("rfc3987_syntax", reason="the slow format package is not installed")
+    source = (
+        "name: typed\nparams:\n  n: {type: integer, minimum: 0, default: 2}\n"
+        "steps:\n  - id: a\n    prompt: 'n={{ params.n }}'\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", SCHEMA_REPORT, str(tmp_path), source],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    status, loaded, hidden, problem = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (status, loaded, hidden) == ("completed", True, True)
+    assert "default does not match the param schema: -1 is less than the minimum of 0" in problem

@@ -8,6 +8,7 @@ from typing import Any
 
 from ..hashing import canonical_json
 from ..runners.base import strip_code_fence
+from ..schemas import import_jsonschema
 from ..templates import TemplateError, evaluate_expression, render_text
 from .verdict import Verdict, VerdictError
 
@@ -83,7 +84,8 @@ def schema_errors(
     schema: Mapping[str, Any], outputs: Sequence[Any], *, unit_ids: Sequence[str]
 ) -> list[str]:
     """Validation errors of each unit output against the step's output schema."""
-    import jsonschema  # lazy: its import costs ~1 s with some extras installed
+    import_jsonschema()  # lazy, and without the format checker that takes seconds
+    import jsonschema
 
     validator = jsonschema.Draft202012Validator(schema)
     errors: list[str] = []

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from ..errors import clip
 from ..redact import MIN_SECRET_LEN, Redactor, is_secret_key, secret_strings
+from ..schemas import import_jsonschema
 from ..sealing import env_name
 from ..templates import GLOBAL_NAMES, TemplateError, references, unknown_callables
 from .models import StepSpec, WorkflowSpec
@@ -115,7 +116,8 @@ def check_params(spec: WorkflowSpec, src: Source) -> None:
                 (*at, *secret_at),
             )
         if "default" in schema:
-            import jsonschema  # only a schema that must be checked pays its ~1 s import
+            import_jsonschema()  # only a schema that must be checked pays its import
+            import jsonschema
 
             try:
                 jsonschema.validate(schema["default"], schema)
@@ -157,7 +159,8 @@ def secret_default(name: str, schema: Any) -> Path | None:
 
 def check_schema(schema: dict[str, Any], src: Source, at: Path) -> None:
     """A JSON Schema uses only the supported keywords and is itself valid."""
-    import jsonschema  # lazy: its import costs ~1 s with some extras installed
+    import_jsonschema()  # lazy, and without the format checker that takes seconds
+    import jsonschema
 
     unknown = _unknown_keywords(schema)
     if unknown:

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..errors import UsageError, clip, clip_list, text_problem
 from ..redact import Redactor, is_secret_key, secret_strings
+from ..schemas import import_jsonschema
 from .plan import Plan
 
 _JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?P<frac>\.[0-9]+)?(?P<exp>[eE][+-]?[0-9]+)?")
@@ -228,6 +229,7 @@ def _schema_problem(value: Any, schema: Mapping[str, Any]) -> str | None:
         if kind is None or _JSON_TYPES[str(kind)](value):
             return None
         return f"{value!r} is not of type {kind!r}"  # jsonschema's own wording
+    import_jsonschema()
     import jsonschema
 
     try:

@@ -48,6 +48,26 @@ def test_a_held_lock_refuses_a_second_holder_naming_its_pid_and_host(tmp_path: P
     )
 
 
+@pytest.mark.parametrize("flock", [True, False], ids=["flock", "filelock-fallback"])
+def test_both_lock_cores_refuse_a_second_descriptor_and_free_on_release(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flock: bool
+) -> None:
+    """The flock core on POSIX and filelock where fcntl is missing (Windows) behave alike."""
+    from wf_magic import locking
+
+    if not flock:
+        monkeypatch.setattr(locking, "fcntl", None)
+    first = RunLock(tmp_path, "r-1").acquire()
+    assert type(first._lock).__name__ == ("_FlockFile" if flock else "_PortableLock")
+    with pytest.raises(RunLockHeld):
+        RunLock(tmp_path, "r-1").acquire()
+    first.release()
+    first.release()  # idempotent
+    with RunLock(tmp_path, "r-1") as again:
+        assert again._lock.is_locked
+    assert not again._lock.is_locked
+
+
 def test_the_holder_file_names_the_holder_and_is_removed_on_release(tmp_path: Path) -> None:
     lock = RunLock(tmp_path, "r-1").acquire()
     assert lock.path == tmp_path / "r-1.lock"

@@ -1,4 +1,12 @@
-"""One driver per run: a per-run lock file (filelock) naming its holder."""
+"""One driver per run: a per-run lock file (``flock``) naming its holder.
+
+The lock is ``flock(LOCK_EX | LOCK_NB)`` on a descriptor of the lock's own: the OS frees it
+when the holder dies, and two descriptors conflict even within one process. Where ``fcntl``
+is missing (Windows) filelock provides the same. filelock is not used on POSIX because
+every acquisition there took ~210 µs (its fork tracking, singleton registry and path
+handling), against ~25 µs for the system call on its own; a lock is taken per drive, so a
+sweep of 10 000 one-unit cells paid it 10 000 times.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock, Timeout
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: filelock's msvcrt lock instead
+    fcntl = None  # type: ignore[assignment]
 
 from .errors import FileRefused, RunLockHeld, StateDirReadOnly, UsageError
 from .reading import read_bounded_text
@@ -43,14 +54,12 @@ class RunLock:
         self.run_id = run_id
         self.path = lock_dir / f"{run_id}.lock"
         self.info_path = lock_dir / f"{run_id}.holder.json"
-        self._lock = FileLock(str(self.path), timeout=0, thread_local=False, is_singleton=False)
+        self._lock = _FlockFile(self.path) if fcntl is not None else _PortableLock(self.path)
 
     def acquire(self) -> RunLock:
         """Take the lock or raise ``RunLockHeld`` naming the holder's pid and start time."""
         try:
-            self._lock.acquire(timeout=0)
-        except Timeout:
-            raise self._held() from None
+            taken = self._lock.try_acquire()
         except OSError as exc:  # a read-only state dir, a permission problem
             read_only = StateDirReadOnly.from_os_error(
                 str(self.path.parent.parent), exc, run_id=self.run_id
@@ -63,6 +72,8 @@ class RunLock:
                 "permissions, or point --db / WF_MAGIC_HOME at a writable directory.",
                 run_id=self.run_id,
             ) from None
+        if not taken:
+            raise self._held()
         info = {
             "pid": os.getpid(),
             "since": time.time(),
@@ -85,7 +96,7 @@ class RunLock:
             try:
                 self.info_path.unlink(missing_ok=True)
             finally:
-                self._lock.release(force=True)
+                self._lock.release()
 
     def __enter__(self) -> RunLock:
         return self.acquire()
@@ -98,6 +109,66 @@ class RunLock:
         since = info.get("since")
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if since else None
         return RunLockHeld(self.run_id, pid=info.get("pid"), since=stamp, host=info.get("host"))
+
+
+class _FlockFile:
+    """An exclusive ``flock`` on ``path`` through a descriptor of its own."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._fd: int | None = None
+
+    @property
+    def is_locked(self) -> bool:
+        return self._fd is not None
+
+    def try_acquire(self) -> bool:
+        """Take the lock now, or False when another descriptor holds it.
+
+        Raises:
+            OSError: the lock file cannot be opened (permissions, a read-only dir).
+        """
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # closing the only descriptor of this open file frees the lock
+
+
+class _PortableLock:
+    """filelock's lock behind ``_FlockFile``'s three members (where fcntl is missing)."""
+
+    def __init__(self, path: Path):
+        from filelock import FileLock
+
+        self._lock = FileLock(str(path), timeout=0, thread_local=False, is_singleton=False)
+
+    @property
+    def is_locked(self) -> bool:
+        return self._lock.is_locked
+
+    def try_acquire(self) -> bool:
+        from filelock import Timeout
+
+        try:
+            self._lock.acquire(timeout=0)
+        except Timeout:
+            return False
+        return True
+
+    def release(self) -> None:
+        self._lock.release(force=True)
 
 
 def read_holder(path: Path) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,7 @@ def verify(run: RunRow) -> tuple[Plan, dict[str, Any]]:
             run_id=run.run_id,
         )
     try:
-        plan = Plan.model_validate_json(run.plan_json)
+        plan = _decoded(run.plan_json)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "plan"
@@ -72,6 +73,17 @@ def verify(run: RunRow) -> tuple[Plan, dict[str, Any]]:
             run_id=run.run_id,
         ) from None
     return plan, json.loads(run.params_json)
+
+
+@lru_cache(maxsize=8)
+def _decoded(plan_json: str) -> Plan:
+    """The plan a (hash-checked) plan text decodes to, kept for the next drive of it.
+
+    A sweep drives thousands of cell runs of one plan, and every drive verifies it twice
+    (the drive's setup and the walk): decoding is most of that. Plans are frozen models, so
+    one decoded plan serves every run whose text is the same. Failures are not cached.
+    """
+    return Plan.model_validate_json(plan_json)
 
 
 def drift_warnings(run: RunRow, live: Workflow | None) -> list[str]:

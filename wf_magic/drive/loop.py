@@ -191,9 +191,8 @@ def _sync_run_status(ctx: DriveContext, state: RunState, step: PlanStep) -> None
     result_json = None
     if status == "completed":
         result_json = canonical_json(spine.run_result(state.plan, state.step_rows))
-    ctx.store.set_run_status(run.run_id, status, reason=reason, result_json=result_json)
+    state.run = ctx.store.run_with_status(run, status, reason=reason, result_json=result_json)
     ctx.emit("run_status", run_id=run.run_id, status=status, reason=reason)
-    state.run = ctx.store.get_run(run.run_id) or run
 
 
 def _still_active(state: RunState, step: PlanStep) -> bool:

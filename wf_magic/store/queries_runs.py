@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from . import runs
 from .access import StoreAccess
@@ -159,6 +161,33 @@ class RunQueries(StoreAccess):
                 c, run_id, status, reason=reason, result_json=result_json
             ),
             run_id,
+        )
+
+    def run_with_status(
+        self,
+        run: RunRow,
+        status: RunStatus,
+        *,
+        reason: str | None = None,
+        result_json: str | None = None,
+    ) -> RunRow:
+        """``set_run_status`` of ``run``'s row; returns the row as it now reads, unread."""
+        now = time.time()
+        reason = self.scrubber.text(run.run_id, reason)
+        result_json = self.scrubber.json_text(run.run_id, result_json)
+        self._write(
+            lambda c: runs.set_run_status_txn(
+                c, run.run_id, status, reason=reason, result_json=result_json, now=now
+            ),
+            run.run_id,
+        )
+        return replace(
+            run,
+            status=status,
+            status_reason=reason,
+            result_json=run.result_json if result_json is None else result_json,
+            updated_at=now,
+            finished_at=now if status in runs.FINISHED_STATUSES else None,
         )
 
     def write_step(

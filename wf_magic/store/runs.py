@@ -229,6 +229,10 @@ def child_runs(conn: sqlite3.Connection, parent_run_id: str) -> list[RunRow]:
     return [from_row(RunRow, r) for r in rows]
 
 
+FINISHED_STATUSES = ("completed", "failed", "abandoned")
+"""The run statuses that stamp ``finished_at``."""
+
+
 def set_run_status_txn(
     conn: sqlite3.Connection,
     run_id: str,
@@ -236,10 +240,14 @@ def set_run_status_txn(
     *,
     reason: str | None = None,
     result_json: str | None = None,
+    now: float | None = None,
 ) -> None:
-    """Write a run's status (and result when completed), with a ``run_status`` event."""
-    now = time.time()
-    finished = now if status in ("completed", "failed", "abandoned") else None
+    """Write a run's status (and result when completed), with a ``run_status`` event.
+
+    ``now``: the time to stamp (default: the clock now).
+    """
+    now = time.time() if now is None else now
+    finished = now if status in FINISHED_STATUSES else None
     conn.execute(
         "UPDATE runs SET status = ?, status_reason = ?, updated_at = ?, finished_at = ?,"
         " result_json = COALESCE(?, result_json) WHERE run_id = ?",

@@ -218,15 +218,20 @@ def _drive_cell(
     options: DriveOptions,
     runners: RunnerPool,
 ) -> None:
-    run_id = cell.run_id
+    run_id, status = cell.run_id, cell.run_status
     if run_id is None:
         started = lifecycle.start(
             ctx.store, ctx.bus, wf, params=json.loads(cell.params_json), shared_plan=True
         )
         run_id = started.run_id
         ctx.store.set_cell_run(sweep.sweep_id, cell.cell_index, run_id)
-    row = ctx.store.get_run(run_id)
-    if row is None or row.status in SETTLED or row.status == "blocked":
+        if not started.created:  # the scope's run already: a changed sweep's unchanged cell
+            row = ctx.store.get_run(run_id)
+            status = None if row is None else row.status
+        else:
+            status = "active"
+    # The lock is taken only for a run that may owe work (the drive reads the row again).
+    if status is None or status in SETTLED or status == "blocked":
         return
     try:
         drive_locked_run(

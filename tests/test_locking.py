@@ -61,6 +61,7 @@ def test_both_lock_cores_refuse_a_second_descriptor_and_free_on_release(
     assert type(first._lock).__name__ == ("_FlockFile" if flock else "_PortableLock")
     with pytest.raises(RunLockHeld):
         RunLock(tmp_path, "r-1").acquire()
+    assert first.acquire() is first  # the holder taking it again (`with` on a held lock)
     first.release()
     first.release()  # idempotent
     with RunLock(tmp_path, "r-1") as again:

@@ -123,11 +123,14 @@ class _FlockFile:
         return self._fd is not None
 
     def try_acquire(self) -> bool:
-        """Take the lock now, or False when another descriptor holds it.
+        """Take the lock now (True when this object holds it already), or False when another
+        descriptor holds it. One ``release`` frees it however often it was taken.
 
         Raises:
             OSError: the lock file cannot be opened (permissions, a read-only dir).
         """
+        if self._fd is not None:
+            return True
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -144,6 +147,9 @@ class _FlockFile:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)  # closing the only descriptor of this open file frees the lock
+
+    def __del__(self) -> None:  # a lock dropped while held is freed, as filelock's was
+        self.release()
 
 
 class _PortableLock:

@@ -141,8 +141,9 @@ def _schedule(
 
     Group commit: the units that can start together are reserved in one transaction, and a
     finished unit's finish is deferred into that same transaction (``Store.defer_finish``);
-    the deferred finishes are flushed before the driver waits on work in flight and when the
-    loop ends, so every finish is durable before anything that depends on it proceeds.
+    the deferred finishes are flushed before the driver waits on work in flight, and the last
+    ones commit with the step's write: every finish is durable no later than what depends on
+    it (every read flushes first; drive_run flushes before it returns).
     """
     executor, limit = state.executors.for_step(
         is_map=step.map is not None, threaded=step.kind == "agent"
@@ -213,11 +214,13 @@ def _schedule(
                     pass
             if future.done() and not future.cancelled():
                 _finish(ctx, state, step, job, attempt, future, work, deque())
+        ctx.store.flush()
         raise
     finally:
         if slots is not None:
             slots.give(held)
-        ctx.store.flush()
+    # The last finishes stay deferred: the step's own write carries them (complete_step), or
+    # the next read or write, or the flush at the end of the drive (drive_run).
 
 
 def _completed(

@@ -62,11 +62,13 @@ def start(
     params_from_strings: bool = False,
     key: str | None = None,
     shared_plan: bool = False,
+    cell: tuple[str, int] | None = None,
 ) -> Started:
     """Find or create the run a (re-)run of ``wf`` should drive (DESIGN.md §4).
 
     ``shared_plan``: a new run keeps its plan once per plan hash (``store/plans.py``), as a
-    sweep's cells do.
+    sweep's cells do. ``cell``: the (sweep id, cell index) a created run is recorded for, in
+    its insert's transaction (a run continued as it is is not: its caller records it).
 
     With a launch ``key``, the first start records it with the run it settles on; a later
     start with the key and the same request (plan hash + params hash) returns that run,
@@ -104,6 +106,7 @@ def start(
         no_cache=no_cache,
         key=key,
         shared_plan=shared_plan,
+        cell=cell,
     )
     started.secrets.update(sealed.vault)
     return started
@@ -119,6 +122,7 @@ def _start(
     no_cache: bool,
     key: str | None,
     shared_plan: bool = False,
+    cell: tuple[str, int] | None = None,
 ) -> Started:
     """:func:`start` once the params are resolved and their secrets sealed."""
     scope = scope_key(wf.name, resolved)
@@ -162,6 +166,7 @@ def _start(
             launch_key=key,
             check_key=check_key,
             shared_plan=shared_plan,
+            cell=cell,
         )
     if kept.run_id != row.run_id:
         return _continue(kept, wf, no_cache=no_cache)

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from . import runs
+from . import runs, sweeps
 from .access import StoreAccess
 from .records import RunRow, RunStatus, ScopeChoice, StepRow, StepStatus
 from .runs import LaunchKey
@@ -94,10 +94,13 @@ class RunQueries(StoreAccess):
         launch_key: str | None = None,
         check_key: Callable[[LaunchKey], None] | None = None,
         shared_plan: bool = False,
+        cell: tuple[str, int] | None = None,
     ) -> RunRow:
         """Find the scope's run or insert ``row``, as one atomic step; returns the run kept.
 
         ``shared_plan``: a new row keeps its plan once per hash in ``plans`` (a sweep cell's).
+        ``cell``: (sweep id, cell index) of the sweep cell whose run this is, recorded in the
+        same transaction (a killed sweep never finds a run its cell does not name).
 
         ``decide(latest)`` sees the newest root run of ``row.scope_key`` that ``row.owner`` may
         change (theirs or nobody's; any owner's when ``row.owner`` is None) inside the write
@@ -127,6 +130,8 @@ class RunQueries(StoreAccess):
                 kept = row
             if launch_key is not None:
                 runs.insert_launch_key_txn(conn, launch_key, kept)
+            if cell is not None:
+                sweeps.set_cell_run_txn(conn, *cell, kept.run_id, None)
             return kept
 
         return self._write(txn, row.run_id)
@@ -200,11 +205,16 @@ class RunQueries(StoreAccess):
         note: str | None,
         output_json: str | None,
         stops_run: bool = False,
+        defer: bool = False,
     ) -> None:
-        """Write a step's state (the spine is the only caller), its texts redacted."""
+        """Write a step's state (the spine is the only caller), its texts redacted.
+
+        ``defer``: commit it with the next write transaction (``Store._defer``): every read
+        through this Store still sees it.
+        """
         note = self.scrubber.text(run_id, note)
         output_json = self.scrubber.json_text(run_id, output_json)
-        self._write(
+        (self._defer if defer else self._write)(
             lambda c: runs.write_step_txn(
                 c,
                 run_id,

@@ -16,6 +16,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -47,8 +48,9 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
     The queries and writes themselves are inherited, grouped by concern: runs and steps
     (``RunQueries``), the journal and loop resume (``JournalQueries``), frames, tallies,
     recordings and the library cache (``ViewQueries``). This class owns what they share:
-    the connections, the write lock and the deferred finishes (group commit). Every read
-    flushes those finishes first, whichever thread reads (see ``_read``).
+    the connections, the write lock and the deferred writes (group commit: unit finishes and
+    step rows). Every read flushes those writes first, whichever thread reads (see
+    ``_read``).
 
     Args:
         db_path: the SQLite file, or a :class:`PgLocation` (a schema on a PostgreSQL server:
@@ -83,8 +85,9 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
-        self._deferred: list[tuple[AttemptRow, Finish]] = []
-        """Finishes waiting for the next write transaction (group commit; see defer_finish)."""
+        self._deferred: list[tuple[str, Callable[[sqlite3.Connection], object]]] = []
+        """(run id, write) waiting for the next write transaction (group commit; see
+        defer_finish and defer_write), in the order they were deferred."""
         self._sync_full = durability == "full"
         self._checkpointer: Checkpointer | None = None
         self._identity: tuple[int, int] | None = None
@@ -180,7 +183,7 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
         it waits for the write lock while the driver holds it.
         """
         self._check_identity(run_id)
-        if self._deferred:  # read your own writes: a deferred finish is visible to every read
+        if self._deferred:  # read your own writes: a deferred write is visible to every read
             self.flush()
         try:
             return fn(self._read_conn())
@@ -200,10 +203,10 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
                         self._fence(conn, run_id)
                     deferred = self._deferred
                     if deferred:  # they commit first, in the same transaction
-                        for attempt, finish in deferred:
-                            journal.queue_finish_txn(conn, attempt, finish)
+                        for _, write in deferred:
+                            write(conn)
                     result = fn(conn)
-                # Committed: only now are the deferred finishes off the queue (a rolled-back
+                # Committed: only now are the deferred writes off the queue (a rolled-back
                 # transaction keeps them for the next write or flush).
                 if deferred:
                     self._deferred = []
@@ -228,7 +231,7 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
         """Fence this write by every lease it depends on (the write's own run's, and every run
         whose finishes it carries): the server fails the transaction when one is no longer
         this driver's, and :meth:`_write` turns that into ``LeaseLost``."""
-        runs = {attempt.run_id for attempt, _ in self._deferred}
+        runs = {rid for rid, _ in self._deferred}
         if run_id is not None:
             runs.add(run_id)
         for rid in runs:
@@ -302,7 +305,7 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
             )
 
     def _reset_connections(self) -> None:
-        """Drop every connection and pending finish of the replaced file (nothing flushed)."""
+        """Drop every connection and deferred write of the replaced file (nothing flushed)."""
         with self._write_lock:
             self._deferred = []
             self._identity = None
@@ -400,18 +403,38 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
             if self._sync_full:
                 self.finish_attempt(attempt, finish)
             else:
-                self._deferred.append((attempt, self.scrubber.finish(attempt.run_id, finish)))
+                scrubbed = self.scrubber.finish(attempt.run_id, finish)
+                self._deferred.append(
+                    (
+                        attempt.run_id,
+                        partial(journal.queue_finish_txn, attempt=attempt, finish=scrubbed),
+                    )
+                )
+
+    def _defer(self, fn: Callable[[sqlite3.Connection], object], run_id: str) -> None:
+        """Run ``fn`` first in the next write transaction (now under ``durability: full``).
+
+        For a write whose loss in a crash the next drive repairs from the journal (a step's
+        row, which the walk derives again from its attempts), so it may wait for the write
+        after it: a step's completion commits with its run's status, not alone.
+        """
+        with self._write_lock:
+            if self._sync_full:
+                self._write(fn, run_id)
+            else:
+                self._written.add(run_id)
+                self._deferred.append((run_id, fn))
 
     def flush(self) -> None:
-        """Commit the deferred finishes now (a no-op when there are none)."""
+        """Commit the deferred writes now (a no-op when there are none)."""
         with self._write_lock:
             if self._deferred:
-                run_id = self._deferred[0][0].run_id
+                run_id = self._deferred[0][0]
                 self._write(lambda c: None, run_id)
 
     @property
     def has_deferred(self) -> bool:
-        """Finishes are waiting for the next write transaction."""
+        """Writes are waiting for the next write transaction."""
         return bool(self._deferred)
 
 

@@ -221,11 +221,16 @@ def _drive_cell(
     run_id, status = cell.run_id, cell.run_status
     if run_id is None:
         started = lifecycle.start(
-            ctx.store, ctx.bus, wf, params=json.loads(cell.params_json), shared_plan=True
+            ctx.store,
+            ctx.bus,
+            wf,
+            params=json.loads(cell.params_json),
+            shared_plan=True,
+            cell=(sweep.sweep_id, cell.cell_index),
         )
         run_id = started.run_id
-        ctx.store.set_cell_run(sweep.sweep_id, cell.cell_index, run_id)
         if not started.created:  # the scope's run already: a changed sweep's unchanged cell
+            ctx.store.set_cell_run(sweep.sweep_id, cell.cell_index, run_id)
             row = ctx.store.get_run(run_id)
             status = None if row is None else row.status
         else:

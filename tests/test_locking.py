@@ -69,18 +69,36 @@ def test_both_lock_cores_refuse_a_second_descriptor_and_free_on_release(
     assert not again._lock.is_locked
 
 
-def test_the_holder_file_names_the_holder_and_is_removed_on_release(tmp_path: Path) -> None:
+def test_the_lock_file_names_the_holder_and_is_emptied_on_release(tmp_path: Path) -> None:
     lock = RunLock(tmp_path, "r-1").acquire()
     assert lock.path == tmp_path / "r-1.lock"
-    info = json.loads((tmp_path / "r-1.holder.json").read_text())
+    info = json.loads((tmp_path / "r-1.lock").read_text())
     assert (info["pid"], info["host"], info["thread"]) == (
         os.getpid(),
         socket.gethostname(),
         threading.current_thread().name,
     )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r-1.lock"]  # no holder file
     lock.release()
-    assert not (tmp_path / "r-1.holder.json").exists()
+    assert (tmp_path / "r-1.lock").read_text() == ""  # a released lock names nobody
+    assert not is_locked(tmp_path, "r-1")
     RunLock(tmp_path, "r-1").acquire().release()  # free again
+
+
+def test_the_portable_core_names_the_holder_in_a_file_beside_the_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from wf_magic import locking
+
+    monkeypatch.setattr(locking, "fcntl", None)  # as on Windows: filelock's lock
+    with RunLock(tmp_path, "r-1"):
+        info = json.loads((tmp_path / "r-1.holder.json").read_text())
+        assert info["pid"] == os.getpid()
+        assert is_locked(tmp_path, "r-1")
+        with pytest.raises(RunLockHeld) as held:
+            RunLock(tmp_path, "r-1").acquire()
+    assert held.value.pid == os.getpid()
+    assert not (tmp_path / "r-1.holder.json").exists()
 
 
 def test_release_is_idempotent(tmp_path: Path) -> None:
@@ -103,7 +121,7 @@ def test_is_locked_probes_without_taking_the_lock(tmp_path: Path) -> None:
 
 def test_a_holder_without_a_readable_holder_file_is_another_driver(tmp_path: Path) -> None:
     with RunLock(tmp_path, "r-1"):
-        (tmp_path / "r-1.holder.json").write_text("{not json")
+        (tmp_path / "r-1.lock").write_text("{not json")
         with pytest.raises(RunLockHeld) as info:
             RunLock(tmp_path, "r-1").acquire()
     assert (info.value.pid, info.value.since, info.value.host) == (None, None, None)

@@ -1,8 +1,12 @@
 """One driver per run: a per-run lock file (``flock``) naming its holder.
 
 The lock is ``flock(LOCK_EX | LOCK_NB)`` on a descriptor of the lock's own: the OS frees it
-when the holder dies, and two descriptors conflict even within one process. Where ``fcntl``
-is missing (Windows) filelock provides the same. filelock is not used on POSIX because
+when the holder dies, and two descriptors conflict even within one process. The holder
+(pid, host, since, thread) is written into the lock file itself once it is taken, and
+emptied before it is released: no file is created, renamed or deleted per drive. Where
+``fcntl`` is missing (Windows) filelock provides the lock and the holder goes to a file
+beside it, ``RUN.holder.json`` (where earlier releases wrote it on every system; readers
+still look there when the lock file names nobody). filelock is not used on POSIX because
 every acquisition there took ~210 µs (its fork tracking, singleton registry and path
 handling), against ~25 µs for the system call on its own; a lock is taken per drive, so a
 sweep of 10 000 one-unit cells paid it 10 000 times.
@@ -27,7 +31,7 @@ from .errors import FileRefused, RunLockHeld, StateDirReadOnly, UsageError
 from .reading import read_bounded_text
 
 HOLDER_BYTES = 64 * 1024
-"""A holder file is a few dozen bytes of JSON; anything past this is not one of ours."""
+"""A holder is a few dozen bytes of JSON; a file past this is not one of ours."""
 
 
 class RunLock:
@@ -80,9 +84,7 @@ class RunLock:
             "host": socket.gethostname(),
             "thread": threading.current_thread().name,
         }
-        tmp = self.info_path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps(info))
-        os.replace(tmp, self.info_path)
+        self._lock.write_holder(json.dumps(info), self.info_path)
         return self
 
     def remove(self) -> None:
@@ -94,7 +96,7 @@ class RunLock:
         """Release the lock (idempotent)."""
         if self._lock.is_locked:
             try:
-                self.info_path.unlink(missing_ok=True)
+                self._lock.clear_holder(self.info_path)
             finally:
                 self._lock.release()
 
@@ -105,7 +107,7 @@ class RunLock:
         self.release()
 
     def _held(self) -> RunLockHeld:
-        info = read_holder(self.info_path)
+        info = lock_holder_of(self.path.parent, self.run_id)
         since = info.get("since")
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if since else None
         return RunLockHeld(self.run_id, pid=info.get("pid"), since=stamp, host=info.get("host"))
@@ -143,6 +145,18 @@ class _FlockFile:
         self._fd = fd
         return True
 
+    def write_holder(self, text: str, info_path: Path) -> None:
+        """Write the holder into the lock file (``info_path`` is for the portable core)."""
+        if self._fd is not None:
+            data = text.encode()
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, data, 0)
+
+    def clear_holder(self, info_path: Path) -> None:
+        """Empty the lock file before release, so a released lock names nobody."""
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+
     def release(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
@@ -173,8 +187,27 @@ class _PortableLock:
             return False
         return True
 
+    def write_holder(self, text: str, info_path: Path) -> None:
+        """Write the holder file beside the lock (replaced atomically: never half-read)."""
+        tmp = info_path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, info_path)
+
+    def clear_holder(self, info_path: Path) -> None:
+        info_path.unlink(missing_ok=True)
+
     def release(self) -> None:
         self._lock.release(force=True)
+
+
+def lock_holder_of(lock_dir: Path, run_id: str) -> dict[str, Any]:
+    """Who holds (or last held, if it died) ``run_id``'s lock; {} when nobody is named.
+
+    The lock file names its holder; a lock file naming nobody falls back to the holder file
+    beside it (the portable core's, or one an older wf_magic wrote).
+    """
+    info = read_holder(lock_dir / f"{run_id}.lock")
+    return info if info else read_holder(lock_dir / f"{run_id}.holder.json")
 
 
 def read_holder(path: Path) -> dict[str, Any]:
@@ -196,7 +229,7 @@ def is_locked(lock_dir: Path, run_id: str) -> bool:
     another host (a shared state dir) cannot be checked and reads as held.
     """
     try:
-        info = read_holder(lock_dir / f"{run_id}.holder.json")
+        info = lock_holder_of(lock_dir, run_id)
         pid, host = int(info["pid"]), info.get("host")
     except (ValueError, TypeError, KeyError):
         return False  # holder files are replaced atomically: an unreadable one is no driver's

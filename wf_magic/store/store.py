@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import StateDBError, StateDirReplaced, WorkflowError
-from ..locking import RunLock, is_locked, read_holder
+from ..locking import RunLock, is_locked, lock_holder_of
 from ..redact import Redactor
 from . import journal
 from .checkpoint import BACKSTOP_PAGES, Checkpointer
@@ -274,7 +274,7 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
         """Who holds ``run_id`` (pid, host, and user or since where known); {} when nobody."""
         if self.pg is not None:
             return holder_of(self, run_id) or {}
-        return read_holder(RunLock(self.lock_dir, run_id).info_path)
+        return lock_holder_of(self.lock_dir, run_id)
 
     def _check_identity(self, run_id: str | None) -> None:
         """Reopen when ``state.db`` at our path is no longer the file we opened.

@@ -365,9 +365,6 @@ def _write_step(
         note=note,
         output_json=output_json,
         stops_run=stops_run,
-        # With the write after it (the run's status, the next loop's reservations): a step
-        # row lost in a crash is derived again from its attempts by the next drive.
-        defer=True,
     )
     state.step_rows[step.id] = StepRow(
         run_id=current.run_id,

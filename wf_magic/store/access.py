@@ -30,7 +30,3 @@ class StoreAccess:
     def _write(self, fn: Callable[[sqlite3.Connection], T], run_id: str | None = None) -> T:
         """Run ``fn`` in one ``BEGIN IMMEDIATE`` transaction of the writer."""
         raise NotImplementedError
-
-    def _defer(self, fn: Callable[[sqlite3.Connection], object], run_id: str) -> None:
-        """Run ``fn`` first in the next write transaction (group commit)."""
-        raise NotImplementedError

@@ -205,16 +205,11 @@ class RunQueries(StoreAccess):
         note: str | None,
         output_json: str | None,
         stops_run: bool = False,
-        defer: bool = False,
     ) -> None:
-        """Write a step's state (the spine is the only caller), its texts redacted.
-
-        ``defer``: commit it with the next write transaction (``Store._defer``): every read
-        through this Store still sees it.
-        """
+        """Write a step's state (the spine is the only caller), its texts redacted."""
         note = self.scrubber.text(run_id, note)
         output_json = self.scrubber.json_text(run_id, output_json)
-        (self._defer if defer else self._write)(
+        self._write(
             lambda c: runs.write_step_txn(
                 c,
                 run_id,

@@ -20,7 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import StateDBError, StateDirReplaced, WorkflowError
+from ..errors import LeaseLost, StateDBError, StateDirReplaced, WorkflowError
 from ..locking import RunLock, is_locked, lock_holder_of
 from ..redact import Redactor
 from . import journal
@@ -48,9 +48,8 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
     The queries and writes themselves are inherited, grouped by concern: runs and steps
     (``RunQueries``), the journal and loop resume (``JournalQueries``), frames, tallies,
     recordings and the library cache (``ViewQueries``). This class owns what they share:
-    the connections, the write lock and the deferred writes (group commit: unit finishes and
-    step rows). Every read flushes those writes first, whichever thread reads (see
-    ``_read``).
+    the connections, the write lock and the deferred finishes (group commit). Every read
+    flushes those finishes first, whichever thread reads (see ``_read``).
 
     Args:
         db_path: the SQLite file, or a :class:`PgLocation` (a schema on a PostgreSQL server:
@@ -86,8 +85,8 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
         self._deferred: list[tuple[str, Callable[[sqlite3.Connection], object]]] = []
-        """(run id, write) waiting for the next write transaction (group commit; see
-        defer_finish and defer_write), in the order they were deferred."""
+        """(run id, finish write) waiting for the next write transaction, in the order they
+        were deferred (group commit; see defer_finish)."""
         self._sync_full = durability == "full"
         self._checkpointer: Checkpointer | None = None
         self._identity: tuple[int, int] | None = None
@@ -216,16 +215,28 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
         except sqlite3.Error as exc:
             lost = lease_lost_of(exc)
             if lost is not None:  # the server's fence refused it: nothing was written
+                self._drop_deferred(lost.run_id)
                 raise lost from None
             fault = self._fault(exc, run_id)
             if isinstance(fault, StateDBError) and run_id in self._fences:
                 # A leased run's connection died under the write (the server ended a session
                 # left idle in a transaction by a paused driver, say): if the lease is gone
                 # meanwhile, that is what to say.
-                self._lost_lease(run_id)
+                try:
+                    self._lost_lease(run_id)
+                except LeaseLost:
+                    self._drop_deferred(run_id)
+                    raise
             raise fault from exc
         except StateDBError as exc:
             raise (exc.for_run(run_id) if run_id else exc) from exc.__cause__
+
+    def _drop_deferred(self, run_id: str | None) -> None:
+        """Forget the deferred finishes of a run whose lease is lost: whoever holds it now
+        reclaims those attempts (same dispatch ids), and no later write of this process may
+        carry them, fenced or not (a lease's release stops fencing its run)."""
+        with self._write_lock:
+            self._deferred = [d for d in self._deferred if d[0] != run_id]
 
     def _fence(self, conn: sqlite3.Connection, run_id: str | None) -> None:
         """Fence this write by every lease it depends on (the write's own run's, and every run
@@ -410,20 +421,6 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
                         partial(journal.queue_finish_txn, attempt=attempt, finish=scrubbed),
                     )
                 )
-
-    def _defer(self, fn: Callable[[sqlite3.Connection], object], run_id: str) -> None:
-        """Run ``fn`` first in the next write transaction (now under ``durability: full``).
-
-        For a write whose loss in a crash the next drive repairs from the journal (a step's
-        row, which the walk derives again from its attempts), so it may wait for the write
-        after it: a step's completion commits with its run's status, not alone.
-        """
-        with self._write_lock:
-            if self._sync_full:
-                self._write(fn, run_id)
-            else:
-                self._written.add(run_id)
-                self._deferred.append((run_id, fn))
 
     def flush(self) -> None:
         """Commit the deferred writes now (a no-op when there are none)."""

@@ -169,6 +169,31 @@ def test_a_read_through_the_same_store_sees_a_deferred_finish(engine: Engine) ->
     assert not store.has_deferred
 
 
+def test_a_read_or_flush_of_another_run_leaves_a_deferred_finish_queued(
+    engine: Engine,
+) -> None:
+    """A sweep drives many runs through one Store: a run's reads wait for its own deferred
+    finishes, not another's; a read naming no run (a sweep's totals) waits for all."""
+    mine = engine.start(_map(1, 1, "scripted")).run_id
+    other = engine.start(_map(1, 1, "scripted").replace("name: gc", "name: other")).run_id
+    store = engine.store
+    attempt = store.reserve_attempts([(_key(mine, "u1"), True)])[0]
+    store.defer_finish(attempt, Finish(status="succeeded", output_json='"a"'))
+
+    assert store.attempts_of(other, "s") == []
+    store.flush(other)
+    assert store.has_deferred  # another run's read and flush left it queued
+    assert len(store.list_runs()) == 2  # a read naming no run
+    assert not store.has_deferred
+    status = "SELECT status FROM attempts WHERE dispatch_id = ?"
+    assert _durable(engine.db_path, status, (attempt.dispatch_id,)) == [("succeeded",)]
+
+    second = store.reserve_attempts([(_key(mine, "u2"), True)])[0]
+    store.defer_finish(second, Finish(status="succeeded", output_json='"b"'))
+    store.flush(mine)
+    assert not store.has_deferred
+
+
 def test_a_deferred_finish_that_cannot_commit_stays_queued_and_close_drops_it(
     engine: Engine,
 ) -> None:

@@ -551,3 +551,47 @@ def test_gc_drops_a_shared_plan_with_the_last_run_reading_it(state_dir: Path) ->
         assert engine.gc(older_than_s=0) != []
     assert db_rows(state_dir, "SELECT COUNT(*) FROM runs") == [(0,)]
     assert db_rows(state_dir, "SELECT COUNT(*) FROM plans") == [(0,)]
+
+
+LONE = """\
+name: lone
+params:
+  style: {type: string}
+steps:
+  - id: one
+    python: where
+"""
+
+
+@pytest.mark.parametrize("external", [False, True])
+def test_a_cells_lone_unit_runs_on_its_cells_thread_unless_the_caller_gave_an_executor(
+    tmp_path: Path, external: bool
+) -> None:
+    """On the sweep's own pool a one-unit step runs in the thread driving its cell (no
+    hand-off to another thread of the pool); a caller's executor (a Dask cluster, say) still
+    runs every unit. Either way the sweep's cap holds."""
+    lock = threading.Lock()
+    running, peak, threads = [0], [0], set()
+
+    def where() -> str:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+            threads.add(threading.current_thread().name.split("_")[0])
+        time.sleep(0.02)
+        with lock:
+            running[0] -= 1
+        return "ok"
+
+    pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="caller") if external else None
+    try:
+        with Engine(tmp_path / "st", namespace={"where": where}, executor=pool) as engine:
+            sweep = engine.sweep(
+                LONE, grid={"style": [f"s{i}" for i in range(12)]}, max_concurrency=4
+            )
+            assert sweep.status == "completed"
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    assert threads == ({"caller"} if external else {"wf-cell"})
+    assert 2 <= peak[0] <= 4

@@ -51,6 +51,10 @@ class DriveOptions:
     unit_slots: UnitSlots | None = None
     """Units in flight shared with other runs (a sweep's ``max_concurrency``): a unit is
     reserved only once it holds a slot."""
+    lone_units_inline: bool = False
+    """A step's lone unit runs in the driving thread even with ``executor`` set: a sweep
+    drives each cell on a thread of its own pool, so handing a cell's one unit to another
+    thread of it only adds a hand-off (a map's units still go to ``executor``)."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -203,6 +207,7 @@ class RunState:
                 plan_limit=plan.execution.max_concurrency,
                 cap=ctx.options.max_concurrency,
                 external=ctx.options.executor,
+                lone_inline=ctx.options.lone_units_inline,
             ),
             reopened=run.status == "failed",
             fork_index=fork_index,

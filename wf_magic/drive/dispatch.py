@@ -181,7 +181,7 @@ def _schedule(
                     slots.give(held - len(in_flight))  # taken but not launched
                     held = len(in_flight)
             if in_flight:
-                ctx.store.flush()  # nothing finished may wait on what is in flight
+                ctx.store.flush(state.run_id)  # nothing finished may wait on what runs
                 for future in _completed(finished, timeout=0.5):
                     job, attempt = in_flight.pop(future)
                     if slots is not None:
@@ -193,7 +193,7 @@ def _schedule(
                     work.stopped = halt = True  # an agent may run for long: end it now
                     cancel_agents(ctx, state, [(j.unit, a) for j, a in in_flight.values()])
             elif jobs and not halt:
-                ctx.store.flush()
+                ctx.store.flush(state.run_id)
                 time.sleep(min(0.05, max(0.0, jobs[0].not_before - time.monotonic())))
             elif halt:
                 break
@@ -214,7 +214,7 @@ def _schedule(
                     pass
             if future.done() and not future.cancelled():
                 _finish(ctx, state, step, job, attempt, future, work, deque())
-        ctx.store.flush()
+        ctx.store.flush(state.run_id)
         raise
     finally:
         if slots is not None:

@@ -180,10 +180,19 @@ class UnitExecutors:
     pool this object owns (built on first use, shut down by :meth:`shutdown`), else inline.
     """
 
-    def __init__(self, *, plan_limit: int, cap: int | None, external: Executor | None):
+    def __init__(
+        self,
+        *,
+        plan_limit: int,
+        cap: int | None,
+        external: Executor | None,
+        lone_inline: bool = False,
+    ):
         self.plan_limit = plan_limit
         self.cap = cap
         self.external = external
+        self.lone_inline = lone_inline
+        """A lone unit runs inline even with ``external`` set (see DriveOptions)."""
         self._pool: ThreadPoolExecutor | None = None
         self._solo: ThreadPoolExecutor | None = None
 
@@ -196,6 +205,8 @@ class UnitExecutors:
         limit = self.plan_limit if self.cap is None else min(self.plan_limit, self.cap)
         if not is_map:
             limit = 1
+        if not is_map and not threaded and self.lone_inline:
+            return InlineExecutor(), 1
         if self.external is not None:
             return self.external, max(1, limit)
         if limit <= 1 and threaded:

@@ -44,7 +44,7 @@ def drive_run(ctx: DriveContext, run: RunRow, *, plan: Plan | None = None) -> Dr
         interrupted = False
         try:
             _walk(ctx, state)
-            ctx.store.flush()  # nothing this drive journaled is left waiting for a write
+            ctx.store.flush(state.run_id)  # nothing this drive journaled is left waiting
         except KeyboardInterrupt:
             state.stats.stopped_by = "interrupt"
             interrupted = True

@@ -182,14 +182,21 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
         it waits for the write lock while the driver holds it.
         """
         self._check_identity(run_id)
-        if self._deferred:  # read your own writes: a deferred write is visible to every read
-            self.flush()
+        if self._deferred:  # read your own writes
+            self.flush(run_id)
         try:
             return fn(self._read_conn())
         except sqlite3.Error as exc:
             raise self._fault(exc, run_id) from exc
         except StateDBError as exc:  # opening failed: say which run was being read
             raise (exc.for_run(run_id) if run_id else exc) from exc.__cause__
+
+    def _owes(self, run_id: str | None) -> bool:
+        """Whether a read of ``run_id`` (of anything: None) must flush the deferred finishes
+        first: those of its own run are its own writes. Another run's wait for their commit
+        (a sweep drives many runs at once, and every flush takes the write lock)."""
+        deferred = self._deferred
+        return run_id is None or any(rid == run_id for rid, _ in deferred)
 
     def _write(self, fn: Callable[[sqlite3.Connection], T], run_id: str | None = None) -> T:
         self._check_identity(run_id)
@@ -422,8 +429,15 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
                     )
                 )
 
-    def flush(self) -> None:
-        """Commit the deferred writes now (a no-op when there are none)."""
+    def flush(self, run_id: str | None = None) -> None:
+        """Commit the deferred finishes now (a no-op when there are none).
+
+        ``run_id``: only when some of them are that run's (then all of them commit): a drive
+        waits for its own finishes, not for the other runs' a sweep drives beside it, and
+        the write lock is not taken for nothing.
+        """
+        if not self._deferred or (run_id is not None and not self._owes(run_id)):
+            return
         with self._write_lock:
             if self._deferred:
                 run_id = self._deferred[0][0]

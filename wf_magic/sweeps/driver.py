@@ -176,6 +176,9 @@ def drive_sweep(ctx: SweepDrive, sweep: SweepRow, wf: Workflow) -> SweepRow:
         # One count of units in flight for every cell: the cap is the sweep's, not each cell's.
         unit_slots=UnitSlots(ctx.max_concurrency),
         payer=sweep.sweep_id,
+        # The cells' threads are the pool's bound already: a cell's lone unit runs on its own
+        # cell's thread. A caller's executor (a Dask cluster) still runs every unit.
+        lone_units_inline=ctx.executor is None,
     )
     # One runner pool for every cell: the cells share a plan, so one runner (one HTTP client
     # and its connections) serves them all, as it serves the units of one map.

@@ -22,8 +22,17 @@ from .itemgates import ItemLoops
 from .units import StepInputError, UnitPlan, build_units
 
 
-def drive_run(ctx: DriveContext, run: RunRow, *, plan: Plan | None = None) -> DriveStats:
+def drive_run(
+    ctx: DriveContext,
+    run: RunRow,
+    *,
+    plan: Plan | None = None,
+    step_rows: Sequence[StepRow] | None = None,
+) -> DriveStats:
     """Drive ``run`` (its lock held by the caller) until done, blocked, failed or stopped.
+
+    ``step_rows``: the run's step rows as the caller just read them under the lock (read
+    here otherwise).
 
     Raises:
         PlanIntegrityError: the stored plan or params were edited.
@@ -43,7 +52,7 @@ def drive_run(ctx: DriveContext, run: RunRow, *, plan: Plan | None = None) -> Dr
     with durable, ctx.store.scrubber.driving(run.run_id, state.redactor):
         interrupted = False
         try:
-            _walk(ctx, state)
+            _walk(ctx, state, step_rows)
             ctx.store.flush(state.run_id)  # nothing this drive journaled is left waiting
         except KeyboardInterrupt:
             state.stats.stopped_by = "interrupt"
@@ -54,8 +63,10 @@ def drive_run(ctx: DriveContext, run: RunRow, *, plan: Plan | None = None) -> Dr
     return state.stats
 
 
-def _walk(ctx: DriveContext, state: RunState) -> None:
-    state.step_rows = {r.step_id: r for r in ctx.store.steps_of(state.run_id)}
+def _walk(ctx: DriveContext, state: RunState, rows: Sequence[StepRow] | None = None) -> None:
+    if rows is None:
+        rows = ctx.store.steps_of(state.run_id)
+    state.step_rows = {r.step_id: r for r in rows}
     routers = _routers_by_target(state.plan)
     for step in state.plan.steps:
         if _settled(state, step, state.step_rows[step.id]):

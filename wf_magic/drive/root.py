@@ -13,7 +13,7 @@ from ..redact import Redactor
 from ..spec.plan import Plan
 from ..spec.workflow import Workflow
 from ..store import Store
-from ..store.records import RunRow
+from ..store.records import RunRow, StepRow
 from . import interrupts
 from .budget import seed_budget
 from .context import DriveContext, DriveOptions, DriveStats, RunnerPool
@@ -89,7 +89,7 @@ class _Drive:
 
     def once(self, run: RunRow) -> DriveStats:
         plan, _ = verified_plan(self.store, self.bus, run)
-        _check_step_rows(self.store, run, plan)
+        rows = _check_step_rows(self.store, run, plan)
         ctx = DriveContext(
             store=self.store,
             bus=self.bus,
@@ -104,14 +104,15 @@ class _Drive:
             options=self.options,
         )
         try:
-            return drive_run(ctx, run, plan=plan)
+            return drive_run(ctx, run, plan=plan, step_rows=rows)
         finally:
             if ctx.runners is not self.shared_runners:
                 ctx.runners.close()
 
 
-def _check_step_rows(store: Store, run: RunRow, plan: Plan) -> None:
-    """Refuse (before anything dispatches) step rows edited by hand into nonsense."""
+def _check_step_rows(store: Store, run: RunRow, plan: Plan) -> list[StepRow]:
+    """The run's step rows, refused (before anything dispatches) when edited by hand into
+    nonsense."""
     rows = store.steps_of(run.run_id)
     have = {r.step_id for r in rows}
     missing = [s.id for s in plan.steps if s.id not in have]
@@ -127,6 +128,7 @@ def _check_step_rows(store: Store, run: RunRow, plan: Plan) -> None:
             raise store.unreadable(
                 run.run_id, f"step {row.step_id}'s stored output_json is not valid JSON"
             ) from None
+    return rows
 
 
 def _row(store: Store, run_id: str) -> RunRow:

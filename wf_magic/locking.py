@@ -84,7 +84,10 @@ class RunLock:
             "host": socket.gethostname(),
             "thread": threading.current_thread().name,
         }
-        self._lock.write_holder(json.dumps(info), self.info_path)
+        try:
+            self._lock.write_holder(json.dumps(info), self.info_path)
+        except OSError:
+            pass  # a full disk, say: the lock excludes all the same; it just names nobody
         return self
 
     def remove(self) -> None:
@@ -163,7 +166,10 @@ class _FlockFile:
             os.close(fd)  # closing the only descriptor of this open file frees the lock
 
     def __del__(self) -> None:  # a lock dropped while held is freed, as filelock's was
-        self.release()
+        try:
+            self.release()
+        except Exception:  # noqa: S110 - interpreter shutdown: the OS frees it anyway
+            pass
 
 
 class _PortableLock:

@@ -10,10 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -64,9 +68,37 @@ def _server(latency_s: float) -> ThreadingHTTPServer:
     return httpd
 
 
-def throughput(cells: int, latency_s: float, concurrency: int) -> dict[str, float]:
+@contextmanager
+def _server_process(latency_s: float) -> Iterator[str]:
+    """The loopback server in a process of its own, as a provider's API is: its request
+    handling must not share the measured interpreter's lock with the legs it serves. Yields
+    its base URL."""
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--serve", str(latency_s)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        port = int(child.stdout.readline())
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        child.terminate()
+        child.wait(timeout=10)
+
+
+def _serve(latency_s: float) -> None:
     httpd = _server(latency_s)
-    url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    print(httpd.server_address[1], flush=True)
+    threading.Event().wait()
+
+
+def throughput(cells: int, latency_s: float, concurrency: int) -> dict[str, float]:
+    with _server_process(latency_s) as url:
+        return _throughput(url, cells, latency_s, concurrency)
+
+
+def _throughput(url: str, cells: int, latency_s: float, concurrency: int) -> dict[str, float]:
     source = f"""
 name: sweep-bench
 params:
@@ -105,7 +137,6 @@ steps:
             list(pool.map(call, range(cells)))
         floor_s = time.perf_counter() - started
     finally:
-        httpd.shutdown()
         shutil.rmtree(state, ignore_errors=True)
     ideal = cells * latency_s / concurrency
     return {
@@ -183,7 +214,10 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.1)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--noop", type=int, default=10000)
+    parser.add_argument("--serve", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve is not None:
+        return _serve(args.serve)
     print(json.dumps(throughput(args.cells, args.latency, args.concurrency)))
     print(json.dumps(cell_cost(args.noop)))
 

@@ -159,14 +159,7 @@ class RunQueries(StoreAccess):
         result_json: str | None = None,
     ) -> None:
         """Write a run's status (with its ``run_status`` event), its texts redacted."""
-        reason = self.scrubber.text(run_id, reason)
-        result_json = self.scrubber.json_text(run_id, result_json)
-        self._write(
-            lambda c: runs.set_run_status_txn(
-                c, run_id, status, reason=reason, result_json=result_json
-            ),
-            run_id,
-        )
+        self._write_run_status(run_id, status, reason, result_json, time.time())
 
     def run_with_status(
         self,
@@ -178,14 +171,7 @@ class RunQueries(StoreAccess):
     ) -> RunRow:
         """``set_run_status`` of ``run``'s row; returns the row as it now reads, unread."""
         now = time.time()
-        reason = self.scrubber.text(run.run_id, reason)
-        result_json = self.scrubber.json_text(run.run_id, result_json)
-        self._write(
-            lambda c: runs.set_run_status_txn(
-                c, run.run_id, status, reason=reason, result_json=result_json, now=now
-            ),
-            run.run_id,
-        )
+        reason, result_json = self._write_run_status(run.run_id, status, reason, result_json, now)
         return replace(
             run,
             status=status,
@@ -194,6 +180,25 @@ class RunQueries(StoreAccess):
             updated_at=now,
             finished_at=now if status in runs.FINISHED_STATUSES else None,
         )
+
+    def _write_run_status(
+        self,
+        run_id: str,
+        status: RunStatus,
+        reason: str | None,
+        result_json: str | None,
+        now: float,
+    ) -> tuple[str | None, str | None]:
+        """Write the status stamped ``now``; the reason and result as written (redacted)."""
+        reason = self.scrubber.text(run_id, reason)
+        result_json = self.scrubber.json_text(run_id, result_json)
+        self._write(
+            lambda c: runs.set_run_status_txn(
+                c, run_id, status, reason=reason, result_json=result_json, now=now
+            ),
+            run_id,
+        )
+        return reason, result_json
 
     def write_step(
         self,

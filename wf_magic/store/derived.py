@@ -39,3 +39,12 @@ attempt that was reserved is its ``unit_started`` event at ``started_seq`` and, 
 its ``unit_finished`` event at ``finished_seq`` with the data its finish wrote
 (``finish_data``); every other event is a row of ``event_log``. Event ids of both kinds come
 from ``journal_seq``, one counter, so they are one cursor (``wf events --after``)."""
+
+EVENTS_INSERT_BODY = """
+            INSERT INTO event_log (event_id, run_id, at, kind, step_id, unit_id, dispatch_id,
+                data_json)
+            VALUES ((SELECT n + 1 FROM journal_seq), NEW.run_id, NEW.at, NEW.kind, NEW.step_id,
+                NEW.unit_id, NEW.dispatch_id, NEW.data_json);
+            UPDATE journal_seq SET n = n + 1;"""
+"""What an ``INSERT INTO events`` does instead (the body of the INSTEAD OF trigger on the
+view, both backends): append the row to ``event_log`` with the next id of ``journal_seq``."""

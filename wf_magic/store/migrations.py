@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from ..errors import MigrationError
 from .db import immediate
-from .derived import UNIT_EVENTS_VIEW
+from .derived import EVENTS_INSERT_BODY, UNIT_EVENTS_VIEW
 
 Migration = Callable[[sqlite3.Connection], None]
 MIGRATIONS: list[Migration] = []
@@ -538,12 +538,9 @@ def m016_derived_unit_events(conn: sqlite3.Connection) -> None:
         + UNIT_EVENTS_VIEW
         + """
         CREATE TRIGGER events_insert INSTEAD OF INSERT ON events
-        BEGIN
-            INSERT INTO event_log (event_id, run_id, at, kind, step_id, unit_id, dispatch_id,
-                data_json)
-            VALUES ((SELECT n + 1 FROM journal_seq), NEW.run_id, NEW.at, NEW.kind, NEW.step_id,
-                NEW.unit_id, NEW.dispatch_id, NEW.data_json);
-            UPDATE journal_seq SET n = n + 1;
+        BEGIN"""
+        + EVENTS_INSERT_BODY
+        + """
         END;
         """,
     )

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import MigrationError
-from .derived import UNIT_EVENTS_VIEW
+from .derived import EVENTS_INSERT_BODY, UNIT_EVENTS_VIEW
 
 T = 'TEXT COLLATE "C"'
 
@@ -364,12 +364,7 @@ def _derived_unit_events(conn: Any) -> None:
         DROP TABLE units;
         {UNIT_EVENTS_VIEW}
         CREATE FUNCTION events_insert() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            INSERT INTO event_log (event_id, run_id, at, kind, step_id, unit_id, dispatch_id,
-                data_json)
-            VALUES ((SELECT n + 1 FROM journal_seq), NEW.run_id, NEW.at, NEW.kind, NEW.step_id,
-                NEW.unit_id, NEW.dispatch_id, NEW.data_json);
-            UPDATE journal_seq SET n = n + 1;
+        BEGIN{EVENTS_INSERT_BODY}
             RETURN NEW;
         END $$;
         CREATE TRIGGER events_insert INSTEAD OF INSERT ON events

@@ -58,7 +58,9 @@ class RunLock:
         self.run_id = run_id
         self.path = lock_dir / f"{run_id}.lock"
         self.info_path = lock_dir / f"{run_id}.holder.json"
-        self._lock = _FlockFile(self.path) if fcntl is not None else _PortableLock(self.path)
+        self._lock: _FlockFile | _PortableLock = (
+            _FlockFile(self.path) if fcntl is not None else _PortableLock(self.path, self.info_path)
+        )
 
     def acquire(self) -> RunLock:
         """Take the lock or raise ``RunLockHeld`` naming the holder's pid and start time."""
@@ -85,7 +87,7 @@ class RunLock:
             "thread": threading.current_thread().name,
         }
         try:
-            self._lock.write_holder(json.dumps(info), self.info_path)
+            self._lock.write_holder(json.dumps(info))
         except OSError:
             pass  # a full disk, say: the lock excludes all the same; it just names nobody
         return self
@@ -99,7 +101,7 @@ class RunLock:
         """Release the lock (idempotent)."""
         if self._lock.is_locked:
             try:
-                self._lock.clear_holder(self.info_path)
+                self._lock.clear_holder()
             finally:
                 self._lock.release()
 
@@ -148,14 +150,14 @@ class _FlockFile:
         self._fd = fd
         return True
 
-    def write_holder(self, text: str, info_path: Path) -> None:
-        """Write the holder into the lock file (``info_path`` is for the portable core)."""
+    def write_holder(self, text: str) -> None:
+        """Write the holder into the lock file."""
         if self._fd is not None:
             data = text.encode()
             os.ftruncate(self._fd, 0)
             os.pwrite(self._fd, data, 0)
 
-    def clear_holder(self, info_path: Path) -> None:
+    def clear_holder(self) -> None:
         """Empty the lock file before release, so a released lock names nobody."""
         if self._fd is not None:
             os.ftruncate(self._fd, 0)
@@ -173,11 +175,13 @@ class _FlockFile:
 
 
 class _PortableLock:
-    """filelock's lock behind ``_FlockFile``'s three members (where fcntl is missing)."""
+    """filelock's lock behind ``_FlockFile``'s members (where fcntl is missing); the holder
+    goes to ``info_path``, a file beside the lock."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, info_path: Path):
         from filelock import FileLock
 
+        self.info_path = info_path
         self._lock = FileLock(str(path), timeout=0, thread_local=False, is_singleton=False)
 
     @property
@@ -193,14 +197,14 @@ class _PortableLock:
             return False
         return True
 
-    def write_holder(self, text: str, info_path: Path) -> None:
+    def write_holder(self, text: str) -> None:
         """Write the holder file beside the lock (replaced atomically: never half-read)."""
-        tmp = info_path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp = self.info_path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(text)
-        os.replace(tmp, info_path)
+        os.replace(tmp, self.info_path)
 
-    def clear_holder(self, info_path: Path) -> None:
-        info_path.unlink(missing_ok=True)
+    def clear_holder(self) -> None:
+        self.info_path.unlink(missing_ok=True)
 
     def release(self) -> None:
         self._lock.release(force=True)

@@ -193,7 +193,7 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
 
     def _owes(self, run_id: str | None) -> bool:
         """Whether a read of ``run_id`` (of anything: None) must flush the deferred finishes
-        first: those of its own run are its own writes. Another run's wait for their commit
+        first: those of its own run are its own writes; another run's wait for that run's commit
         (a sweep drives many runs at once, and every flush takes the write lock)."""
         deferred = self._deferred
         return run_id is None or any(rid == run_id for rid, _ in deferred)

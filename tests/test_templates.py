@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from wf_magic import templates
 from wf_magic.templates import TemplateError, evaluate, evaluate_expression, render_text
@@ -123,3 +125,25 @@ def test_ordinary_templates_still_render() -> None:
 def test_limits_are_per_render_not_per_process() -> None:
     for _ in range(3):
         assert len(render_text("{% for i in range(10000) %}{{ i }}{% endfor %}", {})) == 38890
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=200))
+def test_text_without_a_delimiter_renders_as_jinja_renders_it(source: str) -> None:
+    """The no-delimiter fast path gives what compiling the text with Jinja gives (the
+    generator mixes braces, newlines of every kind and Jinja's own syntax in)."""
+    source = source.replace("x", "{").replace("y", "\r")
+    try:
+        expected: str | Exception = templates._env.from_string(source).render()
+    except Exception as exc:  # noqa: BLE001  (a syntax error must stay one)
+        expected = exc
+    if isinstance(expected, Exception):
+        with pytest.raises(TemplateError):
+            render_text(source, {})
+    else:
+        assert render_text(source, {}) == expected
+
+
+def test_literal_text_past_the_output_cap_is_refused() -> None:
+    with pytest.raises(TemplateError, match="renders more than"):
+        render_text("a" * (templates.MAX_OUTPUT + 1), {})

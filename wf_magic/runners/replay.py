@@ -252,7 +252,7 @@ class ReplayRunner:
         """The journal's store, opened on first use; None when there is no journal to read."""
         with self._lock:
             if self._store is None and self.journal_url is not None:
-                self._store = Store(parse_state(self.journal_url))  # type: ignore[arg-type]
+                self._store = Store(parse_state(self.journal_url))
             # Checked first: opening a Store would create (and migrate) a missing database.
             if self._store is None and self.db_path is not None and self.db_path.exists():
                 store = Store(self.db_path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass, fields
+from functools import cache
 from typing import Literal, TypeVar
 
 RunStatus = Literal["active", "blocked", "completed", "failed", "abandoned"]
@@ -34,7 +35,13 @@ T = TypeVar("T")
 
 def from_row(cls: type[T], row: sqlite3.Row) -> T:
     """Build dataclass ``cls`` from a row holding (at least) its field names."""
-    return cls(**{f.name: row[f.name] for f in fields(cls)})  # type: ignore[arg-type]
+    return cls(**{name: row[name] for name in _field_names(cls)})  # type: ignore[arg-type]
+
+
+@cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    """The field names of dataclass ``cls`` (``fields()`` costs ~3 µs a row otherwise)."""
+    return tuple(f.name for f in fields(cls))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -15,7 +15,7 @@ import pytest
 
 from wf_magic import Engine
 from wf_magic.drive import spine
-from wf_magic.store import journal
+from wf_magic.store import journal_reads
 
 
 def _map_source(units: int, *, fail_last: bool = False) -> str:
@@ -66,13 +66,13 @@ def test_resume_reads_whole_attempt_rows_only_for_the_units_still_owed(
     first = engine.run(_map_source(600, fail_last=True))
     assert first.status == "failed"
     built: list[type] = []
-    real = journal.from_row
+    real = journal_reads.from_row
 
     def counting(cls: type[Any], row: sqlite3.Row) -> Any:
         built.append(cls)
         return real(cls, row)
 
-    monkeypatch.setattr(journal, "from_row", counting)
+    monkeypatch.setattr(journal_reads, "from_row", counting)
     again = engine.drive(first.run_id)
     assert again.status == "failed"
     assert len(built) <= 5  # the one owed unit's attempts, not the 599 done ones

@@ -11,7 +11,7 @@ import pandas as pd
 
 from ..errors import UsageError
 from ..hashing import canonical_json
-from .journal import budget_use
+from .journal_reads import budget_use
 from .runs import RUN_TOTALS, masked
 
 _Kind = Literal["str", "int", "float", "time", "bool"]

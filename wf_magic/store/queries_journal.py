@@ -1,8 +1,8 @@
 """The Store's named queries and writes over the journal: attempts, inputs, events, loops.
 
-SQL in store/journal.py (attempts, inputs, events, budget) and store/resume.py (a loop's
-recorded context and done outputs). Deferred finishes (group commit) live with the
-connections in store/store.py.
+SQL in store/journal.py (writes) and store/journal_reads.py (reads) of attempts, inputs,
+events and budget, and store/resume.py (a loop's recorded context and done outputs).
+Deferred finishes (group commit) live with the connections in store/store.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import journal, resume, runs, sweeps
+from . import journal, journal_reads, resume, runs, sweeps
 from .access import StoreAccess
 from .journal import Finish, UnitKey
 from .records import AttemptRow, BudgetUse, EventRow, RunRow, StepRow
@@ -24,20 +24,20 @@ class JournalQueries(StoreAccess):
     # -- reads -----------------------------------------------------------------------------
     def attempts_of(self, run_id: str, step_id: str | None = None) -> list[AttemptRow]:
         """A run's attempts (optionally of one step), in journal order."""
-        return self._read(lambda c: journal.attempts_of(c, run_id, step_id), run_id)
+        return self._read(lambda c: journal_reads.attempts_of(c, run_id, step_id), run_id)
 
     def done_outputs(self, run_id: str, step_id: str) -> dict[str, dict[str, Any]]:
         """unit_id → input_hash → output JSON of a step's newest succeeded/reused attempts."""
-        return self._read(lambda c: journal.done_outputs(c, run_id, step_id), run_id)
+        return self._read(lambda c: journal_reads.done_outputs(c, run_id, step_id), run_id)
 
     def agent_facts(self, dispatch_id: str) -> dict[str, Any] | None:
         """The journaled facts of one agent attempt (None when it has none)."""
-        text = self._read(lambda c: journal.agent_facts(c, dispatch_id))
+        text = self._read(lambda c: journal_reads.agent_facts(c, dispatch_id))
         return None if text is None else dict(json.loads(text))
 
     def agent_facts_of_run(self, run_id: str) -> dict[str, dict[str, Any]]:
         """dispatch id → facts of a run's agent attempts, in journal order."""
-        rows = self._read(lambda c: journal.agent_facts_of_run(c, run_id), run_id)
+        rows = self._read(lambda c: journal_reads.agent_facts_of_run(c, run_id), run_id)
         return {dispatch_id: dict(json.loads(text)) for dispatch_id, text in rows}
 
     def attempts_of_units(self, run_id: str, unit_ids: Sequence[str]) -> list[AttemptRow]:
@@ -45,7 +45,7 @@ class JournalQueries(StoreAccess):
         ids = list(unit_ids)
         if not ids:
             return []
-        return self._read(lambda c: journal.attempts_of_units(c, run_id, ids), run_id)
+        return self._read(lambda c: journal_reads.attempts_of_units(c, run_id, ids), run_id)
 
     def find_reusable(
         self,
@@ -59,7 +59,7 @@ class JournalQueries(StoreAccess):
     ) -> AttemptRow | None:
         """The newest succeeded attempt of another run of ``workflow`` with the same input."""
         return self._read(
-            lambda c: journal.find_reusable(
+            lambda c: journal_reads.find_reusable(
                 c,
                 workflow=workflow,
                 input_hash=input_hash,
@@ -75,38 +75,40 @@ class JournalQueries(StoreAccess):
     ) -> dict[tuple[str, str], AttemptRow]:
         """``find_reusable`` for many work units in one read: (input_hash, runner) → source."""
         return self._read(
-            lambda c: journal.find_reusable_many(
+            lambda c: journal_reads.find_reusable_many(
                 c, workflow=workflow, input_hashes=input_hashes, exclude_run_id=exclude_run_id
             )
         )
 
     def input_of(self, input_hash: str) -> dict[str, Any] | None:
         """The journaled (redacted) input of ``input_hash``; None when it was never recorded."""
-        text = self._read(lambda c: journal.input_of(c, input_hash))
+        text = self._read(lambda c: journal_reads.input_of(c, input_hash))
         return None if text is None else dict(json.loads(text))
 
     def price_source_of(self, run_id: str, dispatch_id: str) -> str | None:
         """Where an attempt's cost came from (``genai-prices 0.2.3``, ``runners.x.prices``)."""
-        return self._read(lambda c: journal.price_source_of(c, run_id, dispatch_id), run_id)
+        return self._read(lambda c: journal_reads.price_source_of(c, run_id, dispatch_id), run_id)
 
     def inputs_of(self, input_hashes: set[str]) -> dict[str, str]:
         """The journaled inputs (JSON text) of the given hashes that have one."""
-        return self._read(lambda c: journal.inputs_of(c, input_hashes))
+        return self._read(lambda c: journal_reads.inputs_of(c, input_hashes))
 
     def find_in_run(self, *, run_id: str, input_hash: str, unit_id: str) -> AttemptRow | None:
         """The newest succeeded/reused attempt of ``unit_id`` in ``run_id`` with that input."""
         return self._read(
-            lambda c: journal.find_in_run(c, run_id=run_id, input_hash=input_hash, unit_id=unit_id),
+            lambda c: journal_reads.find_in_run(
+                c, run_id=run_id, input_hash=input_hash, unit_id=unit_id
+            ),
             run_id,
         )
 
     def attempt_by_dispatch(self, dispatch_id: str) -> AttemptRow | None:
         """The attempt with ``dispatch_id`` (None when there is none, or it was gc'd)."""
-        return self._read(lambda c: journal.attempt_by_dispatch(c, dispatch_id))
+        return self._read(lambda c: journal_reads.attempt_by_dispatch(c, dispatch_id))
 
     def budget_usage(self, root_run_id: str) -> tuple[int, int, float]:
         """(charged attempts, their tokens, their cost) over a root run and its descendants."""
-        return self._read(lambda c: journal.budget_usage(c, root_run_id), root_run_id)
+        return self._read(lambda c: journal_reads.budget_usage(c, root_run_id), root_run_id)
 
     def budget_use(self, run_id: str) -> BudgetUse:
         """Charged use of ``run_id``'s root (and its descendants) against the root's ceilings.
@@ -114,11 +116,11 @@ class JournalQueries(StoreAccess):
         Raises:
             UsageError: no such run.
         """
-        return self._read(lambda c: journal.budget_use(c, run_id), run_id)
+        return self._read(lambda c: journal_reads.budget_use(c, run_id), run_id)
 
     def events_after(self, run_id: str, after_id: int = 0, limit: int = 10_000) -> list[EventRow]:
         """Events of ``run_id`` newer than ``after_id`` (watch/tail)."""
-        return self._read(lambda c: journal.events_after(c, run_id, after_id, limit), run_id)
+        return self._read(lambda c: journal_reads.events_after(c, run_id, after_id, limit), run_id)
 
     # -- writes ----------------------------------------------------------------------------
     def record_event(
@@ -228,7 +230,7 @@ class JournalQueries(StoreAccess):
             row = next((s for s in runs.steps_of(conn, run_id) if s.step_id == step_id), None)
 
             def latest(unit_id: str, input_hash: str) -> AttemptRow | None:
-                return journal.latest_verdict(
+                return journal_reads.latest_verdict(
                     conn, run_id=run_id, unit_id=unit_id, input_hash=input_hash
                 )
 

@@ -5,18 +5,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import signal as signals
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn, Protocol, TextIO
+from typing import TYPE_CHECKING, NoReturn, Protocol
 
+from .cli_errors import (
+    command_text,
+    exit_past_stuck_units,
+    masked,
+    printable_stdout,
+    redactor,
+    report_error,
+    show_warning,
+    unreadable_text,
+)
 from .errors import RunAbandoned, RunLockHeld, WorkflowError, clip_message, unexpected_text
-from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, error_exit_code
+from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from .sweep_cli import SWEEP_HANDLERS
 from .verbs import add_global_options, add_verb_parsers, argv_problem, parse_params
 
@@ -24,10 +32,8 @@ from .verbs import add_global_options, add_verb_parsers, argv_problem, parse_par
 # that use them, not here, for start-up time: `wf --help` and `wf list` never load them.
 if TYPE_CHECKING:
     from .engine import Engine
-    from .redact import Redactor
     from .run import Run
     from .spec.workflow import Workflow
-    from .store import Store
     from .store.records import RunRow
 
 
@@ -473,7 +479,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.param = [*(args.param or ()), *params]
     if getattr(args, "authoring", None) is not None:
         return _authoring(args)
-    with _printable_stdout():
+    with printable_stdout():
         return _main(args, words)
 
 
@@ -520,10 +526,10 @@ def _main(args: argparse.Namespace, words: list[str]) -> int:
             engine = Engine(args.db)
             store, target = engine.store, engine
     except WorkflowError as exc:  # a state that names no folder or server (--db, WF_MAGIC_HOME)
-        return _error(args, exc)
+        return report_error(args, exc)
     try:
         with warnings.catch_warnings():
-            warnings.showwarning = _show_warning
+            warnings.showwarning = show_warning
             return int(args.fn(target, args))
     except BrokenPipeError:
         # stdout went away (`wf run F | head -1`): stop quietly, as a SIGPIPE'd tool would.
@@ -532,38 +538,30 @@ def _main(args: argparse.Namespace, words: list[str]) -> int:
         return 128 + 13
     except KeyboardInterrupt:
         print("interrupted: the run stays active; `wf resume` continues it", file=sys.stderr)
-        _exit_past_stuck_units(store)
+        exit_past_stuck_units(store)
         return EXIT_INTERRUPTED
     except RunLockHeld as exc:
         if not getattr(args, "skip_if_locked", False):
-            return _error(args, exc)
+            return report_error(args, exc)
         # A cron job firing while the previous one still drives the run is not an error.
         print(f"run {exc.run_id} is being driven by {exc.holder}; skipped (--skip-if-locked)")
         return EXIT_OK
     except WorkflowError as exc:
-        return _error(args, exc, store)
+        return report_error(args, exc, store)
     except Exception as exc:  # noqa: BLE001 - an error no layer translated: one line, not a wall
         if args.debug:
             raise
         from .store.faults import is_state_db_fault
 
         text = (
-            _unreadable(store, args, exc)
+            unreadable_text(store, args, exc)
             if is_state_db_fault(exc)
-            else unexpected_text(exc, command=_command_text(args))
+            else unexpected_text(exc, command=command_text(args))
         )
-        print(f"error: {clip_message(_masked(text, store, args))}", file=sys.stderr)
+        print(f"error: {clip_message(masked(text, store, args))}", file=sys.stderr)
         return EXIT_FAILED
     finally:
         store.close()
-
-
-def _error(args: argparse.Namespace, exc: WorkflowError, store: Store | None = None) -> int:
-    if args.debug:
-        raise exc
-    text = _masked(str(exc), store, args) if store is not None else _redactor(args).redact(str(exc))
-    print(f"error: {clip_message(text)}", file=sys.stderr)
-    return error_exit_code(exc)
 
 
 def _authoring(args: argparse.Namespace) -> int:
@@ -574,107 +572,13 @@ def _authoring(args: argparse.Namespace) -> int:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except WorkflowError as exc:
-        return _error(args, exc)
+        return report_error(args, exc)
     except Exception as exc:  # noqa: BLE001 - an error no layer translated: one line, not a wall
         if args.debug:
             raise
-        text = unexpected_text(exc, command=_command_text(args))
-        print(f"error: {clip_message(_redactor(args).redact(text))}", file=sys.stderr)
+        text = unexpected_text(exc, command=command_text(args))
+        print(f"error: {clip_message(redactor(args).redact(text))}", file=sys.stderr)
         return EXIT_FAILED
-
-
-def _masked(text: str, store: Store, args: argparse.Namespace) -> str:
-    """An error line with every secret masked as the journal masks it: the environment's, the
-    secret params this command was handed (``--param api_key=...``, ``conf={"gh_token": ...}``,
-    however nested) and credential shapes."""
-    from .redact import is_secret_key, secret_strings
-
-    given: dict[str, object] = {}
-    for pair in getattr(args, "param", None) or ():
-        name, _, value = pair.partition("=")
-        given[name.strip()] = value
-        if not is_secret_key(name.strip()):
-            try:
-                given[name.strip()] = json.loads(value)
-            except ValueError:
-                pass
-    return store.scrubber.redactor(None).with_secrets(secret_strings(given)).redact(text)
-
-
-def _command_text(args: argparse.Namespace) -> str:
-    """The command an unexpected error names: the verb and what it was given to act on
-    (never option values: a ``--param`` or ``--feedback`` may hold a secret)."""
-    named = [getattr(args, dest, None) for dest in ("file", "run", "unit", "other")]
-    return shlex.join(["wf", str(args.command), *(str(v) for v in named if v is not None)])
-
-
-def _redactor(args: argparse.Namespace) -> Redactor:
-    """Masks the environment's secrets and the secret-looking ``--param`` values."""
-    from .redact import Redactor, is_secret_key
-
-    pairs = (str(p).partition("=") for p in getattr(args, "param", None) or ())
-    return Redactor.from_environ(extra=[v for k, _, v in pairs if is_secret_key(k.strip())])
-
-
-@contextmanager
-def _printable_stdout() -> Iterator[None]:
-    """Text that is not UTF-8 (a lone surrogate in an output) prints escaped, never raises."""
-    reconfigure = getattr(sys.stdout, "reconfigure", None)
-    errors = getattr(sys.stdout, "errors", None)
-    if reconfigure is None or errors is None:
-        yield
-        return
-    reconfigure(errors="backslashreplace")
-    try:
-        yield
-    finally:
-        with suppress(ValueError):  # closed meanwhile
-            reconfigure(errors=errors)
-
-
-def _exit_past_stuck_units(store: Store) -> None:
-    """End the process now when a unit thread still runs after an interrupt.
-
-    The interpreter joins every thread-pool thread at exit, so a unit that never returns
-    would keep the process alive for ever. Its attempt stays ``running`` (owed to the next
-    drive, which reaps an exec unit's process group); everything journaled is committed.
-    """
-    stuck = [
-        t
-        for t in threading.enumerate()
-        if t.name.startswith("wf-unit") and t.is_alive() and not t.daemon
-    ]
-    if not stuck:
-        return
-    store.close()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(EXIT_INTERRUPTED)
-
-
-def _unreadable(store: Store, args: argparse.Namespace, exc: Exception) -> str:
-    """What to say about an SQLite error no layer translated: most likely a hand edit."""
-    run = getattr(args, "run", None)
-    head = f"Run {run}: " if run else ""
-    first = " ".join((str(exc).splitlines() or [""])[0].split())
-    return (
-        f"{head}cannot read the state database {store.where} ({type(exc).__name__}: "
-        f"{first}; integrity_check: {store.integrity_check()}); a row was probably "
-        "edited by hand. Restore state.db from a backup or start afresh with "
-        "`wf run FILE --new`; `--debug` shows the traceback."
-    )
-
-
-def _show_warning(
-    message: Warning | str,
-    category: type[Warning],
-    filename: str,
-    lineno: int,
-    file: TextIO | None = None,
-    line: str | None = None,
-) -> None:
-    """Warnings on the command line are one ``warning: ...`` line, not a source listing."""
-    print(f"warning: {message}", file=file or sys.stderr)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, Protocol
 
+from .arg_values import argv_problem, parse_params
 from .cli_errors import (
     command_text,
     exit_past_stuck_units,
@@ -26,7 +27,7 @@ from .cli_errors import (
 from .errors import RunAbandoned, RunLockHeld, WorkflowError, clip_message, unexpected_text
 from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from .sweep_cli import SWEEP_HANDLERS
-from .verbs import add_global_options, add_verb_parsers, argv_problem, parse_params
+from .verbs import add_global_options, add_verb_parsers
 
 # The engine, the plan models (pydantic), Jinja and pandas are imported inside the verbs
 # that use them, not here, for start-up time: `wf --help` and `wf list` never load them.

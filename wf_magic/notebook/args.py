@@ -10,8 +10,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from ..arg_values import parse_params
 from ..errors import UsageError
-from ..verbs import VERBS, OneOf, Option, add_verb_parsers, parse_params, verb_names
+from ..verbs import VERBS, OneOf, Option, add_verb_parsers, verb_names
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 

@@ -3,7 +3,8 @@
 # the lease and fault tests): Debian's postgresql package (installed here if missing), a new
 # cluster in a temp dir owned by the `postgres` user (initdb and pg_ctl refuse to run as root),
 # its socket in that dir, TCP on 127.0.0.1 only, trust auth, fsync off (a test server).
-# Prints the line to eval: `export WF_MAGIC_TEST_PG=postgresql://postgres@127.0.0.1:PORT/postgres`.
+# Prints the lines to eval: `export WF_MAGIC_TEST_PG=postgresql://postgres@127.0.0.1:PORT/postgres`
+# and `export WF_PG_DATA=…` (the cluster, for scripts/ci_postgres_stop.sh).
 # Usage: eval "$(bash scripts/ci_postgres.sh)"   (PORT: $WF_PG_PORT, default 55432)
 set -euo pipefail
 PORT="${WF_PG_PORT:-55432}"
@@ -41,3 +42,4 @@ fi
   || { cat "$DIR/server.log" >&2; exit 1; }
 echo "ci_postgres: server $("$PG_CTL" --version) on 127.0.0.1:$PORT, data in $DIR" >&2
 echo "export WF_MAGIC_TEST_PG=postgresql://postgres@127.0.0.1:$PORT/postgres"
+echo "export WF_PG_DATA=$DIR/data"

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import UsageError
+from .inlists import in_chunks
 from .plans import plan_of
 from .records import AttemptRow, BudgetUse, EventRow, from_row
 
@@ -39,9 +40,7 @@ def inputs_of(conn: sqlite3.Connection, input_hashes: set[str]) -> dict[str, str
     """input_hash → input JSON text for the given hashes that were recorded."""
     wanted = sorted(input_hashes)
     out: dict[str, str] = {}
-    for start in range(0, len(wanted), 500):
-        chunk = wanted[start : start + 500]
-        marks = ", ".join("?" for _ in chunk)
+    for chunk, marks in in_chunks(wanted):
         rows = conn.execute(
             f"SELECT input_hash, input_json FROM inputs WHERE input_hash IN ({marks})", chunk
         )
@@ -106,9 +105,7 @@ def attempts_of_units(
 ) -> list[AttemptRow]:
     """The attempts of the given units of a run, in journal order."""
     out: list[AttemptRow] = []
-    for start in range(0, len(unit_ids), 500):
-        chunk = unit_ids[start : start + 500]
-        marks = ", ".join("?" for _ in chunk)
+    for chunk, marks in in_chunks(unit_ids):
         rows = conn.execute(
             f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE run_id = ? AND unit_id IN ({marks})"
             " ORDER BY attempt_pk",
@@ -155,9 +152,7 @@ def find_reusable_many(
     """
     wanted = sorted(set(input_hashes))
     out: dict[tuple[str, str], AttemptRow] = {}
-    for start in range(0, len(wanted), 500):
-        chunk = wanted[start : start + 500]
-        marks = ", ".join("?" for _ in chunk)
+    for chunk, marks in in_chunks(wanted):
         rows = conn.execute(
             f"SELECT {_ATTEMPT_COLS} FROM attempts WHERE workflow = ? AND input_hash IN ({marks})"
             " AND status = 'succeeded' AND run_id != ? AND phase = 'work' ORDER BY attempt_pk",

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .dialect import pick
+from .inlists import in_chunks
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,9 +133,7 @@ def done_outputs_of_units(
 ) -> dict[str, dict[str, str | None]]:
     """unit_id → input_hash → output JSON of the newest succeeded/reused attempt of a few units."""
     out: dict[str, dict[str, str | None]] = {}
-    for start in range(0, len(unit_ids), 500):
-        chunk = unit_ids[start : start + 500]
-        marks = ", ".join("?" for _ in chunk)
+    for chunk, marks in in_chunks(unit_ids):
         rows = conn.execute(
             "SELECT unit_id, input_hash, output_json FROM attempts WHERE run_id = ?"
             f" AND unit_id IN ({marks}) AND phase = 'work' AND status IN ('succeeded', 'reused')"

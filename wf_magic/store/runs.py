@@ -13,6 +13,7 @@ from typing import Any
 from ..hashing import canonical_json
 from ..redact import is_secret_key
 from ..sealing import is_seal
+from .inlists import in_chunks
 from .journal import append_event_txn
 from .plans import plan_of
 from .records import RunRow, StepRow, from_row
@@ -369,9 +370,7 @@ def delete_run_tree_txn(conn: sqlite3.Connection, run_id: str) -> None:
             (plan_hash,),
         )
     # Inputs are shared by hash across runs: drop the tree's own that nothing refers to now.
-    for start in range(0, len(hashes), 500):
-        chunk = hashes[start : start + 500]
-        marks = ", ".join("?" for _ in chunk)
+    for chunk, marks in in_chunks(hashes):
         conn.execute(
             f"DELETE FROM inputs WHERE input_hash IN ({marks}) AND input_hash NOT IN"
             f" (SELECT input_hash FROM attempts WHERE input_hash IN ({marks}))",

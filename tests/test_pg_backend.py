@@ -8,6 +8,7 @@ tests that need a server skip without ``WF_MAGIC_TEST_PG``.
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 import subprocess
@@ -15,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from wf_magic import Engine
@@ -79,9 +80,8 @@ def test_a_bad_state_url_is_one_line_and_writes_no_folder(
     assert list(tmp_path.iterdir()) == []  # nothing like ./postgresql:/… was written
 
 
-@settings(max_examples=40, deadline=None)
-@given(password=st.text(st.characters(codec="ascii", categories=["L", "N"]), min_size=6))
-def test_an_unreachable_server_is_one_line_that_never_shows_the_password(password: str) -> None:
+def _unreachable_message(password: str) -> str:
+    """What listing the runs of a closed server's URL with ``password`` says."""
     url = f"postgresql://ann:{password}@127.0.0.1:{_closed_port()}/wf?schema=s1"
     engine = Engine(url)
     try:
@@ -89,7 +89,21 @@ def test_an_unreachable_server_is_one_line_that_never_shows_the_password(passwor
             engine.list_runs()
     finally:
         engine.close()
-    message = str(caught.value)
+    return str(caught.value)
+
+
+@functools.cache
+def _message_text() -> str:
+    """The message's own words, with a password that cannot be among them (``;`` is not
+    generated): a generated password that is one of those words ("Connec") is no leak."""
+    return _unreachable_message(";;;;;;")
+
+
+@settings(max_examples=40, deadline=None)
+@given(password=st.text(st.characters(codec="ascii", categories=["L", "N"]), min_size=6))
+def test_an_unreachable_server_is_one_line_that_never_shows_the_password(password: str) -> None:
+    assume(password not in _message_text())
+    message = _unreachable_message(password)
     assert password not in message
     assert "postgresql://ann:***@127.0.0.1" in message
     assert "Check that the PostgreSQL server is up and reachable" in message

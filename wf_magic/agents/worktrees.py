@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..errors import FileRefused
 from ..reading import read_bounded_text
+from .harness import AgentError
 
 WORKTREES_DIR = "worktrees"
 GIT_FILE_BYTES = 64 * 1024
@@ -66,6 +67,46 @@ def ensure_worktree(repo: Path, path: Path) -> None:
         shutil.rmtree(path)
         _git("worktree", "prune", cwd=repo)
     _git("worktree", "add", "--detach", str(path), "HEAD", cwd=repo)
+
+
+def resolve_workdir(worktree: Path, workdir: str | Path, *, step_id: str) -> Path:
+    """The folder the agent runs in: ``workdir`` (relative to the worktree's top) resolved in
+    the worktree as committed, created if HEAD lacks it, and never outside the worktree.
+
+    The checkout's ``workdir`` was checked in the user's folder; HEAD may differ there (a
+    folder in the checkout that HEAD commits as a symlink to ``/`` or ``../..``), so each
+    component is resolved again here, in the worktree, before anything is created in it.
+
+    Raises:
+        AgentError: (not executed) ``workdir`` is absolute, leads outside the worktree
+            (``..``, a symlink at any level, a symlink loop), or names something not a folder.
+    """
+    text = str(workdir)
+    root = Path(worktree).resolve()
+    if Path(text).is_absolute() or text.startswith("~"):
+        raise _workdir_error(step_id, text, "is not a path relative to the worktree")
+    try:
+        folder = (root / text).resolve()
+    except (OSError, RuntimeError) as exc:  # a symlink loop (RuntimeError before 3.13)
+        raise _workdir_error(step_id, text, f"cannot be resolved ({exc})") from exc
+    if not folder.is_relative_to(root):
+        raise _workdir_error(step_id, text, f"leads outside it, to {str(folder)!r}")
+    if folder.exists() and not folder.is_dir():
+        raise _workdir_error(step_id, text, "is not a folder there")
+    try:
+        # Resolved: no component that exists is a symlink, so mkdir stays under ``root``.
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _workdir_error(step_id, text, f"cannot be created ({exc.strerror})") from exc
+    return folder
+
+
+def _workdir_error(step_id: str, workdir: str, problem: str) -> AgentError:
+    return AgentError(
+        f"step {step_id}: workdir {workdir!r} in the worktree as committed {problem}; "
+        "commit a real folder inside the repository or fix workdir",
+        executed=False,
+    )
 
 
 def changes(path: Path) -> tuple[list[str], str]:

@@ -7,6 +7,7 @@ import csv
 import io
 import itertools
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,12 +127,13 @@ def load_rows(rows: Any) -> list[dict[str, Any]]:
 
     Raises:
         UsageError: the file is missing or of another kind, a line or item is not an object,
-            or there are no rows.
+            a DataFrame's column names repeat, a value is missing (NaN, a pandas NA) or not a
+            finite number, or there are no rows.
     """
     if isinstance(rows, (str, Path)):
         table = read_rows_file(Path(rows))
     elif hasattr(rows, "to_dict") and hasattr(rows, "columns"):  # a pandas DataFrame
-        table = [dict(r) for r in rows.to_dict(orient="records")]
+        table = _frame_rows(rows)
     elif isinstance(rows, Iterable) and not isinstance(rows, Mapping):
         table = list(rows)
     else:
@@ -142,31 +144,193 @@ def load_rows(rows: Any) -> list[dict[str, Any]]:
     for i, row in enumerate(table):
         if not isinstance(row, Mapping):
             raise UsageError(f"sweep rows: row {i} is not an object (got {type(row).__name__})")
+        for column, value in row.items():
+            if _missing(value):
+                raise _missing_value("sweep rows:", i, column, value)
     if not table:
         raise UsageError("sweep rows: no rows; give at least one or leave rows out")
     return [{str(k): v for k, v in row.items()} for row in table]
 
 
+def _frame_rows(frame: Any) -> list[dict[str, Any]]:
+    """A DataFrame's rows as dicts: its column names unique, its missing cells refused."""
+    import pandas as pd
+
+    columns = [str(c) for c in frame.columns]
+    repeated = sorted({c for c in columns if columns.count(c) > 1})
+    if repeated:
+        raise UsageError(
+            f"sweep rows: the DataFrame has the column {repeated[0]!r} more than once; "
+            "rename or drop the copies"
+        )
+    table = [dict(r) for r in frame.to_dict(orient="records")]
+    for i, row in enumerate(table):
+        for column, value in row.items():
+            if not isinstance(value, (list, dict, tuple)) and bool(pd.isna(value)):
+                raise _missing_value("sweep rows:", i, column, value)
+    return table
+
+
+def _missing(value: Any) -> bool:
+    """Whether ``value`` is a missing or non-finite number (NaN, inf), at any depth."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, Mapping):
+        return any(_missing(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_missing(v) for v in value)
+    return False
+
+
+def _missing_value(where: str, row: int, column: Any, value: Any) -> UsageError:
+    shown = "an empty field" if value == "" else repr(value)
+    return UsageError(
+        f"{where} row {row}, column {column!r}: the value is missing or not a finite number "
+        f"({shown}); fill it in, "
+        "or drop the column so the param's default applies to every row"
+    )
+
+
 def read_rows_file(path: Path) -> list[dict[str, Any]]:
     """The rows of a ``.csv`` or ``.jsonl`` file, read bounded (``MAX_ROWS_BYTES``).
 
+    A UTF-8 byte order mark (what a spreadsheet writes) is skipped. A CSV's empty field is a
+    missing value (a spreadsheet's blank cell): refused, like a JSONL ``NaN``.
+
     Raises:
-        UsageError: one line naming the file: not .csv/.jsonl, missing, special, too large,
-            not UTF-8, or a line that is not JSON.
+        UsageError: one line naming the file (and the row and column where there is one):
+            not .csv/.jsonl, missing, special, too large, not UTF-8, a line that is not JSON
+            or not an object, a column named twice, a missing or non-finite value, a row
+            longer or shorter than the header, or a CSV field over the csv module's limit.
     """
     if path.suffix not in (".csv", ".jsonl"):
         raise UsageError(f"sweep rows: expected a .csv or .jsonl file (got {path.name!r})")
-    text = _rows_text(path)
-    if path.suffix == ".csv":
-        return [dict(r) for r in csv.DictReader(io.StringIO(text, newline=""))]
-    out = []
+    text = _rows_text(path).removeprefix("\ufeff")
+    table = _csv_rows(path, text) if path.suffix == ".csv" else _jsonl_rows(path, text)
+    for i, row in enumerate(table):
+        for column, value in row.items():
+            if _missing(value):
+                raise _missing_value(f"sweep rows: {path}", i, column, value)
+    return table
+
+
+def _csv_rows(path: Path, text: str) -> list[dict[str, Any]]:
+    """The rows of a CSV text: a header of unique names, then records of as many fields."""
+    lines = _Lines(text)
+    reader = csv.reader(lines)
+    out: list[dict[str, Any]] = []
+    header: list[str] | None = None
+    try:
+        header = next(reader, None)
+        if header is None:
+            return out
+        repeated = sorted({c for c in header if header.count(c) > 1})
+        if repeated:
+            raise UsageError(
+                f"sweep rows: {path} line 1 (the header) names the column {repeated[0]!r} "
+                "more than once; rename or drop the copies"
+            )
+        for record in reader:
+            i = len(out)
+            if not record:
+                continue  # a blank line
+            if len(record) != len(header):
+                raise UsageError(
+                    f"sweep rows: {path} row {i} (line {reader.line_num}) has {len(record)} "
+                    f"field(s), the header {len(header)}; give every row one field per column"
+                )
+            for column, value in zip(header, record, strict=True):
+                if value == "":
+                    raise _missing_value(f"sweep rows: {path}", i, column, value)
+            out.append(dict(zip(header, record, strict=True)))
+    except csv.Error as exc:
+        row = "the header" if header is None else f"row {len(out)}"
+        column = _long_column(lines.record, header=header)
+        raise UsageError(
+            f"sweep rows: {path} {row} (line {lines.record_start}){column}: {exc}; "
+            "a rows file's fields are short values (params), not documents"
+        ) from None
+    return out
+
+
+class _Lines:
+    """The lines of a CSV text for ``csv.reader``, remembering the record being read."""
+
+    def __init__(self, text: str) -> None:
+        self._lines = iter(io.StringIO(text, newline=""))
+        self._line = 0
+        self._record_open = False
+        self.record_start = 1
+        self.record = ""
+
+    def __iter__(self) -> _Lines:
+        return self
+
+    def __next__(self) -> str:
+        line = next(self._lines)
+        self._line += 1
+        # A record continues while a quoted field is open (an odd count of quotes so far).
+        if not self._record_open:
+            self.record_start, self.record = self._line, ""
+        self.record += line
+        self._record_open = self.record.count('"') % 2 == 1
+        return line
+
+
+def _long_column(record: str, *, header: list[str] | None) -> str:
+    """``, column 'x'``: the column of the first field of ``record`` over the csv limit."""
+    limit = csv.field_size_limit()
+    index, length, quoted = 0, 0, False
+    for char in record:
+        if char == '"':
+            quoted = not quoted
+        elif char == "," and not quoted:
+            index, length = index + 1, 0
+        else:
+            length += 1
+            if length > limit:
+                if header is not None and index < len(header):
+                    return f", column {header[index]!r}"
+                return f", field {index + 1}"
+    return ""
+
+
+def _jsonl_rows(path: Path, text: str) -> list[dict[str, Any]]:
+    """The objects of a JSONL text, one per non-blank line; a key twice is refused."""
+    out: list[dict[str, Any]] = []
     for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            out.append(json.loads(line))
-        except ValueError as exc:
+            value = json.loads(line, object_pairs_hook=_unique_keys)
+        except _RepeatedKey as exc:
+            raise UsageError(
+                f"sweep rows: {path} row {len(out)} (line {n}) has the key {exc.key!r} more "
+                "than once; keep one"
+            ) from None
+        except (ValueError, RecursionError) as exc:
             raise UsageError(f"sweep rows: {path} line {n} is not JSON ({exc})") from None
+        if not isinstance(value, dict):
+            raise UsageError(
+                f"sweep rows: {path} row {len(out)} (line {n}) is not an object "
+                f"(got {type(value).__name__})"
+            )
+        out.append(value)
+    return out
+
+
+class _RepeatedKey(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _RepeatedKey(key)
+        out[key] = value
     return out
 
 

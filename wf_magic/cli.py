@@ -235,9 +235,11 @@ def cmd_list(engine: _RunLister, args: argparse.Namespace) -> int:
 def _frame_out(frame: object, fmt: str) -> None:
     import pandas as pd
 
+    from .display.spreadsheet import write_csv_frame
+
     assert isinstance(frame, pd.DataFrame)
     if fmt == "csv":
-        frame.to_csv(sys.stdout, index=False)
+        write_csv_frame(frame, sys.stdout)  # formula-like text escaped; JSON keeps it raw
     elif fmt == "json":
         print(frame.to_json(orient="records", date_format="iso"))
     else:

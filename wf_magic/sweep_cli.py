@@ -182,9 +182,11 @@ def cmd_sweep_status(engine: Engine, args: argparse.Namespace) -> int:
 def cmd_sweep_frame(engine: Engine, args: argparse.Namespace) -> int:
     import pandas as pd
 
+    from .display.spreadsheet import write_csv_frame
+
     frame = engine.sweep_handle(args.sweep).frame()
     if args.format == "csv":
-        frame.to_csv(sys.stdout, index=False)
+        write_csv_frame(frame, sys.stdout)  # formula-like text escaped; JSON keeps it raw
     elif args.format == "json":
         print(frame.to_json(orient="records"))
     else:

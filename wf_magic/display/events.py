@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..store.records import EventRow
+from .spreadsheet import csv_cell
 
 EVENT_COLUMNS: tuple[str, ...] = (
     "event_id",
@@ -49,10 +50,11 @@ def event_json(row: EventRow) -> dict[str, Any]:
 
 
 def event_csv_row(row: EventRow) -> list[str]:
-    """An event's cells under :data:`EVENT_COLUMNS` (empty for a missing value)."""
+    """An event's cells under :data:`EVENT_COLUMNS` (empty for a missing value), text that a
+    spreadsheet would evaluate escaped (:func:`~wf_magic.display.spreadsheet.csv_cell`)."""
     cells = (row.event_id, row.run_id, event_at(row.at), row.kind, row.step_id, row.unit_id)
     tail = (row.dispatch_id, row.data_json)
-    return ["" if v is None else str(v) for v in (*cells, *tail)]
+    return ["" if v is None else csv_cell(str(v)) for v in (*cells, *tail)]
 
 
 def event_text(row: EventRow, *, with_id: bool = True) -> str:

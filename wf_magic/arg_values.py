@@ -1,14 +1,21 @@
-"""The value parsers the ``wf`` command and the ``%workflow`` magic share: ``k=v`` params
-(:func:`parse_params`), counts (:func:`count_at_least`), durations (:func:`duration_s`) and
-the first argument that is not valid UTF-8 (:func:`argv_problem`).
+"""The value parsers the ``wf`` command, the ``%workflow`` magics and numeric environment
+variables share: ``k=v`` params (:func:`parse_params`), counts (:func:`count_at_least`),
+numbers (:func:`number_in`), durations (:func:`duration_s`) and the first argument that is not
+valid UTF-8 (:func:`argv_problem`).
 
-It imports only the stdlib and ``wf_magic.errors``.
+A number is written in ASCII digits with no surrounding space, is finite, and lies in the
+option's range: ``nan``, ``inf``, ``1e999``, ``' 5 '``, ``'٥'`` and ``''`` are refused with a
+message naming the range, which argparse prefixes with the option's name (``argument --idle:
+...``) and :func:`env_number` with the variable's. It imports only the stdlib and
+``wf_magic.errors``, so the store may read its environment variables with it too.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
 
 from .errors import UsageError, clip, text_problem
 
@@ -50,35 +57,101 @@ def argv_problem(argv: Sequence[str]) -> str | None:
     return None
 
 
-def count_at_least(low: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= ``low`` (``--max-steps``, ``--limit``, ...)."""
+INT64_MAX = 2**63 - 1
+"""The largest count any option takes: what an SQLite or PostgreSQL integer column holds."""
+SECONDS_MAX = 100 * 365.25 * 86400
+"""The longest duration any option takes (100 years): past it, clocks and timeouts overflow."""
+
+_INTEGER = re.compile(r"-?[0-9]+", re.ASCII)
+_DECIMAL = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?", re.ASCII)
+
+
+def _integer(text: str, low: int, high: int) -> int:
+    """``text`` as an integer in ``[low, high]``, or ArgumentTypeError saying why not."""
+    if not _INTEGER.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"expected an integer from {low} to {high} in ASCII digits (got {clip(repr(text), 40)})"
+        )
+    # Too many digits is out of range before int() is asked (its own limit is 4300 digits).
+    value = int(text) if len(text.lstrip("-")) <= 20 else None
+    if value is None or not low <= value <= high:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer from {low} to {high} (got {clip(text, 40)})"
+        )
+    return value
+
+
+def count_at_least(low: int, high: int = INT64_MAX) -> Callable[[str], int]:
+    """An argparse type: an integer in ``[low, high]`` (``--max-steps``, ``--since``, ...)."""
 
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer (got {text!r})") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low} (got {value})")
-        return value
+        return _integer(text, low, high)
 
     return parse
 
 
+def _decimal(text: str, low: float, high: float, *, low_open: bool) -> float:
+    """``text`` as a finite number in the range, or ArgumentTypeError saying why not."""
+    if math.isinf(high):
+        want = f"a finite number {'>' if low_open else '>='} {low:g}"
+    else:
+        want = f"a finite number in {'(' if low_open else '['}{low:g}, {high:g}]"
+    value = float(text) if _DECIMAL.fullmatch(text) else None
+    in_range = value is not None and math.isfinite(value) and low <= value <= high
+    if value is None or not in_range or (low_open and value == low):
+        raise argparse.ArgumentTypeError(f"expected {want} (got {clip(repr(text), 40)})")
+    return value
+
+
+def number_in(
+    low: float, high: float = float("inf"), *, low_open: bool = False
+) -> Callable[[str], float]:
+    """An argparse type: a finite decimal number in ``[low, high]`` (``(low, high]`` when
+    ``low_open``), such as ``--max-cost`` or ``--idle``; ``1e999`` is infinite, so refused."""
+
+    def parse(text: str) -> float:
+        return _decimal(text, low, high, low_open=low_open)
+
+    return parse
+
+
+_UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+
+
 def duration_s(text: str) -> float:
-    """Seconds in a duration such as ``30d``, ``12h``, ``45m``, ``90s`` or ``3600``.
+    """Seconds in a duration such as ``30d``, ``12h``, ``45m``, ``90s`` or ``3600``: finite,
+    at least 0, at most :data:`SECONDS_MAX`.
 
     Raises:
-        argparse.ArgumentTypeError: not a duration, or a negative one.
+        argparse.ArgumentTypeError: not a duration, or one out of range.
     """
-    units = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
-    number, unit = (text[:-1], text[-1]) if text and text[-1] in units else (text, "s")
-    try:
-        value = float(number) * units[unit]
-    except ValueError:
+    number, unit = (text[:-1], text[-1]) if text and text[-1] in _UNITS else (text, "s")
+    value = float(number) * _UNITS[unit] if _DECIMAL.fullmatch(number) else None
+    if value is None or not 0 <= value <= SECONDS_MAX:
         raise argparse.ArgumentTypeError(
-            f"expected a duration like 30d, 12h, 45m or 90s (got {text!r})"
-        ) from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a duration >= 0 (got {text!r})")
+            "expected a duration like 30d, 12h, 45m or 90s, from 0 to 100 years "
+            f"(got {clip(repr(text), 40)})"
+        )
     return value
+
+
+def env_number(
+    name: str,
+    default: float,
+    parse: Callable[[str], float],
+    *,
+    environ: Mapping[str, str],
+) -> float:
+    """The number the environment variable ``name`` holds, parsed by ``parse`` (one of this
+    module's types); ``default`` when it is unset or blank.
+
+    Raises:
+        UsageError: the variable holds something ``parse`` refuses, named with the variable.
+    """
+    raw = environ.get(name, "")
+    if not raw.strip():
+        return default
+    try:
+        return parse(raw)
+    except argparse.ArgumentTypeError as exc:
+        raise UsageError(f"${name}: {exc}") from None

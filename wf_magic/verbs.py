@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from .arg_values import count_at_least, duration_s
+from .arg_values import SECONDS_MAX, count_at_least, duration_s, number_in
 
 Face = Literal["cli", "notebook"]
 """Where a verb or option exists:
@@ -77,6 +77,11 @@ class Verb:
 
 
 # -- the table ----------------------------------------------------------------------------------
+IDLE_S = number_in(0, 30 * 86400.0)
+"""``--idle S``: seconds without a driver, from 0 to 30 days (a finite wait: ``nan`` never ends)."""
+CONCURRENCY_MAX = 10_000
+"""``--max-concurrency``'s ceiling: more units in flight than threads a process can start."""
+
 RUN = Option(flag="run", help="a run id, or a unique prefix of one")
 STEP = Option(flag="step", help="a step id of the run")
 MAX_STEPS = Option(
@@ -84,7 +89,7 @@ MAX_STEPS = Option(
 )
 MAX_CONCURRENCY = Option(
     flag="--max-concurrency",
-    type=count_at_least(1),
+    type=count_at_least(1, CONCURRENCY_MAX),
     metavar="N",
     help="cap on units in flight",
     faces=CLI,
@@ -123,7 +128,10 @@ BACKGROUND = Option(
 )
 FEEDBACK = Option(flag="--feedback", metavar="TEXT", help="what the step should change")
 LOOP = Option(
-    flag="--loop", type=int, metavar="N", help="the loop you are deciding (refused if stale)"
+    flag="--loop",
+    type=count_at_least(1),
+    metavar="N",
+    help="the loop you are deciding (refused if stale)",
 )
 FORMAT = Option(
     flag="--format", choices=FORMATS, default="table", help="how to print the frame", faces=CLI
@@ -132,7 +140,7 @@ FORMAT = Option(
 SWEEP = Option(flag="sweep", help="a sweep id, or a unique prefix of one")
 SWEEP_CEILINGS = (
     Option(flag="--max-tokens", type=count_at_least(0), metavar="N", help="sweep token ceiling"),
-    Option(flag="--max-cost", type=float, metavar="X", help="sweep cost ceiling"),
+    Option(flag="--max-cost", type=number_in(0), metavar="X", help="sweep cost ceiling"),
     Option(flag="--max-units", type=count_at_least(0), metavar="N", help="sweep unit ceiling"),
 )
 SWEEP_VERBS: tuple[Verb, ...] = (
@@ -350,7 +358,7 @@ VERBS: tuple[Verb, ...] = (
             Option(
                 flag="--idle",
                 dest="idle_s",
-                type=float,
+                type=IDLE_S,
                 default=10.0,
                 metavar="S",
                 help="with --follow: stop after S seconds of an active run without a driver",
@@ -421,7 +429,7 @@ VERBS: tuple[Verb, ...] = (
             Option(
                 flag="--idle",
                 dest="idle_s",
-                type=float,
+                type=IDLE_S,
                 default=10.0,
                 metavar="S",
                 help="stop watching after S seconds without a driver",
@@ -434,7 +442,11 @@ VERBS: tuple[Verb, ...] = (
         options=(
             OneOf(
                 options=(
-                    Option(flag="--older-than-days", type=float, metavar="N"),
+                    Option(
+                        flag="--older-than-days",
+                        type=number_in(0, SECONDS_MAX / 86400),
+                        metavar="N",
+                    ),
                     Option(
                         flag="--older-than",
                         dest="older_than_s",

@@ -19,6 +19,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from traitlets import Bool, CaselessStrEnum, Float, Integer, Unicode
 
+from ..arg_values import count_at_least, number_in
 from ..engine import Engine
 from ..errors import RunLockHeld, RunNotOwned, WorkflowError, clip_message
 from ..run import Run
@@ -287,7 +288,9 @@ class WorkflowMagics(Magics):
     @argument("--params", metavar="VAR", help="a dict in the notebook holding params")
     @argument("--new", action="store_true", help="always start a fresh run")
     @argument("--resume", metavar="RUN", help="drive the given run (not the cell's latest)")
-    @argument("--max-steps", type=int, metavar="N", help="stop after N finished steps")
+    @argument(
+        "--max-steps", type=count_at_least(1), metavar="N", help="stop after N finished steps"
+    )
     @argument("--dry-run", action="store_true", help="freeze and show the plan; dispatch nothing")
     @argument("--no-cache", action="store_true", help="no result reuse from earlier runs")
     @argument(
@@ -319,11 +322,18 @@ class WorkflowMagics(Magics):
     @magic_arguments(name="%sweep")
     @argument("--grid", action="append", metavar="K=V1,V2", help="a grid axis (repeatable)")
     @argument("--rows", metavar="VAR_OR_PATH", help="a DataFrame/list variable, or .csv/.jsonl")
-    @argument("--repeat", type=int, default=1, metavar="N", help="run each cell N times")
-    @argument("--max-tokens", type=int, metavar="N", help="the sweep's token ceiling")
-    @argument("--max-cost", type=float, metavar="X", help="the sweep's cost ceiling")
-    @argument("--max-units", type=int, metavar="N", help="the sweep's unit ceiling")
-    @argument("--max-concurrency", type=int, metavar="N", help="cells driven at once")
+    @argument(
+        "--repeat", type=count_at_least(1), default=1, metavar="N", help="run each cell N times"
+    )
+    @argument("--max-tokens", type=count_at_least(0), metavar="N", help="the sweep's token ceiling")
+    @argument("--max-cost", type=number_in(0), metavar="X", help="the sweep's cost ceiling")
+    @argument("--max-units", type=count_at_least(0), metavar="N", help="the sweep's unit ceiling")
+    @argument(
+        "--max-concurrency",
+        type=count_at_least(1, 10_000),
+        metavar="N",
+        help="cells driven at once",
+    )
     @argument("--key", metavar="K", help="a launch key naming this sweep")
     @argument("--as", dest="as_var", metavar="VAR", help="also store the Sweep handle in VAR")
     @cell_magic("sweep")  # type: ignore[arg-type]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 
+from ..arg_values import env_number, number_in
 from ..errors import StateDBError, UsageError
 from .location import PgLocation
 from .pgconn import PgConnection, wrap_error
@@ -20,17 +21,20 @@ BUSY_TIMEOUT_S = 30
 
 
 DEFAULT_LEASE_TTL_S = 30.0
+LEASE_TTL_ENV = "WF_MAGIC_LEASE_TTL"
+LEASE_TTL_RANGE_S = (0.3, 86400.0)
+"""A lease shorter than 0.3 s expires between its own renewals; one past a day never does."""
 
 
 def lease_ttl_s() -> float:
     """The TTL of a driver's lease (store/leases.py): ``$WF_MAGIC_LEASE_TTL`` seconds (default
-    30; at least 0.3). Here, beside the session settings that follow from it."""
-    raw = os.environ.get("WF_MAGIC_LEASE_TTL", "").strip()
-    try:
-        value = float(raw) if raw else DEFAULT_LEASE_TTL_S
-    except ValueError:
-        value = DEFAULT_LEASE_TTL_S
-    return max(value, 0.3)
+    30, from 0.3 to 86400). Here, beside the session settings that follow from it.
+
+    Raises:
+        UsageError: the variable is not a finite number in that range (``nan``, ``inf``, ``0``).
+    """
+    low, high = LEASE_TTL_RANGE_S
+    return env_number(LEASE_TTL_ENV, DEFAULT_LEASE_TTL_S, number_in(low, high), environ=os.environ)
 
 
 def _idle_timeout_s() -> int:
@@ -59,6 +63,7 @@ def open_pg(location: PgLocation, *, migrate: bool) -> PgConnection:
             f"State {location.where} is on PostgreSQL, which needs psycopg 3: "
             "pip install 'wf_magic[postgresql]'."
         ) from None
+    idle_timeout_s = _idle_timeout_s()  # a bad $WF_MAGIC_LEASE_TTL is refused before connecting
     try:
         raw = psycopg.connect(
             location.url,
@@ -76,7 +81,7 @@ def open_pg(location: PgLocation, *, migrate: bool) -> PgConnection:
         # is ended by the server, so it cannot hold every other writer of the state for ever.
         raw.execute(
             f"SET lock_timeout = '{BUSY_TIMEOUT_S}s';"
-            f" SET idle_in_transaction_session_timeout = '{_idle_timeout_s()}s'"
+            f" SET idle_in_transaction_session_timeout = '{idle_timeout_s}s'"
         )
     except psycopg.Error as exc:
         wrapped = wrap_error(exc)

@@ -7,7 +7,9 @@ Plan options (``runners: {openai: {...}}``; none of them is a secret):
 - ``api_key_env``: the NAME of the environment variable holding the key (default
   ``OPENAI_API_KEY``). A local endpoint (``base_url`` set) may go without a key.
 - ``model``: the default model (else ``$WF_MAGIC_OPENAI_MODEL``); a step's ``model`` wins.
-- ``timeout_s``: per-request timeout (default 120); a step's ``timeout`` wins.
+- ``timeout_s``: the attempt's deadline (default 120); a step's ``timeout`` wins. It binds
+  the whole attempt — connect, first byte, the whole body or stream, a JSON-mode retry —
+  not each read (``runners/bounded_http.py``).
 - ``prices``, ``local``: each attempt's cost (``runners/pricing.py``); without them the drive
   prices OpenAI's own models from genai-prices.
 - ``json_mode``: ask for ``response_format=json_object`` when a unit has an output schema
@@ -17,18 +19,24 @@ Plan options (``runners: {openai: {...}}``; none of them is a secret):
   that refuse the former.
 
 The engine does the retrying, so the client's own retries are off: HTTP 408, 409, 425,
-429, 5xx, timeouts and connection failures are transient ``RunnerError``s, other 4xx
-permanent ones carrying the server's message. The unit's ``dispatch_id`` goes out as
+429, 5xx, timeouts, connection failures and a body cut mid-way (a reset, a truncated event
+stream) are transient ``RunnerError``s, other 4xx permanent ones carrying the server's
+message; a body over the output bound (10 MB) is refused while it is read, permanently.
+The unit's ``dispatch_id`` goes out as
 ``Idempotency-Key`` and ``X-Request-ID`` so a server or proxy can dedupe a reclaimed
 attempt. A response without ``usage`` (or with a null count) is charged an estimate (4
 characters a token) so budgets still bind, and its cost is null: no price is put on a guess.
+
+The calls run as coroutines of ``openai.AsyncOpenAI`` on the runner's own event-loop thread
+(``AttemptLoop``), which ``close`` ends.
 
 A request with ``on_text`` (somebody watches the unit live) is streamed (``stream=True``,
 always with ``stream_options={"include_usage": True}``; the last usage seen wins, as servers
 sending running totals in every chunk need); the callback
 gets the text so far at most ten times a second, plus once with the whole text. The attempt
 is journaled exactly as a non-streamed one. A server that ignores ``stream`` and answers
-plain JSON is read as if nothing was streamed.
+plain JSON is read as if nothing was streamed. A stream that ends before any chunk says why
+the model stopped (``finish_reason``) was cut off: a transient failure.
 """
 
 from __future__ import annotations
@@ -37,19 +45,23 @@ import json
 import math
 import os
 import threading
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import RunnerError
 from ..redact import Redactor
 from .base import RunnerContext, UnitRequest, UnitResult, strip_code_fence
+from .bounded_http import AttemptLoop, bounded_hooks, is_cut_off, over_bound
 from .pricing import PRICE_OPTIONS, PriceTable
-from .textsink import TextSink as _TextSink
+from .textsink import TEXT_EVERY_S
 
 if TYPE_CHECKING:
-    from openai import OpenAI, Stream
+    from openai import AsyncOpenAI, AsyncStream
     from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+PutText = Callable[[str], None]
 
 DEFAULT_TIMEOUT_S = 120.0
 TRANSIENT_STATUS = frozenset({408, 409, 425, 429})
@@ -143,9 +155,10 @@ class OpenAIChatOptions:
 
 
 class OpenAIChatRunner:
-    """Runs ``prompt`` and ``judge`` units through ``openai.OpenAI().chat.completions``.
+    """Runs ``prompt`` and ``judge`` units through ``openai.AsyncOpenAI().chat.completions``.
 
-    Safe to share between worker threads: the client is created once, lazily, under a lock.
+    Safe to share between worker threads: the client is created once, lazily, under a lock,
+    and every call runs on the runner's one event loop.
     """
 
     ANSWER_OPTIONS: frozenset[str] = frozenset({"model", "base_url", "json_mode"})
@@ -162,7 +175,8 @@ class OpenAIChatRunner:
         self.options = options
         self.name = name
         self._lock = threading.Lock()
-        self._client: OpenAI | None = None
+        self._client: AsyncOpenAI | None = None
+        self._loop = AttemptLoop(name)
         self._redactor = Redactor()
         self._no_json_mode: set[str] = set()
 
@@ -170,12 +184,13 @@ class OpenAIChatRunner:
         # Pickled for executors such as Dask: ship the settings, never the client or lock;
         # the worker builds its own client on first use.
         state = dict(self.__dict__)
-        state.update(_lock=None, _client=None)
+        state.update(_lock=None, _client=None, _loop=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        self._loop = AttemptLoop(self.name)
 
     @classmethod
     def from_context(cls, ctx: RunnerContext) -> OpenAIChatRunner:
@@ -195,25 +210,32 @@ class OpenAIChatRunner:
         """Send the unit's prompt as one user message and return the reply.
 
         Raises:
-            RunnerError: transient for rate limits, 5xx, timeouts and connection failures;
-                permanent for other 4xx, a unit this runner cannot run, or a missing key.
+            RunnerError: transient for rate limits, 5xx, the deadline, connection failures
+                and a body cut mid-way; permanent for other 4xx, a body over the output
+                bound, a unit this runner cannot run, or a missing key.
         """
         model = self._check(request)
         client = self._open()
-        import openai  # importable: _open() made the client
-
+        timeout_s = request.timeout_s or self.options.timeout_s
+        on_text = request.on_text
+        # What is shown live is redacted like what is journaled: the key never reaches a view.
+        shown = None if on_text is None else (lambda text: on_text(self._redactor.redact(text)))
         try:
-            reply = self._complete(client, request, model)
-        except openai.OpenAIError as exc:
+            reply = self._loop.call(
+                lambda put: self._complete(client, request, model, put),
+                timeout_s=timeout_s,
+                on_text=shown,
+            )
+        except Exception as exc:
             raise self._translate(exc, request, model) from exc
         return self._result(reply, request, model)
 
     def close(self) -> None:
-        """Close the HTTP client (a later unit would open a new one)."""
+        """Close the HTTP client and end the runner's loop thread (a later unit would open
+        new ones)."""
         with self._lock:
             client, self._client = self._client, None
-        if client is not None:
-            client.close()
+        self._loop.close(client.close if client is not None else None)
 
     def _check(self, request: UnitRequest) -> str:
         where = f"{self.name} runner: unit {request.unit_id}"
@@ -231,13 +253,13 @@ class OpenAIChatRunner:
             )
         return model
 
-    def _open(self) -> OpenAI:
+    def _open(self) -> AsyncOpenAI:
         with self._lock:
             if self._client is None:
                 self._client = self._new_client()
             return self._client
 
-    def _new_client(self) -> OpenAI:
+    def _new_client(self) -> AsyncOpenAI:
         try:
             import openai
         except ImportError as exc:
@@ -251,36 +273,34 @@ class OpenAIChatRunner:
                 "export your API key there, or set runners.openai.base_url for a local server."
             )
         self._redactor = Redactor([key])
-        return openai.OpenAI(
+        return openai.AsyncOpenAI(
             api_key=key or "unused",  # local servers (Ollama, vLLM) ignore it
             base_url=self.options.base_url,
             timeout=self.options.timeout_s,
             max_retries=0,
+            # Every body is counted while it is read and refused past the output bound.
+            http_client=openai.DefaultAsyncHttpxClient(event_hooks=bounded_hooks()),
         )
 
-    def _complete(self, client: OpenAI, request: UnitRequest, model: str) -> _Reply:
+    async def _complete(
+        self, client: AsyncOpenAI, request: UnitRequest, model: str, put_text: PutText | None
+    ) -> _Reply:
         import openai
 
         kwargs = self._kwargs(request, model)
-        on_text = self._text_sink(request.on_text)
         json_mode = self.options.json_mode and model not in self._no_json_mode
         if not (json_mode and _wants_json(request)):
-            return _create(client, kwargs, on_text)
+            return await _create(client, kwargs, put_text)
         try:
-            return _create(client, {**kwargs, "response_format": {"type": "json_object"}}, on_text)
+            json_kwargs = {**kwargs, "response_format": {"type": "json_object"}}
+            return await _create(client, json_kwargs, put_text)
         except (openai.BadRequestError, openai.UnprocessableEntityError):
             pass  # the server may not do JSON mode: the instruction in the prompt must do
         # A fresh key: a server that remembers keys must not answer with the cached 400.
         headers = {**kwargs["extra_headers"], "Idempotency-Key": f"{request.dispatch_id}-nojson"}
-        reply = _create(client, {**kwargs, "extra_headers": headers}, on_text)
+        reply = await _create(client, {**kwargs, "extra_headers": headers}, put_text)
         self._no_json_mode.add(model)
         return reply
-
-    def _text_sink(self, on_text: Callable[[str], None] | None) -> _TextSink | None:
-        if on_text is None:
-            return None
-        # What is shown live is redacted like what is journaled: the key never reaches a view.
-        return _TextSink(lambda text: on_text(self._redactor.redact(text)))
 
     def _kwargs(self, request: UnitRequest, model: str) -> dict[str, Any]:
         prompt = request.prompt or ""
@@ -339,9 +359,19 @@ class OpenAIChatRunner:
         import openai
 
         where = f"{self.name} runner: unit {request.unit_id} (model {model} at {self.endpoint})"
-        if isinstance(exc, openai.APITimeoutError):
+        too_big = over_bound(exc)
+        if too_big is not None:
+            return RunnerError(self._redactor.redact(f"{where}: {too_big}."))
+        if isinstance(exc, openai.APITimeoutError | TimeoutError):
             timeout_s = request.timeout_s or self.options.timeout_s
             message, transient = f"{where} timed out after {timeout_s:g}s.", True
+        elif isinstance(exc, RunnerError):
+            message, transient = f"{where}: {exc}.", exc.transient
+        elif is_cut_off(exc):
+            cause = _clip(str(exc.__cause__ or exc)) or type(exc).__name__
+            message, transient = f"{where}: the answer was cut off mid-way ({cause}).", True
+        elif not isinstance(exc, openai.OpenAIError):
+            message, transient = f"{where} failed: {type(exc).__name__}: {_clip(str(exc))}", False
         elif isinstance(exc, openai.APIConnectionError):
             cause = f" ({_clip(str(exc.__cause__))})" if exc.__cause__ else ""
             message, transient = f"{where} could not connect{cause}; is the server up?", True
@@ -356,36 +386,41 @@ class OpenAIChatRunner:
         )
 
 
-def _create(client: OpenAI, kwargs: dict[str, Any], on_text: _TextSink | None) -> _Reply:
+async def _create(client: AsyncOpenAI, kwargs: dict[str, Any], put_text: PutText | None) -> _Reply:
     # The overloads (stream or not) collapse to Any under **kwargs.
-    if on_text is None:
-        return _Reply.of(cast("ChatCompletion", client.chat.completions.create(**kwargs)))
+    create = cast("Callable[..., Awaitable[Any]]", client.chat.completions.create)
+    if put_text is None:
+        return _Reply.of(cast("ChatCompletion", await create(**kwargs)))
     stream = cast(
-        "Stream[ChatCompletionChunk]",
-        client.chat.completions.create(
-            **kwargs, stream=True, stream_options={"include_usage": True}
-        ),
+        "AsyncStream[ChatCompletionChunk]",
+        await create(**kwargs, stream=True, stream_options={"include_usage": True}),
     )
-    with stream:
-        return _read_stream(stream, on_text)
+    async with stream:
+        return await _read_stream(stream, put_text)
 
 
-def _read_stream(stream: Stream[ChatCompletionChunk], on_text: _TextSink) -> _Reply:
-    """The reply assembled from a stream's chunks; usage comes with the last one."""
+async def _read_stream(stream: AsyncStream[ChatCompletionChunk], put_text: PutText) -> _Reply:
+    """The reply assembled from a stream's chunks; usage comes with the last one.
+
+    Raises:
+        RunnerError: transient, when the stream ended before a chunk gave a finish reason.
+    """
     from openai.types.chat import ChatCompletion
 
     response = stream.response
     if "json" in response.headers.get("content-type", ""):
         # The server ignored ``stream``: its answer is an ordinary completion.
-        response.read()
+        await response.aread()
         return _Reply.of(ChatCompletion.model_validate(response.json()))
     parts: list[str] = []
     refusal: list[str] = []
     usage: tuple[int | None, int | None] | None = None
     model = completion_id = None
-    has_content = False
-    for chunk in stream:
+    has_content = is_finished = False
+    shown_at = float("-inf")
+    async for chunk in stream:
         model, completion_id = chunk.model or model, chunk.id or completion_id
+        is_finished = is_finished or any(c.finish_reason for c in chunk.choices or ())
         if chunk.usage is not None:
             # The last usage seen wins, never a sum: vLLM's continuous usage and Gemini's
             # compatible endpoint send running totals in every chunk.
@@ -396,12 +431,19 @@ def _read_stream(stream: Stream[ChatCompletionChunk], on_text: _TextSink) -> _Re
         if delta.content is not None:
             has_content = True
             parts.append(delta.content)
-            if on_text.is_due:
-                on_text.offer("".join(parts))
+            if time.monotonic() - shown_at >= TEXT_EVERY_S:  # joining is not free
+                shown_at = time.monotonic()
+                put_text("".join(parts))
         if getattr(delta, "refusal", None):
             refusal.append(str(delta.refusal))
+    if not is_finished:
+        raise RunnerError(
+            "the answer was cut off mid-way: the stream ended before the model said it had "
+            f"finished ({len(parts)} text chunks read)",
+            transient=True,
+        )
     text = "".join(parts)
-    on_text.offer(text, final=True)
+    put_text(text)
     return _Reply(
         content=text if has_content else None,
         refusal="".join(refusal) or None,

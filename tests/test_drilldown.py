@@ -98,12 +98,15 @@ def test_a_map_step_lists_its_units_coloured_by_status(engine: Engine) -> None:
     view.rows["sections"].toggle.value = True
     detail = detail_of(view, "sections")
 
-    listed = [(b.description, b.style.button_color) for b in detail.units.children]
+    # A unit's colour is its status class, which the panel's own CSS colours.
+    listed = [(b.description, b._dom_classes[-1]) for b in detail.units.children]
     assert listed == [
-        ("sections[0]", STATUS_COLOURS["succeeded"]),
-        ("sections[1]", STATUS_COLOURS["failed"]),
-        ("sections[2]", STATUS_COLOURS["succeeded"]),
+        ("sections[0]", "wf-sc-succeeded"),
+        ("sections[1]", "wf-sc-failed"),
+        ("sections[2]", "wf-sc-succeeded"),
     ]
+    for status in ("succeeded", "failed"):
+        assert f".wf-sc-{status}{{background:{STATUS_COLOURS[status]}" in detail.counts.value
     assert "<b>3 units</b>" in detail.counts.value
     assert "1 failed" in detail.counts.value and "2 succeeded" in detail.counts.value
     assert detail.unit_view.value == ""  # nothing opened yet

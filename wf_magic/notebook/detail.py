@@ -15,6 +15,17 @@ from ..store.records import AttemptRow
 
 MAP_BUTTONS = 200
 """A map's units shown as buttons in its drill-down; past this, a box finds the others."""
+STATUS_CSS = "".join(
+    f".wf-sc-{status}{{background:{colour} !important}}"
+    for status, colour in (*STATUS_COLOURS.items(), ("pending", "#ccc"))
+)
+"""A button's colour by its status class ``wf-sc-<status>``: a colour set per button would
+cost a style model per button (the drill-down's units, the sweep grid's cells)."""
+
+
+def status_classes(base: str, status: str) -> list[str]:
+    """A status-coloured button's CSS classes (see :data:`STATUS_CSS`)."""
+    return [base, f"wf-sc-{status}"]
 
 
 def status_colour(status: str) -> str:
@@ -145,6 +156,12 @@ class StepDetail:
         self.unit_id: str | None = None
         """The unit shown loop by loop (a map's pick; the step's only unit otherwise)."""
         self.loads = 0
+        self.buttons: list[w.Button] = []
+        """The unit buttons made so far (reused by every load; at most MAP_BUTTONS)."""
+        self.shown_units: list[str] = []
+        """The unit each button shows, by position."""
+        self._button_layout = w.Layout(width="auto", height="22px", margin="1px")
+        self._button_style = w.ButtonStyle(text_color="white")
         self.counts = w.HTML()
         self.units = w.HBox(layout=w.Layout(flex_flow="row wrap", display="none"))
         self.finder = w.Combobox(
@@ -188,7 +205,7 @@ class StepDetail:
         self.loads += 1
         attempts = self.store.attempts_of(self.run_id, self.step_id)
         statuses = unit_statuses(attempts)
-        self.counts.value = statuses_html(statuses)
+        self.counts.value = f"<style>{STATUS_CSS}</style>{statuses_html(statuses)}"
         if self.is_map:
             self._draw_units(statuses)
         elif self.unit_id is None and statuses:
@@ -205,22 +222,29 @@ class StepDetail:
             self.open_unit(str(change["new"]))
 
     def _draw_units(self, statuses: dict[str, str]) -> None:
-        buttons = []
-        for unit_id, status in list(statuses.items())[:MAP_BUTTONS]:
-            button = w.Button(
-                description=unit_id,
-                tooltip=f"{unit_id}: {status}",
-                layout=w.Layout(width="auto", height="22px", margin="1px"),
-            )
-            button.style.button_color = status_colour(status)
-            button.style.text_color = "white"
-            button.on_click(lambda _b, u=unit_id: self.open_unit(u))
-            buttons.append(button)
-        self.units.children = buttons
+        # The buttons are kept and relabelled on every load: a load never adds models, so a
+        # panel opened over a 5 000-unit map holds at most MAP_BUTTONS of them.
+        shown = list(statuses.items())[:MAP_BUTTONS]
+        while len(self.buttons) < len(shown):
+            self.buttons.append(self._button(len(self.buttons)))
+        self.shown_units = [unit_id for unit_id, _ in shown]
+        for button, (unit_id, status) in zip(self.buttons, shown, strict=False):
+            button.description = unit_id
+            button.tooltip = f"{unit_id}: {status}"
+            classes = status_classes("wf-unit", status)
+            if list(button._dom_classes) != classes:
+                button._dom_classes = classes
+        self.units.children = tuple(self.buttons[: len(shown)])
         self.units.layout.display = ""
         more = len(statuses) > MAP_BUTTONS
         self.finder.options = tuple(statuses) if more else ()
         self.finder.layout.display = "" if more else "none"
+
+    def _button(self, index: int) -> w.Button:
+        """The ``index``-th unit button (it opens whichever unit it shows now)."""
+        button = w.Button(layout=self._button_layout, style=self._button_style)
+        button.on_click(lambda _b: self.open_unit(self.shown_units[index]))
+        return button
 
     def _draw_unit(self, attempts: list[AttemptRow]) -> None:
         unit_id = self.unit_id

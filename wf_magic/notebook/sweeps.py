@@ -137,8 +137,6 @@ def _live_view(
 ) -> SweepGridView | None:
     """The live grid, displayed before the sweep drives (None when the definition is bad:
     ``Engine.sweep`` then says why)."""
-    from IPython.display import display
-
     from ..sweeps.expand import definition, sweep_identity
     from .sweepview import SweepGridView
 
@@ -148,5 +146,5 @@ def _live_view(
         return None
     sweep_id, _ = sweep_identity(wf.plan_hash, spec)
     view = SweepGridView(ctx.engine, sweep_id)
-    display(view.widget)  # type: ignore[no-untyped-call]
+    view.show()
     return view

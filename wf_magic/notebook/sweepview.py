@@ -1,15 +1,17 @@
 """The live grid of a ``%%sweep`` cell: one small button per cell, coloured by its run's status
 and redrawn (throttled) as cells settle, the tokens paid against the sweep's ceiling above it;
-a click on a cell opens its run view below the grid. The cell's result keeps the sweep's static
-HTML grid, which is what a saved notebook shows without a kernel."""
+a click on a cell opens its run view below the grid while the sweep drives. When the sweep
+ends, the live grid's output is emptied and every model it made is closed: the cell's result
+(the sweep's static HTML grid) is what stays, in the kernel and in a saved notebook."""
 
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ..display import STATUS_COLOURS
 from ..sweeps.handle import Sweep
+from .detail import STATUS_CSS, status_classes
+from .teardown import close_tree
 from .throttle import Throttle
 
 if TYPE_CHECKING:
@@ -22,6 +24,10 @@ if TYPE_CHECKING:
 MAX_BUTTONS = 400
 """Past this many cells the grid is one HTML picture (thousands of buttons would slow the
 browser); a cell is then opened by its number in the box beside it."""
+MAX_MODELS = MAX_BUTTONS + 40
+"""The most widget models a live grid holds, whatever the sweep's size: one per cell button
+(they share one layout and one style; a status is a CSS class), ~20 for the rest, and one
+opened cell's run view (its own bound: see ``RunView``)."""
 
 
 class SweepGridView:
@@ -59,6 +65,10 @@ class SweepGridView:
                 self.run_box,
             ]
         )
+        self.handle: Any = None
+        """The live grid's output (emptied when the sweep ends: see :meth:`finish`)."""
+        self._layout = w.Layout(width="14px", height="14px", padding="0", margin="0")
+        self._style = w.ButtonStyle()
         self.buttons: list[ipywidgets.Button] = []
         self.cells: list[SweepCellRow] = []
         self.view: RunView | None = None
@@ -80,22 +90,22 @@ class SweepGridView:
             self.header.value = ""
             self.picture.value = grid_html(self.sweep)
             return
-        self.header.value = _header(self.sweep)
-        if len(self.buttons) != len(cells):
-            self.buttons = [self._button(c.cell_index) for c in cells]
-            self.grid.children = tuple(self.buttons)
-        for button, cell in zip(self.buttons, cells, strict=True):
+        self.header.value = f"<style>{STATUS_CSS}</style>{_header(self.sweep)}"
+        while len(self.buttons) < len(cells):
+            self.buttons.append(self._button(len(self.buttons)))
+        if len(self.grid.children) != len(cells):
+            self.grid.children = tuple(self.buttons[: len(cells)])
+        for button, cell in zip(self.buttons, cells, strict=False):
             status = cell.run_status or "pending"
-            button.style.button_color = STATUS_COLOURS.get(status, "#ccc")
+            classes = status_classes("wf-sweep-cell", status)
+            if list(button._dom_classes) != classes:
+                button._dom_classes = classes
             button.tooltip = f"cell {cell.cell_index} {_where(cell)}: {status} {cell.run_id or ''}"
 
     def _button(self, index: int) -> ipywidgets.Button:
         import ipywidgets as w
 
-        button = w.Button(
-            description="",
-            layout=w.Layout(width="14px", height="14px", padding="0", margin="0"),
-        )
+        button = w.Button(description="", layout=self._layout, style=self._style)
         button.add_class("wf-sweep-cell")
         button.on_click(lambda _: self.open_cell(index))
         return button
@@ -124,17 +134,35 @@ class SweepGridView:
             display(self.view)  # type: ignore[no-untyped-call]
         self.view.flush()
 
+    def show(self) -> None:
+        """Display the live grid (from the main thread) in an output :meth:`finish` empties.
+
+        Beside the widget the output carries text and HTML, what a front end without the
+        widget's model shows (an untrusted copy, nbconvert)."""
+        from IPython.display import display
+
+        bundle = dict(self.widget._repr_mimebundle_() or {})
+        bundle["text/plain"] = "live sweep grid (shown while the sweep drives)"
+        bundle["text/html"] = "<i>live sweep grid (shown while the sweep drives)</i>"
+        self.handle = display(bundle, raw=True, display_id=True)  # type: ignore[no-untyped-call]
+
     def finish(self) -> None:
-        """The sweep ended: stop redrawing after one last draw; the grid stays clickable."""
+        """The sweep ended: one last draw, then the live output empties and every model the
+        grid made (an opened cell's view too) is closed; the cell's result keeps the grid."""
         self._throttle.flush()
         self._throttle.close()
+        if self.handle is not None:
+            self.handle.update({"text/plain": ""}, raw=True)
+        self.close()
 
     def close(self) -> None:
-        """Stop redrawing and close the widgets."""
+        """Stop redrawing and close every widget model of the grid."""
         self._throttle.close()
         if self.view is not None:
             self.view.close()
-        self.widget.close()
+        close_tree(self.widget)
+        for button in self.buttons:  # the ones a shrinking grid no longer shows
+            close_tree(button)
 
 
 def _where(cell: SweepCellRow) -> str:

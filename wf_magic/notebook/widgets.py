@@ -31,6 +31,7 @@ from .drives import driver_text
 from .review import ReviewPanel, say
 from .rows import COLUMNS, LiveTexts, StepRowWidgets, elapsed_text
 from .snapshot import RunSnapshot, SnapshotReader
+from .teardown import close_tree, is_open, reopen_tree
 from .throttle import Throttle, Ticker
 
 if TYPE_CHECKING:
@@ -107,6 +108,8 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         self.retired: str | None = None
         self.is_static = False
         """The output shows the static HTML now (see :meth:`refresh`)."""
+        self.is_closed = False
+        """The view's widget models are closed (it is static): see :meth:`_release`."""
         self._is_live = False
         self._is_stopping = False
         """Stop was clicked during the last drive (see :meth:`_status_line`); a new drive
@@ -251,9 +254,24 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         self.text_throttle.flush()
 
     def close(self) -> None:
-        """Stop observing and close the widgets."""
+        """Stop observing and close every widget model of the view (the panel's too)."""
         self.detach()
-        super().close()
+        close_tree(self)
+        self.is_closed = True
+
+    def _release(self, *, keep_review: bool) -> None:
+        """Close the models of a view gone static; a live decision panel's stay open."""
+        if not self.is_closed:
+            close_tree(self, keep=[self.review] if keep_review else ())
+            self.is_closed = True
+        if not keep_review and is_open(self.review):
+            close_tree(self.review)
+
+    def _revive(self) -> None:
+        """Open the models again (a drive of this kernel shows the view live once more)."""
+        if self.is_closed:
+            reopen_tree(self)
+            self.is_closed = False
 
     def detach(self) -> None:
         """Stop observing; the view keeps showing its last state."""
@@ -505,6 +523,7 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         if self.display_handle is None:
             return
         self.is_static = False
+        self._revive()
         self.display_handle.update(self)
         self._show_decision(False)
 
@@ -522,6 +541,7 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
             return
         snap = self.snapshot or self.reader.take()
         if self.is_driving and self.is_driving(self.run_id):
+            self._revive()
             self.display_handle.update(self)
             self.is_static = False
             self._show_decision(False)
@@ -530,22 +550,31 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         self.is_static = True
         self._shown_status = snap.status
         waiting = snap.waiting
-        self._show_decision(
+        live = (
             snap.status == "blocked"
             and waiting is not None
             and not waiting.decided
             and self.continue_drive is not None
             and not self.retired
+            and self.decision_handle is not None
         )
+        self._show_decision(live)
+        # The output reads the static HTML from now on: the models behind the widget it
+        # showed go, so neither the kernel nor a saved notebook's widget state keeps them.
+        self._release(keep_review=live)
 
     def _show_decision(self, live: bool) -> None:
         """The decision output: the review panel's widgets, or nothing once no one can act."""
         if self.decision_handle is None:
             return
         if live:
+            if not is_open(self.review):
+                reopen_tree(self.review)
             self.decision_handle.update(self.decision_box)
         else:
             self.decision_handle.update({"text/plain": ""}, raw=True)
+            if self.is_closed and is_open(self.review):
+                close_tree(self.review)
 
     def static_bundle(self) -> dict[str, str]:
         """The run view as text and HTML, with the header's origin and the status line."""

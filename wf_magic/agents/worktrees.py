@@ -1,44 +1,32 @@
 """Git worktrees of agent attempts: one ``git worktree add --detach`` per dispatch id under the
-state dir, kept when the agent left changes, removed when clean, swept when their run is gone."""
+state dir, kept when the agent left changes, removed when clean, swept when their run is gone;
+wf_magic's git runs against the admin folder it recorded, never the agent's ``.git``."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
-import subprocess
 from pathlib import Path
 
 from ..errors import FileRefused
 from ..reading import read_bounded_text
+from . import safegit
 from .harness import AgentError
+from .safegit import GitError
+
+__all__ = ["GitError", "changes", "ensure_worktree", "remove_worktree", "resolve_workdir", "sweep"]
 
 WORKTREES_DIR = "worktrees"
 GIT_FILE_BYTES = 64 * 1024
-"""The largest ``.git`` file of a worktree read (one ``gitdir:`` line)."""
-_GIT_TIMEOUT_S = 60.0
-
-
-class GitError(Exception):
-    """A git command failed (its stderr's first line is the message)."""
+"""The largest ``.git`` file, admin ``gitdir`` file or record of a worktree read."""
+RECORD_SUFFIX = ".gitadmin"
+"""Beside each worktree (outside it, where the agent does not work): the record of its admin
+folder in the repository and the commit it started from, written when wf_magic adds it."""
 
 
 def _git(*args: str, cwd: str | Path) -> str:
-    try:
-        done = subprocess.run(
-            ["git", *args],
-            cwd=str(cwd),
-            capture_output=True,
-            text=True,
-            timeout=_GIT_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise GitError(f"git {args[0]} failed: {exc}") from exc
-    if done.returncode != 0:
-        lines = [x for x in done.stderr.strip().splitlines() if x.strip()]
-        fatal = [x for x in lines if x.startswith(("fatal:", "error:"))]
-        line = (fatal or lines or [f"exit status {done.returncode}"])[-1]
-        raise GitError(f"git {args[0]} failed: {line}")
-    return done.stdout
+    return safegit.git(*args, cwd=cwd)
 
 
 def repo_root(folder: Path) -> Path | None:
@@ -60,13 +48,18 @@ def ensure_worktree(repo: Path, path: Path) -> None:
     Raises:
         GitError: git could not add it (e.g. a repository without a commit).
     """
-    if (path / ".git").exists():
+    if _admin_of(path) is not None or (path / ".git").exists():
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists():  # a leftover folder of a worktree that was removed by hand
-        shutil.rmtree(path)
+    if path.exists() or path.is_symlink():  # a leftover of a worktree removed by hand
+        _remove_tree(path)
         _git("worktree", "prune", cwd=repo)
     _git("worktree", "add", "--detach", str(path), "HEAD", cwd=repo)
+    admin = _verified_admin(path, _pointer_of(path))  # just written by git: not the agent's yet
+    if admin is None:
+        raise GitError(f"git worktree add failed: no admin folder links back to {path}")
+    base = safegit.git("rev-parse", "HEAD", cwd=path, git_dir=admin, work_tree=path).strip()
+    _record(path).write_text(json.dumps({"admin": str(admin), "base": base}) + "\n")
 
 
 def resolve_workdir(worktree: Path, workdir: str | Path, *, step_id: str) -> Path:
@@ -110,22 +103,55 @@ def _workdir_error(step_id: str, workdir: str, problem: str) -> AgentError:
 
 
 def changes(path: Path) -> tuple[list[str], str]:
-    """The files changed in the work tree at ``path`` (untracked ones too) and a diff stat."""
-    status = _git("status", "--porcelain", "--untracked-files=all", cwd=path)
-    files = sorted({line[3:].split(" -> ")[-1] for line in status.splitlines() if len(line) > 3})
-    if not files:
+    """The files changed in the work tree at ``path`` since the commit it started from (untracked
+    ones and the agent's own commits too) and a diff stat.
+
+    Git runs against the admin folder wf_magic recorded, never the ``.git`` the agent may have
+    replaced, with every config-driven program off (see :mod:`.safegit`).
+
+    Raises:
+        GitError: the worktree's admin folder is gone or git failed.
+    """
+    admin = _admin_of(path)
+    if admin is None:
+        raise GitError(f"git status failed: {path} is no longer a worktree wf_magic added")
+    base = _read_record(path).get("base") or "HEAD"
+
+    def git(*args: str) -> str:
+        return safegit.git(*args, cwd=path, git_dir=admin, work_tree=path)
+
+    quiet = ("--no-ext-diff", "--no-textconv", "--ignore-submodules=all", "--no-renames")
+    status = git(
+        "status",
+        "--porcelain",
+        "-z",
+        "--untracked-files=all",
+        "--no-renames",
+        "--ignore-submodules=all",
+    )
+    files = {entry[3:] for entry in status.split("\0") if len(entry) > 3}
+    moved = base != "HEAD" and git("rev-parse", "HEAD").strip() != base
+    if not files and not moved:
         return [], ""
-    _git("add", "--intent-to-add", "--all", cwd=path)  # new files count in the diff stat
-    stat = _git("diff", "--stat", "HEAD", cwd=path).strip()
-    return files, stat
+    git("add", "--intent-to-add", "--all")  # new files count in the diff stat
+    names = git("diff", "--name-only", "-z", *quiet, base)
+    files.update(n for n in names.split("\0") if n)
+    stat = git("diff", "--stat", *quiet, base).strip()
+    return sorted(files), stat
 
 
-def remove_worktree(repo: Path, path: Path) -> None:
-    """Remove the worktree at ``path`` (and its admin entry in ``repo``)."""
-    try:
-        _git("worktree", "remove", "--force", str(path), cwd=repo)
-    except GitError:
-        shutil.rmtree(path, ignore_errors=True)
+def remove_worktree(repo: Path | None, path: Path) -> None:
+    """Remove the worktree at ``path`` and its admin folder in the repository.
+
+    No git command runs in the worktree: its folder is deleted (symlinks in it are not
+    followed) and the admin folder that links back to it, which wf_magic recorded, goes too.
+    """
+    admin = _admin_of(path)
+    _remove_tree(path)
+    _record(path).unlink(missing_ok=True)
+    if admin is not None:
+        shutil.rmtree(admin, ignore_errors=True)
+    elif repo is not None:
         try:
             _git("worktree", "prune", cwd=repo)
         except GitError:
@@ -137,27 +163,63 @@ def sweep(state_dir: str | Path, run_ids: list[str]) -> list[Path]:
     removed: list[Path] = []
     for run_id in run_ids:
         folder = Path(state_dir) / WORKTREES_DIR / run_id
-        if not folder.is_dir():
+        if not folder.is_dir() or folder.is_symlink():
             continue
-        for path in sorted(p for p in folder.iterdir() if p.is_dir()):
-            repo = _repo_of(path)
-            if repo is not None:
-                remove_worktree(repo, path)
-            shutil.rmtree(path, ignore_errors=True)
+        for path in sorted(p for p in folder.iterdir() if p.is_dir() or p.is_symlink()):
+            if path.name.endswith(RECORD_SUFFIX):
+                continue
+            remove_worktree(None, path)
             removed.append(path)
         shutil.rmtree(folder, ignore_errors=True)
     return removed
 
 
-def _repo_of(path: Path) -> Path | None:
-    """The main repository of the worktree at ``path`` (from its ``.git`` file)."""
+def _record(path: Path) -> Path:
+    return path.with_name(path.name + RECORD_SUFFIX)
+
+
+def _read_record(path: Path) -> dict[str, str]:
+    try:
+        data = json.loads(read_bounded_text(_record(path), limit=GIT_FILE_BYTES))
+    except (FileRefused, UnicodeDecodeError, ValueError, RecursionError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def _admin_of(path: Path) -> Path | None:
+    """The admin folder of the worktree at ``path``: the one wf_magic recorded when it added it
+    (a worktree added before records were kept: its ``.git`` pointer), if it links back."""
+    recorded = _read_record(path).get("admin")
+    return _verified_admin(path, Path(recorded) if recorded else _pointer_of(path))
+
+
+def _pointer_of(path: Path) -> Path | None:
     try:
         # Bounded: the agent owned this folder, and may have left a FIFO or a huge file here.
         text = read_bounded_text(path / ".git", limit=GIT_FILE_BYTES).strip()
     except (FileRefused, UnicodeDecodeError):
         return None
-    if not text.startswith("gitdir:"):
+    return Path(text.split(":", 1)[1].strip()) if text.startswith("gitdir:") else None
+
+
+def _verified_admin(path: Path, admin: Path | None) -> Path | None:
+    """``admin`` if it is a worktree admin folder (``<common>/worktrees/<name>``) whose
+    ``gitdir`` names ``path/.git``; None otherwise."""
+    if admin is None or not admin.is_absolute() or admin.parent.name != "worktrees":
         return None
-    admin = Path(text.split(":", 1)[1].strip())  # <repo>/.git/worktrees/<name>
-    common = admin.parent.parent
-    return common.parent if common.name == ".git" else None
+    try:
+        back = read_bounded_text(admin / "gitdir", limit=GIT_FILE_BYTES).strip()
+    except (FileRefused, UnicodeDecodeError):
+        return None
+    if os.path.abspath(back) != os.path.abspath(path / ".git"):
+        return None
+    return admin
+
+
+def _remove_tree(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)

@@ -17,7 +17,7 @@ def make_bins(folder: Path) -> dict[str, Path]:
     for shape in SHAPES:
         path = folder / shape
         path.write_text(
-            f"#!{sys.executable}\nimport runpy, sys\nsys.argv.insert(1, {shape!r})\n"
+            f"#!{sys.executable}\nimport runpy, sys\nsys.argv[1:1] = [{shape!r}, {str(folder)!r}]\n"
             f"runpy.run_path({str(FAKE)!r}, run_name='__main__')\n"
         )
         path.chmod(0o755)

@@ -15,6 +15,14 @@ the measurements in the harness notes; what it does comes from directives in the
   one that keeps its stdout open after it exits. Every launch appends
   its pid (and that child's) to ``$HOME/.fake-agent/pids``.
 - ``[[json]]``: answer ``{"status": ..., "turn": n}`` as JSON text.
+- ``[[print-file PATH]]``: copy PATH's bytes to stdout after the first line (hostile lines);
+  ``[[long-line MIB]]``: then print MIB MiB on one line without a newline, and exit 0.
+- ``[[raw-cost TEXT]]`` / ``[[raw-tokens TEXT]]``: TEXT, as is, is the reported cost / output
+  token count in every line that reports one (``NaN``, ``-1``, ``1e400``, ``"12"``, ``true``).
+
+The prompt is read from stdin (as the real CLIs do when wf_magic gives it there), else from
+argv. ``--version`` appends what it saw (HOME, cwd, the environment's names) to
+``version-probes.jsonl`` in the fake's bin folder.
 
 The answer is ``FIXED`` when the prompt carries a gate feedback block, else ``TRIED``, then
 ``turn=N`` (the session's turn count) and ``prompt_chars=K``. Sessions live in
@@ -41,9 +49,56 @@ VERSIONS = {
 }
 
 
+STDIN_PROMPT = ""
+"""What stdin said (the prompt), read once by main()."""
+_RAW_COST = re.compile(r'"(total_cost_usd|cost)": [^,}\n]+')
+_RAW_TOKENS = re.compile(r'"(output_tokens|output|candidates)": [^,}\n]+')
+
+
+def _patch(text: str) -> str:
+    """``text`` with the ``[[raw-cost]]`` / ``[[raw-tokens]]`` values spliced in, as is."""
+    cost = re.search(r"\[\[raw-cost ([^\]\s]+)\]\]", STDIN_PROMPT)
+    if cost:
+        text = _RAW_COST.sub(lambda m: f'"{m.group(1)}": {cost.group(1)}', text)
+    tokens = re.search(r"\[\[raw-tokens ([^\]\s]+)\]\]", STDIN_PROMPT)
+    if tokens:
+        text = _RAW_TOKENS.sub(lambda m: f'"{m.group(1)}": {tokens.group(1)}', text)
+    return text
+
+
 def _emit(obj: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.write(_patch(json.dumps(obj)) + "\n")
     sys.stdout.flush()
+    _hostile()
+
+
+_HOSTILE_DONE = False
+
+
+def _hostile() -> None:
+    """After the first line: the ``[[print-file]]`` bytes and the ``[[long-line]]``."""
+    global _HOSTILE_DONE
+    if _HOSTILE_DONE:
+        return
+    _HOSTILE_DONE = True
+    for path in re.findall(r"\[\[print-file (\S+)\]\]", STDIN_PROMPT):
+        sys.stdout.flush()
+        sys.stdout.buffer.write(Path(path).read_bytes())
+        sys.stdout.buffer.flush()
+    m = re.search(r"\[\[long-line (\d+)\]\]", STDIN_PROMPT)
+    if m:
+        chunk = b"x" * (1 << 20)
+        sys.stdout.flush()
+        sys.stdout.buffer.write(b'{"type": "pad", "text": "')
+        for _ in range(int(m.group(1))):
+            sys.stdout.buffer.write(chunk)
+        sys.stdout.buffer.flush()
+        os._exit(0)
+
+
+def _prompt(given: str | None) -> str:
+    """The prompt: stdin's, else the one in argv."""
+    return STDIN_PROMPT or given or ""
 
 
 def _sessions() -> Path:
@@ -120,7 +175,7 @@ def _opt(args: list[str], name: str) -> str | None:
 
 
 def claude(args: list[str]) -> int:
-    prompt = _opt(args, "-p") or ""
+    prompt = _prompt(_opt(args, "-p"))
     if (
         "--output-format" in args
         and _opt(args, "--output-format") == "stream-json"
@@ -252,7 +307,7 @@ def codex(args: list[str]) -> int:
         print("error: unexpected argument", file=sys.stderr)
         return 2
     rest = args[1:]
-    prompt = rest[-1]
+    prompt = _prompt(None) if rest[-1] == "-" else rest[-1]
     sandbox = _opt(rest, "--sandbox")
     override = _opt(rest, "-c") or ""
     if override.startswith("sandbox_mode="):
@@ -327,7 +382,7 @@ def opencode(args: list[str]) -> int:
     if not args or args[0] != "run":
         return 1
     rest = args[1:]
-    prompt = rest[-1]
+    prompt = _prompt(None)
     resume = _opt(rest, "--session")
     if resume:
         data = _load_session(resume, anywhere=False)
@@ -406,7 +461,7 @@ def opencode(args: list[str]) -> int:
 
 
 def gemini(args: list[str]) -> int:
-    prompt = _opt(args, "-p") or ""
+    prompt = _prompt(_opt(args, "-p"))
     settings = Path(os.environ["HOME"]) / ".gemini" / "settings.json"
     if not settings.exists() or "selectedType" not in settings.read_text():
         print(
@@ -455,29 +510,31 @@ def gemini(args: list[str]) -> int:
     written, _ = _act(prompt, _opt(args, "--approval-mode") in ("auto_edit", "yolo"), False)
     answer = _answer(prompt, data["turns"], data["prompts"][:-1])
     print(
-        json.dumps(
-            {
-                "session_id": session_id,
-                "response": answer,
-                "stats": {
-                    "models": {
-                        "gemini-2.5-flash": {
-                            "tokens": {
-                                "input": 120,
-                                "prompt": 120,
-                                "candidates": 8,
-                                "total": 128,
-                                "cached": 0,
-                                "thoughts": 0,
-                                "tool": 0,
+        _patch(
+            json.dumps(
+                {
+                    "session_id": session_id,
+                    "response": answer,
+                    "stats": {
+                        "models": {
+                            "gemini-2.5-flash": {
+                                "tokens": {
+                                    "input": 120,
+                                    "prompt": 120,
+                                    "candidates": 8,
+                                    "total": 128,
+                                    "cached": 0,
+                                    "thoughts": 0,
+                                    "tool": 0,
+                                }
                             }
-                        }
+                        },
+                        "tools": {"totalCalls": len(written)},
+                        "files": {"totalLinesAdded": len(written)},
                     },
-                    "tools": {"totalCalls": len(written)},
-                    "files": {"totalLinesAdded": len(written)},
                 },
-            },
-            indent=2,
+                indent=2,
+            )
         )
     )
     return 0
@@ -502,14 +559,20 @@ def _record_pids(args: list[str]) -> None:
         f.write("".join(f"{p}\n" for p in pids))
 
 
-def main(shape: str) -> int:
+def main(shape: str, bin_dir: str) -> int:
+    global STDIN_PROMPT
     args = sys.argv[1:]
     if args == ["--version"]:
+        seen = {"home": os.environ.get("HOME"), "cwd": os.getcwd(), "env": sorted(os.environ)}
+        with (Path(bin_dir) / "version-probes.jsonl").open("a") as f:
+            f.write(json.dumps(seen) + "\n")
         print(VERSIONS[shape])
         return 0
-    _record_pids(args)
+    if sys.stdin is not None and not sys.stdin.isatty():
+        STDIN_PROMPT = sys.stdin.read()
+    _record_pids([*args, STDIN_PROMPT])
     return {"claude": claude, "codex": codex, "opencode": opencode, "gemini": gemini}[shape](args)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv.pop(1)))
+    sys.exit(main(sys.argv.pop(1), sys.argv.pop(1)))

@@ -13,6 +13,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from . import usage
 from .harness import AgentCall, Failure, Outcome, Watch, classify_status, classify_text, first_line
 
 _MODES = {"read": "default", "edits": "acceptEdits", "full": "bypassPermissions"}
@@ -26,9 +27,11 @@ class ClaudeHarness:
     default_bin = "claude"
     presets_session = True
     resumes_anywhere = False
+    prompt_on_stdin = True
 
     def argv(self, call: AgentCall) -> list[str]:
-        args = ["-p", call.prompt, "--output-format", "stream-json", "--verbose"]
+        # ``-p`` without a prompt reads it from stdin: never an option, never in argv.
+        args = ["-p", "--output-format", "stream-json", "--verbose"]
         args += ["--permission-mode", _MODES[call.permission]]
         if call.model:
             args += ["--model", call.model]
@@ -59,7 +62,7 @@ class ClaudeHarness:
             seen.session_id = seen.session_id or _str(event.get("session_id"))
         elif kind == "assistant":
             seen.turns += 1
-            for block in (event.get("message") or {}).get("content") or []:
+            for block in _list(_dict(event.get("message")).get("content")):
                 if isinstance(block, dict) and block.get("type") == "tool_use":
                     seen.tools += 1
                     seen.last = f"{block.get('name')}"
@@ -78,20 +81,28 @@ class ClaudeHarness:
         if result is None:
             text = first_line(stderr) or first_line(stdout) or f"exited with status {code}"
             return Outcome(failure=Failure(error_class=classify_text(text), message=text))
-        usage = result.get("usage") or {}
+        used = _dict(result.get("usage"))
+        warned: list[str] = []
+        tokens_in = sum(
+            usage.tokens(used.get(key), name=f"usage.{key}", warnings=warned)
+            for key in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+        )
+        cost = usage.cost(result.get("total_cost_usd"), name="total_cost_usd", warnings=warned)
+        denials = result.get("permission_denials")
         out = Outcome(
             text=_str(result.get("result")),
             structured=result.get("structured_output"),
             session_id=_str(result.get("session_id")),
-            tokens_in=_int(usage.get("input_tokens"))
-            + _int(usage.get("cache_creation_input_tokens"))
-            + _int(usage.get("cache_read_input_tokens")),
-            tokens_out=_int(usage.get("output_tokens")),
-            cost=_float(result.get("total_cost_usd")),
-            cost_source=COST_SOURCE if result.get("total_cost_usd") is not None else None,
+            tokens_in=tokens_in,
+            tokens_out=usage.tokens(
+                used.get("output_tokens"), name="usage.output_tokens", warnings=warned
+            ),
+            cost=cost,
+            cost_source=COST_SOURCE if cost is not None else None,
             turns=_int(result.get("num_turns")) or None,
-            denials=list(result.get("permission_denials") or []),
+            denials=list(denials) if isinstance(denials, list) else [],
             final=dict(result),
+            warnings=warned,
         )
         out.failure = _failure(result, out, call)
         return out
@@ -122,10 +133,13 @@ def _str(value: Any) -> str | None:
 
 
 def _int(value: Any) -> int:
-    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
+    return usage.count(value)
 
 
-def _float(value: Any) -> float | None:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    return None
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _dict(value: Any) -> Mapping[str, Any]:
+    """``value`` when the CLI printed an object there, else an empty one."""
+    return value if isinstance(value, Mapping) else {}

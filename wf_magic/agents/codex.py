@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .claude import _int, _str
+from . import usage
+from .claude import _dict, _str
 from .harness import AgentCall, Failure, Outcome, Watch, classify_text, first_line
 
 _SANDBOX = {"read": "read-only", "edits": "workspace-write"}
@@ -36,6 +37,7 @@ class CodexHarness:
     default_bin = "codex"
     presets_session = False
     resumes_anywhere = True
+    prompt_on_stdin = True
 
     def argv(self, call: AgentCall) -> list[str]:
         # ``exec resume`` takes no --sandbox: the mode goes in as a config override there.
@@ -56,7 +58,7 @@ class CodexHarness:
             args += ["--output-schema", str(schema)]
         if resuming:
             args.append(str(call.resume_id))
-        return [*args, call.prompt]
+        return [*args, "-"]  # the prompt: read from stdin
 
     def quiet_env(self, call: AgentCall) -> dict[str, str]:
         codex_home = Path(call.home) / ".codex"
@@ -74,12 +76,12 @@ class CodexHarness:
         elif kind == "turn.started":
             seen.turns += 1
         elif kind == "item.started":
-            item = event.get("item") or {}
+            item = _dict(event.get("item"))
             if item.get("type") in ("command_execution", "file_change", "mcp_tool_call"):
                 seen.tools += 1
                 seen.last = str(item.get("command") or item.get("type"))[:80]
         elif kind == "item.completed":
-            item = event.get("item") or {}
+            item = _dict(event.get("item"))
             if item.get("type") == "agent_message":
                 seen.last = first_line(str(item.get("text") or ""), 80)
 
@@ -95,20 +97,23 @@ class CodexHarness:
         turns = 0
         for event in events:
             kind = event.get("type")
-            item = event.get("item") or {}
+            item = _dict(event.get("item"))
             if kind == "thread.started":
                 out.session_id = _str(event.get("thread_id"))
             elif kind == "item.completed" and item.get("type") == "agent_message":
                 out.text = str(item.get("text") or "")
             elif kind == "turn.completed":
                 turns += 1
-                usage = event.get("usage") or {}
-                out.tokens_in = _int(usage.get("input_tokens"))
-                out.tokens_out = _int(usage.get("output_tokens")) + _int(
-                    usage.get("reasoning_output_tokens")
+                used, warned = _dict(event.get("usage")), out.warnings
+                out.tokens_in = usage.tokens(
+                    used.get("input_tokens"), name="usage.input_tokens", warnings=warned
+                )
+                out.tokens_out = sum(
+                    usage.tokens(used.get(key), name=f"usage.{key}", warnings=warned)
+                    for key in ("output_tokens", "reasoning_output_tokens")
                 )
             elif kind == "turn.failed":
-                message = str((event.get("error") or {}).get("message") or "turn failed")
+                message = str(_dict(event.get("error")).get("message") or "turn failed")
                 out.failure = Failure(error_class=classify_text(message), message=message)
         out.turns = turns or None
         out.final = dict(events[-1]) if events else None

@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .claude import _int, _str
+from . import usage
+from .claude import _dict, _int, _str
 from .harness import (
     AgentCall,
     Failure,
@@ -41,9 +42,11 @@ class GeminiHarness:
     default_bin = "gemini"
     presets_session = True
     resumes_anywhere = False
+    prompt_on_stdin = True
 
     def argv(self, call: AgentCall) -> list[str]:
-        args = ["-p", call.prompt, "-o", "json", "--approval-mode", _MODES[call.permission]]
+        # No ``-p``: with stdin not a terminal Gemini CLI runs headless on what stdin says.
+        args = ["-o", "json", "--approval-mode", _MODES[call.permission]]
         if call.model:
             args += ["--model", call.model]
         if call.resume_id:
@@ -77,11 +80,17 @@ class GeminiHarness:
         if result is not None:
             out.text = _str(result.get("response"))
             out.session_id = _str(result.get("session_id"))
-            for model in ((result.get("stats") or {}).get("models") or {}).values():
-                tokens = (model or {}).get("tokens") or {}
-                out.tokens_in += _int(tokens.get("prompt"))
-                out.tokens_out += _int(tokens.get("candidates")) + _int(tokens.get("thoughts"))
-            tools = (result.get("stats") or {}).get("tools") or {}
+            stats, warned = _dict(result.get("stats")), out.warnings
+            for model in _dict(stats.get("models")).values():
+                tokens = _dict(_dict(model).get("tokens"))
+                out.tokens_in += usage.tokens(
+                    tokens.get("prompt"), name="tokens.prompt", warnings=warned
+                )
+                out.tokens_out += sum(
+                    usage.tokens(tokens.get(key), name=f"tokens.{key}", warnings=warned)
+                    for key in ("candidates", "thoughts")
+                )
+            tools = _dict(stats.get("tools"))
             out.turns = _int(tools.get("totalCalls")) + 1 if tools else None
             out.final = dict(result)
         if errors:

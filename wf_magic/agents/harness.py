@@ -156,6 +156,8 @@ class Outcome:
     failure: Failure | None = None
     final: Any = None
     """The CLI's final JSON (its result object, or its last event)."""
+    warnings: list[str] = field(default_factory=list)
+    """Reported numbers refused (negative, non-finite, not numbers): journaled as warnings."""
 
 
 @dataclass(slots=True)
@@ -186,6 +188,10 @@ class Harness(Protocol):
     """Whether a new session can be given its id (``--session-id``)."""
     resumes_anywhere: bool
     """Whether a session resumes from any folder (else only from the one it started in)."""
+    prompt_on_stdin: bool
+    """Whether ``argv`` leaves the prompt out and the CLI reads it from stdin (the runner writes
+    it there): a prompt is then never parsed as an option nor seen in another process's
+    ``/proc/PID/cmdline``. A harness without it must put ``--`` before the prompt."""
 
     def argv(self, call: AgentCall) -> list[str]:
         """The arguments after the binary (and the ``runners:`` args)."""

@@ -11,7 +11,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .claude import _float, _int, _str
+from . import usage
+from .claude import _dict, _str
 from .harness import AgentCall, Failure, Outcome, Watch, classify_status, classify_text, first_line
 
 _PERMISSIONS = {
@@ -28,14 +29,16 @@ class OpencodeHarness:
     default_bin = "opencode"
     presets_session = False
     resumes_anywhere = False
+    prompt_on_stdin = True
 
     def argv(self, call: AgentCall) -> list[str]:
+        # No message argument: ``opencode run`` reads the message from stdin.
         args = ["run", "--format", "json", "--title", "wf_magic agent"]
         if call.model:
             args += ["--model", call.model]
         if call.resume_id:
             args += ["--session", call.resume_id]
-        return [*args, call.prompt]
+        return args
 
     def quiet_env(self, call: AgentCall) -> dict[str, str]:
         return {
@@ -49,7 +52,7 @@ class OpencodeHarness:
 
     def watch(self, event: Mapping[str, Any], seen: Watch) -> None:
         seen.session_id = seen.session_id or _str(event.get("sessionID"))
-        part = event.get("part") or {}
+        part = _dict(event.get("part"))
         if event.get("type") == "step_start":
             seen.turns += 1
         elif event.get("type") == "tool_use":
@@ -69,10 +72,10 @@ class OpencodeHarness:
         out = Outcome()
         texts: list[str] = []
         cost = 0.0
-        has_cost = False
+        has_cost = refused = False
         for event in events:
             out.session_id = out.session_id or _str(event.get("sessionID"))
-            part = event.get("part") or {}
+            part = _dict(event.get("part"))
             kind = event.get("type")
             if kind == "step_start":
                 texts = []
@@ -80,15 +83,25 @@ class OpencodeHarness:
             elif kind == "text":
                 texts.append(str(part.get("text") or ""))
             elif kind == "step_finish":
-                tokens = part.get("tokens") or {}
-                cache = tokens.get("cache") or {}
-                out.tokens_in += _int(tokens.get("input")) + _int(cache.get("read"))
-                out.tokens_out += _int(tokens.get("output")) + _int(tokens.get("reasoning"))
-                if (step_cost := _float(part.get("cost"))) is not None:
+                tokens, warned = _dict(part.get("tokens")), out.warnings
+                cache = _dict(tokens.get("cache"))
+                out.tokens_in += usage.tokens(
+                    tokens.get("input"), name="tokens.input", warnings=warned
+                ) + usage.tokens(cache.get("read"), name="tokens.cache.read", warnings=warned)
+                out.tokens_out += sum(
+                    usage.tokens(tokens.get(key), name=f"tokens.{key}", warnings=warned)
+                    for key in ("output", "reasoning")
+                )
+                raw_cost = part.get("cost")
+                step_cost = usage.cost(raw_cost, name="part.cost", warnings=warned)
+                if step_cost is not None:
                     cost, has_cost = cost + step_cost, True
+                elif raw_cost is not None:
+                    refused = True  # one bad step makes the attempt's sum unknown
             elif kind == "error":
-                out.failure = _failure(event.get("error") or {})
+                out.failure = _failure(_dict(event.get("error")))
         out.text = "".join(texts) if texts else None
+        has_cost = has_cost and not refused
         out.cost = cost if has_cost else None
         out.cost_source = "opencode: the provider model's configured price" if has_cost else None
         out.final = dict(events[-1]) if events else None
@@ -99,7 +112,7 @@ class OpencodeHarness:
 
 
 def _failure(error: Mapping[str, Any]) -> Failure:
-    data = error.get("data") or {}
+    data = _dict(error.get("data"))
     message = str(data.get("message") or error.get("name") or "error")
     status = data.get("statusCode")
     error_class = classify_status(status if isinstance(status, int) else None)

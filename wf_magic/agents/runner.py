@@ -109,10 +109,11 @@ class AgentRunner(BaseRunner):
             except (ProcessLookupError, PermissionError):
                 pass
 
-    def version(self) -> str | None:
-        """The CLI's ``--version`` line (asked once per binary and modification time)."""
+    def version(self, *, env: dict[str, str], cwd: str) -> str | None:
+        """The CLI's ``--version`` line, asked like the agent is run (``env``: the launch's
+        minimal environment, isolated HOME and quiet settings; once per binary and mtime)."""
         if self._version is None:
-            self._version = cli_version(self.bin)
+            self._version = cli_version(self.bin, env=env, cwd=cwd)
         return self._version or None
 
     def run(self, request: UnitRequest) -> UnitResult:
@@ -142,6 +143,7 @@ class _Launch:
         self.usage_base: tuple[int, int] = kw["usage_base"]
         self.env: dict[str, str] = kw["env"]
         self.reclaimed: bool = kw["reclaimed"]
+        self.notes: list[str] = []
         self.redactor = Redactor.from_environ(
             request.env, extra=[request.env[k] for k in _pass_env(request) if k in request.env]
         )
@@ -225,13 +227,14 @@ class _Launch:
     def execute(self) -> UnitResult:
         runner, request = self.runner, self.request
         argv = [runner.bin, *runner.args, *runner.adapter.argv(self.call)]
+        on_stdin = bool(getattr(runner.adapter, "prompt_on_stdin", False))
         deadline = None if request.timeout_s is None else time.monotonic() + request.timeout_s
         try:
             proc = subprocess.Popen(
                 argv,
                 cwd=self.call.cwd,
                 env=self.env,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE if on_stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
@@ -244,6 +247,8 @@ class _Launch:
             ) from exc
         with runner._lock:
             runner._live[request.dispatch_id] = proc
+        if on_stdin:
+            _give_prompt(proc, self.call.prompt)
         try:
             record_unit_process(
                 runner.state_dir,
@@ -294,13 +299,23 @@ class _Launch:
             )
         stdout = reader.stdout_text()
         events = list(reader.events) or parse_lines(stdout)  # one pretty-printed object
-        outcome = runner.adapter.outcome(events, stdout, reader.err.text(), code, self.call)
+        try:
+            outcome = runner.adapter.outcome(events, stdout, reader.err.text(), code, self.call)
+        except Exception as exc:  # noqa: BLE001 - a CLI's odd output is its attempt's failure
+            outcome = Outcome(
+                failure=Failure(
+                    error_class="failed",
+                    message=f"its output could not be read ({type(exc).__name__}: {exc})"[:300],
+                )
+            )
         if outcome.failure is None and outcome.text is None and outcome.structured is None:
             seen = first_line(stdout) or first_line(reader.err.text()) or "nothing"
+            skipped = f"; {reader.notes[0]}" if reader.notes else ""
             outcome.failure = Failure(
                 error_class="failed",
-                message=f"exited with status {code} without a result (it printed: {seen})",
+                message=f"exited with status {code} without a result (it printed: {seen}{skipped})",
             )
+        self.notes = reader.notes
         return self._result(outcome, watch, code)
 
     def _journal_session(self, session_id: str) -> None:
@@ -329,6 +344,10 @@ class _Launch:
             outcome, watch, code=code, error_class=failure.error_class if failure else None
         )
         facts["usage_total"] = list(total)
+        if outcome.warnings:
+            facts["warnings"] = [f"{self.runner.name}: {w}" for w in outcome.warnings]
+        if self.notes:
+            facts["stream_notes"] = list(self.notes)
         if failure is not None:
             raise AgentError(
                 f"{self.runner.name} failed ({failure.error_class}): {failure.message}",
@@ -356,7 +375,7 @@ class _Launch:
             worktree = _settle_worktree(self.repo, self.worktree)
         return attempt_facts(
             harness=self.runner.name,
-            version=self.runner.version(),
+            version=self.runner.version(env=self.env, cwd=self.call.cwd),
             call=self.call,
             outcome=outcome,
             watch=watch,
@@ -366,6 +385,21 @@ class _Launch:
             reclaimed=self.reclaimed,
             redactor=self.redactor,
         )
+
+
+def _give_prompt(proc: subprocess.Popen[bytes], prompt: str) -> None:
+    """Write ``prompt`` to the CLI's stdin and close it, from a daemon thread (a CLI that
+    never reads it must not block the attempt; one that exits early ends the write)."""
+
+    def write() -> None:
+        assert proc.stdin is not None  # PIPE was requested
+        try:
+            with proc.stdin:
+                proc.stdin.write(prompt.encode("utf-8", errors="replace"))
+        except (OSError, ValueError):
+            pass  # it exited or closed stdin: its exit status tells the rest
+
+    threading.Thread(target=write, daemon=True).start()
 
 
 def _settle_worktree(repo: Path, path: Path) -> dict[str, Any]:

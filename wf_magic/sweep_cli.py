@@ -7,6 +7,7 @@ import signal as signals
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import UsageError
@@ -100,13 +101,16 @@ def _stopped_by_interrupt(reason: str | None) -> bool:
     return bool(reason and reason.startswith("interrupted"))
 
 
-def cmd_sweep(engine: Engine, args: argparse.Namespace) -> int:
-    from pathlib import Path
+def _importable(directory: Path) -> None:
+    """Let ``python: module:function`` targets import modules beside the workflow file."""
+    if str(directory) not in sys.path:
+        sys.path.insert(0, str(directory))
 
+
+def cmd_sweep(engine: Engine, args: argparse.Namespace) -> int:
     from .sweeps.expand import read_rows_file
 
-    if str(Path(args.file).resolve().parent) not in sys.path:
-        sys.path.insert(0, str(Path(args.file).resolve().parent))
+    _importable(Path(args.file).resolve().parent)
     wf = engine.load(Path(args.file))
     # Read before the drive starts: a bad rows file is refused before any signal is taken.
     rows = None if args.rows is None else read_rows_file(Path(args.rows))
@@ -135,6 +139,15 @@ def cmd_sweep(engine: Engine, args: argparse.Namespace) -> int:
 
 
 def cmd_sweep_resume(engine: Engine, args: argparse.Namespace) -> int:
+    import os
+
+    from .sweeps.driver import source_path_of
+
+    # As `wf sweep` (and `wf resume` for a run) did: python steps import modules beside the
+    # workflow file.
+    path = source_path_of(engine.sweep_handle(args.sweep).row)
+    if path is not None and "://" not in path:
+        _importable(Path(os.path.realpath(path)).parent)
     stopped: list[threading.Event] = []
 
     def go(stop: threading.Event) -> Sweep:

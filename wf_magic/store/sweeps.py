@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from .records import AttemptRow, from_row
@@ -198,7 +198,21 @@ ORDER BY c.cell_index
 def sweep_cells(conn: sqlite3.Connection, sweep_id: str) -> list[SweepCellRow]:
     """Every cell of ``sweep_id`` with its run's status, result and what this sweep paid."""
     rows = conn.execute(_CELLS, {"sweep": sweep_id}).fetchall()
-    return [from_row(SweepCellRow, r) for r in rows]
+    return [_typed(from_row(SweepCellRow, r)) for r in rows]
+
+
+def _typed(row: SweepCellRow) -> SweepCellRow:
+    """``row`` with its sums as the types it declares: a SUM of integer zeros (attempts of no
+    known cost) is the integer 0 in SQL, which would make a frame's ``cost_paid`` an integer
+    column in one sweep and a float column in another."""
+    return replace(
+        row,
+        units_paid=int(row.units_paid),
+        tokens_paid=int(row.tokens_paid),
+        tokens_original=int(row.tokens_original),
+        cost_paid=float(row.cost_paid),
+        cost_original=float(row.cost_original),
+    )
 
 
 def sweep_usage(conn: sqlite3.Connection, sweep_id: str) -> tuple[int, int, float]:

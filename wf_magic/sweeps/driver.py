@@ -106,7 +106,7 @@ def open_sweep(
         source=wf.source,
         plan_json=wf.plan_json,
         plan_hash=wf.plan_hash,
-        definition_json=spec.as_json(),
+        definition_json=_stored_definition(spec, wf.source_path),
         definition_hash=digest,
         budget_json=canonical_json(ceilings),
         sweep_key=key,
@@ -130,6 +130,21 @@ def open_sweep(
         ],
     )
     return row
+
+
+def _stored_definition(spec: Definition, source_path: str | None) -> str:
+    """The definition as stored: with the workflow file it came from, when there is one (not
+    part of the sweep's identity; a resume imports its python steps' modules from its folder)."""
+    stored = json.loads(spec.as_json())
+    if source_path is not None:
+        stored["source_path"] = source_path
+    return canonical_json(stored)
+
+
+def source_path_of(sweep: SweepRow) -> str | None:
+    """The workflow file ``sweep`` was started from (None: a text source, a notebook cell)."""
+    path = json.loads(sweep.definition_json).get("source_path")
+    return path if isinstance(path, str) and path else None
 
 
 def reopen_sweep(store: Store, sweep_id: str, *, budget: Mapping[str, Any] | None) -> SweepRow:

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..bus import EventBus
-from ..errors import UsageError
+from ..errors import UsageError, WorkflowError
 from ..redact import Redactor
 from ..store import Store
+from ..store.sweeps import SweepRow
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -101,13 +102,30 @@ class SweepVerbs:
 
         at_least(max_concurrency=(max_concurrency, 1))
         row = reopen_sweep(self.store, self.sweep_handle(sweep_id).sweep_id, budget=budget)
-        wf = self.load(row.source, source_name=row.workflow)
+        wf = self._stored_workflow(row)
         if wf.plan_hash != row.plan_hash:
             raise UsageError(
                 f"sweep {row.sweep_id}: its stored source now freezes into another plan "
                 "(a python target or library workflow changed); start a new sweep instead"
             )
         return self._drive_sweep(row.sweep_id, wf, max_concurrency, signal, progress)
+
+    def _stored_workflow(self, row: SweepRow) -> Workflow:
+        """The sweep's workflow as a resume freezes it: from the file it was started from
+        while that file still holds the stored source (its ``models.yaml`` and its path
+        recorded on new cells' runs, as ``wf sweep`` did), else from the stored text."""
+        from .driver import source_path_of
+
+        path = source_path_of(row)
+        if path is not None and "://" not in path:
+            try:
+                wf = self.load(Path(path))
+            except WorkflowError:  # moved, unreadable, or edited into something invalid
+                pass
+            else:
+                if wf.source == row.source:
+                    return wf
+        return self.load(row.source, source_name=row.workflow)
 
     def _drive_sweep(
         self,

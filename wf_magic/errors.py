@@ -280,9 +280,14 @@ class RunnerError(WorkflowError):
         retry_after_s: float | None = None,
         cost: float | None = None,
         price_source: str | None = None,
+        throttled: bool = False,
     ):
         super().__init__(message)
-        self.transient = transient
+        self.transient = transient or throttled
+        self.throttled = throttled
+        """The provider's rate limiter refused the call (429, 529, overloaded): nothing was
+        served, so the drive waits (``retry_after_s``, the endpoint's limiter) and sends the
+        same attempt again — no new attempt row, no unit charged, no ``retry:`` spent."""
         self.retry_after_s = retry_after_s
         """How long the provider asked to wait before a retry (a transient error's next
         dispatch waits at least this, and at most ``MAX_RETRY_AFTER_S``)."""

@@ -25,8 +25,10 @@ from . import attempts, outcomes, resume
 from .agentunits import agent_request, cancel_agents, prior_session
 from .children import ChildBlocked, ChildBudgetStop
 from .context import DriveContext, RunState
+from .endpoints import limiter_for, throttle_wait, throttled_too_long
 from .executors import InlineExecutor
 from .interrupts import delivered, is_real_interrupt
+from .limiter import Limiter
 from .spine import LoopWork, start_loop
 from .units import UnitPlan
 
@@ -48,6 +50,13 @@ class _Job:
     """Tokens reserved for this dispatch (``UnitRequest.max_tokens``); released on finish."""
     resume: dict[str, Any] | None = None
     """The session an agent unit of a ``session: continue`` loop resumes (agentunits.py)."""
+    limiter: Limiter | None = None
+    """The endpoint limiter slot this dispatch holds (drive/limiter.py), until its outcome."""
+    resend: bool = False
+    """The provider refused the attempt (``reclaimed``): it is sent again, unchanged."""
+    started: float = 0.0
+    """When the current attempt was first sent (monotonic): throttling counts against the
+    step's ``timeout``."""
 
 
 InlineRun = Callable[[PlanStep, UnitPlan, AttemptRow], UnitResult]
@@ -79,14 +88,14 @@ def run_units(
         unit = units[i]
         history_of = history.get(unit.unit_id, [])
         latest = history_of[-1] if history_of else None
-        same_input = [a for a in history_of if a.input_hash == unit.input_hash]
+        same_input = [a for a in history_of if a.input_hash in unit.input_hashes]
         if judged and same_input and same_input[-1].status == "failed":
             work.outputs[i] = None
             work.failures[unit.unit_id] = same_input[-1].failure or "failed"
             continue
         reclaim = None
         if latest is not None and latest.status == "running":
-            if latest.input_hash == unit.input_hash:
+            if latest.input_hash in unit.input_hashes:
                 reclaim = latest  # the driver died mid-unit: same attempt, same dispatch_id
             else:
                 attempts.abandon(ctx, state, latest)
@@ -95,7 +104,7 @@ def run_units(
             if reused is not None:
                 work.outputs[i] = _load(reused.output_json)
                 continue
-        tries = 0 if state.reopened else _retry_streak(history_of, unit.input_hash)
+        tries = 0 if state.reopened else _retry_streak(history_of, unit.input_hashes)
         resume_from = prior_session(ctx, step, unit, history_of) if step.agent else None
         jobs.append(_Job(index=i, unit=unit, reclaimed=reclaim, tries=tries, resume=resume_from))
     if jobs:
@@ -117,11 +126,11 @@ def _history(
     return out
 
 
-def _retry_streak(attempts: list[AttemptRow], input_hash: str) -> int:
+def _retry_streak(attempts: list[AttemptRow], input_hashes: tuple[str, ...]) -> int:
     """Transient failures that ended this unit's latest tries (a crash does not reset them)."""
     streak = 0
     for attempt in reversed(attempts):
-        if attempt.input_hash != input_hash or attempt.status == "running":
+        if attempt.input_hash not in input_hashes or attempt.status == "running":
             continue
         if attempt.status != "failed" or not attempt.transient:
             break
@@ -172,6 +181,7 @@ def _schedule(
                     launched = _launch(ctx, state, step, job, attempt, work, executor, inline)
                     if launched is None:
                         ctx.budget.release(job.offer)
+                        _drop_hold(job)
                         halt = halt or work.budget_error is not None or bool(work.blocked)
                         continue
                     in_flight[launched] = (job, attempt)
@@ -219,6 +229,8 @@ def _schedule(
     finally:
         if slots is not None:
             slots.give(held)
+        for job, _attempt in in_flight.values():
+            _drop_hold(job)  # outcomes never seen (a stop at once): the limiter forgets them
     # The last finishes stay deferred: the step's own write carries them (complete_step), or
     # the next read or write, or the flush at the end of the drive (drive_run).
 
@@ -275,10 +287,13 @@ def _start_batch(
         if inline and batch:
             jobs.appendleft(job)
             break
+        if not inline and not _hold(ctx, state, job, jobs):
+            break  # the endpoint's limiter says not yet: the job waits for it, queued
         job.offer = budget.offer(slots=free - len(batch))
         if job.offer == 0 and (in_flight or batch):
             # Every unspent token is promised to units in flight: wait for one.
             budget.release(job.offer)
+            _drop_hold(job)
             jobs.appendleft(job)
             break
         if job.reclaimed is None and job.unit.charged:
@@ -286,6 +301,7 @@ def _start_batch(
                 budget.check(run_id=state.run_id, step_id=step.id, unit_id=job.unit.unit_id)
             except BudgetExceeded as exc:
                 budget.release(job.offer)
+                _drop_hold(job)
                 work.budget_error = str(exc)
                 ctx.emit("warning", run_id=state.run_id, step_id=step.id, message=str(exc))
                 break
@@ -293,6 +309,7 @@ def _start_batch(
             if shared is not None and not shared.try_charge():
                 # The sweep's ceiling: not a failure of this run, which stays owed.
                 budget.release(job.offer)
+                _drop_hold(job)
                 jobs.appendleft(job)
                 work.stopped = True
                 state.stats.stopped_by = "shared_budget"
@@ -311,6 +328,8 @@ def _start_batch(
         job.reclaimed = None
         if attempt is None:
             attempt = next(reserved)
+        elif job.resend:  # the provider refused it: the same attempt goes out again
+            job.resend = False
         else:  # a reclaim writes nothing until its outcome: a re-stop stays a no-op
             ctx.emit(
                 "unit_reclaimed",
@@ -341,6 +360,8 @@ def _launch(
     unit = job.unit
     job.tries += 1
     work.dispatched += 1
+    if not job.started:
+        job.started = time.monotonic()
     if KINDS[unit.kind].runs_inline:
         ctx.store.flush()  # a child's drive or a route decision may read this loop's journal
         future: Future[UnitResult] = Future()
@@ -478,6 +499,11 @@ def _finish(
     ctx.budget.release(job.offer)
     job.offer = None
     raised = future.exception()
+    limiter, job.limiter = job.limiter, None
+    if limiter is not None:
+        resent, raised = _after_call(ctx, state, step, job, attempt, future, limiter, raised, jobs)
+        if resent:
+            return True
     if raised is None:
         try:
             # Checked before it is redacted or journaled (drive/outcomes.py): an output the
@@ -505,6 +531,74 @@ def _finish(
     work.executed_failure = work.executed_failure or exc.executed
     work.outputs[job.index] = None
     return False
+
+
+def _hold(ctx: DriveContext, state: RunState, job: _Job, jobs: deque[_Job]) -> bool:
+    """Take a slot of the job's endpoint limiter; False (the job queued again) when refused."""
+    limiter = limiter_for(ctx, state, job.unit)
+    if limiter is None:
+        return True
+    wait_s = limiter.try_acquire()
+    if wait_s > 0:
+        job.not_before = time.monotonic() + wait_s
+        jobs.appendleft(job)
+        return False
+    job.limiter = limiter
+    return True
+
+
+def _drop_hold(job: _Job) -> None:
+    if job.limiter is not None:
+        job.limiter.cancel()
+        job.limiter = None
+
+
+def _after_call(
+    ctx: DriveContext,
+    state: RunState,
+    step: PlanStep,
+    job: _Job,
+    attempt: AttemptRow,
+    future: Future[UnitResult],
+    limiter: Limiter,
+    raised: BaseException | None,
+    jobs: deque[_Job],
+) -> tuple[bool, BaseException | None]:
+    """Give back the job's limiter slot; queue a refused call to be sent again (True).
+
+    A call the provider refused was not served: the attempt stays ``running`` and goes out
+    again once the endpoint's pause ends — no attempt row, no unit charge, no ``retry:``
+    spent. Throttled past the step's ``timeout``, it fails as a timeout (transient).
+    """
+    if not isinstance(raised, RunnerError) or not raised.throttled:
+        tokens = 0
+        if raised is None:
+            result = future.result()
+            tokens = int(result.tokens_in or 0) + int(result.tokens_out or 0)
+        limiter.release(ok=True, tokens=tokens)
+        return False, raised
+    limiter.release(ok=False)
+    wait_s = throttle_wait(
+        ctx,
+        state,
+        limiter,
+        raised,
+        step_id=step.id,
+        unit_id=job.unit.unit_id,
+        dispatch_id=attempt.dispatch_id,
+    )
+    if throttled_too_long(job.started, wait_s, step.timeout_s):
+        return False, RunnerError(
+            f"timed out: throttled by the provider for longer than the step's timeout "
+            f"({step.timeout_s:g}s); last refusal: {raised}",
+            transient=True,
+        )
+    job.tries -= 1
+    job.reclaimed = attempt
+    job.resend = True
+    job.not_before = time.monotonic() + wait_s
+    jobs.append(job)
+    return True, None
 
 
 def _load(output_json: str | None) -> Any:

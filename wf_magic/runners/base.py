@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +31,42 @@ UnitKind = Literal["prompt", "exec", "python", "judge", "agent"]
 """
 
 
+LIMIT_KEYS = ("rpm", "tpm", "concurrency")
+
+
+def check_limits(value: Any, where: str) -> None:
+    """A runner's ``limits:`` option: model (or ``*``) → ``{rpm, tpm, concurrency}``.
+
+    Raises:
+        RunnerError: naming the model and key, with what was expected and got.
+    """
+    if not isinstance(value, Mapping):
+        raise RunnerError(f"{where}.limits: expected a mapping of model → limits (got {value!r}).")
+    for model, entry in value.items():
+        at = f"{where}.limits.{model}"
+        if not isinstance(entry, Mapping):
+            raise RunnerError(
+                f"{at}: expected a mapping of {', '.join(LIMIT_KEYS)} (got {entry!r})."
+            )
+        unknown = sorted(map(str, set(entry) - set(LIMIT_KEYS)))
+        if unknown:
+            raise RunnerError(
+                f"{at}: unknown key(s) {', '.join(unknown)}; "
+                f"expected some of {', '.join(LIMIT_KEYS)}."
+            )
+        for key, number in entry.items():
+            whole = key != "concurrency" or isinstance(number, int)
+            if (
+                isinstance(number, bool)
+                or not isinstance(number, int | float)
+                or not math.isfinite(number)
+                or number <= 0
+                or not whole
+            ):
+                kind = "a positive whole number" if key == "concurrency" else "a positive number"
+                raise RunnerError(f"{at}.{key}: expected {kind} (got {number!r}).")
+
+
 def check_option_shapes(
     options: Mapping[str, Any],
     where: str,
@@ -44,7 +81,7 @@ def check_option_shapes(
     Raises:
         RunnerError: naming ``where`` and the option, with what was expected and got.
     """
-    unknown = sorted(map(str, set(options) - names))
+    unknown = sorted(map(str, set(options) - names - {"limits"}))
     if unknown:
         raise RunnerError(
             f"{where}: unknown option(s) {', '.join(unknown)}; expected some of "
@@ -56,6 +93,8 @@ def check_option_shapes(
     for key in mappings:
         if key in options and not isinstance(options[key], Mapping):
             raise RunnerError(f"{where}.{key}: expected a mapping (got {options[key]!r}).")
+    if "limits" in options:
+        check_limits(options["limits"], where)
     timeout_s = options.get("timeout_s", default_timeout_s)
     if not isinstance(timeout_s, int | float) or isinstance(timeout_s, bool) or timeout_s <= 0:
         raise RunnerError(f"{where}.timeout_s: expected a positive number (got {timeout_s!r}).")

@@ -1,0 +1,84 @@
+"""A unit's model endpoint and its limiter; a refused call waited for and sent again.
+
+A runner that calls a rate-limited provider names the endpoint a unit calls with an optional
+method, ``endpoint(model) -> str | None`` (its base URL, the model and a digest of its key;
+never the key). Units of runners without it (scripted, exec, python, agents) are not limited
+here: nothing of theirs is refused by a provider's limiter.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import RunnerError
+from .context import DriveContext, RunState
+from .limiter import LIMITERS, Limiter, pacing_of
+from .units import UnitPlan
+
+MODEL_KINDS = frozenset({"prompt", "judge"})
+UNLIMITED = 1024
+"""The ceiling of an endpoint without a configured ``concurrency``: the drive's own limits
+(threads, a sweep's slots) bound it until the provider refuses a call."""
+
+
+def limiter_for(ctx: DriveContext, state: RunState, unit: UnitPlan) -> Limiter | None:
+    """The limiter of the endpoint ``unit`` calls, or None when its runner names none."""
+    if unit.kind not in MODEL_KINDS:
+        return None
+    try:
+        runner = state.runner(ctx, unit.runner)
+    except Exception:  # a runner that cannot be built fails at launch, with its message
+        return None
+    name = getattr(runner, "endpoint", None)
+    if not callable(name):
+        return None
+    endpoint = name(unit.model)
+    if not isinstance(endpoint, str) or not endpoint:
+        return None
+    options: Mapping[str, Any] = state.plan.runners.get(unit.runner, {})
+    pacing = pacing_of(options, unit.model)
+    limits = options.get("limits")
+    ceiling = UNLIMITED
+    if isinstance(limits, Mapping):
+        entry = limits.get(unit.model or "") or limits.get("*")
+        if isinstance(entry, Mapping) and isinstance(entry.get("concurrency"), int):
+            ceiling = max(1, int(entry["concurrency"]))
+    return LIMITERS.get(endpoint, max_limit=ceiling, pacing=pacing)
+
+
+def throttle_wait(
+    ctx: DriveContext,
+    state: RunState,
+    limiter: Limiter,
+    exc: RunnerError,
+    *,
+    step_id: str,
+    unit_id: str,
+    dispatch_id: str,
+) -> float:
+    """Pause the endpoint for a refusal and journal it once (a ``throttled`` event)."""
+    wait_s = limiter.throttle(exc.retry_after_s)
+    data = {
+        "endpoint": limiter.endpoint,
+        "wait_s": round(wait_s, 3),
+        "cause": str(exc)[:300],
+    }
+    ctx.store.record_event(
+        state.run_id,
+        "throttled",
+        step_id=step_id,
+        unit_id=unit_id,
+        dispatch_id=dispatch_id,
+        data=data,
+    )
+    ctx.emit("throttled", run_id=state.run_id, step_id=step_id, unit_id=unit_id, **data)
+    return wait_s
+
+
+def throttled_too_long(started: float, wait_s: float, timeout_s: float | None) -> bool:
+    """Whether waiting ``wait_s`` more would keep a unit throttled past its step's timeout."""
+    if timeout_s is None:
+        return False
+    return time.monotonic() + wait_s - started > timeout_s

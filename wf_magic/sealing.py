@@ -18,6 +18,15 @@ or an exported frame carry nothing a secret can be read or guessed from without 
 The value itself is never stored, so a drive needs it from its caller (see
 :func:`unseal`); ``key id`` (a hash of the key) tells a replaced key file apart.
 
+The same key closes the other way a secret could be read back: the hash journaled beside a
+redacted input. A plain sha256 of a unit's input that holds an 8-character password, next to
+the input with the password masked, is a dictionary oracle: hash each candidate until one
+matches. :class:`InputHasher` is the one way a drive hashes what it journals (a unit's
+input, a judge's input, a loop's context): what holds nothing the journal masks keeps its
+plain sha256 (shared by every state, so cassettes replay anywhere); what holds a secret is
+hashed with HMAC-SHA256 under a key derived from this one, so the hash is stable within the
+state (reuse, resume and replay keep working) and tells nothing without the key.
+
 A team sharing runs shares one key: ``$WF_MAGIC_SECRET_KEY_FILE`` names a key file of the same
 format (32 bytes), used instead of ``<state dir>/secret.key`` by every state dir. It is read,
 never created or stored in the database; a missing, short or unreadable file is an error
@@ -30,21 +39,24 @@ import hashlib
 import hmac
 import os
 import re
+import threading
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .errors import FileRefused, StateDirReadOnly, UsageError
-from .hashing import canonical_json
+from .hashing import canonical_json, sha256_text
 from .reading import file_kind, read_bounded
-from .redact import is_secret_key
+from .redact import Redactor, is_secret_key
 
 KEY_FILENAME = "secret.key"
 KEY_BYTES = 32
 KEY_FILE_ENV = "WF_MAGIC_SECRET_KEY_FILE"
 """Names a shared key file used instead of each state dir's own ``secret.key``."""
 SEAL_PREFIX = "wf-sealed:hmac-sha256:"
+INPUT_HASH_LABEL = b"wf_magic input hash v1"
+"""Derives the input-hash key from the sealing key, so an input hash is never a seal."""
 ENV_PREFIX = "WF_PARAM_"
 """A secret param may come from the environment: ``api_token`` from ``WF_PARAM_API_TOKEN``."""
 
@@ -75,12 +87,13 @@ class Sealer:
         key: the key bytes (see :meth:`ensure` and :meth:`existing`).
     """
 
-    __slots__ = ("_key", "key_id")
+    __slots__ = ("_input_key", "_key", "key_id")
 
     def __init__(self, key: bytes) -> None:
         self._key = key
         self.key_id = hashlib.sha256(key).hexdigest()[:12]
         """Names the key in every seal, so a replaced key file is told apart from a new value."""
+        self._input_key = hmac.new(key, INPUT_HASH_LABEL, hashlib.sha256).digest()
 
     @classmethod
     def ensure(cls, state_dir: str | Path) -> Sealer:
@@ -154,6 +167,10 @@ class Sealer:
         digest = hmac.new(self._key, canonical_json(value).encode("utf-8"), hashlib.sha256)
         return f"{SEAL_PREFIX}{self.key_id}:{digest.hexdigest()}"
 
+    def input_digest(self, text: str) -> str:
+        """The keyed hash of an input that holds a secret: 64 hex digits like a sha256."""
+        return hmac.new(self._input_key, text.encode("utf-8"), hashlib.sha256).hexdigest()
+
     def seal_params(self, params: Mapping[str, Any], *, whole: Collection[str] = ()) -> Sealed:
         """``params`` with every value under a secret-looking name (at any depth) sealed.
 
@@ -175,6 +192,91 @@ class Sealer:
 
         sealed = {k: walk(v, secret=k in whole or is_secret_key(str(k))) for k, v in params.items()}
         return Sealed(params=sealed, vault=vault)
+
+
+@dataclass(frozen=True, slots=True)
+class InputHash:
+    """A value hashed for the journal: its hash, the hash an older wf_magic gave it, its copy."""
+
+    hash: str
+    """What is journaled and looked up: the plain sha256 of ``text``, or its keyed hash when
+    the value holds something the journal masks (see :class:`InputHasher`)."""
+    legacy: str | None
+    """The plain sha256 of ``text`` when ``hash`` is keyed, else None: what a wf_magic before
+    the keyed hash journaled for the same value, so its attempts are still found."""
+    text: str
+    """The value's canonical JSON, unredacted (what is hashed; never journaled)."""
+    kept_json: str
+    """The value's canonical JSON as the journal keeps it: redacted."""
+
+    @property
+    def hashes(self) -> tuple[str, ...]:
+        """Every hash an attempt of this value may be journaled under: ``hash``, ``legacy``."""
+        return (self.hash,) if self.legacy is None else (self.hash, self.legacy)
+
+
+class InputHasher:
+    """The one way a drive hashes a value it journals redacted (a unit's, a judge's input).
+
+    A value the run's redactor leaves alone keeps its plain sha256, as every wf_magic
+    computed it: a cassette of it replays in any state. A value the redactor would mask (a
+    secret param's value, an environment secret, a credential shape) is hashed with
+    HMAC-SHA256 under the state's key (:meth:`Sealer.input_digest`): the hash journaled
+    beside its masked copy can no longer be matched against guessed secrets, and stays equal
+    for equal inputs within the state (and every state sharing ``$WF_MAGIC_SECRET_KEY_FILE``).
+
+    Args:
+        redactor: the run's redactor (what the journal masks); None hashes everything
+            plainly, for units rendered outside a drive.
+        state_dir: the state dir whose key is used (created on first need, mode 0600).
+    """
+
+    __slots__ = ("_lock", "_sealer", "_state_dir", "redactor")
+
+    def __init__(self, redactor: Redactor | None, *, state_dir: str | Path | None) -> None:
+        self.redactor = redactor
+        self._state_dir = state_dir
+        self._sealer: Sealer | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def plain(cls) -> InputHasher:
+        """A hasher that treats nothing as secret (every hash the plain sha256)."""
+        return cls(None, state_dir=None)
+
+    def hash_value(self, value: Any) -> InputHash:
+        """``value`` (JSON-like) hashed over its canonical JSON, with its journaled copy.
+
+        Raises:
+            UsageError: the value holds a secret and the state's key file is unusable.
+        """
+        text = canonical_json(value)
+        kept = value if self.redactor is None else self.redactor.redact_value(value)
+        if kept is value:
+            return InputHash(hash=sha256_text(text), legacy=None, text=text, kept_json=text)
+        return self._keyed(text, canonical_json(kept))
+
+    def hash_text(self, text: str) -> InputHash:
+        """A text (not a JSON value: a loop's context) hashed like :meth:`hash_value`.
+
+        Raises:
+            UsageError: the text holds a secret and the state's key file is unusable.
+        """
+        kept = text if self.redactor is None else self.redactor.redact(text)
+        if kept is text:
+            return InputHash(hash=sha256_text(text), legacy=None, text=text, kept_json=text)
+        return self._keyed(text, kept)
+
+    def _keyed(self, text: str, kept_json: str) -> InputHash:
+        with self._lock:
+            if self._sealer is None:
+                if self._state_dir is None:
+                    raise ValueError("a hasher that keys secret inputs needs a state dir")
+                self._sealer = Sealer.ensure(self._state_dir)
+            sealer = self._sealer
+        return InputHash(
+            hash=sealer.input_digest(text), legacy=sha256_text(text), text=text, kept_json=kept_json
+        )
 
 
 _WORD = re.compile(r"[^\s\"'`=:,;()<>\[\]{}]+")

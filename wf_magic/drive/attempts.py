@@ -7,7 +7,6 @@ import time
 from collections.abc import Sequence
 
 from ..errors import RunnerError
-from ..hashing import canonical_json
 from ..runners.base import UnitResult
 from ..spec.plan import PlanStep
 from ..store.journal import Finish, UnitKey
@@ -43,15 +42,8 @@ def unit_key(
         runner=runner or unit.runner,
         model=model if runner else unit.model,
         input_hash=input_hash or unit.input_hash,
-        input_json=_input_json(state, unit),
+        input_json=unit.rendered.hashed.kept_json,  # redacted: see sealing.InputHasher
     )
-
-
-def _input_json(state: RunState, unit: UnitPlan) -> str:
-    """The unit's resolved input as journaled: canonical JSON, redacted."""
-    rendered = unit.rendered
-    redacted = state.redactor.redact_value(rendered.input)
-    return rendered.input_json if redacted is rendered.input else canonical_json(redacted)
 
 
 def attempts_by_unit(
@@ -320,7 +312,7 @@ def reuse_sources(
 ) -> dict[tuple[str, str], AttemptRow]:
     """The earlier-run sources of a loop's ``units`` in one read, by (input_hash, runner);
     none where they are not looked up that way (a fork reads its source run per unit)."""
-    hashes = [unit.input_hash for unit in units if unit.cacheable]
+    hashes = [h for unit in units if unit.cacheable for h in unit.input_hashes]
     if state.fork_index is not None or not state.run.use_cache or not hashes:
         return {}
     return ctx.store.find_reusable_many(
@@ -339,9 +331,15 @@ def _reuse_source(
     if state.fork_index is not None:
         if state.reexecutes(step) or run.forked_from is None:
             return None
-        return ctx.store.find_in_run(
-            run_id=run.forked_from, input_hash=unit.input_hash, unit_id=unit.unit_id
-        )
+        for input_hash in unit.input_hashes:  # the plain hash an older wf_magic journaled too
+            source = ctx.store.find_in_run(
+                run_id=run.forked_from, input_hash=input_hash, unit_id=unit.unit_id
+            )
+            if source is not None:
+                return source
+        return None
     if not (unit.cacheable and run.use_cache):
         return None
-    return found.get((unit.input_hash, unit.runner))
+    return next(
+        (found[(h, unit.runner)] for h in unit.input_hashes if (h, unit.runner) in found), None
+    )

@@ -19,7 +19,7 @@ from ..errors import RunnerError
 from ..redact import Redactor, secret_strings
 from ..runners.base import Runner, RunnerContext
 from ..runners.registry import runner_factory
-from ..sealing import unseal
+from ..sealing import InputHasher, unseal
 from ..spec.plan import Plan, PlanStep
 from ..store import Store
 from ..store.records import RunRow, StepRow
@@ -175,6 +175,8 @@ class RunState:
     plan: Plan
     params: dict[str, Any]
     redactor: Redactor
+    hasher: InputHasher
+    """Hashes what the drive journals redacted (unit and judge inputs): keyed when secret."""
     executors: UnitExecutors
     reopened: bool = False
     """The run had failed and this drive re-opened it: unit retries start afresh."""
@@ -192,17 +194,19 @@ class RunState:
         positions = {s.id: i for i, s in enumerate(plan.steps)}
         fork_index = positions[run.fork_step] if run.fork_step else None
         params = unseal(params, ctx.options.secrets, run_id=run.run_id)  # values never stored
+        redactor = ctx.redactor.with_secrets(
+            [
+                *secret_strings(params),
+                *secret_strings(list(ctx.options.secrets.values()), secret=True),
+                *_agent_env_values(plan),
+            ]
+        )
         return cls(
             run=run,
             plan=plan,
             params=params,
-            redactor=ctx.redactor.with_secrets(
-                [
-                    *secret_strings(params),
-                    *secret_strings(list(ctx.options.secrets.values()), secret=True),
-                    *_agent_env_values(plan),
-                ]
-            ),
+            redactor=redactor,
+            hasher=InputHasher(redactor, state_dir=ctx.store.state_dir),
             executors=UnitExecutors(
                 plan_limit=plan.execution.max_concurrency,
                 cap=ctx.options.max_concurrency,

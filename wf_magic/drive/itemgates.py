@@ -17,7 +17,6 @@ from typing import Any, Literal
 
 from ..gates.judge import artifact_summary, schema_errors, schema_requirement
 from ..gates.verdict import GateWaiting, Verdict, Waiting
-from ..hashing import hash_value
 from ..spec.plan import PlanStep
 from . import judging
 from .context import DriveContext, RunState
@@ -77,7 +76,7 @@ def decide(
     gate = step.gate
     judge = gate.judge if gate is not None else "llm"
     summary = artifact_summary(outputs, unit_count=len(units))
-    step_hash = hash_value({"judge": judge, "per_item": True, "summary": summary})
+    step_hash = state.hasher.hash_value({"judge": judge, "per_item": True, "summary": summary}).hash
     decided = judging.step_decision(ctx, state, step, loop=loop, input_hash=step_hash)
     open_items = [i for i in ok if i not in items.passed]
     if decided is not None and decided.complete:

@@ -26,6 +26,7 @@ from ..gates.verdict import (
 from ..hashing import canonical_json, hash_value
 from ..runners.base import UnitRequest
 from ..runners.identity import runner_identity
+from ..sealing import InputHash
 from ..spec.models import GateSpec
 from ..spec.plan import PlanStep
 from ..store.journal import Finish, UnitKey
@@ -111,26 +112,25 @@ def obtain_verdict(
         "check": gate.check,
         "model": model,
     }
+    older: dict[str, Any] = {}
     if gate.judge == "expr" and gate.check:
-        read = _params_read(gate.check, state.params)
+        read = _params_read(state, gate.check)
         if read is not None:
             # The check reads params: two runs with other values must not share a verdict.
-            hashed["params_read"] = read
+            hashed["params_read"] = read.hash
+            older["params_read"] = read.legacy or read.hash
     settings = runner_identity(state.plan.runners, runner) if gate.judge == "llm" else {}
-    if settings:
-        # The judge runner's answer-changing settings (a scripted rule, a judge's model)
-        # are part of the verdict's identity; ``content_hash`` lets ``replay`` find it.
-        hashed = {**hashed, "runner": settings, "content_hash": hash_value(hashed)}
-    input_hash = hash_value(hashed)
+    hashed, hashes = _gate_hashes(state, hashed, settings, older=older)
+    input_hash = hashes[0]
     judge_input = dict(hashed)  # what is kept: the hashed input, plus what an LLM judge reads
     label = step.id if item is None else f"{step.id}[{item}]"
     if gate.judge == "llm":
         judge_input["prompt"] = judge_prompt(label, criteria, summary)
     unit_id = verdict_unit_id(step.id, loop, item)
-    recorded = ctx.store.find_in_run(run_id=state.run_id, input_hash=input_hash, unit_id=unit_id)
+    recorded = _find_in_run(ctx, state.run_id, hashes, unit_id)
     if recorded is None:
         recorded = _reuse_verdict(
-            ctx, state, step, loop, runner, model, input_hash, judge_input, item=item
+            ctx, state, step, loop, runner, model, hashes, judge_input, item=item
         )
     if recorded is not None and recorded.output_json:
         verdict = Verdict.from_json(json.loads(recorded.output_json))
@@ -165,11 +165,11 @@ def obtain_verdict(
     return Judged(verdict=verdict, input_hash=input_hash, summary=summary)
 
 
-def _params_read(check: str, params: dict[str, Any]) -> str | None:
+def _params_read(state: RunState, check: str) -> InputHash | None:
     """The hash of the params an ``expr`` check reads (None when it reads none).
 
     A hash rather than the values, so a secret param the check compares against is not kept
-    in the journaled judge input.
+    in the journaled judge input; keyed when they hold a secret, so it is no oracle either.
     """
     try:
         refs = references(check, expression=True)
@@ -177,8 +177,46 @@ def _params_read(check: str, params: dict[str, Any]) -> str | None:
         return None  # the check fails when judged; that failure is journaled there
     if "params" not in refs.names:
         return None
+    params = state.params
     names = sorted(params) if refs.params_dynamic else sorted(refs.params & set(params))
-    return hash_value({name: params[name] for name in names})
+    return state.hasher.hash_value({name: params[name] for name in names})
+
+
+def _gate_hashes(
+    state: RunState,
+    hashed: dict[str, Any],
+    settings: dict[str, Any],
+    *,
+    older: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """A judge's input with the runner ``settings`` it is judged under, and its hashes.
+
+    The hashes are its input hash (``sealing.InputHasher``: keyed when the input holds a
+    secret), then the plain hash an older wf_magic journaled for it when that differs: its
+    verdicts are still found. ``older`` holds the fields that wf_magic hashed otherwise.
+    """
+    content = state.hasher.hash_value(hashed)
+    before = {**hashed, **(older or {})}
+    if settings:
+        # The judge runner's answer-changing settings (a scripted rule, a judge's model)
+        # are part of the verdict's identity; ``content_hash`` lets ``replay`` find it.
+        hashed = {**hashed, "runner": settings, "content_hash": content.hash}
+        before = {**before, "runner": settings, "content_hash": hash_value(before)}
+        content = state.hasher.hash_value(hashed)
+    legacy = hash_value(before)
+    return hashed, (content.hash,) if legacy == content.hash else (content.hash, legacy)
+
+
+def _find_in_run(
+    ctx: DriveContext, run_id: str, hashes: tuple[str, ...], unit_id: str
+) -> AttemptRow | None:
+    """The newest succeeded/reused attempt of ``unit_id`` in ``run_id`` under one of
+    ``hashes`` (its input hash first)."""
+    for input_hash in hashes:
+        found = ctx.store.find_in_run(run_id=run_id, input_hash=input_hash, unit_id=unit_id)
+        if found is not None:
+            return found
+    return None
 
 
 def _criteria_failed(
@@ -209,9 +247,10 @@ def _criteria_failed(
         "check": gate.check,
         "model": model,
     }
-    input_hash = hash_value(hashed)
+    hashes = state.hasher.hash_value(hashed).hashes
+    input_hash = hashes[0]
     unit_id = verdict_unit_id(step.id, loop, item)
-    recorded = ctx.store.find_in_run(run_id=state.run_id, input_hash=input_hash, unit_id=unit_id)
+    recorded = _find_in_run(ctx, state.run_id, hashes, unit_id)
     if recorded is not None and recorded.output_json:
         verdict = Verdict.from_json(json.loads(recorded.output_json))
         return Judged(verdict=verdict, input_hash=input_hash, summary=summary)
@@ -242,7 +281,7 @@ def _reuse_verdict(
     loop: int,
     runner: str,
     model: str | None,
-    input_hash: str,
+    hashes: tuple[str, ...],
     judge_input: dict[str, Any],
     *,
     item: int | None = None,
@@ -257,18 +296,19 @@ def _reuse_verdict(
     run = state.run
     source: AttemptRow | None = None
     if run.forked_from and run.fork_step and not state.reexecutes(step):
-        source = ctx.store.find_in_run(
-            run_id=run.forked_from, input_hash=input_hash, unit_id=unit_id
-        )
+        source = _find_in_run(ctx, run.forked_from, hashes, unit_id)
     elif run.use_cache and step.cache and runner != "human" and not run.fork_step:
-        source = ctx.store.find_reusable(
-            workflow=state.plan.name,
-            unit_id=unit_id,
-            input_hash=input_hash,
-            runner=runner,
-            exclude_run_id=run.run_id,
-            phase="gate",
-        )
+        for input_hash in hashes:
+            source = ctx.store.find_reusable(
+                workflow=state.plan.name,
+                unit_id=unit_id,
+                input_hash=input_hash,
+                runner=runner,
+                exclude_run_id=run.run_id,
+                phase="gate",
+            )
+            if source is not None:
+                break
     if source is None:
         return None
     key = gate_key(
@@ -277,7 +317,7 @@ def _reuse_verdict(
         loop,
         runner=source.runner,
         model=model,
-        input_hash=input_hash,
+        input_hash=hashes[0],
         judge_input=judge_input,
         item=item,
     )
@@ -460,9 +500,10 @@ def record_schema_verdict(
     count = len(artifact) if isinstance(artifact, list) and step.map and item is None else 1
     summary = artifact_summary(artifact, unit_count=count)
     hashed = {"judge": "schema", "summary": summary, "schema": step.output}
-    input_hash = hash_value(hashed)
+    hashes = state.hasher.hash_value(hashed).hashes
+    input_hash = hashes[0]
     unit_id = verdict_unit_id(step.id, loop, item)
-    existing = ctx.store.find_in_run(run_id=state.run_id, input_hash=input_hash, unit_id=unit_id)
+    existing = _find_in_run(ctx, state.run_id, hashes, unit_id)
     if existing is None:
         key = gate_key(
             state,

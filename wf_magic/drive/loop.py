@@ -160,6 +160,7 @@ def _run_step(ctx: DriveContext, state: RunState, step: PlanStep) -> spine.StepO
                 feedback=feedback,
                 redact=state.redactor.redact,
                 item_feedback=items.feedback if items is not None else None,
+                hasher=state.hasher,
             )
         except StepInputError as exc:
             work = spine.LoopWork(input_error=str(exc))

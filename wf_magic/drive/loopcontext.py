@@ -19,11 +19,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import hashing as hashing_module
+from .. import sealing as sealing_module
 from .. import templates as templates_module
 from ..hashing import sha256_text
 from ..templates import TemplateError, references
 
 if TYPE_CHECKING:
+    from ..sealing import InputHasher
     from ..spec.plan import Plan, PlanStep
 
 CONTEXT_MIN_UNITS = 100
@@ -58,6 +60,8 @@ class LoopInputs(Protocol):
     def feedback(self) -> FeedbackInputs | None: ...
     @property
     def runner_identity(self) -> Mapping[str, Any]: ...
+    @property
+    def hasher(self) -> InputHasher: ...
     def __len__(self) -> int: ...
 
 
@@ -91,7 +95,9 @@ def context_hash(units: LoopInputs) -> str | None:
         text = repr(payload)
     except (RecursionError, ValueError):
         return None
-    return sha256_text(text)
+    # Keyed when it holds a secret (a param the templates read): the recorded context hash
+    # must be no more of an oracle than a unit's input hash.
+    return units.hasher.hash_text(text).hash
 
 
 def _read(values: Mapping[str, Any], names: frozenset[str] | None) -> list[Any]:
@@ -154,8 +160,8 @@ _RANDOM = frozenset({"random", "lipsum"})
 @functools.cache
 def _code_fingerprint() -> str | None:
     """The code a unit's input hash depends on: units (and this module), the kinds,
-    templates, hashing, Jinja and Python versions (a changed renderer never vouches for an
-    old hash)."""
+    templates, hashing and sealing (the keyed hash), Jinja and Python versions (a changed
+    renderer never vouches for an old hash)."""
     import jinja2
 
     parts = [sys.version, jinja2.__version__]
@@ -175,6 +181,7 @@ _CODE_MODULES = (
     "wf_magic.spec.kinds",
     templates_module.__name__,
     hashing_module.__name__,
+    sealing_module.__name__,
 )
 """The modules whose source the fingerprint covers, by name: found, not imported here (the
 units module imports this one)."""

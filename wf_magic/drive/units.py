@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
-from ..hashing import canonical_json, sha256_text
+from ..sealing import InputHash, InputHasher
 from ..templates import TemplateError, evaluate, references
 from .loopcontext import context_hash
 
@@ -98,8 +98,17 @@ class UnitPlan:
 
     @property
     def input_hash(self) -> str:
-        """sha256 of the canonical resolved input (DESIGN.md §3, invariant 4)."""
-        return self.rendered.input_hash
+        """The hash of the canonical resolved input (DESIGN.md §3, invariant 4): its sha256,
+        or keyed under the state's key when the input holds a secret (``sealing.InputHasher``).
+        """
+        return self.rendered.hashed.hash
+
+    @property
+    def input_hashes(self) -> tuple[str, ...]:
+        """Every hash an attempt of this input may be journaled under: ``input_hash``, then the
+        plain sha256 an older wf_magic journaled for a secret-bearing input (found on resume,
+        reused, never written again)."""
+        return self.rendered.hashed.hashes
 
     @property
     def prompt(self) -> str | None:
@@ -135,9 +144,17 @@ class _Rendered:
     fields: dict[str, Any]
     """The unit request's fields (``prompt`` / ``argv`` / ``target`` + ``kwargs``)."""
     input: dict[str, Any]
-    input_hash: str
-    input_json: str
-    """``input``'s canonical JSON (what ``input_hash`` hashes)."""
+    hashed: InputHash
+    """``input`` hashed: its hash, its canonical JSON and the journal's (redacted) copy."""
+
+    @property
+    def input_hash(self) -> str:
+        return self.hashed.hash
+
+    @property
+    def input_json(self) -> str:
+        """``input``'s canonical JSON (what ``input_hash`` hashes; unredacted)."""
+        return self.hashed.text
 
 
 class StepOutputs(dict[str, Any]):
@@ -263,10 +280,13 @@ def build_units(
     feedback: Feedback | None,
     redact: Callable[[str], str] | None = None,
     item_feedback: Mapping[int, Feedback] | None = None,
+    hasher: InputHasher | None = None,
 ) -> LoopUnits:
     """The work units of ``step`` at ``loop``, in item order (rendered on first use).
 
     ``redact`` masks secrets in a message before it is clipped (see :func:`map_items`).
+    ``hasher`` (the drive's, ``RunState.hasher``) hashes each unit's input; without one
+    every input is hashed plainly, as nothing in it were secret.
     ``item_feedback`` (a per-item gate) gives each map item its own last rejection: an item
     absent from it renders as it did when its gate accepted it, so it keeps its input hash
     and its output is found in the journal instead of being re-dispatched.
@@ -285,6 +305,7 @@ def build_units(
         feedback=feedback,
         items=items,
         item_feedback=item_feedback,
+        hasher=hasher,
     )
 
 
@@ -307,6 +328,7 @@ class LoopUnits(Sequence[UnitPlan]):
         feedback: Feedback | None,
         items: list[Any] | None,
         item_feedback: Mapping[int, Feedback] | None = None,
+        hasher: InputHasher | None = None,
     ) -> None:
         self.plan = plan
         self.step = step
@@ -315,6 +337,7 @@ class LoopUnits(Sequence[UnitPlan]):
         self.loop = loop
         self.feedback = feedback
         self.item_feedback = item_feedback or {}
+        self.hasher = hasher or _PLAIN
         self._items = items
         self._built: list[UnitPlan | None] = [None] * (1 if items is None else len(items))
         self._context_hash: tuple[str | None] | None = None
@@ -392,14 +415,28 @@ class LoopUnits(Sequence[UnitPlan]):
         resolved.update(resolved_kind)
         if "sweep" in self.params and "sweep" not in self.plan.params:
             resolved["sweep"] = self.params["sweep"]  # a repeat is a fresh call, not a reuse
-        text = canonical_json(resolved)
+        return _Rendered(fields, resolved, self._hash(resolved))
+
+    def _hash(self, resolved: dict[str, Any]) -> InputHash:
+        """``resolved`` hashed (``resolved`` gains the runner settings and content hash)."""
+        content = self.hasher.hash_value(resolved)
         settings = self.runner_identity
-        if settings:
-            # The runner's answer-changing settings join the identity (runners/identity.py);
-            # ``content_hash`` (the hash without them) lets ``replay`` find the recording.
-            resolved.update(runner=settings, content_hash=sha256_text(text))
-            text = canonical_json(resolved)
-        return _Rendered(fields, resolved, sha256_text(text), text)
+        if not settings:
+            return content
+        # The runner's answer-changing settings join the identity (runners/identity.py);
+        # ``content_hash`` (the hash without them) lets ``replay`` find the recording.
+        resolved.update(runner=settings, content_hash=content.hash)
+        hashed = self.hasher.hash_value(resolved)
+        if content.legacy is None:
+            return hashed
+        # What an older wf_magic journaled: every hash plain, the content hash's too.
+        legacy = {**resolved, "content_hash": content.legacy}
+        return InputHash(
+            hash=hashed.hash,
+            legacy=_PLAIN.hash_value(legacy).hash,
+            text=hashed.text,
+            kept_json=hashed.kept_json,
+        )
 
     @property
     def runner_identity(self) -> dict[str, Any]:
@@ -433,6 +470,9 @@ def _kind(name: str) -> KindSpec:
         _KINDS.update(KINDS)
         return _KINDS[name]
 
+
+_PLAIN = InputHasher.plain()
+"""The hasher of units rendered outside a drive: nothing in them is secret."""
 
 _KINDS: dict[str, KindSpec] = {}
 """``spec.kinds.KINDS`` once imported (a function-level import per call cost ~10 µs a unit)."""

@@ -121,10 +121,21 @@ class GcVerbs:
                 tree = self.store.delete_finished_tree(rid, cutoff=cutoff, statuses=statuses)
                 for run_id in tree:
                     (locks.get(run_id) or self.store.run_lock(run_id)).remove()
+                _reap_leftovers(self.state_dir, list(tree))
                 _sweep_agent_files(self.state_dir, list(tree))
             if tree:
                 deleted.append(rid)
         return deleted
+
+
+def _reap_leftovers(state_dir: Path, run_ids: list[str]) -> None:
+    """End the process groups units of runs gc deleted left running when their driver died
+    (a killed run that was abandoned, never resumed: nothing else would end them)."""
+    if not run_ids or not (state_dir / "procs").is_dir():
+        return
+    from .runners.orphans import reap_orphans
+
+    reap_orphans(state_dir, set(run_ids))
 
 
 def _sweep_agent_files(state_dir: Path, run_ids: list[str]) -> None:

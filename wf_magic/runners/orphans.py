@@ -25,6 +25,7 @@ import re
 import signal
 import socket
 import time
+from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -146,6 +147,34 @@ def forget_unit_process(state_dir: str | Path, dispatch_id: str) -> None:
         sidecar_path(state_dir, dispatch_id).unlink(missing_ok=True)
     except (OSError, ValueError):
         pass  # nothing recorded, or a read-only state dir: nothing to remove
+
+
+def end_group(pgid: int, *, grace_s: float = TERM_GRACE_S) -> str | None:
+    """End what a unit whose child exited left in its process group ``pgid``: SIGTERM, then
+    SIGKILL after ``grace_s``. Returns None when the group was already empty (one syscall),
+    else how it was ended."""
+    how = _kill_group(pgid, grace_s=grace_s)
+    return None if how == "already gone" else how
+
+
+def reap_orphans(state_dir: str | Path, run_ids: Collection[str] | None = None) -> list[str]:
+    """:func:`reap_orphan` for every recorded unit (of ``run_ids`` when given); what it said.
+
+    ``wf gc`` calls it for the runs it deletes: a run whose driver was killed and that was
+    then abandoned is never resumed, so nothing else would end what its units left running.
+    """
+    folder = Path(state_dir) / PROCS_DIR
+    if not folder.is_dir():
+        return []
+    said = []
+    for path in sorted(folder.glob("*.json")):
+        record = read_unit_process(state_dir, path.stem)
+        if record is None or (run_ids is not None and record.run_id not in run_ids):
+            continue
+        line = reap_orphan(state_dir, path.stem)
+        if line is not None:
+            said.append(line)
+    return said
 
 
 def _kill_group(pgid: int, *, grace_s: float) -> str:

@@ -13,9 +13,14 @@ Limits hold whatever the child does with its pipes:
   full pipe or run forever.
 - stderr is drained as it arrives; its last 64 KiB are kept for the failure message.
 
+- When the child exits, the attempt ends: whatever it left in its process group (a
+  background ``sleep 300 &``, a server it started) is ended too — SIGTERM, then SIGKILL
+  after ``orphans.TERM_GRACE_S`` — and its pipes are read to their end for at most
+  ``PIPE_GRACE_S`` more, so a leftover holding stdout open cannot hold the attempt.
+
 Limit: a descendant that leaves the group (``setsid``, a daemonising double fork) escapes
-the kill. It is not waited for: a timeout or cap failure returns at once and the threads
-still reading its pipes end when it closes them.
+the kill. It is not waited for: the attempt ends at once and the threads still reading its
+pipes end when it closes them.
 
 While a unit runs, its process group is recorded in ``<state dir>/procs/<dispatch_id>.json``
 (see :mod:`wf_magic.runners.orphans`), so a group that outlives a killed driver can be
@@ -35,13 +40,18 @@ from typing import IO
 from ..errors import RunnerError
 from ..redact import Redactor
 from .base import BaseRunner, RunnerContext, UnitRequest, UnitResult
-from .orphans import forget_unit_process, record_unit_process
+from .orphans import end_group, forget_unit_process, record_unit_process
 
 OUTPUT_CAP_BYTES = 1_048_576
 STDERR_TAIL = 2000
 STDERR_KEEP = 64 * 1024
 OVER_CAP_GRACE_S = 0.5
 """How long stdout past the cap is still counted (not kept) before the group is killed."""
+PIPE_GRACE_S = 1.0
+"""After the child exited and its group was ended: how long its pipes are still read (a
+descendant that left the group may hold them open)."""
+EXIT_POLL_S = 0.05
+"""While a pipe is still open: how often the child is checked for having exited."""
 _READ_SIZE = 65536
 _BASE_ENV = (
     "PATH",
@@ -186,6 +196,12 @@ class ExecRunner(BaseRunner):
         except BaseException:
             _kill_group(proc)  # an interrupt must not leave the child running
             raise
+        if code is not None:
+            # The child exited: what it left in its group goes with the attempt.
+            end_group(proc.pid)
+            until = time.monotonic() + PIPE_GRACE_S
+            out.ended.wait(PIPE_GRACE_S)
+            err.ended.wait(max(0.0, until - time.monotonic()))
         if code is None:
             written, complete = out.total, out.ended.is_set()  # before the kill adds to them
             _kill_group(proc)
@@ -220,9 +236,12 @@ def _wait(
     wake: threading.Event,
     deadline: float | None,
 ) -> int | None:
-    """The child's exit status once both pipes ended; None at the deadline or past the cap.
+    """The child's exit status once both pipes ended or it exited; None at the deadline or
+    past the cap.
 
     Past the cap, waiting goes on only until stdout ends or ``OVER_CAP_GRACE_S`` passes.
+    A pipe still open after the child exited is held by something it left behind: the exit
+    ends the wait (the caller ends the group).
     """
     over_until: float | None = None
     while True:
@@ -234,11 +253,13 @@ def _wait(
                 over_until = time.monotonic() + OVER_CAP_GRACE_S
         elif out.ended.is_set() and err.ended.is_set():
             break
+        elif proc.poll() is not None:
+            return proc.returncode
         ends = [t for t in (deadline, over_until) if t is not None]
         remaining = min(ends) - time.monotonic() if ends else None
         if remaining is not None and remaining <= 0:
             return None
-        wake.wait(remaining)
+        wake.wait(EXIT_POLL_S if remaining is None else min(remaining, EXIT_POLL_S))
     # Both pipes are closed; the child may still run (it closed them itself).
     try:
         return proc.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .arg_values import parse_params
 from .errors import UsageError
 from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 
@@ -130,6 +131,7 @@ def cmd_sweep(engine: Engine, args: argparse.Namespace) -> int:
             signal=stop,
             progress=_progress(args),
             values_from_strings=True,
+            params=parse_params(args.param or ()),
         )
 
     sweep = _driving(go)
@@ -158,6 +160,8 @@ def cmd_sweep_resume(engine: Engine, args: argparse.Namespace) -> int:
             max_concurrency=args.max_concurrency,
             signal=stop,
             progress=_progress(args),
+            params=parse_params(args.param or ()),
+            params_from_strings=True,
         )
 
     sweep = _driving(go)

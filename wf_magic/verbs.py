@@ -157,6 +157,12 @@ SWEEP_VERBS: tuple[Verb, ...] = (
                 help="a grid axis: a declared param and its values (repeatable)",
             ),
             Option(flag="--rows", metavar="FILE", help="dataset rows: a .csv or .jsonl file"),
+            Option(
+                flag="--param",
+                action="append",
+                metavar="K=V",
+                help="a param every cell shares, e.g. a secret (stored only sealed; repeatable)",
+            ),
             Option(flag="--repeat", type=count_at_least(1), default=1, metavar="N"),
             *SWEEP_CEILINGS,
             Option(flag="--key", metavar="K", help="a launch key naming this sweep"),
@@ -170,7 +176,7 @@ SWEEP_VERBS: tuple[Verb, ...] = (
         name="sweep-resume",
         help="drive a sweep's owed cells; a ceiling option sets a new ceiling",
         faces=CLI,
-        options=(SWEEP, *SWEEP_CEILINGS, MAX_CONCURRENCY, QUIET),
+        options=(SWEEP, *SWEEP_CEILINGS, MAX_CONCURRENCY, QUIET, RESUPPLY_PARAM),
     ),
     Verb(
         name="sweep-frame",

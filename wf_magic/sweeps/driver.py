@@ -20,6 +20,7 @@ from ..drive.root import drive_locked_run
 from ..errors import RunLockHeld, UsageError
 from ..hashing import canonical_json
 from ..redact import Redactor
+from ..sealing import unseal
 from ..spec.workflow import Workflow
 from ..store import Store
 from ..store.sweeps import CellSpec, SweepCellRow, SweepRow, SweepStatus
@@ -46,6 +47,9 @@ class SweepDrive:
     """Called with (cells settled, cells) as cells settle (terminal progress)."""
     skipped: list[str] = field(default_factory=list)
     """One line per cell skipped because its run was driven elsewhere."""
+    secrets: dict[str, Any] = field(default_factory=dict, repr=False)
+    """Seal → value of the sweep's secret params (kept in memory only; every cell's drive
+    gets them, as a run's drive gets its own)."""
 
 
 def check_budget(budget: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -75,6 +79,7 @@ def open_sweep(
     *,
     budget: Mapping[str, Any] | None,
     key: str | None,
+    secrets: Mapping[str, Any] | None = None,
 ) -> SweepRow:
     """The sweep of this definition: found (its ceilings replaced when ``budget`` is given) or
     created with all its cells in one transaction.
@@ -98,7 +103,7 @@ def open_sweep(
             store.set_sweep_status(sweep_id, "running", None, budget_json=canonical_json(ceilings))
             found = sweep_row(store, sweep_id)
         return found
-    cells = expand(wf.plan, spec)
+    cells = expand(wf.plan, spec, secrets=secrets)
     now = time.time()
     row = SweepRow(
         sweep_id=sweep_id,
@@ -188,6 +193,7 @@ def drive_sweep(ctx: SweepDrive, sweep: SweepRow, wf: Workflow) -> SweepRow:
         max_concurrency=ctx.max_concurrency,
         executor=pool,
         shared_budget=shared,
+        secrets=dict(ctx.secrets),
         # One count of units in flight for every cell: the cap is the sweep's, not each cell's.
         unit_slots=UnitSlots(ctx.max_concurrency),
         payer=sweep.sweep_id,
@@ -238,11 +244,14 @@ def _drive_cell(
 ) -> None:
     run_id, status = cell.run_id, cell.run_status
     if run_id is None:
+        # A cell stores its secret params as seals: its run starts from the values (and seals
+        # them again, to the same seals, under the state dir's key).
+        params = unseal(json.loads(cell.params_json), ctx.secrets, run_id=sweep.sweep_id)
         started = lifecycle.start(
             ctx.store,
             ctx.bus,
             wf,
-            params=json.loads(cell.params_json),
+            params=params,
             shared_plan=True,
             cell=(sweep.sweep_id, cell.cell_index),
         )

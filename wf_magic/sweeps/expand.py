@@ -9,15 +9,17 @@ import itertools
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import FileRefused, UsageError
 from ..hashing import canonical_json, hash_value
 from ..reading import read_bounded
+from ..sealing import unseal
 from ..spec.params import SWEEP_PARAM, coerce_param, normalise, resolve_params
 from ..spec.plan import Plan
+from .secrets import holds_secret, not_an_axis
 
 MAX_ROWS_BYTES = 64 * 1024 * 1024
 """The largest rows file (``--rows FILE``, ``rows="data.csv"``) a sweep reads: 64 MiB.
@@ -36,10 +38,17 @@ class Definition:
     grid: dict[str, list[Any]]
     rows: list[dict[str, Any]] | None
     repeat: int
+    params: dict[str, Any] = field(default_factory=dict)
+    """The params every cell shares (``--param``, ``params=``), secret values as their seals
+    (:mod:`wf_magic.sealing`): a secret is one value for the whole sweep, never an axis."""
 
     def as_json(self) -> str:
         """Canonical JSON of the definition (stored with the sweep)."""
-        return canonical_json({"grid": self.grid, "rows": self.rows, "repeat": self.repeat})
+        return canonical_json(self._identity())
+
+    def _identity(self) -> dict[str, Any]:
+        out = {"grid": self.grid, "rows": self.rows, "repeat": self.repeat}
+        return {**out, "params": self.params} if self.params else out
 
     @property
     def axes(self) -> list[str]:
@@ -65,12 +74,17 @@ def definition(
     rows: Any,
     repeat: int,
     from_strings: bool = False,
+    params: Mapping[str, Any] | None = None,
 ) -> Definition:
     """Check a sweep's grid, rows and repeat against ``plan``'s params.
 
+    ``params``: the params every cell shares, their secrets sealed
+    (:func:`wf_magic.sweeps.secrets.fixed_params`).
+
     Raises:
-        UsageError: an axis or row column the workflow does not declare, an axis that is
-            also a column, an empty axis, no rows in a given rows source, a bad repeat.
+        UsageError: an axis or row column the workflow does not declare, a secret param as
+            an axis or a column, an axis that is also a column or a fixed param, an empty
+            axis, no rows in a given rows source, a bad repeat.
     """
     if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
         raise UsageError(f"sweep repeat: expected an integer >= 1 (got {repeat!r})")
@@ -83,6 +97,13 @@ def definition(
                 f"declared: {declared or 'none'}"
             )
         listed = [values] if isinstance(values, str) else list(values)
+        if holds_secret(name, listed):
+            raise not_an_axis("grid axis", name)
+        if name in (params or {}):
+            raise UsageError(
+                f"sweep grid axis {name!r} is also given as a param of every cell; keep it in "
+                "one of the two"
+            )
         if not listed:
             raise UsageError(f"sweep grid axis {name!r} has no values; give at least one")
         schema = plan.params[name]
@@ -94,9 +115,9 @@ def definition(
         ]
     table = None if rows is None else load_rows(rows)
     if table is not None:
-        _check_columns(plan, table, axes, declared)
+        _check_columns(plan, table, axes, declared, fixed=params or {})
         table = [{k: normalise(_coerced(plan, k, v)) for k, v in row.items()} for row in table]
-    return Definition(grid=axes, rows=table, repeat=repeat)
+    return Definition(grid=axes, rows=table, repeat=repeat, params=dict(params or {}))
 
 
 def _coerced(plan: Plan, name: str, value: Any) -> Any:
@@ -107,14 +128,26 @@ def _coerced(plan: Plan, name: str, value: Any) -> Any:
 
 
 def _check_columns(
-    plan: Plan, table: list[dict[str, Any]], axes: Mapping[str, Any], declared: list[str]
+    plan: Plan,
+    table: list[dict[str, Any]],
+    axes: Mapping[str, Any],
+    declared: list[str],
+    *,
+    fixed: Mapping[str, Any],
 ) -> None:
     for i, row in enumerate(table):
-        for column in row:
+        for column, value in row.items():
             if column not in plan.params:
                 raise UsageError(
                     f"sweep rows: row {i} has column {column!r}, which is not a param of "
                     f"workflow {plan.name!r}; declared: {declared or 'none'}"
+                )
+            if holds_secret(column, value):
+                raise not_an_axis("rows column", column)
+            if column in fixed:
+                raise UsageError(
+                    f"sweep rows: column {column!r} is also given as a param of every cell; "
+                    "keep it in one of the two"
                 )
             if column in axes:
                 raise UsageError(
@@ -355,12 +388,16 @@ def _rows_text(path: Path) -> str:
         ) from None
 
 
-def expand(plan: Plan, spec: Definition) -> list[Cell]:
+def expand(plan: Plan, spec: Definition, *, secrets: Mapping[str, Any] | None = None) -> list[Cell]:
     """Every cell of ``spec``: grid points (axes in order) × rows × repeats, in that order.
+
+    ``secrets``: seal → value of ``spec.params``' secrets; a cell is checked with the values
+    and stores the seals.
 
     Raises:
         UsageError: a cell's params are invalid (a missing required param, a wrong type).
     """
+    fixed = unseal(spec.params, secrets or {}, run_id="(a new sweep)")
     points = [
         dict(zip(spec.grid, combo, strict=True)) for combo in itertools.product(*spec.grid.values())
     ]
@@ -369,11 +406,11 @@ def expand(plan: Plan, spec: Definition) -> list[Cell]:
     )
     cells: list[Cell] = []
     for point, (row_index, row), rep in itertools.product(points, rows, range(spec.repeat)):
-        given: dict[str, Any] = {**point, **row}
+        given: dict[str, Any] = {**fixed, **point, **row}
         if spec.repeat > 1:
             given[SWEEP_PARAM] = {"repeat": rep}
         try:
-            params = resolve_params(plan, given)
+            params = {**resolve_params(plan, given), **spec.params}  # secrets as their seals
         except UsageError as exc:
             where = f"cell {len(cells)} (point {point}, row {row_index}, repeat {rep})"
             raise UsageError(f"sweep {where}: {exc}") from None
@@ -385,7 +422,5 @@ def expand(plan: Plan, spec: Definition) -> list[Cell]:
 
 def sweep_identity(plan_hash: str, spec: Definition) -> tuple[str, str]:
     """(sweep id, definition hash): the hash of the plan, grid, rows and repeat."""
-    digest = hash_value(
-        {"plan_hash": plan_hash, "grid": spec.grid, "rows": spec.rows, "repeat": spec.repeat}
-    )
+    digest = hash_value({"plan_hash": plan_hash, **spec._identity()})
     return SWEEP_ID_PREFIX + digest[:16], digest

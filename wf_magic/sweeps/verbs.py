@@ -42,7 +42,12 @@ class SweepVerbs:
     db_path: Path
     where: str
 
+    _secrets: dict[str, Any]
+
     def load(self, source: str | Path, *, source_name: str | None = None) -> Workflow:
+        raise NotImplementedError
+
+    def _know(self, secrets: Mapping[str, Any]) -> None:
         raise NotImplementedError
 
     # -- sweeps -----------------------------------------------------------------------------
@@ -59,29 +64,46 @@ class SweepVerbs:
         signal: threading.Event | None = None,
         progress: Callable[[int, int], None] | None = None,
         values_from_strings: bool = False,
+        params: Mapping[str, Any] | None = None,
     ) -> Sweep:
         """Run ``source`` over every cell of ``grid`` × ``rows`` × ``repeat``, under one
         ``budget`` (``max_units`` / ``max_tokens`` / ``max_cost``) over the whole sweep.
+
+        ``params`` are the same in every cell (a secret param's value, an API key, goes
+        here or in ``WF_PARAM_<NAME>``: it is stored only as its seal, never as an axis).
 
         The same definition again resumes (or shows) its sweep; a changed one is a new sweep
         whose unchanged cells find their completed runs. See docs/sweeps.md.
 
         Raises:
-            UsageError: an axis or row column is not a declared param, a cell's params are
-                invalid, a bad budget or repeat, or ``key`` launched another definition.
+            UsageError: an axis or row column is not a declared param or is a secret one, a
+                cell's params are invalid, a bad budget or repeat, or ``key`` launched
+                another definition.
             DefinitionError: the source is invalid.
         """
         from ..spec.workflow import Workflow
         from .driver import open_sweep
         from .expand import definition
+        from .secrets import fixed_params
 
         at_least(max_concurrency=(max_concurrency, 1))
         wf = source if isinstance(source, Workflow) else self.load(source)
-        spec = definition(
-            wf.plan, grid=grid, rows=rows, repeat=repeat, from_strings=values_from_strings
+        fixed = fixed_params(
+            self.store.state_dir, wf.plan, params, from_strings=values_from_strings
         )
-        row = open_sweep(self.store, wf, spec, budget=budget, key=key)
-        return self._drive_sweep(row.sweep_id, wf, max_concurrency, signal, progress)
+        self._know(fixed.vault)
+        spec = definition(
+            wf.plan,
+            grid=grid,
+            rows=rows,
+            repeat=repeat,
+            from_strings=values_from_strings,
+            params=fixed.params,
+        )
+        row = open_sweep(self.store, wf, spec, budget=budget, key=key, secrets=fixed.vault)
+        return self._drive_sweep(
+            row.sweep_id, wf, max_concurrency, signal, progress, secrets=fixed.vault
+        )
 
     def sweep_resume(
         self,
@@ -91,14 +113,24 @@ class SweepVerbs:
         max_concurrency: int | None = None,
         signal: threading.Event | None = None,
         progress: Callable[[int, int], None] | None = None,
+        params: Mapping[str, Any] | None = None,
+        params_from_strings: bool = False,
     ) -> Sweep:
         """Drive a sweep's owed cells again; ``budget`` sets new ceilings (the keys given
         replace the stored ones), else the stored ones hold.
 
+        The sweep's secret params are stored only as seals, so their values come from
+        ``params`` (checked against the seals), from this engine if it started the sweep, from
+        ``WF_PARAM_<NAME>``, or from the param's default, as for a run's resume.
+
         Raises:
-            UsageError: no such sweep, or a bad budget.
+            UsageError: no such sweep, a bad budget, or a secret param missing or differing
+                from the sweep's.
         """
+        import json
+
         from .driver import reopen_sweep
+        from .secrets import resupplied
 
         at_least(max_concurrency=(max_concurrency, 1))
         row = reopen_sweep(self.store, self.sweep_handle(sweep_id).sweep_id, budget=budget)
@@ -108,7 +140,19 @@ class SweepVerbs:
                 f"sweep {row.sweep_id}: its stored source now freezes into another plan "
                 "(a python target or library workflow changed); start a new sweep instead"
             )
-        return self._drive_sweep(row.sweep_id, wf, max_concurrency, signal, progress)
+        secrets = resupplied(
+            self.store.state_dir,
+            row.sweep_id,
+            wf.plan,
+            json.loads(row.definition_json).get("params") or {},
+            given=params,
+            known=self._secrets,
+            from_strings=params_from_strings,
+        )
+        self._know(secrets)
+        return self._drive_sweep(
+            row.sweep_id, wf, max_concurrency, signal, progress, secrets=secrets
+        )
 
     def _stored_workflow(self, row: SweepRow) -> Workflow:
         """The sweep's workflow as a resume freezes it: from the file it was started from
@@ -134,6 +178,8 @@ class SweepVerbs:
         max_concurrency: int | None,
         signal: threading.Event | None,
         progress: Callable[[int, int], None] | None,
+        *,
+        secrets: Mapping[str, Any],
     ) -> Sweep:
         from .driver import SweepDrive, drive_sweep, sweep_row
         from .handle import Sweep
@@ -147,6 +193,7 @@ class SweepVerbs:
             executor=self.executor,
             signal=signal,
             progress=progress,
+            secrets=dict(secrets),
         )
         drive_sweep(ctx, sweep_row(self.store, sweep_id), wf)
         return Sweep(self.store, sweep_id, skipped=ctx.skipped)

@@ -148,7 +148,7 @@ def human_feedback(t: Trial) -> None:
     t.wf("resume", run.run_id, "--param", _param("api_key", t.canary), expect=3)
     with Engine(t.state_dir) as engine:
         kept = [a.output_json or "" for a in engine.attempts(run.run_id) if a.runner == "human"]
-    assert [json.loads(k)["feedback"] for k in kept] == ["do not paste *** here", "api_key=sk-***"]
+    assert [json.loads(k)["feedback"] for k in kept] == ["do not paste *** here", "api_key=***"]
     assert credential[8:] not in "".join(t.texts)
 
 

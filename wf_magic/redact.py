@@ -9,6 +9,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 MASK = "***"
 MIN_SECRET_LEN = 8
@@ -46,65 +47,116 @@ _SECRET_WORD = (
 _SECRET_KEY = re.compile(rf"(?i){_SECRET_WORD}$")
 
 
+_UNQUOTED = r"[^\s\"'`\\&,;<>{}]"
+"""A character of an unquoted value: one ends at a space, a quote, a backslash (the escaped
+quote of JSON inside JSON), a pair separator (``&``, ``,``, ``;``) or a bracket."""
+_BLANK = r"(?:[ \t]++|\\++t)*+"
+"""Blanks around a separator: spaces and tabs, a tab JSON-escaped once or more (``\\t``)."""
+_NAMED_VALUE = "".join(
+    (
+        _SECRET_WORD,
+        r"(?:\\*+[\"'`])?",  # the name's closing quote (``"``, ``\\"`` in JSON inside JSON)
+        _BLANK + r"(?:=>?+|:=?+|%3[ad])" + _BLANK,  # the separator, maybe URL-encoded
+        r"(?:\\*+(?P<q>[\"'`]))?",  # the value's opening quote, if any
+        r"(?:(?:bearer|basic|token|digest)(?:[ \t]|\\++t)" + _BLANK + ")?+",  # a scheme, kept
+        # A quoted value runs to its closing quote (spaces and other quotes included); an
+        # unquoted one to a delimiter, and only from six characters (``token: null`` reads).
+        r"(?P<secret>(?(q)(?:(?!(?P=q))[^\\\r\n]|\\++(?!(?P=q)))+|" + _UNQUOTED + "{6,}))",
+    )
+)
+"""A value named by a secret word, wherever the name ends: the word need not start a name
+(``db_password``, ``?api_key=``), and the separator may be quoted, escaped or URL-encoded.
+Linear: every quantifier is possessive or followed by nothing that could make it give back."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Rule:
-    """One credential shape: a regex, its replacement and cheap substrings that must occur."""
+    """One credential shape: a regex whose ``secret`` group is masked, and cheap substrings
+    that must occur for it to run."""
 
     pattern: re.Pattern[str]
-    replacement: str | Callable[[re.Match[str]], str]
+    """Searched in the lower-cased text when ``lowered`` (a case-sensitive scan of it is 4×
+    faster than a case-insensitive one of the text), so written in lower case."""
     triggers: tuple[str, ...]
     """The regex only runs when one of these occurs (``in`` is ~100x cheaper than a scan)."""
     lowered: bool = False
-    """Match the triggers against the lower-cased text."""
+    check: Callable[[re.Match[str]], bool] | None = None
+    """A match is masked only when this holds (None: always)."""
+    folded: re.Pattern[str] | None = None
+    """The pattern matched case-insensitively: for a text whose lower case has another
+    length (``İ`` lowers to two characters), where positions in the two would not agree."""
+
+    @classmethod
+    def of(
+        cls,
+        pattern: str,
+        triggers: tuple[str, ...],
+        *,
+        lowered: bool = False,
+        check: Callable[[re.Match[str]], bool] | None = None,
+    ) -> _Rule:
+        folded = re.compile(pattern, re.IGNORECASE) if lowered else None
+        return cls(re.compile(pattern), triggers, lowered, check, folded)
 
     def apply(self, text: str, lowered: str) -> str:
-        haystack = lowered if self.lowered else text
+        """``text`` with the ``secret`` group of each match masked (``lowered`` is its lower
+        case); the very object when nothing matched."""
+        haystack, pattern = (lowered, self.pattern) if self.lowered else (text, self.pattern)
         if not any(t in haystack for t in self.triggers):
             return text
-        return self.pattern.sub(self.replacement, text)
+        if self.folded is not None and len(lowered) != len(text):
+            haystack, pattern = text, self.folded
+        parts: list[str] = []
+        pos = 0
+        for found in pattern.finditer(haystack):
+            if self.check is not None and not self.check(found):
+                continue
+            start, end = found.span("secret")
+            parts += (text[pos:start], MASK)
+            pos = end
+        if not parts:
+            return text
+        parts.append(text[pos:])
+        return "".join(parts)
 
 
 # Credential-looking strings, whoever they belong to. Each keeps a recognisable label
 # (``Bearer``, ``api_key=``, ``sk-``) so a redacted message still says what was there.
+_WORD_TRIGGERS = ("key", "secret", "token", "passw", "pwd", "credential", "auth")
 _RULES: tuple[_Rule, ...] = (
     # "Bearer abc…", "Basic abc…": long and with a digit, so "Basic understanding" stays.
-    _Rule(
-        re.compile(r"(?i)\b(bearer|basic)(\s+)(?=[a-z._~+/=\-]*[0-9])[a-z0-9._~+/=\-]{16,}"),
-        r"\1\2" + MASK,
+    _Rule.of(
+        r"\b(?:bearer|basic)\s+(?=[a-z._~+/=\-]*[0-9])(?P<secret>[a-z0-9._~+/=\-]{16,})",
         ("bearer", "basic"),
         lowered=True,
     ),
-    # name=value, name: value, "name": "value" where the name ends in a secret word;
-    # ``max_tokens`` or ``token_count`` do not end in one, so they stay readable.
-    # Possessive quantifiers keep this linear: it runs on every journal write.
-    _Rule(
-        re.compile(
-            r"(?<![A-Za-z0-9_.\-])([A-Za-z0-9_.\-]++)([\"']?\s*+[:=]\s*+[\"']?)"
-            r"(?!(?i:bearer|basic)\b)(?!\*\*\*)[^\s\"'&,;<>{}]{6,}"
-        ),
-        lambda m: m.group(1) + m.group(2) + MASK if _SECRET_KEY.search(m.group(1)) else m.group(0),
-        ("key", "secret", "token", "passw", "pwd", "credential", "auth"),
+    # name=value, name: value, "name": "value" wherever the name ends in a secret word, as
+    # a word of its own or inside one (``https://h/x?api_key=``, ``"config": "password=``,
+    # ``url=…&private_token=``, ``{\"token\": \"…``): see _NAMED_VALUE.
+    _Rule.of(_NAMED_VALUE, _WORD_TRIGGERS, lowered=True),
+    # --password VALUE: a command line echoed into a message (``--password=VALUE`` is above).
+    # The name is taken whole (possessive, from its start): linear however many dashes.
+    _Rule.of(
+        r"(?<![\w-])(?P<name>--[a-z0-9_.\-]++)[ \t]++(?!-)(?P<secret>" + _UNQUOTED + "{6,})",
+        ("--",),  # every name it masks holds a word trigger too: _ANY_TRIGGER stays lean
         lowered=True,
+        check=lambda found: is_secret_key(found.group("name")),
     ),
-    _Rule(re.compile(r"(://[^/\s:@]+:)[^/\s@]+@"), r"\1" + MASK + "@", ("://",)),
+    # scheme://user:password@host — to the last ``@`` before the path (a password may hold
+    # one), the user may be empty (``redis://:password@host``).
+    _Rule.of(r"://[^/\s:@]*+:(?P<secret>[^/\s?#\"'<>]*)@", ("://",)),
     # Well-known key formats: OpenAI/Anthropic, GitHub, Slack, AWS, Hugging Face, Google.
-    _Rule(
-        re.compile(r"\b(sk-)(?:proj-|ant-|live-|test-)?[A-Za-z0-9_\-]{16,}"), r"\1" + MASK, ("sk-",)
-    ),
-    _Rule(
-        re.compile(r"\b(gh[pousr]_)[A-Za-z0-9]{20,}"),
-        r"\1" + MASK,
-        ("ghp_", "gho_", "ghu_", "ghs_", "ghr_"),
-    ),
-    _Rule(re.compile(r"\b(xox[abprs]-)[A-Za-z0-9\-]{10,}"), r"\1" + MASK, ("xox",)),
-    _Rule(re.compile(r"\b(AKIA)[0-9A-Z]{16}\b"), r"\1" + MASK, ("AKIA",)),
-    _Rule(re.compile(r"\b(hf_)[A-Za-z0-9]{30,}"), r"\1" + MASK, ("hf_",)),
-    _Rule(re.compile(r"\b(AIza)[0-9A-Za-z_\-]{35}"), r"\1" + MASK, ("AIza",)),
+    _Rule.of(r"\bsk-(?P<secret>(?:proj-|ant-|live-|test-)?[A-Za-z0-9_\-]{16,})", ("sk-",)),
+    _Rule.of(r"\bgh[pousr]_(?P<secret>[A-Za-z0-9]{20,})", ("ghp_", "gho_", "ghu_", "ghs_", "ghr_")),
+    _Rule.of(r"\bxox[abprs]-(?P<secret>[A-Za-z0-9\-]{10,})", ("xox",)),
+    _Rule.of(r"\bAKIA(?P<secret>[0-9A-Z]{16})\b", ("AKIA",)),
+    _Rule.of(r"\bhf_(?P<secret>[A-Za-z0-9]{30,})", ("hf_",)),
+    _Rule.of(r"\bAIza(?P<secret>[0-9A-Za-z_\-]{35})", ("AIza",)),
 )
 
 
 _ANY_TRIGGER = re.compile(
-    "|".join(sorted({re.escape(t.lower()) for rule in _RULES for t in rule.triggers}))
+    "|".join(sorted({re.escape(t.lower()) for rule in _RULES for t in rule.triggers if t != "--"}))
 )
 """Any rule's trigger, case-folded: text without one (most of it) skips every rule at once.
 Searched in the lowered text: the same alternation matched case-insensitively took 15× as
@@ -196,7 +248,9 @@ class Redactor:
         lowered = text.lower()
         if _ANY_TRIGGER.search(lowered) is not None:
             for rule in _RULES:
-                out = rule.apply(out, lowered)
+                masked = rule.apply(out, lowered)
+                if masked is not out:  # the next rule reads positions of this text
+                    out, lowered = masked, masked.lower()
         heads = self._heads
         if heads is not None:
             # Masking can splice a new occurrence together (``x`` + ``***`` + ``yyyy``);
@@ -360,6 +414,34 @@ class Redactor:
         return out if changed else value
 
 
+URL_SECRET_PARAMS = frozenset({"key", "sig", "signature", "x-amz-signature", "x-goog-signature"})
+"""Query parameters that carry a credential though their name is no secret word: an API key
+(``?key=AIza…``) or a signed URL's signature (Azure SAS ``sig``, S3 and GCS presigning)."""
+_URL_PARAM = re.compile(r"(?<=[?&;#])([^=&;#?]*)=([^&;#]*)")
+
+
+def mask_url(url: str) -> str:
+    """``url`` as wf_magic stores and shows it: credentials replaced by ``***``.
+
+    The userinfo's password (``https://user:***@host``), the value of each query or
+    fragment parameter named by a secret word (``api_key``, ``access_token``, ``password``,
+    see :func:`is_secret_key`) or in :data:`URL_SECRET_PARAMS`, and any other credential
+    shape the redactor knows. The rest is kept byte for byte (nothing is re-encoded), so a
+    masked URL still says where a document came from. Never raises.
+    """
+
+    def param(found: re.Match[str]) -> str:
+        name = unquote(found.group(1)).strip()
+        if found.group(2) and (is_secret_key(name) or name.lower() in URL_SECRET_PARAMS):
+            return f"{found.group(1)}={MASK}"
+        return found.group(0)
+
+    cut = min((i for i in (url.find("?"), url.find("#")) if i >= 0), default=-1)
+    if cut >= 0:
+        url = url[:cut] + _URL_PARAM.sub(param, url[cut:])
+    return _SHAPES.redact(url)
+
+
 def secret_strings(value: Any, *, secret: bool = False) -> list[str]:
     """The strings a redactor must mask in ``value`` (params, say): every string under a
     secret-looking name at any depth (``api_key``, ``conf.gh_token``), numbers as their text;
@@ -416,3 +498,7 @@ def _common_length(text: str, at: int, form: str) -> int:
 def _clipped_at(text: str, end: int) -> bool:
     """Whether ``text`` ends at ``end`` or goes on with a clip mark (``CLIP_MARKS``)."""
     return end == len(text) or text.startswith(CLIP_MARKS, end)
+
+
+_SHAPES = Redactor()
+"""Credential shapes only: no known secret values."""

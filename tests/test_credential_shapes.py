@@ -1,0 +1,295 @@
+"""Credential shapes anywhere inside a word (issue 31, item 3): the one redactor masks a value
+named by a secret word whatever separates, quotes or nests it — in a URL's query, a JSON
+string, JSON inside JSON, a YAML line, a query string, prose, a command line, a header — and
+leaves innocent text (``max_tokens=5``, ``keywords: …``, ``author: …``) as it was.
+
+The generators below combine credential names × separators × quoting × nesting, so the
+next shape of the class is found here, not by a user.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.helpers_secrets import files_holding, wf
+from wf_magic import Engine
+from wf_magic.redact import MASK, Redactor
+
+SHAPES = Redactor()
+"""No known secrets: only the credential shapes can mask anything."""
+
+NAMES = [
+    "api_key",
+    "apiKey",
+    "API-KEY",
+    "x-api-key",
+    "OPENAI_API_KEY",
+    "access_token",
+    "accessToken",
+    "private_token",
+    "PRIVATE-TOKEN",
+    "refresh_token",
+    "GH_TOKEN",
+    "token",
+    "password",
+    "db_password",
+    "PGPASSWORD",
+    "passwd",
+    "pwd",
+    "Pwd",
+    "secret",
+    "client_secret",
+    "secret_key",
+    "aws_secret_access_key",
+    "credentials",
+    "auth",
+    "Authorization",
+]
+SEPARATORS = ["=", ":", ": ", " = ", " : ", "=>", " => ", ":=", "\t=\t", "%3D", "%3a"]
+QUOTES = ["", '"', "'", "`"]
+SCHEMES = ["", "Bearer ", "Basic ", "token ", "bearer\t"]
+SECRET_VALUES = st.text(
+    alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._~+/=!@$%^*:-",
+    min_size=8,
+    max_size=40,
+).filter(lambda v: sum(c.isalnum() for c in v) >= 6)
+"""What a token, key or password looks like: no quote, space, backslash, ``&``, ``,``, ``;``,
+``#`` or ``?`` (those end a value in the contexts below, as they do in real ones)."""
+
+
+def _json_string(text: str) -> str:
+    return json.dumps({"config": text})
+
+
+NESTINGS: dict[str, Callable[[str], str]] = {
+    "bare": lambda pair: pair,
+    "prose": lambda pair: f"The call failed with {pair} as given, retry later.",
+    "url query": lambda pair: f"GET https://api.example.org/v1/items?{pair}",
+    "url query, later param": lambda pair: f"https://h.example/x?page=2&{pair}&limit=5",
+    "url in a param": lambda pair: f"url=https://h.example/p?q=1&{pair}",
+    "query string ;": lambda pair: f"Server=db;Database=x;{pair};Encrypt=yes",
+    "json string": _json_string,
+    "json in json": lambda pair: json.dumps({"body": _json_string(pair)}),
+    "json in json in json": lambda pair: json.dumps({"a": json.dumps({"b": _json_string(pair)})}),
+    "yaml line": lambda pair: f"service:\n  name: ingest\n  {pair}\n  retries: 3\n",
+    "python repr": lambda pair: repr({"settings": pair, "n": 3}),
+    "markdown code": lambda pair: f"Run `{pair}` first.",
+    "parenthesised": lambda pair: f"(see {pair})",
+    "header line": lambda pair: f"> {pair}\r\n",
+    "after a word": lambda pair: f"config:{pair}",
+}
+
+
+@st.composite
+def credential_texts(draw: st.DrawFn) -> tuple[str, str, str]:
+    """A text holding one credential, its value, and the name that labels it."""
+    name = draw(st.sampled_from(NAMES))
+    value = draw(SECRET_VALUES)
+    sep = draw(st.sampled_from(SEPARATORS))
+    quote = draw(st.sampled_from(QUOTES))
+    key_quote = draw(st.sampled_from(["", quote])) if quote else ""
+    scheme = draw(st.sampled_from(SCHEMES)) if name.lower() in ("authorization", "auth") else ""
+    pair = f"{key_quote}{name}{key_quote}{sep}{quote}{scheme}{value}{quote}"
+    nesting = draw(st.sampled_from(sorted(NESTINGS)))
+    return NESTINGS[nesting](pair), value, name
+
+
+@settings(max_examples=400)
+@given(case=credential_texts())
+def test_a_value_named_by_a_secret_word_is_masked_however_it_is_separated_quoted_and_nested(
+    case: tuple[str, str, str],
+) -> None:
+    text, value, name = case
+    redacted = SHAPES.redact(text)
+    assert value not in redacted, (text, redacted)
+    assert MASK in redacted
+    assert name in redacted  # the label stays: a redacted message still says what was there
+
+
+@settings(max_examples=200)
+@given(case=credential_texts())
+def test_masking_is_idempotent_and_keeps_json_valid(case: tuple[str, str, str]) -> None:
+    text, _value, _name = case
+    once = SHAPES.redact(text)
+    assert SHAPES.redact(once) == once
+    try:
+        original = json.loads(text)
+    except ValueError:
+        return
+    assert json.loads(once).keys() == original.keys()  # a JSON column stays JSON
+
+
+@settings(max_examples=200)
+@given(
+    name=st.sampled_from(["--password", "--api-key", "--token", "--db-password", "--auth"]),
+    value=SECRET_VALUES.filter(lambda v: not v.startswith("-")),
+    before=st.sampled_from(["", "wf run flow.yaml ", "error: mycli "]),
+    after=st.sampled_from(["", " --verbose", " and more"]),
+)
+def test_a_command_line_option_naming_a_secret_has_its_value_masked(
+    name: str, value: str, before: str, after: str
+) -> None:
+    text = f"{before}{name} {value}{after}"
+    redacted = SHAPES.redact(text)
+    assert value not in redacted
+    assert redacted.startswith(f"{before}{name} ") and redacted.endswith(f"{MASK}{after}")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # the issue's shapes, each as it was written there
+        ("https://h/x?api_key=abc123def456", "https://h/x?api_key=***"),
+        ("see https://h/x?access_token=ya29.a0AfH6&y=2", "see https://h/x?access_token=***&y=2"),
+        ('"config": "password=hunter2hunter2"', '"config": "password=***"'),
+        ("url=https://h/x&private_token=glpat-xxxxxxxx", "url=https://h/x&private_token=***"),
+        ("password: correct-horse", "password: ***"),
+        ("Authorization: Bearer abcdefghij", "Authorization: Bearer ***"),
+        ('{"Authorization": "Basic dXNlcjpwYXNz"}', '{"Authorization": "Basic ***"}'),
+        ('{"password": "correct horse battery"}', '{"password": "***"}'),
+        ('{"password": "it\'s a secret"}', '{"password": "***"}'),
+        ('{\\"api_key\\": \\"abc123xyz\\", \\"n\\": 1}', '{\\"api_key\\": \\"***\\", \\"n\\": 1}'),
+        ("redis://:s3cretpass@cache:6379/0", "redis://:***@cache:6379/0"),
+        ("postgresql://app:p@ss@db/prod", "postgresql://app:***@db/prod"),
+        ("--password hunter22 --token --api-key xyz12345", "--password *** --token --api-key ***"),
+        ("$ export PGPASSWORD=Sup3rS3cret", "$ export PGPASSWORD=***"),
+    ],
+)
+def test_the_shapes_the_issue_names(text: str, expected: str) -> None:
+    assert SHAPES.redact(text) == expected
+
+
+INNOCENT_NAMES = [
+    "max_tokens",
+    "tokens_in",
+    "token_count",
+    "token_budget",
+    "tokenizer",
+    "keywords",
+    "keyboard",
+    "monkey",
+    "author",
+    "authority",
+    "authored_by",
+    "secretary",
+    "passwordless",
+    "api_keys_count",
+    "credentials_file_exists",
+]
+INNOCENT_VALUES = st.one_of(
+    st.integers(0, 10**6).map(str),
+    st.sampled_from(["Ada Lovelace", "oceanography", "cl100k_base", "true", "null", "tides"]),
+    st.from_regex(r"[a-z][a-z0-9 ]{0,20}", fullmatch=True),
+)
+
+
+@settings(max_examples=300)
+@given(
+    name=st.sampled_from(INNOCENT_NAMES),
+    value=INNOCENT_VALUES,
+    sep=st.sampled_from(SEPARATORS),
+    quote=st.sampled_from(QUOTES),
+    nesting=st.sampled_from(sorted(NESTINGS)),
+)
+def test_innocent_names_keep_their_values(
+    name: str, value: str, sep: str, quote: str, nesting: str
+) -> None:
+    text = NESTINGS[nesting](f"{quote}{name}{quote}{sep}{quote}{value}{quote}")
+    assert SHAPES.redact(text) is text
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "max_tokens=5",
+        '{"max_tokens": 5, "keywords": ["tides"], "author": "Ada"}',
+        "keywords: oceanography, tides",
+        "author: Ada Lovelace",
+        '{"token": null, "auth": true, "password": ""}',
+        "Token: see below",
+        "The password field is required.",
+        "A basic understanding of tides.",
+        "http://localhost:8080/path?x=1&y=2",
+        '{"url":"https://h.example:8080","email":"ada@example.org"}',
+        "-- a markdown rule --- and --flags like --verbose",
+    ],
+)
+def test_innocent_text_reads_as_written(text: str) -> None:
+    assert SHAPES.redact(text) is text
+
+
+def test_a_text_whose_lower_case_is_longer_is_still_masked_in_place() -> None:
+    # "İ" lowers to two characters: positions in the lowered text would be off by one.
+    text = "İstanbul office: password=Sup3rS3cret, user=ada"
+    assert SHAPES.redact(text) == "İstanbul office: password=***, user=ada"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "password:" + " " * 200_000,
+        'password="' + "\\" * 200_000,
+        "--" * 100_000,
+        "passwordpassword" * 20_000,
+        "api_key" + '"' * 200_000,
+        "://a:" * 50_000,
+        "token=" * 50_000,
+    ],
+)
+def test_hostile_texts_are_redacted_in_linear_time(text: str) -> None:
+    import time
+
+    started = time.perf_counter()
+    SHAPES.redact(text)
+    assert time.perf_counter() - started < 2.0  # quadratic would be minutes
+
+
+# -- a person's feedback ------------------------------------------------------------------------
+GATED = """\
+name: gated
+runner: scripted
+steps:
+  - id: a
+    prompt: draft
+    gate: {judge: human, max_loops: 3}
+"""
+FEEDBACK_SHAPES = [
+    "fetch https://h.example/x?api_key={c} instead",
+    'use {{"config": "password={c}"}}',
+    "Authorization: Bearer {c}",
+    "retry with url=https://h.example/a&private_token={c}",
+    "password: {c}",
+]
+
+
+@pytest.mark.parametrize("shape", FEEDBACK_SHAPES)
+def test_a_persons_feedback_is_masked_before_it_is_journaled_or_shown(
+    tmp_path: Path, shape: str
+) -> None:
+    canary = "c4nary7Xq9Zw2Lm5"
+    state = tmp_path / "state"
+    flow = tmp_path / "gated.yaml"
+    flow.write_text(GATED, encoding="utf-8")
+    code, _ = wf(state, "run", str(flow))
+    assert code == 3  # blocked on the human gate
+    with Engine(state) as engine:
+        run_id = engine.list_runs()[0].run_id
+        engine.reject(run_id, "a", feedback=shape.format(c=canary))  # Engine.reject
+    assert wf(state, "resume", run_id)[0] == 3  # loop 2 waits for a person again
+    code, shown = wf(state, "reject", run_id, "a", "--feedback", shape.format(c=canary))
+    assert code == 0, shown  # `wf reject --feedback`
+    outputs = [wf(state, verb, run_id)[1] for verb in ("status", "journal", "events")]
+    assert canary not in shown and not [o for o in outputs if canary in o]
+    assert files_holding(state, canary) == []
+    with Engine(state) as engine:
+        verdicts = [a for a in engine.attempts(run_id) if a.runner == "human"]
+    assert len(verdicts) == 2
+    for verdict in verdicts:
+        feedback = json.loads(verdict.output_json or "{}")["feedback"]
+        assert MASK in feedback and canary not in feedback

@@ -160,8 +160,8 @@ class StepDetail:
         """The unit buttons made so far (reused by every load; at most MAP_BUTTONS)."""
         self.shown_units: list[str] = []
         """The unit each button shows, by position."""
-        self._button_layout = w.Layout(width="auto", height="22px", margin="1px")
-        self._button_style = w.ButtonStyle(text_color="white")
+        self._button_look: tuple[w.Layout, w.ButtonStyle] | None = None
+        """The layout and style every unit button shares (made with the first button)."""
         self.counts = w.HTML()
         self.units = w.HBox(layout=w.Layout(flex_flow="row wrap", display="none"))
         self.finder = w.Combobox(
@@ -242,7 +242,13 @@ class StepDetail:
 
     def _button(self, index: int) -> w.Button:
         """The ``index``-th unit button (it opens whichever unit it shows now)."""
-        button = w.Button(layout=self._button_layout, style=self._button_style)
+        if self._button_look is None:
+            self._button_look = (
+                w.Layout(width="auto", height="22px", margin="1px"),
+                w.ButtonStyle(text_color="white"),
+            )
+        layout, style = self._button_look
+        button = w.Button(layout=layout, style=style)
         button.on_click(lambda _b: self.open_unit(self.shown_units[index]))
         return button
 

@@ -161,8 +161,8 @@ class SweepGridView:
         if self.view is not None:
             self.view.close()
         close_tree(self.widget)
-        for button in self.buttons:  # the ones a shrinking grid no longer shows
-            close_tree(button)
+        for widget in (*self.buttons, self._layout, self._style):  # shown or not
+            close_tree(widget)
 
 
 def _where(cell: SweepCellRow) -> str:

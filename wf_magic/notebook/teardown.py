@@ -64,5 +64,9 @@ def is_open(widget: w.Widget) -> bool:
 
 
 def live_models() -> int:
-    """How many widget models this kernel keeps open (ipywidgets' registry)."""
-    return len(w.Widget.widgets)
+    """How many widget models this kernel keeps open (ipywidgets' registry: the module's
+    ``_instances`` since 8.0, where ``Widget.widgets`` is deprecated; the class's before)."""
+    from ipywidgets.widgets import widget as module
+
+    registry = getattr(module, "_instances", None)
+    return len(registry if registry is not None else w.Widget.widgets)

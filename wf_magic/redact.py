@@ -140,7 +140,7 @@ _RULES: tuple[_Rule, ...] = (
         r"(?<![\w-])(?P<name>--[a-z0-9_.\-]++)[ \t]++(?!-)(?P<secret>" + _UNQUOTED + "{6,})",
         ("--",),  # every name it masks holds a word trigger too: _ANY_TRIGGER stays lean
         lowered=True,
-        check=lambda found: is_secret_key(found.group("name")),
+        check=lambda found: _SECRET_KEY.search(found.group("name")) is not None,
     ),
     # scheme://user:password@host — to the last ``@`` before the path (a password may hold
     # one), the user may be empty (``redis://:password@host``).

@@ -169,6 +169,7 @@ steps:
   - id: s
     prompt: Say something.
     timeout: 1
+    retry: {max_attempts: 1}
 """)
         elapsed = time.monotonic() - started
         attempts = engine.attempts(run.run_id)
@@ -202,6 +203,7 @@ steps:
   - id: s
     prompt: Say something.
     timeout: 0.5
+    retry: {max_attempts: 1}
 """)
     elapsed = time.monotonic() - started
     attempts = engine.attempts(run.run_id)

@@ -6,6 +6,7 @@ The driver thread is the only journal writer; executors (threads, Dask) only run
 from __future__ import annotations
 
 import json
+import random
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -321,7 +322,10 @@ def _start_batch(
     fresh = [job for job in batch if job.reclaimed is None]
     for job in fresh:
         start_loop(ctx, state, step, job.unit.loop)
-    reserved = iter(attempts.reserve_many(ctx, state, [job.unit for job in fresh]) if fresh else [])
+    rows = attempts.reserve_many(ctx, state, [job.unit for job in fresh]) if fresh else []
+    if len(rows) < len(fresh):  # another driver of the sweep took its last units meanwhile
+        batch = _cut_to_sweep_ceiling(ctx, state, batch, fresh[len(rows) :], jobs, work)
+    reserved = iter(rows)
     out: list[tuple[_Job, AttemptRow]] = []
     for job in batch:
         attempt = job.reclaimed
@@ -344,6 +348,29 @@ def _start_batch(
                 ctx.emit("warning", run_id=state.run_id, step_id=step.id, message=note)
         out.append((job, attempt))
     return out
+
+
+def _cut_to_sweep_ceiling(
+    ctx: DriveContext,
+    state: RunState,
+    batch: list[_Job],
+    cut: list[_Job],
+    jobs: deque[_Job],
+    work: LoopWork,
+) -> list[_Job]:
+    """The batch without the jobs the sweep's ceiling left unreserved (checked again in the
+    reservation's transaction, so two drivers of one sweep share it exactly); those go back
+    to the queue, owed, and the drive stops as on the in-process check."""
+    for job in reversed(cut):
+        ctx.budget.release(job.offer)
+        _drop_hold(job)
+        jobs.appendleft(job)
+    shared = ctx.options.shared_budget
+    if shared is not None:
+        shared.reached = shared.reached or "max_units"  # the sweep settles the real one
+    work.stopped = True
+    state.stats.stopped_by = "shared_budget"
+    return [job for job in batch if all(job is not c for c in cut)]
 
 
 def _launch(
@@ -521,7 +548,9 @@ def _finish(
     failure = attempts.finish_error(ctx, state, attempt, exc, defer=True)
     retry = step.retry
     if exc.transient and job.tries < retry.max_attempts:
-        wait_s = retry.backoff_s * (2 ** (job.tries - 1))
+        # Jittered up to a quarter more, so units that failed together do not come back
+        # together; never less than the documented wait.
+        wait_s = retry.backoff_s * (2 ** (job.tries - 1)) * random.uniform(1.0, 1.25)  # noqa: S311
         # A provider's Retry-After is honoured (bounded: a bogus hour must not park the drive).
         wait_s = max(wait_s, min(exc.retry_after_s or 0.0, MAX_RETRY_AFTER_S))
         job.not_before = time.monotonic() + wait_s

@@ -30,7 +30,15 @@ from .checks import (
 )
 from .kinds import KINDS
 from .literals import check_literals
-from .models import AGENT_TIMEOUT_S, ENV_NAME_PATTERN, ID_PATTERN, GateSpec, StepSpec, WorkflowSpec
+from .models import (
+    AGENT_TIMEOUT_S,
+    ENV_NAME_PATTERN,
+    ID_PATTERN,
+    MODEL_CALL_RETRY,
+    GateSpec,
+    StepSpec,
+    WorkflowSpec,
+)
 from .models_resolve import ModelFieldError, ModelPick, freeze_model, judge_runner
 from .plan import AgentPlan, Plan, PlanGate, PlanStep
 from .source import Source, read_source, split_documents
@@ -230,7 +238,11 @@ class _Freezer:
             model_alias=model.alias,
             model_template=model.template,
             timeout_s=AGENT_TIMEOUT_S if step.timeout is None and step.agent else step.timeout,
-            retry=step.retry,
+            retry=(
+                MODEL_CALL_RETRY
+                if kind == "prompt" and "retry" not in step.model_fields_set
+                else step.retry
+            ),
             on_error=step.on_error,
             output=step.output,
             gate=gate,

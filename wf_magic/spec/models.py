@@ -29,7 +29,15 @@ class RetrySpec(_Strict):
     max_attempts: int = Field(1, ge=1, le=100)
     """Attempts in all, the first included (1 = no retry)."""
     backoff_s: float = Field(0.0, ge=0, le=3600)
-    """Seconds to wait before the second attempt; doubles for each further attempt."""
+    """Seconds to wait before the second attempt; doubles for each further attempt (each
+    wait jittered up to a quarter longer, so units that failed together do not retry together)."""
+
+
+MODEL_CALL_RETRY = RetrySpec(max_attempts=3, backoff_s=1.0)
+"""A prompt step's ``retry`` when it names none: model calls fail transiently (a 5xx, a body
+cut mid-way, a timeout) often enough that a sweep must not fail its cells on the first one.
+Refusals by a provider's rate limiter are not retries at all (drive/endpoints.py).
+``retry: {max_attempts: 1}`` opts out."""
 
 
 class GateSpec(_Strict):

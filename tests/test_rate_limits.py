@@ -363,3 +363,32 @@ def test_limits_in_runner_options_are_checked_at_freeze(tmp_path: Path) -> None:
     with pytest.raises(RunnerError, match="positive whole number"):
         check_limits({"m": {"concurrency": 2.5}}, "x")
     check_limits({"*": {"rpm": 60, "tpm": 1000, "concurrency": 4}}, "x")
+
+
+def test_engine_limits_is_a_frame_of_the_endpoints_called(
+    tmp_path: Path, limited_server: tuple[str, Bucket]
+) -> None:
+    url, bucket = limited_server
+    _use(url)
+    with Engine(tmp_path / "s") as engine:
+        assert engine.limits().empty
+        run = engine.run(_map_workflow(30))
+        frame = engine.limits()
+    assert run.status == "completed"
+    refused = len([t for t in bucket.trace if t[2] == 429])
+    assert list(frame.columns) == [
+        "endpoint",
+        "limit",
+        "max_limit",
+        "in_flight",
+        "calls",
+        "throttles",
+        "waited_s",
+        "waiting_s",
+        "rpm",
+        "tpm",
+    ]
+    [row] = frame.to_dict("records")
+    assert row["endpoint"] == f"http {url} None"
+    assert (row["in_flight"], row["calls"], row["throttles"]) == (0, 30 + refused, refused)
+    assert 1 <= row["limit"] <= row["max_limit"] == 1024

@@ -548,6 +548,13 @@ class Engine(SweepVerbs, GcVerbs, FollowVerbs):
         """Used vs limit per ceiling, and what reuse saved (root run's ceilings)."""
         return self.store.budget_frame(self.resolve_run_id(run_id))
 
+    def limits(self) -> pd.DataFrame:
+        """The model endpoints this process calls, one row each (drive/limiter.py): current
+        and maximum calls in flight, calls, throttles, seconds waited, known rpm/tpm."""
+        from .drive.limiter import LIMITERS, limits_frame
+
+        return limits_frame(LIMITERS.states())
+
     def compare(self, run_a: RunRef, run_b: RunRef, *, show_all: bool = False) -> RunComparison:
         """Two runs unit by unit: both outputs (every loop), what changed, token/cost deltas.
 

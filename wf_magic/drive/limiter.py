@@ -30,7 +30,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 COOLDOWN_S = 1.0
 """The shortest time between two multiplicative cuts of one endpoint's limit."""
@@ -240,6 +243,41 @@ class Limiters:
 
 LIMITERS = Limiters()
 """Every limiter of this process: runs, sweep cells and map units share them."""
+
+
+LIMIT_COLUMNS = (
+    "endpoint",
+    "limit",
+    "max_limit",
+    "in_flight",
+    "calls",
+    "throttles",
+    "waited_s",
+    "waiting_s",
+    "rpm",
+    "tpm",
+)
+
+
+def limits_frame(states: list[LimiterState]) -> pd.DataFrame:
+    """``engine.limits()``: one row per endpoint, in :data:`LIMIT_COLUMNS` order."""
+    import pandas as pd
+
+    rows = [{name: getattr(state, name) for name in LIMIT_COLUMNS} for state in states]
+    frame = pd.DataFrame(rows, columns=list(LIMIT_COLUMNS))
+    return frame.astype(
+        {
+            "limit": "int64",
+            "max_limit": "int64",
+            "in_flight": "int64",
+            "calls": "int64",
+            "throttles": "int64",
+            "waited_s": "float64",
+            "waiting_s": "float64",
+            "rpm": "float64",
+            "tpm": "float64",
+        }
+    )
 
 
 def summary(states: list[LimiterState]) -> str:

@@ -11,7 +11,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn, Protocol
+from typing import TYPE_CHECKING, NoReturn, Protocol, TextIO
 
 from .arg_values import argv_problem, parse_params
 from .cli_errors import (
@@ -28,6 +28,7 @@ from .errors import RunAbandoned, RunLockHeld, WorkflowError, clip_message, unex
 from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from .sweep_cli import SWEEP_HANDLERS
 from .verbs import add_global_options, add_verb_parsers
+from .visible import visible
 
 # The engine, the plan models (pydantic), Jinja and pandas are imported inside the verbs
 # that use them, not here, for start-up time: `wf --help` and `wf list` never load them.
@@ -50,9 +51,14 @@ class _RunLister(Protocol):
     ) -> list[RunRow]: ...
 
 
+def _say(text: str, *, file: TextIO | None = None) -> None:
+    """Print text that may hold a model's words: its control characters made visible."""
+    print(visible(text), file=file)
+
+
 def _warn(warnings: Iterable[str]) -> None:
     for warning in warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+        _say(f"warning: {warning}", file=sys.stderr)
 
 
 def _print_run(run: Run, out: Callable[[str], None]) -> int:
@@ -109,9 +115,8 @@ def _drive(
         if unsubscribe is not None and printer is not None:
             unsubscribe()
             printer.close()
-    for warning in run.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    code = _print_run(run, print)
+    _warn(run.warnings)
+    code = _print_run(run, _say)
     return EXIT_INTERRUPTED if run.stopped_by == "signal" and run.status == "active" else code
 
 
@@ -141,7 +146,7 @@ def _load_run_source(engine: Engine, args: argparse.Namespace) -> Workflow:
             return engine.load(target)
         found = library.find(args.file)
         if not getattr(args, "quiet", False):
-            print(f"workflow {found.name}: {found.origin_text}", file=sys.stderr)
+            _say(f"workflow {found.name}: {found.origin_text}", file=sys.stderr)
         if found.path is not None:
             _importable(found.path.parent)
             return engine.load(found.path)
@@ -156,7 +161,7 @@ def cmd_run(engine: Engine, args: argparse.Namespace) -> int:
         from .display import plan_text
 
         wf = engine.preview(wf, params=parse_params(args.param or ()), params_from_strings=True)
-        print(plan_text(wf.plan, plan_hash=wf.plan_hash))
+        _say(plan_text(wf.plan, plan_hash=wf.plan_hash))
         return EXIT_OK
     started = engine.start(
         wf,
@@ -167,7 +172,7 @@ def cmd_run(engine: Engine, args: argparse.Namespace) -> int:
         key=args.key,
     )
     for w in started.warnings:
-        print(f"warning: {w}", file=sys.stderr)
+        _say(f"warning: {w}", file=sys.stderr)
     print(f"run {started.run_id} ({'new' if started.created else 'existing'})", flush=True)
     return _drive(engine, started.run_id, args, live_source=wf)
 
@@ -196,11 +201,11 @@ def cmd_status(engine: Engine, args: argparse.Namespace) -> int:
     fetched = (  # a library workflow fetched from a URL: where from, and what was verified
         [f"  source: {origin} (sha256 {run.row.source_hash})"] if "://" in origin else []
     )
-    print("\n".join([header, *([f"  params: {shown}"] if shown else []), *fetched, *rest]))
+    _say("\n".join([header, *([f"  params: {shown}"] if shown else []), *fetched, *rest]))
     from .display.children import child_tree, children_lines
 
     for line in children_lines(child_tree(engine.store, run.run_id)):
-        print(line)
+        _say(line)
     return run.exit_code
 
 
@@ -226,7 +231,7 @@ def cmd_list(engine: _RunLister, args: argparse.Namespace) -> int:
         reason = f"  {row.status_reason}" if row.status_reason else ""
         parent = f"  (child of {row.parent_run_id})" if row.parent_run_id else ""
         owner = row.owner or "-"
-        print(
+        _say(
             f"{row.run_id}  {row.workflow:<20} {row.status:<10} {owner:<12}{params}{reason}{parent}"
         )
     return EXIT_OK
@@ -244,7 +249,7 @@ def _frame_out(frame: object, fmt: str) -> None:
         print(frame.to_json(orient="records", date_format="iso"))
     else:
         with pd.option_context("display.max_rows", None, "display.width", 200):
-            print(frame.to_string(index=False))
+            _say(frame.to_string(index=False))
 
 
 def cmd_journal(engine: Engine, args: argparse.Namespace) -> int:
@@ -288,7 +293,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     checks = [check_file(path) for path in args.files]
     for check in checks:
-        print(check.text())
+        _say(check.text())
     return EXIT_OK if all(c.ok for c in checks) else EXIT_USAGE
 
 
@@ -359,7 +364,7 @@ def cmd_gc(engine: Engine, args: argparse.Namespace) -> int:
     statuses = args.statuses or ("completed", "failed", "abandoned")
 
     def kept(run_id: str, why: str) -> None:
-        print(f"kept {run_id}: {why}", file=sys.stderr)
+        _say(f"kept {run_id}: {why}", file=sys.stderr)
 
     deleted = engine.gc(
         older_than_s=seconds,
@@ -387,7 +392,7 @@ def cmd_show(engine: Engine, args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(record.to_json(), indent=2, default=str))
     else:
-        print(record_text(record))
+        _say(record_text(record))
     return EXIT_OK
 
 
@@ -395,7 +400,7 @@ def cmd_diff(engine: Engine, args: argparse.Namespace) -> int:
     from .inspection import changes_text, run_changes
 
     run_a, run_b = engine.resolve_run_id(args.run), engine.resolve_run_id(args.other)
-    print(changes_text(run_a, run_b, run_changes(engine.store, run_a, run_b, unit_id=args.unit)))
+    _say(changes_text(run_a, run_b, run_changes(engine.store, run_a, run_b, unit_id=args.unit)))
     return EXIT_OK
 
 
@@ -404,7 +409,7 @@ def cmd_compare(engine: Engine, args: argparse.Namespace) -> int:
     if args.format == "json":
         print(comparison.frame().to_json(orient="records"))
     else:
-        print(comparison.text())
+        _say(comparison.text())
     return EXIT_OK
 
 
@@ -561,7 +566,7 @@ def _main(args: argparse.Namespace, words: list[str]) -> int:
             if is_state_db_fault(exc)
             else unexpected_text(exc, command=command_text(args))
         )
-        print(f"error: {clip_message(masked(text, store, args))}", file=sys.stderr)
+        _say(f"error: {clip_message(masked(text, store, args))}", file=sys.stderr)
         return EXIT_FAILED
     finally:
         store.close()
@@ -580,7 +585,7 @@ def _authoring(args: argparse.Namespace) -> int:
         if args.debug:
             raise
         text = unexpected_text(exc, command=command_text(args))
-        print(f"error: {clip_message(redactor(args).redact(text))}", file=sys.stderr)
+        _say(f"error: {clip_message(redactor(args).redact(text))}", file=sys.stderr)
         return EXIT_FAILED
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from .errors import WorkflowError, clip_message
 from .exits import EXIT_INTERRUPTED, error_exit_code
+from .visible import visible
 
 if TYPE_CHECKING:
     from .redact import Redactor
@@ -27,7 +28,7 @@ def report_error(args: argparse.Namespace, exc: WorkflowError, store: Store | No
     if args.debug:
         raise exc
     text = masked(str(exc), store, args) if store is not None else redactor(args).redact(str(exc))
-    print(f"error: {clip_message(text)}", file=sys.stderr)
+    print(f"error: {visible(clip_message(text))}", file=sys.stderr)
     return error_exit_code(exc)
 
 
@@ -122,4 +123,4 @@ def show_warning(
     line: str | None = None,
 ) -> None:
     """Warnings on the command line are one ``warning: ...`` line, not a source listing."""
-    print(f"warning: {message}", file=file or sys.stderr)
+    print(f"warning: {visible(str(message))}", file=file or sys.stderr)

@@ -2,7 +2,8 @@
 
 An observer of engine events (it never drives). On a TTY the units of the running step are
 one line rewritten in place at most ``MAX_REDRAWS_PER_S`` times a second; elsewhere (a pipe,
-a CI log) only step transitions are printed, one plain line each.
+a CI log) only step transitions are printed, one plain line each. What a unit or a model
+wrote (a streamed line, a note, a warning) has its control characters made visible.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from .bus import Event
+from .visible import visible_line
 
 MAX_REDRAWS_PER_S = 10
 _MARKS = {"completed": "✓", "failed": "✗", "skipped": "–", "blocked": "‖"}
@@ -94,7 +96,7 @@ class ProgressPrinter:
             text += f" ({u.reused} reused)"
         if u.text and u.running:
             text += f" · {u.text}"
-        self.stream.write("\r\x1b[2K" + text)
+        self.stream.write("\r\x1b[2K" + visible_line(text))
         self.stream.flush()
         self._line_open = True
 
@@ -113,7 +115,7 @@ class ProgressPrinter:
         if self._line_open:
             self.stream.write("\r\x1b[2K")
             self._line_open = False
-        self.stream.write(text + "\n")
+        self.stream.write(visible_line(text) + "\n")
         self.stream.flush()
 
     def close(self) -> None:

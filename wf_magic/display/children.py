@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..store.records import RunRow, StepRow
+from ..visible import visible_line
 
 MAX_CHILD_LINES = 50
 """Child runs listed at most; a larger tree ends with a line saying how to list them all."""
@@ -117,7 +118,9 @@ def children_lines(tree: Sequence[ChildRun], *, limit: int = MAX_CHILD_LINES) ->
         row, pad = child.row, "  " * (child.depth + 1)
         reason = f" — {row.status_reason}" if row.status_reason else ""
         lines.append(
-            f"{pad}{row.run_id}  {row.workflow}  [{row.status}]  {spawning_step(row)}{reason}"
+            visible_line(
+                f"{pad}{row.run_id}  {row.workflow}  [{row.status}]  {spawning_step(row)}{reason}"
+            )
         )
         command = next_command(child)
         if command:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..store.records import BudgetUse, RunRow, StepRow
 from ..store.summary import RunTally, StepTally
+from ..visible import visible
 from .badges import badge
 from .facts import (
     Rejection,
@@ -176,7 +177,8 @@ def _facts(run: Run) -> _Facts:
 
 
 def run_text(run: Run) -> str:
-    """A plain-text summary of a run: header, steps, gates, budget, reuse, warnings, result."""
+    """A plain-text summary of a run: header, steps, gates, budget, reuse, warnings, result,
+    with control characters made visible (wf_magic/visible.py)."""
     row = run.row
     facts = _facts(run)
     lines = [f"Run {row.run_id}  {row.workflow}  [{row.status}]"]
@@ -206,7 +208,7 @@ def run_text(run: Run) -> str:
     lines.extend(f"  warning: {w}" for w in run.warnings)
     if facts.result is not None:
         lines.append(f"  result: {facts.result}")
-    return "\n".join(lines)
+    return visible("\n".join(lines))  # a model's words never reach a terminal as escapes
 
 
 def _stats_text(run: Run) -> str:

@@ -310,10 +310,14 @@ class _Launch:
             )
         if outcome.failure is None and outcome.text is None and outcome.structured is None:
             seen = first_line(stdout) or first_line(reader.err.text()) or "nothing"
-            skipped = f"; {reader.notes[0]}" if reader.notes else ""
             outcome.failure = Failure(
                 error_class="failed",
-                message=f"exited with status {code} without a result (it printed: {seen}{skipped})",
+                message=f"exited with status {code} without a result (it printed: {seen})",
+            )
+        if outcome.failure is not None and reader.notes:  # say what was skipped, once
+            failure = outcome.failure
+            outcome.failure = Failure(
+                error_class=failure.error_class, message=f"{failure.message} ({reader.notes[0]})"
             )
         self.notes = reader.notes
         return self._result(outcome, watch, code)

@@ -56,6 +56,28 @@ def facts_json(facts: Any) -> str | None:
     return json.dumps(facts, sort_keys=True, default=str)
 
 
+def report_warnings(
+    ctx: DriveContext, state: RunState, attempt: AttemptRow, agent_json: str | None
+) -> None:
+    """Journal one ``warning`` event per number the agent's CLI reported and the runner
+    refused (a negative or non-finite cost, a token count that is no count), on the success
+    and the failure path alike."""
+    if not agent_json or '"warnings"' not in agent_json:
+        return
+    warnings = json.loads(agent_json).get("warnings")
+    for message in warnings[:10] if isinstance(warnings, list) else []:
+        data = {"message": str(message), "reason": "reported_usage"}
+        ctx.store.record_event(
+            state.run_id,
+            "warning",
+            step_id=attempt.step_id,
+            unit_id=attempt.unit_id,
+            dispatch_id=attempt.dispatch_id,
+            data=data,
+        )
+        ctx.emit("warning", run_id=state.run_id, step_id=attempt.step_id, message=str(message))
+
+
 def cancel_agents(
     ctx: DriveContext, state: RunState, units: Sequence[tuple[UnitPlan, AttemptRow]]
 ) -> None:

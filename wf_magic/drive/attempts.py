@@ -11,7 +11,7 @@ from ..runners.base import UnitResult
 from ..spec.plan import PlanStep
 from ..store.journal import Finish, UnitKey
 from ..store.records import AttemptRow, Phase
-from .agentunits import facts_json
+from .agentunits import facts_json, report_warnings
 from .context import DriveContext, RunState
 from .units import UnitPlan
 
@@ -206,6 +206,8 @@ def finish_with(
             )
         if finish.cost is None and finish.tokens_in + finish.tokens_out > 0:
             _warn_unpriced(ctx, state, attempt, finish)
+    if wrote:
+        report_warnings(ctx, state, attempt, finish.agent_json)
     ctx.emit(
         "unit_finished",
         run_id=state.run_id,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, field
 
@@ -63,10 +64,10 @@ class Budget:
             self.units += 1
 
     def charge_usage(self, tokens: int, cost: float | None) -> None:
-        """Add a finished attempt's tokens and cost."""
+        """Add a finished attempt's tokens and cost (a report never lowers a total)."""
         with self._lock:
-            self.tokens += tokens
-            self.cost += cost or 0.0
+            self.tokens += max(0, tokens)
+            self.cost += charged_cost(cost)
 
     def offer(self, *, slots: int) -> int | None:
         """Reserve a share of the unspent tokens for one unit about to be dispatched.
@@ -88,6 +89,12 @@ class Budget:
         if offer:
             with self._lock:
                 self._offered -= offer
+
+
+def charged_cost(cost: float | None) -> float:
+    """What ``cost`` adds to a budget: 0 unless a finite positive number (a negative or NaN
+    report must never give headroom)."""
+    return cost if cost is not None and math.isfinite(cost) and cost > 0 else 0.0
 
 
 def seed_budget(store: Store, run: RunRow, plan: Plan) -> Budget:
@@ -146,7 +153,7 @@ class SharedBudget:
         return None
 
     def charge_usage(self, tokens: int, cost: float | None) -> None:
-        """Add a finished attempt's tokens and cost."""
+        """Add a finished attempt's tokens and cost (a report never lowers a total)."""
         with self._lock:
-            self.tokens += tokens
-            self.cost += cost or 0.0
+            self.tokens += max(0, tokens)
+            self.cost += charged_cost(cost)

@@ -73,10 +73,8 @@ def result_problem(result: UnitResult) -> str | None:
         if not (math.isfinite(value) and value == int(value) and 0 <= value < MAX_TOKENS):
             return f"{name} is {value!r}, expected a whole number from 0"
     cost = result.cost
-    if cost is not None and (
-        isinstance(cost, bool) or not isinstance(cost, int | float) or not math.isfinite(cost)
-    ):
-        return f"cost is {cost!r}, expected a finite number or None"
+    if cost is not None and not _cost_ok(cost):
+        return f"cost is {cost!r}, expected a finite number from 0 or None"
     for name in ("model", "session_id"):
         value = getattr(result, name)
         if value is not None and (not isinstance(value, str) or _surrogate_at(value) >= 0):
@@ -190,7 +188,8 @@ def unit_failure(exc: BaseException, *, redact: Callable[[str], str]) -> RunnerE
     if isinstance(exc, RunnerError):
         # A runner's own message keeps its lines (an exec failure's stderr tail).
         message = _clipped(redact(safe_text(_text_of(exc))))
-        if message == exc.message and _int_or_none(exc.tokens_in, exc.tokens_out):
+        cost_ok = exc.cost is None or _cost_ok(exc.cost)
+        if message == exc.message and _int_or_none(exc.tokens_in, exc.tokens_out) and cost_ok:
             return exc
         # A copy keeps what the runner attached beyond the message (a python step's
         # traceback, an agent's facts, a provider's retry-after) and its class.
@@ -199,6 +198,7 @@ def unit_failure(exc: BaseException, *, redact: Callable[[str], str]) -> RunnerE
         failure.message = message
         failure.tokens_in = _whole(exc.tokens_in)
         failure.tokens_out = _whole(exc.tokens_out)
+        failure.cost = exc.cost if cost_ok else None  # a NaN or negative is never charged
         failure.__cause__ = exc
         return failure
     detail = one_line(redact(safe_text(_text_of(exc))))
@@ -245,6 +245,16 @@ def _clipped(text: str) -> str:
 def _int_or_none(*values: object) -> bool:
     return all(
         isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_TOKENS for v in values
+    )
+
+
+def _cost_ok(cost: object) -> bool:
+    """Whether ``cost`` is a cost that may be journaled and charged: finite, from 0."""
+    return (
+        isinstance(cost, int | float)
+        and not isinstance(cost, bool)
+        and math.isfinite(cost)
+        and cost >= 0
     )
 
 

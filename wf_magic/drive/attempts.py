@@ -65,7 +65,9 @@ def reserve_many(ctx: DriveContext, state: RunState, units: Sequence[UnitPlan]) 
     rows = ctx.store.reserve_attempts(
         [(unit_key(state, u), u.charged) for u in units], payer=ctx.options.payer
     )
-    for unit, attempt in zip(units, rows, strict=True):
+    # Fewer rows than units: the sweep's ceiling, counted in the reservation (the caller
+    # hands the rest back).
+    for unit, attempt in zip(units[: len(rows)], rows, strict=True):
         ctx.emit(
             "unit_started",
             run_id=state.run_id,

@@ -170,14 +170,17 @@ class JournalQueries(StoreAccess):
 
         Each unit is still reserved before it is dispatched: the batch is the units about to
         be handed to the executor together, and the transaction commits before any of them.
-        ``payer``: the sweep paying the charged ones, recorded in the same transaction.
+        ``payer``: the sweep paying the charged ones, recorded in the same transaction; only
+        the first keys that fit its ceilings are reserved (fewer rows come back), counted in
+        this transaction, so every driver of the sweep shares them exactly.
         """
         if not keys:
             return []
         keys = [(self.scrubber.key(key), charged) for key, charged in keys]
 
         def txn(conn: sqlite3.Connection) -> list[AttemptRow]:
-            rows = journal.reserve_attempts_txn(conn, keys)
+            kept = keys if payer is None else keys[: sweeps.fitting_txn(conn, payer, keys)]
+            rows = journal.reserve_attempts_txn(conn, kept) if kept else []
             if payer is not None:
                 sweeps.record_charges_txn(conn, payer, rows)
             return rows

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from .records import AttemptRow, from_row
 
@@ -117,7 +119,10 @@ def list_sweeps(conn: sqlite3.Connection) -> list[SweepRow]:
 
 
 def create_sweep_txn(conn: sqlite3.Connection, row: SweepRow, cells: list[CellSpec]) -> None:
-    """Insert a sweep and all its cells (one transaction: a sweep never lacks cells)."""
+    """Insert a sweep and all its cells (one transaction: a sweep never lacks cells); nothing
+    when another driver of the same definition inserted it first."""
+    if conn.execute("SELECT 1 FROM sweeps WHERE sweep_id = ?", (row.sweep_id,)).fetchone():
+        return
     conn.execute(
         f"INSERT INTO sweeps ({_SWEEP_COLUMNS}) VALUES ({', '.join('?' * 14)})",
         tuple(getattr(row, name.strip()) for name in _SWEEP_COLUMNS.split(",")),
@@ -224,6 +229,42 @@ def sweep_usage(conn: sqlite3.Connection, sweep_id: str) -> tuple[int, int, floa
         (sweep_id,),
     ).fetchone()
     return int(row[0]), int(row[1]), float(row[2])
+
+
+def fitting_txn(conn: sqlite3.Connection, sweep_id: str, keys: Sequence[tuple[Any, bool]]) -> int:
+    """How many of a batch's ``(key, charged)`` reservations, in order, fit ``sweep_id``'s
+    ceilings, counted from what the sweep paid as committed when this transaction began.
+
+    Called in the reservation's transaction (the database's one writer at a time), so every
+    driver of the sweep (two ``wf sweep`` processes, a sweep and its ``sweep-resume``) counts
+    the others' reservations: ``max_units`` 13 is 13 however many take cells. Tokens and cost
+    are known only when a unit finishes: none is reserved once they are reached.
+    """
+    row = conn.execute("SELECT budget_json FROM sweeps WHERE sweep_id = ?", (sweep_id,)).fetchone()
+    ceilings = json.loads(row[0]) if row is not None and row[0] else {}
+    max_units = ceilings.get("max_units")
+    max_tokens, max_cost = ceilings.get("max_tokens"), ceilings.get("max_cost")
+    if max_units is None and max_tokens is None and max_cost is None:
+        return len(keys)
+    if max_tokens is None and max_cost is None:
+        found = conn.execute(
+            "SELECT COUNT(*) FROM sweep_charges WHERE sweep_id = ?", (sweep_id,)
+        ).fetchone()
+        units, tokens, cost = int(found[0]), 0, 0.0
+    else:
+        units, tokens, cost = sweep_usage(conn, sweep_id)
+    if (max_tokens is not None and tokens >= max_tokens) or (
+        max_cost is not None and cost >= max_cost
+    ):
+        room = 0
+    else:
+        room = len(keys) if max_units is None else max(0, int(max_units) - units)
+    for fitting, (_key, charged) in enumerate(keys):
+        if charged:
+            if room == 0:
+                return fitting
+            room -= 1
+    return len(keys)
 
 
 def record_charges_txn(conn: sqlite3.Connection, sweep_id: str, attempts: list[AttemptRow]) -> None:

@@ -134,7 +134,7 @@ def open_sweep(
             for c in cells
         ],
     )
-    return row
+    return sweep_row(store, sweep_id)  # another `wf sweep` of this definition may have won
 
 
 def _stored_definition(spec: Definition, source_path: str | None) -> str:
@@ -292,18 +292,16 @@ def settle_sweep(
     cells = store.sweep_cells(sweep.sweep_id)
     status: SweepStatus
     done = sum(c.run_status == "completed" for c in cells)
+    reached = None if shared.reached is None else _reached(store, sweep.sweep_id, shared)
     if done == len(cells):
         status, reason = "completed", None
-    elif shared.reached is not None:
-        limit = getattr(shared, shared.reached)
-        used = {"max_units": shared.units, "max_tokens": shared.tokens, "max_cost": shared.cost}[
-            shared.reached
-        ]
+    elif reached is not None:
+        ceiling, used, limit = reached
         status = "stopped"
         reason = (
-            f"sweep budget {shared.reached} reached (used {used:g} of {limit:g}); "
+            f"sweep budget {ceiling} reached (used {used:g} of {limit:g}); "
             f"{len(cells) - done} cell(s) owed; `wf sweep-resume {sweep.sweep_id} "
-            f"--{shared.reached.replace('_', '-')} N` sets a new ceiling"
+            f"--{ceiling.replace('_', '-')} N` sets a new ceiling"
         )
     else:
         bad = [c for c in cells if c.run_status in ("failed", "blocked", "abandoned")]
@@ -322,6 +320,23 @@ def settle_sweep(
             )
     store.set_sweep_status(sweep.sweep_id, status, reason)
     return sweep_row(store, sweep.sweep_id)
+
+
+def _reached(store: Store, sweep_id: str, shared: SharedBudget) -> tuple[str, float, float] | None:
+    """(ceiling, used, limit) of the ceiling that stopped the sweep, counted from what every
+    driver of it paid (the journal), not only this one."""
+    row = store.get_sweep(sweep_id)
+    ceilings = json.loads(row.budget_json) if row is not None else {}
+    units, tokens, cost = store.sweep_usage(sweep_id)
+    for ceiling, used in (("max_units", units), ("max_tokens", tokens), ("max_cost", cost)):
+        limit = ceilings.get(ceiling)
+        if limit is not None and used >= limit:
+            return ceiling, used, limit
+    if shared.reached in CEILINGS:  # this drive's own count (a ceiling lowered meanwhile)
+        name = shared.reached
+        used = {"max_units": shared.units, "max_tokens": shared.tokens, "max_cost": shared.cost}
+        return name, used[name], getattr(shared, name)
+    return None
 
 
 def sweep_row(store: Store, sweep_id: str) -> SweepRow:

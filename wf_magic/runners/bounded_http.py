@@ -24,7 +24,6 @@ at the deadline (``runners/function.py``), and a streamed one stops reading at i
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import queue
 import threading
 import time
@@ -75,11 +74,16 @@ def bounded_hooks(cap: int = MAX_BODY_BYTES) -> dict[str, list[Callable[[Any], A
     return {"request": [on_request], "response": [on_response]}
 
 
-def bounded_client(**kwargs: Any) -> httpx.AsyncClient:
-    """An ``httpx.AsyncClient`` (``kwargs`` as httpx takes them) with :func:`bounded_hooks`."""
-    import httpx
+def bounded_client(**kwargs: Any) -> Any:
+    """An ``AsyncClient`` of httpx2 (what the provider SDKs now take), else of httpx, with
+    :func:`bounded_hooks`; ``kwargs`` as that library takes them."""
+    import importlib
 
-    return httpx.AsyncClient(event_hooks=bounded_hooks(), **kwargs)
+    try:
+        library: Any = importlib.import_module("httpx2")
+    except ImportError:
+        library = importlib.import_module("httpx")
+    return library.AsyncClient(event_hooks=bounded_hooks(), **kwargs)
 
 
 def _bounded_stream(inner: Any, cap: int, response: Any) -> Any:
@@ -157,7 +161,7 @@ class AttemptLoop:
             TimeoutError: the deadline passed (the call was cancelled).
             Exception: whatever the call raised.
         """
-        texts: queue.SimpleQueue[str] = queue.SimpleQueue()
+        texts: queue.SimpleQueue[str | None] = queue.SimpleQueue()  # None: the call ended
         sink = None if on_text is None else TextSink(on_text)
 
         async def bounded() -> T:
@@ -165,16 +169,26 @@ class AttemptLoop:
                 return await make(texts.put if sink is not None else None)
 
         future = asyncio.run_coroutine_threadsafe(bounded(), self._running())
+        future.add_done_callback(lambda _done: texts.put(None))
         give_up_at = time.monotonic() + timeout_s + GRACE_S
+        latest: str | None = None
         try:
-            while not future.done():
-                wait_s = max(0.0, give_up_at - time.monotonic())
-                concurrent.futures.wait([future], timeout=min(wait_s, 0.05) if sink else wait_s)
-                _drain(texts, sink)
-                if not future.done() and time.monotonic() >= give_up_at:
-                    raise TimeoutError(f"the call did not wind up {GRACE_S:g}s past its deadline")
+            while True:
+                try:
+                    text = texts.get(timeout=max(0.0, give_up_at - time.monotonic()))
+                except queue.Empty:
+                    raise TimeoutError(
+                        f"the call did not wind up {GRACE_S:g}s past its deadline"
+                    ) from None
+                if text is None:
+                    break
+                latest = text
+                if sink is not None and sink.is_due:
+                    sink.offer(latest)
             result = future.result()
-            _drain(texts, sink, final=True)
+            latest = _latest(texts, latest)
+            if sink is not None and latest is not None:
+                sink.offer(latest, final=True)
             return result
         finally:
             future.cancel()  # a no-op once done; else (an interrupt) the call stops too
@@ -224,12 +238,10 @@ async def _awaited(coro: Awaitable[T]) -> T:
     return await coro
 
 
-def _drain(texts: queue.SimpleQueue[str], sink: TextSink | None, *, final: bool = False) -> None:
-    latest = None
+def _latest(texts: queue.SimpleQueue[str | None], latest: str | None) -> str | None:
+    """The last text put so far (``latest`` when none came since)."""
     while True:
         try:
-            latest = texts.get_nowait()
+            latest = texts.get_nowait() or latest
         except queue.Empty:
-            break
-    if sink is not None and latest is not None and (final or sink.is_due):
-        sink.offer(latest, final=final)
+            return latest

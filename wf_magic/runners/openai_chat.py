@@ -431,7 +431,7 @@ async def _read_stream(stream: AsyncStream[ChatCompletionChunk], put_text: PutTe
         if delta.content is not None:
             has_content = True
             parts.append(delta.content)
-            if time.monotonic() - shown_at >= TEXT_EVERY_S:  # joining is not free
+            if time.monotonic() - shown_at >= TEXT_EVERY_S / 2:  # joining is not free
                 shown_at = time.monotonic()
                 put_text("".join(parts))
         if getattr(delta, "refusal", None):

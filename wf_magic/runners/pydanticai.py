@@ -9,24 +9,26 @@ Plan options (``runners: {pydantic-ai: {...}}``; none of them is a secret):
 - ``api_key_env``: the NAME of the variable holding the key (else the SDK's default).
 - ``system_prompt``, ``temperature``, ``top_p``, ``seed``, ``settings`` (more pydantic-ai
   ``ModelSettings``): what the model is asked with.
-- ``timeout_s`` (default 120; a step's ``timeout:`` wins), ``prices``, ``local``.
+- ``timeout_s`` (default 120; a step's ``timeout:`` wins), ``prices``, ``local``. It is the
+  attempt's deadline: connect, first byte and the whole body or stream, not each read.
 
 No agent loop: a unit is one request. A step's ``output:`` schema (and a judge's verdict)
 is asked for the provider's native way: a JSON-schema response format where the model's
 profile supports one, else a forced output tool. A watched unit is streamed. Usage counts
 cache reads and writes in ``tokens_in`` and prices them at their own rates. The SDKs' own
 retries are off: the engine retries transient errors (408, 409, 425, 429, 5xx, 529,
-timeouts, connection failures, honouring ``retry_after``); others are permanent.
+timeouts, connection failures, a body cut mid-way, honouring ``retry_after``); others are
+permanent. Each provider SDK gets an HTTP client of ours (``runners/bounded_http.py``) that
+refuses a body past the output bound (10 MB) while reading it; the calls run on the runner's
+own event-loop thread under the attempt's deadline.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import math
 import os
-import queue
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -38,8 +40,9 @@ from .base import (
     check_option_shapes,
     strip_code_fence,
 )
+from .bounded_http import AttemptLoop, bounded_client, bounded_hooks, is_cut_off, over_bound
 from .pricing import PRICE_OPTIONS, PriceTable, attempt_cost
-from .textsink import TextSink
+from .textsink import TEXT_EVERY_S
 
 if TYPE_CHECKING:
     from pydantic_ai.messages import ModelResponse
@@ -73,7 +76,7 @@ class PydanticAIRunner:
     """Runs ``prompt`` and ``judge`` units through ``pydantic_ai.direct.model_request``.
 
     The calls run on one private event loop thread (a notebook's running loop is never
-    touched); units on several worker threads share it.
+    touched), each under its attempt's deadline; units on several worker threads share it.
     """
 
     ANSWER_OPTIONS: frozenset[str] = frozenset(
@@ -88,8 +91,8 @@ class PydanticAIRunner:
         self.prices = PriceTable.parse(options, where=f"runners.{name}")
         self._lock = threading.Lock()
         self._models: dict[str, Model] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._clients: list[Any] = []
+        self._loop = AttemptLoop(name)
 
     @classmethod
     def from_context(cls, ctx: RunnerContext) -> PydanticAIRunner:
@@ -103,12 +106,13 @@ class PydanticAIRunner:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_lock=None, _models={}, _loop=None, _thread=None)
+        state.update(_lock=None, _models={}, _clients=[], _loop=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        self._loop = AttemptLoop(self.name)
 
     def run(self, request: UnitRequest) -> UnitResult:
         """One model request for the unit.
@@ -122,24 +126,39 @@ class PydanticAIRunner:
         from pydantic_ai.exceptions import AgentRunError, UserError
 
         timeout_s = float(request.timeout_s or self.options.get("timeout_s", DEFAULT_TIMEOUT_S))
+        where = self._where(request, name)
         try:
-            response = self._call(model, request, timeout_s)
-        except (AgentRunError, UserError) as exc:
-            raise _translate(exc, self._where(request, name)) from exc
-        except concurrent.futures.TimeoutError as exc:
-            message = f"{self._where(request, name)} timed out after {timeout_s:g}s."
-            raise RunnerError(message, transient=True) from exc
+            response = self._loop.call(
+                lambda put: self._request(model, request, put, timeout_s),
+                timeout_s=timeout_s,
+                on_text=request.on_text,
+            )
+        except Exception as exc:
+            too_big = over_bound(exc)
+            if too_big is not None:
+                raise RunnerError(f"{where}: {too_big}.") from exc
+            if isinstance(exc, TimeoutError):
+                raise RunnerError(
+                    f"{where} timed out after {timeout_s:g}s.", transient=True
+                ) from exc
+            if isinstance(exc, AgentRunError | UserError) and not is_cut_off(exc):
+                raise _translate(exc, where) from exc
+            if is_cut_off(exc):
+                message = f"{where}: the answer was cut off mid-way ({_clip(str(exc))})."
+                raise RunnerError(message, transient=True) from exc
+            raise
         return self._result(response, request, name)
 
     def close(self) -> None:
-        """Stop the event loop thread (a later unit starts a new one)."""
+        """Close the HTTP clients and stop the event loop thread (a later unit starts anew)."""
         with self._lock:
-            loop, thread, self._loop, self._thread = self._loop, self._thread, None, None
-            self._models = {}
-        if loop is not None and thread is not None:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(timeout=5)
-            loop.close()
+            clients, self._clients, self._models = self._clients, [], {}
+
+        async def close_clients() -> None:
+            for client in clients:
+                await client.aclose()
+
+        self._loop.close(close_clients)
 
     # -- the call --------------------------------------------------------------------------------
     def _model_name(self, request: UnitRequest) -> str:
@@ -184,50 +203,24 @@ class PydanticAIRunner:
         key = os.environ.get(key_env) if key_env else None
         cls = infer_provider_class(provider)
         if provider in _NO_SDK_RETRIES:
-            module, client = _NO_SDK_RETRIES[provider]
-            sdk = getattr(importlib.import_module(module), client)
-            made = sdk(api_key=key, base_url=base_url, max_retries=0)
-            return cls(**{f"{module}_client": made})
+            module_name, client = _NO_SDK_RETRIES[provider]
+            module = importlib.import_module(module_name)
+            # The SDK's own client class (httpx or httpx2, whichever it is built on).
+            http = module.DefaultAsyncHttpxClient(event_hooks=bounded_hooks())
+            self._clients.append(http)
+            made = getattr(module, client)(
+                api_key=key, base_url=base_url, max_retries=0, http_client=http
+            )
+            return cls(**{f"{module_name}_client": made})
         accepted = inspect.signature(cls.__init__).parameters
         kwargs = {
             k: v for k, v in (("api_key", key), ("base_url", base_url)) if v and k in accepted
         }
-        return cls(**kwargs) if kwargs else infer_provider(provider)
-
-    def _loop_running(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is None:
-                loop = asyncio.new_event_loop()
-                thread = threading.Thread(
-                    target=loop.run_forever, name=f"{self.name}-runner-loop", daemon=True
-                )
-                thread.start()
-                self._loop, self._thread = loop, thread
-            return self._loop
-
-    def _call(self, model: Model, request: UnitRequest, timeout_s: float) -> ModelResponse:
-        """The response, awaited from the unit's thread; streamed text reaches ``on_text``
-        from this thread too."""
-        texts: queue.SimpleQueue[str] = queue.SimpleQueue()
-        sink = None if request.on_text is None else TextSink(request.on_text)
-        coro = self._request(model, request, texts.put if sink else None, timeout_s)
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop_running())
-        deadline_s = timeout_s + 10  # the SDK's own timeout fires first; this is a backstop
-        waited = 0.0
-        while True:
-            try:
-                response = future.result(timeout=0.05 if sink else deadline_s)
-                break
-            except concurrent.futures.TimeoutError:
-                waited += 0.05 if sink else deadline_s
-                if waited >= deadline_s:
-                    future.cancel()
-                    raise
-            finally:
-                _drain(texts, sink)
-        if sink is not None:
-            sink.offer(_text_of(response), final=True)
-        return response
+        if "http_client" not in accepted:
+            return cls(**kwargs) if kwargs else infer_provider(provider)
+        http = bounded_client(timeout=DEFAULT_TIMEOUT_S * 5)  # the attempt's deadline binds
+        self._clients.append(http)
+        return cls(**kwargs, http_client=http)
 
     async def _request(
         self,
@@ -248,9 +241,14 @@ class PydanticAIRunner:
         async with model_request_stream(
             model, messages, model_settings=settings, model_request_parameters=params
         ) as stream:
+            shown_at = float("-inf")
             async for _event in stream:
-                put_text(_text_of(stream.get()))
-            return stream.get()
+                if time.monotonic() - shown_at >= TEXT_EVERY_S / 2:  # rendering is not free
+                    shown_at = time.monotonic()
+                    put_text(_text_of(stream.get()))
+            response = stream.get()
+            put_text(_text_of(response))
+            return response
 
     def _messages(self, request: UnitRequest) -> list[Any]:
         from pydantic_ai.messages import ModelRequest, SystemPromptPart, UserPromptPart
@@ -395,17 +393,6 @@ def _text_of(response: ModelResponse) -> str:
     from pydantic_ai.messages import TextPart
 
     return "".join(p.content for p in response.parts if isinstance(p, TextPart))
-
-
-def _drain(texts: queue.SimpleQueue[str], sink: TextSink | None) -> None:
-    latest = None
-    while True:
-        try:
-            latest = texts.get_nowait()
-        except queue.Empty:
-            break
-    if sink is not None and latest is not None and sink.is_due:
-        sink.offer(latest)
 
 
 def _translate(exc: Exception, where: str) -> RunnerError:

@@ -223,3 +223,31 @@ def test_every_driver_the_config_names_is_emptied_whatever_its_name(names: list[
         assert got[f"diff.{n}.command"] == got[f"diff.{n}.textconv"] == ""
         assert got[f"merge.{n}.driver"] == ""
     assert len(got) == 7 * len(names)
+
+
+def test_a_worktree_folder_replaced_by_a_symlink_is_unlinked_not_followed(
+    tmp_path: Path,
+) -> None:
+    s = Scene(tmp_path)
+    admin = s.repo / ".git" / "worktrees" / "d-1"
+    os.rename(s.tree, tmp_path / "moved")
+    os.symlink(s.other, s.tree)  # the agent's last act: its folder now names another repo
+    with pytest.raises(worktrees.GitError, match="is no longer a worktree wf_magic added"):
+        worktrees.changes(s.tree)
+    assert worktrees.sweep(s.state, ["r-1"]) == [s.tree]
+    assert not s.tree.is_symlink() and (s.other / "README").read_text() == "main checkout\n"
+    assert (s.other / ".git" / "HEAD").exists()
+    assert admin.is_dir()  # it did not link back to the symlink: left for `git worktree prune`
+    assert not s.marker.exists()
+
+
+def test_a_reclaimed_attempt_never_works_in_a_symlink_its_predecessor_left(
+    tmp_path: Path,
+) -> None:
+    s = Scene(tmp_path)
+    os.rename(s.tree, tmp_path / "moved")
+    os.symlink(s.other, s.tree)
+    worktrees.ensure_worktree(s.repo, s.tree)
+    assert not s.tree.is_symlink() and (s.tree / "README").read_text() == "main checkout\n"
+    assert worktrees.changes(s.tree) == ([], "")
+    assert sorted(p.name for p in (s.other / ".git").iterdir() if p.name == "worktrees") == []

@@ -48,7 +48,7 @@ def ensure_worktree(repo: Path, path: Path) -> None:
     Raises:
         GitError: git could not add it (e.g. a repository without a commit).
     """
-    if _admin_of(path) is not None or (path / ".git").exists():
+    if not path.is_symlink() and (_admin_of(path) is not None or (path / ".git").exists()):
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists() or path.is_symlink():  # a leftover of a worktree removed by hand
@@ -207,13 +207,17 @@ def _pointer_of(path: Path) -> Path | None:
 def _verified_admin(path: Path, admin: Path | None) -> Path | None:
     """``admin`` if it is a worktree admin folder (``<common>/worktrees/<name>``) whose
     ``gitdir`` names ``path/.git``; None otherwise."""
+    if path.is_symlink():  # the agent replaced its folder: nothing of git's is there
+        return None
     if admin is None or not admin.is_absolute() or admin.parent.name != "worktrees":
         return None
     try:
         back = read_bounded_text(admin / "gitdir", limit=GIT_FILE_BYTES).strip()
     except (FileRefused, UnicodeDecodeError):
         return None
-    if os.path.abspath(back) != os.path.abspath(path / ".git"):
+    # Folders compared resolved (git may write a real path), never through ``.git`` itself:
+    # the agent may have made that a symlink to somewhere else.
+    if os.path.realpath(Path(back).parent) != os.path.realpath(path):
         return None
     return admin
 

@@ -32,9 +32,9 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .errors import FileRefused, UsageError, clip
+from .library_fetch import Unreachable, fetch
 from .library_index import (
     MAX_DOCUMENT_BYTES,
     IndexEntry,
@@ -45,6 +45,7 @@ from .library_index import (
     parse_index,
 )
 from .reading import read_bounded
+from .redact import MASK, Redactor, mask_url
 from .store import Store
 from .store.db import default_state, store_target
 from .store.library_cache import LibraryCopy
@@ -65,9 +66,12 @@ __all__ = [
 DEFAULT_TTL_S = 3600.0
 """How long a cached index copy is used without asking the network."""
 FETCH_TIMEOUT_S = 10.0
+"""The whole of one fetch (connect, headers, every redirect and the body), not each read."""
 ENV_PATH, ENV_INDEX, ENV_TTL = "WF_MAGIC_PATH", "WF_MAGIC_INDEX", "WF_MAGIC_LIBRARY_TTL"
 DEFAULT_FOLDER = Path("workflows")
 """Searched after ``$WF_MAGIC_PATH``, relative to the working directory."""
+_SHAPES = Redactor()
+"""Credential shapes, masked in an index before it is cached."""
 _ACTIVE: ContextVar[Library | None] = ContextVar("wf_magic_library", default=None)
 
 
@@ -94,7 +98,8 @@ class LibraryWorkflow:
     name: str
     text: str
     origin: str
-    """The file path or URL the source came from (a run records it as ``source_path``)."""
+    """The file path or URL the source came from (a run records it as ``source_path``); a
+    URL's credentials (a password, an ``?access_token=``) read ``***``."""
     sha256: str
     """Hex sha256 of the source's bytes (verified against the index when it lists one)."""
     path: Path | None = None
@@ -118,14 +123,6 @@ class LibraryWorkflow:
         return f"{self.origin} (sha256 {self.sha256[:12]})"
 
 
-class _Unreachable(Exception):
-    """A fetch failed; ``reason`` says how, in a few words."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
-
-
 class Library:
     """Workflows by name from ``folders`` and an ``index``, with remote copies cached.
 
@@ -136,7 +133,7 @@ class Library:
             is opened in ``state_dir`` (default ``$WF_MAGIC_HOME`` or ``./.wf_magic``) the
             first time something remote is needed, and closed by :meth:`close`.
         ttl_s: how long a cached index copy is fresh (0: refetch every time).
-        timeout_s: the network timeout of one fetch.
+        timeout_s: the deadline of one fetch, start to end (a server that drips is cut).
     """
 
     def __init__(
@@ -238,7 +235,9 @@ class Library:
         if entry is None:
             return None
         if entry.path is not None:
-            return _local(name, Path(entry.path), expected=entry.sha256, listed_in=self.index)
+            return _local(
+                name, Path(entry.path), expected=entry.sha256, listed_in=self._index_shown
+            )
         return self._remote_source(entry)
 
     def entries(self, needed_for: str | None = None) -> dict[str, IndexEntry]:
@@ -263,97 +262,73 @@ class Library:
 
     # -- remote documents -----------------------------------------------------------------------
     def _remote_index(self, url: str, needed_for: str | None) -> dict[str, IndexEntry]:
-        copy = self._cache().library_copy(url)
+        shown = mask_url(url)  # the cache's key, and what messages say: no credentials
+        copy = self._cache().library_copy(shown)
         now = time.time()
         if copy is not None and now - copy.fetched_at < self.ttl_s:
-            return parse_index(copy.body, where=url, base_dir=None)
+            cached = _parse_remote(copy.body, url)
+            if not _masked_urls(cached):
+                return cached
+            # the index lists URLs with credentials, masked at rest: fetch the real ones
         try:
             data = self._fetch(url)
-            body = _utf8(data, url)
-            entries = parse_index(body, where=url, base_dir=None)  # never cache a bad index
-        except (_Unreachable, LibraryError) as exc:
+            body = _utf8(data, shown)
+            entries = _parse_remote(body, url)  # never cache a bad index
+        except (Unreachable, LibraryError) as exc:
             if copy is None:
                 if isinstance(exc, LibraryError):
                     raise
                 wanted = f" (looking up {needed_for!r})" if needed_for else ""
                 raise FetchError(
-                    f"Cannot fetch the workflow index {url}{wanted}: {exc}; no copy is cached. "
-                    f"Check the network and {ENV_INDEX}, or put the workflow in a folder on "
-                    f"{ENV_PATH} (or ./workflows)."
+                    f"Cannot fetch the workflow index {shown}{wanted}: {exc}; no copy is "
+                    f"cached. Check the network and {ENV_INDEX}, or put the workflow in a "
+                    f"folder on {ENV_PATH} (or ./workflows)."
                 ) from None
-            self._warn_stale(url, copy, str(exc))
-            return parse_index(copy.body, where=url, base_dir=None)
+            self._warn_stale(shown, copy, str(exc))
+            return _parse_remote(copy.body, url)
+        kept = _SHAPES.redact(body)  # a credential the index lists is not kept at rest
         self._cache().keep_library_copy(
-            LibraryCopy(url=url, kind="index", body=body, sha256=_sha256(data), fetched_at=now)
+            LibraryCopy(url=shown, kind="index", body=kept, sha256=_sha256(data), fetched_at=now)
         )
         return entries
 
     def _remote_source(self, entry: IndexEntry) -> LibraryWorkflow:
         url, expected = entry.url or "", entry.sha256 or ""
-        copy = self._cache().library_copy(url)
+        shown = mask_url(url)  # the cache's key, the run's source_path, what messages say
+        copy = self._cache().library_copy(shown)
         if copy is not None and copy.sha256 == expected:  # content-addressed: never stale
-            return LibraryWorkflow(name=entry.name, text=copy.body, origin=url, sha256=expected)
+            return LibraryWorkflow(name=entry.name, text=copy.body, origin=shown, sha256=expected)
         try:
             data = self._fetch(url)
-        except _Unreachable as exc:
+        except Unreachable as exc:
             older = " (the cached copy is another version)" if copy is not None else ""
             raise FetchError(
-                f"Cannot fetch workflow {entry.name!r} from {url}: {exc}; no copy with the "
+                f"Cannot fetch workflow {entry.name!r} from {shown}: {exc}; no copy with the "
                 f"index's sha256 is cached{older}. Check the network and the index "
-                f"{self.index}, or put {entry.name}.yaml in a folder on {ENV_PATH}."
+                f"{self._index_shown}, or put {entry.name}.yaml in a folder on {ENV_PATH}."
             ) from None
         actual = _sha256(data)
         if actual != expected:
             raise ChecksumMismatch(
-                f"Workflow {entry.name!r} from {url} does not match the index {self.index}: "
-                f"expected sha256 {expected} (got {actual}); nothing was cached. Review the "
-                "source and update the index's sha256, or restore the source."
+                f"Workflow {entry.name!r} from {shown} does not match the index "
+                f"{self._index_shown}: expected sha256 {expected} (got {actual}); nothing was "
+                "cached. Review the source and update the index's sha256, or restore the source."
             )
-        body = _utf8(data, url)
+        body = _utf8(data, shown)
         self._cache().keep_library_copy(
-            LibraryCopy(url=url, kind="workflow", body=body, sha256=actual, fetched_at=time.time())
+            LibraryCopy(
+                url=shown, kind="workflow", body=body, sha256=actual, fetched_at=time.time()
+            )
         )
-        return LibraryWorkflow(name=entry.name, text=body, origin=url, sha256=actual)
+        return LibraryWorkflow(name=entry.name, text=body, origin=shown, sha256=actual)
+
+    @property
+    def _index_shown(self) -> str:
+        """The index as messages name it: a URL's credentials masked."""
+        return mask_url(self.index) if self.index is not None else "none"
 
     def _fetch(self, url: str) -> bytes:
-        # urllib pulls in http.client, email and ssl: imported on the first fetch, not with
-        # the freezer that imports this module.
-        import http.client
-        import urllib.error
-        import urllib.request
-
-        class HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
-            """Redirects only to http(s): an index cannot send the library to ftp: or file:."""
-
-            def redirect_request(
-                self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str
-            ) -> urllib.request.Request | None:
-                if not is_url(newurl):
-                    fp.close()  # urllib closes the redirect's response only when it follows
-                    raise urllib.error.URLError(f"refused a redirect to {clip(newurl, 80)}")
-                return super().redirect_request(req, fp, code, msg, headers, newurl)
-
-        opener = urllib.request.build_opener(HttpOnlyRedirects())
-        request = urllib.request.Request(url, headers={"User-Agent": "wf_magic-library"})
-        try:
-            with opener.open(request, timeout=self.timeout_s) as response:
-                data: bytes = response.read(MAX_DOCUMENT_BYTES + 1)
-                promised = response.headers.get("Content-Length", "")
-        except urllib.error.HTTPError as exc:
-            exc.close()
-            raise _Unreachable(f"HTTP {exc.code} {exc.reason}") from None
-        except urllib.error.URLError as exc:
-            raise _Unreachable(_reason(exc.reason)) from None
-        except TimeoutError:
-            raise _Unreachable(f"timed out after {self.timeout_s:g} s") from None
-        except (OSError, ValueError, http.client.HTTPException) as exc:  # dropped, malformed
-            raise _Unreachable(_reason(exc)) from None
-        if len(data) > MAX_DOCUMENT_BYTES:
-            raise _Unreachable(f"larger than {MAX_DOCUMENT_BYTES} bytes")
-        if promised.strip().isdigit() and int(promised) != len(data):
-            # http.client returns a body cut short by a closed connection without complaint
-            raise _Unreachable(f"the connection closed after {len(data)} of {promised} bytes")
-        return data
+        return fetch(url, timeout_s=self.timeout_s, limit=MAX_DOCUMENT_BYTES)
 
     def _cache(self) -> Store:
         if self._store is None:
@@ -376,7 +351,7 @@ class Library:
 
     def _not_found(self, name: str) -> WorkflowNotFound:
         folders = ", ".join(str(f.resolve()) for f in self.folders) or "none"
-        index = self.index or f"none (set {ENV_INDEX})"
+        index = self._index_shown if self.index else f"none (set {ENV_INDEX})"
         known = {p.stem for f in self.folders if f.is_dir() for p in f.glob("*.y*ml")}
         known.update(self._entries or {})
         import difflib
@@ -444,17 +419,22 @@ def _utf8(data: bytes, where: str) -> str:
         ) from None
 
 
+def _parse_remote(body: str, url: str) -> dict[str, IndexEntry]:
+    """The entries of the index fetched from ``url``; its errors show no credentials (of the
+    index's URL, or of a URL it lists)."""
+    try:
+        return parse_index(body, where=mask_url(url), base_dir=None, base_url=url)
+    except LibraryIndexError as exc:
+        raise LibraryIndexError(_SHAPES.redact(str(exc))) from None
+
+
+def _masked_urls(entries: Mapping[str, IndexEntry]) -> bool:
+    """Whether an index read from the cache lists a URL whose credentials were masked."""
+    return any(MASK in (e.url or "") for e in entries.values())
+
+
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def _reason(error: object) -> str:
-    """A fetch failure in a few words (``connection refused``, ``timed out``, …)."""
-    if isinstance(error, TimeoutError):
-        return "timed out"
-    if isinstance(error, OSError) and error.strerror:
-        return error.strerror.lower()
-    return clip(str(error) or type(error).__name__, 160)
 
 
 def _age_text(seconds: float) -> str:

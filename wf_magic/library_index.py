@@ -75,11 +75,15 @@ def check_name(name: str) -> None:
         )
 
 
-def parse_index(body: str, *, where: str, base_dir: str | None) -> dict[str, IndexEntry]:
+def parse_index(
+    body: str, *, where: str, base_dir: str | None, base_url: str | None = None
+) -> dict[str, IndexEntry]:
     """The entries of index document ``body`` read from ``where`` (a URL or a file path).
 
     ``base_dir`` is the folder of a local index (``path`` entries resolve against it); a
-    remote index has none and may not list ``path`` entries.
+    remote index has none and may not list ``path`` entries. ``base_url`` is the URL relative
+    ``url`` entries resolve against (default ``where``): the real one, where ``where`` is the
+    URL as messages show it (credentials masked).
 
     Raises:
         LibraryIndexError: the document is not JSON/YAML or not an index (one line).
@@ -99,7 +103,7 @@ def parse_index(body: str, *, where: str, base_dir: str | None) -> dict[str, Ind
             raise _problem(
                 where, "workflows", f"expected names matching {NAME_PATTERN.pattern}", name
             )
-        entries[name] = _entry(name, raw, where=where, base_dir=base_dir)
+        entries[name] = _entry(name, raw, where=where, base_dir=base_dir, base_url=base_url)
     return entries
 
 
@@ -124,7 +128,9 @@ def _decode(body: str, where: str) -> Any:
         ) from None
 
 
-def _entry(name: str, raw: object, *, where: str, base_dir: str | None) -> IndexEntry:
+def _entry(
+    name: str, raw: object, *, where: str, base_dir: str | None, base_url: str | None
+) -> IndexEntry:
     field = f"workflows.{name}"
     if not isinstance(raw, dict):
         raise _problem(where, field, "expected a mapping with url or path, and sha256", raw)
@@ -140,7 +146,7 @@ def _entry(name: str, raw: object, *, where: str, base_dir: str | None) -> Index
             raise _problem(where, f"{field}.sha256", "expected 64 hex digits", sha)
         sha = sha.strip().lower()
     if isinstance(url, str):
-        url = _absolute_url(url, where=where, field=f"{field}.url")
+        url = _absolute_url(url, where=where, base=base_url or where, field=f"{field}.url")
         if sha is None:
             raise _problem(where, f"{field}.sha256", "a url needs its sha256 (got none)", None)
     if isinstance(path, str):
@@ -158,9 +164,9 @@ def _entry(name: str, raw: object, *, where: str, base_dir: str | None) -> Index
     )
 
 
-def _absolute_url(url: str, *, where: str, field: str) -> str:
-    """``url`` made absolute against a remote index; only http(s) is accepted."""
-    resolved = urljoin(where, url.strip()) if is_url(where) else url.strip()
+def _absolute_url(url: str, *, where: str, base: str, field: str) -> str:
+    """``url`` made absolute against a remote index at ``base``; only http(s) is accepted."""
+    resolved = urljoin(base, url.strip()) if is_url(base) else url.strip()
     if not is_url(resolved) or not urlsplit(resolved).hostname:
         raise _problem(where, field, "expected an http(s) URL", url)
     return resolved

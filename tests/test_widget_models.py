@@ -148,7 +148,7 @@ def test_a_blocked_views_models_close_except_its_gate_panel_until_the_run_moves_
     assert view.is_static and view.is_closed
     assert not is_open(view) and not is_open(view.header) and is_open(view.review)
     panel_models = live_models() - before
-    assert 0 < panel_models <= 25
+    assert 0 < panel_models <= 30
     view.review.feedback.value = "fine"
     view.approve_button.click()  # continues the drive: the view is live again
     assert drives.wait(run.run_id, 10)

@@ -22,6 +22,10 @@ _JUDGE_TITLES = {
 }
 
 
+STALE_AFTER_S = 5
+"""A panel whose kernel stopped ticking hides its controls after this long (see ``tick``)."""
+
+
 def say(message: w.HTML, text: str, *, error: bool = False) -> None:
     """Show ``text`` in a view's message line (an empty text clears it)."""
     if not text:
@@ -70,6 +74,11 @@ class ReviewPanel(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         self.acted: str | None = None
         """What this panel decided while the drive it started runs (said once it ended)."""
         self._decision_key: tuple[str, int, str] | None = None
+        self.said = w.HTML()
+        """The panel's own message line: what a button did, or why it did nothing."""
+        self.kernel_line = w.HTML()
+        """Hidden while the kernel ticks; without one, it says a decision needs a kernel and
+        hides the panel's controls (see :meth:`tick`)."""
         self.summary = w.HTML()
         self.feedback = w.Textarea(
             placeholder="Feedback for the step (required to reject)",
@@ -99,13 +108,41 @@ class ReviewPanel(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
                         self.fork_button,
                     ]
                 ),
+                self.said,
+                self.kernel_line,
             ],
             layout=w.Layout(display="none", border="1px solid #bf8700", padding="6px"),
             **kwargs,
         )
+        self.add_class(f"wf-review-{_css_name(run_id)}")
 
     def _say(self, text: str, *, error: bool = False) -> None:
+        # Said in the panel too: the view's own message line is not shown while its output
+        # is the static HTML and this panel is the live part below it.
         say(self.message, text, error=error)
+        say(self.said, text, error=error)
+
+    def kernel_note(self) -> str:
+        """That a decision needs a running kernel, and the shell commands that take it."""
+        waiting = self.waiting()
+        step = waiting.step_id if waiting is not None else "STEP"
+        return (
+            "This decision needs a running kernel: run the notebook's cells again, or decide "
+            f"from a shell with `wf approve {self.run_id} {step}` or "
+            f"`wf reject {self.run_id} {step} --feedback TEXT` (then `wf resume {self.run_id}`)."
+        )
+
+    def tick(self, ticks: int) -> None:
+        """Re-arm the panel's kernel check (the view's clock calls this about every second).
+
+        The line's CSS hides the panel's buttons and feedback box and shows the kernel note
+        :data:`STALE_AFTER_S` seconds after it was last rendered; every tick renders it anew
+        (the animation's name alternates, which restarts it), so only a panel whose kernel
+        stopped ticking — a reopened notebook's saved widget state — loses its controls.
+        """
+        self.kernel_line.value = stale_controls_html(
+            self.kernel_note(), css_class=f"wf-review-{_css_name(self.run_id)}", ticks=ticks
+        )
 
     # -- acting -----------------------------------------------------------------------------
     def decide(self, *, approve: bool) -> None:
@@ -224,6 +261,25 @@ class ReviewPanel(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         )
         self.summary.value = _question_html(waiting)
         self.layout.display = ""
+
+
+def _css_name(run_id: str) -> str:
+    return "".join(c if c.isalnum() or c == "-" else "-" for c in run_id)
+
+
+def stale_controls_html(note: str, *, css_class: str, ticks: int) -> str:
+    """CSS that hides ``css_class``'s controls and reveals ``note`` unless re-rendered within
+    :data:`STALE_AFTER_S` seconds (the animation restarts when its name changes)."""
+    name = f"wf-gone-{ticks % 2}"
+    delay = f"0s linear {STALE_AFTER_S}s forwards"
+    return (
+        f"<style>@keyframes {name}{{to{{visibility:hidden}}}}"
+        f"@keyframes {name}-note{{to{{visibility:visible}}}}"
+        f".{css_class} .widget-button,.{css_class} .widget-textarea"
+        f"{{animation:{name} {delay}}}</style>"
+        f"<span class='wf-kernel-note' style='visibility:hidden;animation:{name}-note {delay};"
+        f"color:{STATUS_COLOURS['failed']}'>{html.escape(note)}</span>"
+    )
 
 
 def _question_html(waiting: Waiting) -> str:

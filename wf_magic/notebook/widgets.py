@@ -25,13 +25,13 @@ from ..display import (
     token_text,
 )
 from ..errors import StateDirReplaced
-from ..run import Run
 from .detail import StepDetail
 from .drives import driver_text
+from .outputs import FINAL, RunOutputs, static_status_line
 from .review import ReviewPanel, say
 from .rows import COLUMNS, LiveTexts, StepRowWidgets, elapsed_text
 from .snapshot import RunSnapshot, SnapshotReader
-from .teardown import close_tree, is_open, reopen_tree
+from .teardown import close_tree
 from .throttle import Throttle, Ticker
 
 if TYPE_CHECKING:
@@ -39,8 +39,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("wf_magic")
 
-FINAL = ("completed", "failed", "abandoned")
-"""Run statuses no drive or decision can change any more."""
 STALE_AFTER_S = 5
 """A live status line not refreshed for this long says its kernel stopped updating it (the
 kernel restarted or died): shown by the browser alone, since no kernel is left to say it."""
@@ -49,7 +47,7 @@ POLL_EVERY_TICKS = 2
 decision taken elsewhere (another process, the CLI) reaches the view."""
 
 
-class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
+class RunView(RunOutputs, w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
     """A live view of one run: header, step rows, gate panel, budget, warnings, decisions.
 
     It observes: engine events (or :meth:`poke`) schedule a throttled redraw that reads the
@@ -101,8 +99,8 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         self.decision_handle: Any = None
         """A second output below the view: a blocked gate's Approve/Reject panel, live while
         its kernel lives, while the view itself is already static HTML (see :meth:`refresh`)."""
-        self._shown_status: str | None = None
-        """The run status the static output last showed (a change repaints it)."""
+        self._shown_key: tuple[object, ...] | None = None
+        """What the static output last showed (a change repaints it: see ``follow``)."""
         self.origin: str | None = None
         """How the last drive began (``resumed: 6/8 already done, 2 dispatched``)."""
         self.retired: str | None = None
@@ -259,20 +257,6 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         close_tree(self)
         self.is_closed = True
 
-    def _release(self, *, keep_review: bool) -> None:
-        """Close the models of a view gone static; a live decision panel's stay open."""
-        if not self.is_closed:
-            close_tree(self, keep=[self.review] if keep_review else ())
-            self.is_closed = True
-        if not keep_review and is_open(self.review):
-            close_tree(self.review)
-
-    def _revive(self) -> None:
-        """Open the models again (a drive of this kernel shows the view live once more)."""
-        if self.is_closed:
-            reopen_tree(self)
-            self.is_closed = False
-
     def detach(self) -> None:
         """Stop observing; the view keeps showing its last state."""
         if self._unsubscribe is not None:
@@ -285,12 +269,16 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         self.status_line.value = self.status_line.value.replace(STALE_MARKER, "")
 
     def retire(self, reason: str) -> None:
-        """Stop observing for good and take the buttons away (a newer view shows the run)."""
+        """Take the buttons away (a newer view shows the run): the output becomes static and
+        still follows the run, by polling, until it settles."""
         self.retired = reason
-        self.detach()
+        if self._unsubscribe is not None:  # the newer view takes the engine's events
+            self._unsubscribe()
+            self._unsubscribe = None
         self.decision_box.layout.display = "none"
         self.stop_button.layout.display = "none"
         self._say(reason)
+        self.refresh()
 
     # -- acting -----------------------------------------------------------------------------
     def decide(self, *, approve: bool) -> None:
@@ -355,8 +343,8 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         if self.review.acted is not None and not driving:
             self._say(f"{self.review.acted}.")
             self.review.acted = None
-        if self.is_static and snap.status != self._shown_status and not driving:
-            self.refresh()  # decided elsewhere (the CLI, another kernel): repaint the saved view
+        if self.is_static and not driving:
+            self.follow(snap)  # moved elsewhere (the CLI, another kernel): repaint the saved view
         if self._is_stopping and not self._is_live and self._stop_said:
             self._stop_said = False  # the status line now says how the drive ended
             self._say("")
@@ -379,7 +367,8 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
             self._is_stopping = False
         self._is_live = is_live
         open_gate = snap.waiting is not None and snap.waiting.decided is None
-        if (is_live or open_gate) and not self.retired and not self.throttle.is_closed:
+        following = self.is_static and snap.status not in FINAL  # see RunOutputs.follow
+        if (is_live or open_gate or following) and not self.throttle.is_closed:
             self.clock.start()
         else:
             self.clock.stop()
@@ -400,7 +389,7 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
                 "<b>Stopped</b> between units; the run stays active, not being driven: "
                 "re-run the cell or <code>%workflow resume</code> to continue."
             )
-        line = _status_line(snap)
+        line = static_status_line(snap)
         if self.clock.is_running and not self.retired:  # a gate waits: the clock ticks
             line += STALE_MARKER
         return line
@@ -423,13 +412,14 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
             for row in self.rows.values():
                 row.tick(now)
             self.status_line.value = self._status_line(snap, elsewhere=None)
-            if self._unsubscribe is None:  # driven elsewhere: no engine events reach us
-                self._poll_events()
+            if self._unsubscribe is None or not self._is_driving_here():
+                self._poll_events()  # driven elsewhere: no engine event of it reaches us
             return
         now = time.time()
         for row in self.rows.values():
             row.tick(now)  # the waiting clock of a gate
         self.status_line.value = self._status_line(snap, elsewhere=None)
+        self.review.tick(self.clock.ticks)
         if self.clock.ticks % POLL_EVERY_TICKS == 0:
             self._poll_events()
 
@@ -477,12 +467,6 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         self.warning_box.value = "".join(items)
         self.warning_box.layout.display = "" if items else "none"
 
-    def _handle(self) -> Run:
-        handle = self.engine.status(self.run_id)
-        with self._warn_lock:
-            handle.warnings.extend(self.warnings)
-        return handle
-
     def __repr__(self) -> str:
         return run_text(self._handle())
 
@@ -495,116 +479,6 @@ class RunView(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
             bundle["text/plain"] = run_text(handle)
             bundle["text/html"] = run_html(handle)
         return bundle
-
-    def show(self) -> None:
-        """Display the view (from the main thread) and remember where, for :meth:`refresh`."""
-        from IPython.display import display
-
-        self.display_handle = display(self, display_id=True)  # type: ignore[no-untyped-call]
-        if any(s.gate is not None for s in self.reader.plan.steps):
-            # Only a gated run can wait for a person. Created now, inside the cell, so that
-            # an update from a drive thread lands in this cell.
-            self.decision_handle = display(  # type: ignore[no-untyped-call]
-                {"text/plain": ""}, raw=True, display_id=True
-            )
-
-    def _forked(self, run_id: str) -> bool:
-        """Fork from here: hand the decision output to the fork's view, which drives.
-
-        Returns whether the fork is shown and driven (else the panel says how to drive it)."""
-        if self.open_fork is None or self.decision_handle is None:
-            return False
-        handle, self.decision_handle = self.decision_handle, None  # the fork's output now
-        self.open_fork(run_id, handle)
-        return True
-
-    def go_live(self) -> None:
-        """Show the live widget again (a drive of this kernel starts, e.g. after Approve)."""
-        if self.display_handle is None:
-            return
-        self.is_static = False
-        self._revive()
-        self.display_handle.update(self)
-        self._show_decision(False)
-
-    def refresh(self) -> None:
-        """Re-publish the display so what a saved notebook keeps is readable without a kernel.
-
-        While this kernel drives the run, the output is the live widget. Once the drive ended,
-        for any reason (completed, failed, blocked, stopped by ``--max-steps`` or Stop,
-        interrupted, superseded), it becomes the static HTML run view: a notebook reopened
-        without a kernel shows it, where a widget would say "model not found". A blocked
-        gate's Approve/Reject panel stays usable below it while the kernel lives (the
-        ``decision_handle`` output); once the run moves on it becomes static too.
-        """
-        if self.display_handle is None:
-            return
-        snap = self.snapshot or self.reader.take()
-        if self.is_driving and self.is_driving(self.run_id):
-            self._revive()
-            self.display_handle.update(self)
-            self.is_static = False
-            self._show_decision(False)
-            return
-        self.display_handle.update(self.static_bundle(), raw=True)
-        self.is_static = True
-        self._shown_status = snap.status
-        waiting = snap.waiting
-        live = (
-            snap.status == "blocked"
-            and waiting is not None
-            and not waiting.decided
-            and self.continue_drive is not None
-            and not self.retired
-            and self.decision_handle is not None
-        )
-        self._show_decision(live)
-        # The output reads the static HTML from now on: the models behind the widget it
-        # showed go, so neither the kernel nor a saved notebook's widget state keeps them.
-        self._release(keep_review=live)
-
-    def _show_decision(self, live: bool) -> None:
-        """The decision output: the review panel's widgets, or nothing once no one can act."""
-        if self.decision_handle is None:
-            return
-        if live:
-            if not is_open(self.review):
-                reopen_tree(self.review)
-            self.decision_handle.update(self.decision_box)
-        else:
-            self.decision_handle.update({"text/plain": ""}, raw=True)
-            if self.is_closed and is_open(self.review):
-                close_tree(self.review)
-
-    def static_bundle(self) -> dict[str, str]:
-        """The run view as text and HTML, with the header's origin and the status line."""
-        handle = self._handle()
-        snap = self.snapshot or self.reader.take()
-        origin = good_news_html(self.origin) if self.origin else ""
-        body = run_html(handle)
-        return {
-            "text/plain": run_text(handle),
-            "text/html": f"<div class='wf-run-view-static'>{origin}{body}"
-            f"<div>{_status_line(snap)}</div></div>",
-        }
-
-
-def _status_line(snap: RunSnapshot) -> str:
-    if snap.status == "completed":
-        return "<b>Run completed.</b>"
-    if snap.status == "active":
-        return (
-            "<i>not being driven: re-run the cell or <code>%workflow resume</code> to continue</i>"
-        )
-    if snap.status == "blocked" and snap.waiting is not None:
-        since = snap.waiting.since
-        waited = (
-            f" for {elapsed_text(max(0.0, time.time() - since))}"
-            if since is not None and not snap.waiting.decided
-            else ""
-        )
-        return f"Blocked: waiting on step <code>{html.escape(snap.waiting.step_id)}</code>{waited}."
-    return f"Run {html.escape(snap.status)}."
 
 
 STALE_MARKER = (

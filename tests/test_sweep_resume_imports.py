@@ -7,12 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import run_wf
 from wf_magic import Engine
-
-pytestmark = pytest.mark.backends
 
 HELPERS = """
 def double(n):

@@ -251,3 +251,16 @@ def test_a_reclaimed_attempt_never_works_in_a_symlink_its_predecessor_left(
     assert not s.tree.is_symlink() and (s.tree / "README").read_text() == "main checkout\n"
     assert worktrees.changes(s.tree) == ([], "")
     assert sorted(p.name for p in (s.other / ".git").iterdir() if p.name == "worktrees") == []
+
+
+@pytest.mark.parametrize(
+    "name", ["a b.txt", 'quo"te.txt', "new\nline.txt", "ünïcödé.txt", "-dash", "x -> y"]
+)
+def test_changed_file_names_come_back_exactly_whatever_their_characters(
+    tmp_path: Path, name: str
+) -> None:
+    s = Scene(tmp_path)
+    (s.tree / name).write_text("x\n")
+    files, stat = worktrees.changes(s.tree)
+    assert files == [name]
+    assert stat.endswith("1 file changed, 1 insertion(+)")

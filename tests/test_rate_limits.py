@@ -327,7 +327,7 @@ def test_a_unit_throttled_longer_than_its_timeout_fails_as_a_timeout(
     with Engine(tmp_path / "s") as engine:
         run = engine.run(
             "name: slow\nrunner: rate_limited\nsteps:\n  - id: ask\n    prompt: x\n"
-            "    timeout: 1s\n"
+            "    timeout: 1s\n    retry: {max_attempts: 1}\n"
         )
         attempts = engine.attempts(run.run_id)
     assert run.status == "failed"
@@ -347,10 +347,13 @@ def test_a_runner_without_an_endpoint_is_not_limited(tmp_path: Path) -> None:
 
     register_runner("no_endpoint", lambda ctx: Flaky(), replace=True)
     with Engine(tmp_path / "s") as engine:
-        run = engine.run("name: f\nrunner: no_endpoint\nsteps:\n  - id: a\n    prompt: x\n")
-    # Without an endpoint there is no limiter to wait on: the step's retry: decides (1).
+        run = engine.run(
+            "name: f\nrunner: no_endpoint\nsteps:\n  - id: a\n    prompt: x\n"
+            "    retry: {max_attempts: 2}\n"
+        )
+    # Without an endpoint there is no limiter to wait on: the step's retry: decides.
     assert run.status == "failed"
-    assert calls["n"] == 1
+    assert calls["n"] == 2
 
 
 def test_limits_in_runner_options_are_checked_at_freeze(tmp_path: Path) -> None:
@@ -392,3 +395,36 @@ def test_engine_limits_is_a_frame_of_the_endpoints_called(
     assert row["endpoint"] == f"http {url} None"
     assert (row["in_flight"], row["calls"], row["throttles"]) == (0, 30 + refused, refused)
     assert 1 <= row["limit"] <= row["max_limit"] == 1024
+
+
+def test_a_gate_judge_refused_by_the_provider_waits_and_asks_again_in_its_attempt(
+    tmp_path: Path,
+) -> None:
+    calls: list[str] = []
+
+    class Judge(BaseRunner):
+        def endpoint(self, model: str | None) -> str:
+            return "judge-endpoint"
+
+        def run(self, request: UnitRequest) -> UnitResult:
+            calls.append(request.kind)
+            if request.kind == "judge" and calls.count("judge") <= 2:
+                raise RunnerError("HTTP 429", throttled=True, retry_after_s=0.05)
+            if request.kind == "judge":
+                return UnitResult(output={"complete": True, "feedback": "", "missing": []})
+            return UnitResult(output="draft")
+
+    register_runner("judge_limited", lambda ctx: Judge(), replace=True)
+    LIMITERS.clear()
+    with Engine(tmp_path / "s") as engine:
+        run = engine.run(
+            "name: g\nrunner: judge_limited\nsteps:\n  - id: a\n    prompt: write\n"
+            "    gate: {criteria: [good]}\n"
+        )
+        attempts = engine.attempts(run.run_id)
+        events = engine.events(run.run_id)
+    assert run.status == "completed"
+    assert calls == ["prompt", "judge", "judge", "judge"]
+    judges = [a for a in attempts if a.phase == "gate"]
+    assert [(a.attempt, a.status) for a in judges] == [(1, "succeeded")]
+    assert list(events[events["kind"] == "throttled"]["unit"]) == [judges[0].unit_id] * 2

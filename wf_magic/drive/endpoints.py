@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import RunnerError
+from ..runners.base import UnitRequest, UnitResult
 from .context import DriveContext, RunState
 from .limiter import LIMITERS, Limiter, pacing_of
 from .units import UnitPlan
@@ -31,21 +32,24 @@ def limiter_for(ctx: DriveContext, state: RunState, unit: UnitPlan) -> Limiter |
         runner = state.runner(ctx, unit.runner)
     except Exception:  # a runner that cannot be built fails at launch, with its message
         return None
-    name = getattr(runner, "endpoint", None)
-    if not callable(name):
+    return _limiter_of(state, unit.runner, unit.model, runner)
+
+
+def _limiter_of(state: RunState, name: str, model: str | None, runner: Any) -> Limiter | None:
+    endpoint_of = getattr(runner, "endpoint", None)
+    if not callable(endpoint_of):
         return None
-    endpoint = name(unit.model)
+    endpoint = endpoint_of(model)
     if not isinstance(endpoint, str) or not endpoint:
         return None
-    options: Mapping[str, Any] = state.plan.runners.get(unit.runner, {})
-    pacing = pacing_of(options, unit.model)
+    options: Mapping[str, Any] = state.plan.runners.get(name, {})
     limits = options.get("limits")
     ceiling = UNLIMITED
     if isinstance(limits, Mapping):
-        entry = limits.get(unit.model or "") or limits.get("*")
+        entry = limits.get(model or "") or limits.get("*")
         if isinstance(entry, Mapping) and isinstance(entry.get("concurrency"), int):
             ceiling = max(1, int(entry["concurrency"]))
-    return LIMITERS.get(endpoint, max_limit=ceiling, pacing=pacing)
+    return LIMITERS.get(endpoint, max_limit=ceiling, pacing=pacing_of(options, model))
 
 
 def throttle_wait(
@@ -75,6 +79,53 @@ def throttle_wait(
     )
     ctx.emit("throttled", run_id=state.run_id, step_id=step_id, unit_id=unit_id, **data)
     return wait_s
+
+
+def call_in_place(
+    ctx: DriveContext, state: RunState, request: UnitRequest, *, runner_name: str
+) -> UnitResult:
+    """Run ``request`` in this thread (a gate's judge), through its endpoint's limiter: a
+    refused call waits for the endpoint's pause and goes out again, within the step's
+    ``timeout``, as a work unit's does in the dispatcher."""
+    runner = state.runner(ctx, runner_name)
+    limiter = _limiter_of(state, runner_name, request.model, runner)
+    if limiter is None:
+        return runner.run(request)
+    started = time.monotonic()
+    while True:
+        wait_s = limiter.try_acquire()
+        if wait_s > 0:
+            time.sleep(min(wait_s, 1.0))
+            continue
+        try:
+            result = runner.run(request)
+        except RunnerError as exc:
+            if not exc.throttled:
+                limiter.release(ok=True)
+                raise
+            limiter.release(ok=False)
+            wait_s = throttle_wait(
+                ctx,
+                state,
+                limiter,
+                exc,
+                step_id=request.step_id,
+                unit_id=request.unit_id,
+                dispatch_id=request.dispatch_id,
+            )
+            if throttled_too_long(started, wait_s, request.timeout_s):
+                raise RunnerError(
+                    f"timed out: throttled by the provider for longer than the step's "
+                    f"timeout ({request.timeout_s:g}s); last refusal: {exc}",
+                    transient=True,
+                ) from exc
+            time.sleep(wait_s)
+            continue
+        except BaseException:
+            limiter.release(ok=True)
+            raise
+        limiter.release(ok=True, tokens=result.tokens_in + result.tokens_out)
+        return result
 
 
 def throttled_too_long(started: float, wait_s: float, timeout_s: float | None) -> bool:

@@ -34,6 +34,7 @@ from ..store.records import AttemptRow
 from ..templates import TemplateError, references
 from . import attempts, interrupts, outcomes
 from .context import DriveContext, RunState
+from .endpoints import call_in_place
 from .units import template_context
 
 
@@ -397,7 +398,7 @@ def _judge_llm(
         )
         # Checked like a work unit's (drive/outcomes.py) before anything of it is journaled;
         # redacted before parsing: an unparsable reply is quoted, clipped, in the failure.
-        result = outcomes.checked_result(state.runner(ctx, key.runner).run(request))
+        result = outcomes.checked_result(call_in_place(ctx, state, request, runner_name=key.runner))
         verdict, kept = as_journaled(
             ctx, state, parse_verdict(state.redactor.redact_value(result.output))
         )

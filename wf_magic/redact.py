@@ -418,6 +418,8 @@ URL_SECRET_PARAMS = frozenset({"key", "sig", "signature", "x-amz-signature", "x-
 """Query parameters that carry a credential though their name is no secret word: an API key
 (``?key=AIza…``) or a signed URL's signature (Azure SAS ``sig``, S3 and GCS presigning)."""
 _URL_PARAM = re.compile(r"(?<=[?&;#])([^=&;#?]*)=([^&;#]*)")
+_URL_PASSWORD = re.compile(r"^(\s*[A-Za-z][A-Za-z0-9+.\-]*://[^/?#@:]*:)[^/?#]*@")
+"""A URL's userinfo password: to the authority's last ``@`` (a password may hold one)."""
 
 
 def mask_url(url: str) -> str:
@@ -436,6 +438,7 @@ def mask_url(url: str) -> str:
             return f"{found.group(1)}={MASK}"
         return found.group(0)
 
+    url = _URL_PASSWORD.sub(r"\g<1>" + MASK + "@", url, count=1)
     cut = min((i for i in (url.find("?"), url.find("#")) if i >= 0), default=-1)
     if cut >= 0:
         url = url[:cut] + _URL_PARAM.sub(param, url[cut:])

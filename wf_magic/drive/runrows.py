@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..hashing import canonical_json, sha256_text
+from ..redact import mask_url
 from ..spec.workflow import Workflow
 from ..store.records import RunRow
 from ..users import current_user
@@ -48,7 +49,7 @@ def new_run_row(
         plan_hash=wf.plan_hash,
         plan_version=wf.plan.plan_version,
         source_hash=wf.source_hash,
-        source_path=wf.source_path,
+        source_path=mask_url(wf.source_path) if wf.source_path else None,  # a URL's secrets
         params_json=params_json,
         params_hash=sha256_text(params_json),
         status="active",

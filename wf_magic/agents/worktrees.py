@@ -15,7 +15,16 @@ from . import safegit
 from .harness import AgentError
 from .safegit import GitError
 
-__all__ = ["GitError", "changes", "ensure_worktree", "remove_worktree", "resolve_workdir", "sweep"]
+__all__ = [
+    "GitError",
+    "changes",
+    "ensure_worktree",
+    "remove_worktree",
+    "repo_root",
+    "resolve_workdir",
+    "sweep",
+    "worktree_path",
+]
 
 WORKTREES_DIR = "worktrees"
 GIT_FILE_BYTES = 64 * 1024

@@ -322,6 +322,8 @@ class WorkflowMagics(Magics):
     @magic_arguments(name="%sweep")
     @argument("--grid", action="append", metavar="K=V1,V2", help="a grid axis (repeatable)")
     @argument("--rows", metavar="VAR_OR_PATH", help="a DataFrame/list variable, or .csv/.jsonl")
+    @argument("--param", action="append", default=[], metavar="K=V", help="a param all cells share")
+    @argument("--params", metavar="VAR", help="a dict in the notebook: params every cell shares")
     @argument(
         "--repeat", type=count_at_least(1), default=1, metavar="N", help="run each cell N times"
     )
@@ -369,8 +371,11 @@ class WorkflowMagics(Magics):
 
 def load_ipython_extension(ipython: Any) -> None:
     """Register the magics and make their settings reachable by ``%config``."""
+    from .figures import register_figure_png
+
     magics = WorkflowMagics(ipython)
     ipython.register_magics(magics)
+    register_figure_png(ipython)
     ipython.events.register("post_run_cell", magics.publish_finished)
     if magics not in ipython.configurables:
         ipython.configurables.append(magics)
@@ -383,6 +388,9 @@ def unload_ipython_extension(ipython: Any) -> None:
     for kind in ("line", "cell"):
         ipython.magics_manager.magics[kind].pop("workflow", None)
         ipython.magics_manager.magics[kind].pop("sweep", None)
+    from .figures import unregister_figure_png
+
+    unregister_figure_png(ipython)
     if isinstance(magics, WorkflowMagics):
         ipython.events.unregister("post_run_cell", magics.publish_finished)
         magics.close()

@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import subprocess
 import sys
-from pathlib import Path
 
 import nbformat
 import pytest

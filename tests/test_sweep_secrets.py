@@ -178,3 +178,43 @@ def test_wf_sweep_refuses_a_secret_grid_axis_with_exit_2(tmp_path: Path) -> None
         "its one value with `--param api_key=VALUE`, params={'api_key': ...} or WF_PARAM_API_KEY"
     ]
     assert CANARY not in done.stderr
+
+
+NB_FLOW = """name: nb-secret-sweep
+params:
+  api_key: {type: string}
+  topic: {type: string, default: cats}
+runner: scripted
+runners:
+  scripted:
+    rules:
+      - {match: "key sk-canary-7f3a9c2[1]e4 ", reply: "authorised", tokens_in: 2, tokens_out: 1}
+      - {match: ".*", reply: "denied", tokens_in: 2, tokens_out: 1}
+steps:
+  - id: ask
+    prompt: "key {{ params.api_key }} topic {{ params.topic }}"
+"""
+
+
+def test_the_sweep_cell_takes_a_secret_from_params_or_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.helpers_notebook import ipython_shell, magics_in
+
+    state = tmp_path / "state"
+    for shell in ipython_shell():
+        with magics_in(shell, state):
+            shell.user_ns["creds"] = {"api_key": CANARY}
+            done = shell.run_cell("%%sweep --grid topic=a,b --params creds --as s\n" + NB_FLOW)
+            done.raise_error()
+            sweep = shell.user_ns["s"]
+            assert sweep.status == "completed"
+            assert sweep.frame()["result"].tolist() == ["authorised", "authorised"]
+            monkeypatch.setenv("WF_PARAM_API_KEY", CANARY)
+            env = shell.run_cell("%%sweep --grid topic=c --as e\n" + NB_FLOW)
+            env.raise_error()
+            assert shell.user_ns["e"].frame()["result"].tolist() == ["authorised"]
+            refused = shell.run_cell(f"%%sweep --grid api_key={CANARY}\n" + NB_FLOW)
+            assert refused.error_in_exec is not None
+            assert "a secret is not an axis" in str(refused.error_in_exec)
+    _assert_nowhere(state)

@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..arg_values import parse_params
 from ..errors import UsageError
 from ..sweep_cli import parse_grid
 
@@ -52,6 +53,8 @@ def run_sweep_cell(ctx: CommandContext, ns: argparse.Namespace, source: str) -> 
         if getattr(ns, k) is not None
     }
     grid, rows = parse_grid(ns.grid or ()), sweep_rows(ns.rows, ctx.user_ns)
+    # Params every cell shares, as %%workflow takes them: a secret one is sealed, never an axis.
+    params = _shared_params(ns, ctx.user_ns)
     view = _live_view(ctx, wf, grid, rows, ns.repeat) if ctx.use_widgets else None
     stop = threading.Event()
     try:
@@ -67,6 +70,7 @@ def run_sweep_cell(ctx: CommandContext, ns: argparse.Namespace, source: str) -> 
                 signal=stop,
                 progress=view.poke if view is not None else None,
                 values_from_strings=True,
+                params=params,
             ),
             stop,
         )
@@ -76,6 +80,19 @@ def run_sweep_cell(ctx: CommandContext, ns: argparse.Namespace, source: str) -> 
     if ns.as_var:
         ctx.user_ns[ns.as_var] = sweep
     return sweep
+
+
+def _shared_params(ns: argparse.Namespace, user_ns: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``--params VAR`` (a dict in the notebook) with ``--param K=V`` over it; None: neither."""
+    if not ns.param and ns.params is None:
+        return None
+    value = user_ns.get(ns.params) if ns.params is not None else {}
+    if not isinstance(value, Mapping):
+        got = "undefined" if ns.params not in user_ns else type(value).__name__
+        raise UsageError(
+            f"--params expects the name of a dict in the notebook (got {ns.params!r}: {got})"
+        )
+    return {**value, **parse_params(ns.param)}
 
 
 def _interruptible(drive: Callable[[], Sweep], stop: threading.Event) -> Sweep:

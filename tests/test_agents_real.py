@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -155,6 +156,58 @@ def test_real_gate_loop_passes_at_loop_2_and_usage_cost_session_are_journaled_ex
         for r in backend.requests
     }
     assert sessions == {first.session_id, second.session_id}  # what the CLI told the backend
+
+
+@pytest.mark.parametrize("prompt", ["--version", "--dangerously-skip-permissions", "-"])
+@pytest.mark.parametrize("name", CLIS)
+def test_real_option_like_prompt_reaches_the_model_as_text_and_never_argv(
+    engine: Engine,
+    repo: Path,
+    backend: Backend,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    name: str,
+    prompt: str,
+) -> None:
+    """Issue 31 items 5 and 10: the prompt goes on stdin; a map item that reads like an
+    option is the user's text at the model, not a flag of the CLI."""
+    canary = "CANARY-31-5d9e0c7a"
+    path = real_workflow(
+        name,
+        repo,
+        backend,
+        monkeypatch,
+        tmp_path,
+        "{{ item }} {{ params.api_token }}",
+        extra=f"timeout: 120\nmap: '{{{{ {json.dumps([prompt])} }}}}'",
+        top="params:\n  api_token: {type: string}\n",
+    )
+    seen: list[bytes] = []
+    done = threading.Event()
+
+    def scan() -> None:
+        while not done.is_set():
+            for entry in Path("/proc").iterdir():
+                try:
+                    if entry.name.isdigit() and canary.encode() in (entry / "cmdline").read_bytes():
+                        seen.append((entry / "cmdline").read_bytes())
+                except OSError:
+                    pass
+            time.sleep(0.02)
+
+    scanner = threading.Thread(target=scan)
+    scanner.start()
+    try:
+        run = engine.run(str(path), params={"api_token": canary})
+    finally:
+        done.set()
+        scanner.join()
+    assert run.status == "completed", run.reason
+    [attempt] = work(engine, run.run_id)
+    assert json.loads(attempt.output_json or "null") == "TRIED"  # the model answered, no flag
+    asked = [json.dumps(r["body"]) for r in backend.requests]
+    assert any(f"{prompt} {canary}" in a for a in asked)
+    assert seen == []
 
 
 @pytest.mark.parametrize("name", CLIS)

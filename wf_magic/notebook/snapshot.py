@@ -326,4 +326,8 @@ def _decided(step_id: str, waiting: GateWaiting, attempts: list[AttemptRow]) -> 
             verdict = json.loads(a.output_json or "{}")
     if not isinstance(verdict, dict):
         return None
+    if waiting.judge == "exhausted" and not verdict.get("complete"):
+        # The person's rejection of the last loop is what exhausted the gate: it still waits
+        # for approve, abandon or fork (an exhausted LLM gate's own verdict is no person's).
+        return None
     return "approved" if verdict.get("complete") else "rejected"

@@ -154,6 +154,7 @@ def test_a_command_line_option_naming_a_secret_has_its_value_masked(
         ('{"Authorization": "Basic dXNlcjpwYXNz"}', '{"Authorization": "Basic ***"}'),
         ('{"password": "correct horse battery"}', '{"password": "***"}'),
         ('{"password": "it\'s a secret"}', '{"password": "***"}'),
+        ('{"msg": "password: \'oops", "n": 1}', '{"msg": "password: \'***", "n": 1}'),
         ('{\\"api_key\\": \\"abc123xyz\\", \\"n\\": 1}', '{\\"api_key\\": \\"***\\", \\"n\\": 1}'),
         ("redis://:s3cretpass@cache:6379/0", "redis://:***@cache:6379/0"),
         ("postgresql://app:p@ss@db/prod", "postgresql://app:***@db/prod"),

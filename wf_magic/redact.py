@@ -57,11 +57,13 @@ _NAMED_VALUE = "".join(
         _SECRET_WORD,
         r"(?:\\*+[\"'`])?",  # the name's closing quote (``"``, ``\\"`` in JSON inside JSON)
         _BLANK + r"(?:=>?+|:=?+|%3[ad])" + _BLANK,  # the separator, maybe URL-encoded
-        r"(?:\\*+(?P<q>[\"'`]))?",  # the value's opening quote, if any
+        r"(?:\\*+(?:(?P<dq>\")|(?P<sq>['`])))?",  # the value's opening quote, if any
         r"(?:(?:bearer|basic|token|digest)(?:[ \t]|\\++t)" + _BLANK + ")?+",  # a scheme, kept
         # A quoted value runs to its closing quote (spaces and other quotes included); an
         # unquoted one to a delimiter, and only from six characters (``token: null`` reads).
-        r"(?P<secret>(?(q)(?:(?!(?P=q))[^\\\r\n]|\\++(?!(?P=q)))+|" + _UNQUOTED + "{6,}))",
+        # Inside single quotes a double one ends it too: JSON around it stays JSON.
+        r"(?P<secret>(?(dq)(?:[^\"\\\r\n]++|\\++(?!\"))+"
+        r"|(?(sq)(?:(?!(?P=sq))[^\"\\\r\n]|\\++(?![\"'`]))+|" + _UNQUOTED + "{6,})))",
     )
 )
 """A value named by a secret word, wherever the name ends: the word need not start a name

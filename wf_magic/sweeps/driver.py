@@ -334,8 +334,8 @@ def _reached(store: Store, sweep_id: str, shared: SharedBudget) -> tuple[str, fl
             return ceiling, used, limit
     if shared.reached in CEILINGS:  # this drive's own count (a ceiling lowered meanwhile)
         name = shared.reached
-        used = {"max_units": shared.units, "max_tokens": shared.tokens, "max_cost": shared.cost}
-        return name, used[name], getattr(shared, name)
+        own = {"max_units": shared.units, "max_tokens": shared.tokens, "max_cost": shared.cost}
+        return name, own[name], getattr(shared, name)
     return None
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import tempfile
 import threading
@@ -25,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.agent_fakes.bins import git_repo, make_bins
-from tests.conftest import ROOT, wf_cmd
+from tests.conftest import ROOT, run_wf, spawn_wf, wait_for, wf_cmd
 from wf_magic import Engine
 from wf_magic.agents import sidecars
 from wf_magic.agents.claude import ClaudeHarness
@@ -427,6 +428,10 @@ def test_a_child_left_in_the_group_after_a_normal_exit_is_ended_with_the_attempt
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not _alive(child)
+    [attempt] = work(engine, run.run_id)
+    facts = engine.store.agent_facts(attempt.dispatch_id)
+    assert facts is not None
+    assert facts["leftover_group"] == "processes left in its group were ended (SIGTERM)"
 
 
 def _alive(pid: int) -> bool:
@@ -465,3 +470,35 @@ def test_the_version_probe_sees_the_isolated_home_and_the_minimal_environment(
     [attempt] = work(engine, run.run_id)
     facts = engine.store.agent_facts(attempt.dispatch_id)
     assert facts is not None and facts["version"] == "2.1.197 (Claude Code)"
+
+
+def test_after_kill_9_gc_of_the_abandoned_run_ends_what_the_agent_left(
+    repo: Path, bins: dict[str, Path], state_dir: Path
+) -> None:
+    """A driver killed mid-agent never resumes: ``wf gc`` of the abandoned run ends the
+    agent's group (the agent and the child it started) from the unit's recorded group."""
+    path = workflow(repo, bins, "claude", "go [[spawn-sleep]] [[sleep 60]]")
+    proc = spawn_wf(state_dir, "run", str(path))
+    pids_file: list[Path] = []
+
+    def started() -> bool:
+        pids_file[:] = list((state_dir / "agents").glob("*/home/.fake-agent/pids"))
+        return bool(pids_file) and len(pids_file[0].read_text().split()) == 2
+
+    wait_for(started, what="the agent and its child to start")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=10)
+    pids = [int(p) for p in pids_file[0].read_text().split()]
+    try:
+        assert all(_alive(p) for p in pids)  # they outlived the driver
+        run_id = pids_file[0].parents[2].name
+        abandoned = run_wf(state_dir, "abandon", run_id)
+        assert abandoned.returncode == 0, abandoned.stderr
+        gone = run_wf(state_dir, "gc", "--older-than", "0s")
+        assert gone.returncode == 0, gone.stderr
+        wait_for(lambda: not any(_alive(p) for p in pids), timeout=10, what="the group to go")
+        assert not any((state_dir / "procs").glob("*.json"))
+    finally:
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -144,6 +144,7 @@ class _Launch:
         self.env: dict[str, str] = kw["env"]
         self.reclaimed: bool = kw["reclaimed"]
         self.notes: list[str] = []
+        self.leftover: str | None = None
         self.redactor = Redactor.from_environ(
             request.env, extra=[request.env[k] for k in _pass_env(request) if k in request.env]
         )
@@ -174,8 +175,11 @@ class _Launch:
                 worktrees.ensure_worktree(repo, worktree)
             except worktrees.GitError as exc:
                 raise AgentError(f"step {request.step_id}: {exc}", executed=False) from exc
-            cwd = worktree / workdir.relative_to(repo)
-            cwd.mkdir(parents=True, exist_ok=True)
+            # Resolved again in the worktree as committed: HEAD may hold a symlink where the
+            # checkout has a folder.
+            cwd = worktrees.resolve_workdir(
+                worktree, workdir.relative_to(repo), step_id=request.step_id
+            )
         continues = agent.get("session") == "continue"
         prompt, resume_id, preset = request.prompt or "", None, None
         usage_base: tuple[int, ...] = (0, 0)
@@ -320,6 +324,7 @@ class _Launch:
                 error_class=failure.error_class, message=f"{failure.message} ({reader.notes[0]})"
             )
         self.notes = reader.notes
+        self.leftover = reader.leftover
         return self._result(outcome, watch, code)
 
     def _journal_session(self, session_id: str) -> None:
@@ -352,6 +357,8 @@ class _Launch:
             facts["warnings"] = [f"{self.runner.name}: {w}" for w in outcome.warnings]
         if self.notes:
             facts["stream_notes"] = list(self.notes)
+        if self.leftover:
+            facts["leftover_group"] = f"processes left in its group were ended ({self.leftover})"
         if failure is not None:
             raise AgentError(
                 f"{self.runner.name} failed ({failure.error_class}): {failure.message}",

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..redact import Redactor
+from ..runners.orphans import end_group
 from ..runners.process import STDERR_KEEP, _Drain, _kill_group
 from .harness import Harness, Watch
 
@@ -63,6 +64,8 @@ class StreamReader:
         self.lines: list[str] = []
         self.notes: list[str] = []
         """One line per thing skipped (an over-long or too deep line, an odd event)."""
+        self.leftover: str | None = None
+        """How processes the CLI left in its group after it exited were ended (None: none)."""
         self.wake = threading.Event()
         assert proc.stdout is not None and proc.stderr is not None  # PIPE was requested
         self.err = _Drain(proc.stderr, keep=STDERR_KEEP, wake=self.wake, tail=True)
@@ -160,8 +163,9 @@ class StreamReader:
     def wait(self, deadline: float | None) -> int | None:
         """The CLI's exit status once it exited and stdout ended; None at the deadline.
 
-        Whatever the CLI left in its process group is killed once it exited (a descendant
-        still holding stdout gets ``EXIT_GRACE_S`` first: the result line is out by then).
+        Whatever the CLI left in its process group is ended once it exited (SIGTERM, then
+        SIGKILL; a descendant still holding stdout gets ``EXIT_GRACE_S`` first: the result
+        line is out by then).
         """
         while True:
             remaining = None if deadline is None else deadline - time.monotonic()
@@ -173,7 +177,7 @@ class StreamReader:
             except subprocess.TimeoutExpired:
                 continue
         self.thread.join(EXIT_GRACE_S)
-        _kill_group(self.proc)  # what the agent left in its group ends with the attempt
+        self.leftover = end_group(self.proc.pid)  # what it left in its group ends with it
         self.thread.join(EXIT_GRACE_S)
         return code
 

@@ -43,6 +43,7 @@ _PG_FAULTS: dict[str, StateDBFault] = {
     "25": "busy",  # a transaction that cannot go on (read-only, aborted)
     "42": "unreadable",  # the schema is not what this version expects
     "XX": "damaged",  # internal error, data corrupted
+    "42501": "readonly",  # permission denied (insufficient privilege): the role's grants
 }
 
 
@@ -53,7 +54,7 @@ def pg_fault(exc: sqlite3.Error, where: str, run_id: str | None) -> StateDBError
     if isinstance(exc, sqlite3.IntegrityError | sqlite3.ProgrammingError):
         return None
     sqlstate = getattr(exc, "sqlstate", None) or ""
-    fault = _PG_FAULTS.get(sqlstate[:2])
+    fault = _PG_FAULTS.get(sqlstate) or _PG_FAULTS.get(sqlstate[:2])
     if fault is None and isinstance(exc, sqlite3.OperationalError):
         fault = "unreachable"
     if fault is None:

@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..errors import UsageError
+from .pgurl import chosen_schema
 
 DB_FILENAME = "state.db"
 URL_SCHEMES = ("postgresql", "postgres")
-_SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,25 +61,38 @@ def parse_state(value: str | os.PathLike[str] | PgLocation) -> Path | PgLocation
     if not is_database_url(value):
         return Path(value)
     text = str(value)
-    parts = urlsplit(text)
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 - read for its ValueError: a port that is no number
+    except ValueError as exc:
+        raise UsageError(
+            f"State {_masked_text(text)} is not a readable URL ({exc}); write it as "
+            "postgresql://USER@HOST[:PORT]/DB?schema=NAME (percent-encode a reserved "
+            "character in the user or password)."
+        ) from None
     if parts.scheme not in URL_SCHEMES:
         raise UsageError(
             f"State {_masked(text)!r} is neither a folder nor a postgresql:// URL; use a "
             "directory, or postgresql://USER@HOST/DB?schema=NAME."
         )
     query = parse_qsl(parts.query, keep_blank_values=True)
-    schemas = [v for k, v in query if k == "schema"]
-    schema = schemas[-1] if schemas else "public"
-    if not _SCHEMA.fullmatch(schema):
-        raise UsageError(
-            f"State {_masked(text)}: schema {schema!r} is not a plain lowercase name "
-            "([a-z_][a-z0-9_]*, at most 63 characters); choose another ?schema=NAME."
-        )
+    schema = chosen_schema(query, _masked(text))  # never a system schema; options honoured
     rest = [(k, v) for k, v in query if k != "schema"]
-    url = urlunsplit(("postgresql", parts.netloc, parts.path, urlencode(rest), ""))
-    where = _masked(urlunsplit(("postgresql", parts.netloc, parts.path, "", "")))
-    where += f"?schema={schema}"
+    # Spelt out, not urlunsplit: that drops the "//" of an empty host (postgresql:///db).
+    url = f"postgresql://{parts.netloc}{parts.path}" + (f"?{urlencode(rest)}" if rest else "")
+    where = _masked(f"postgresql://{parts.netloc}{parts.path}") + f"?schema={schema}"
     return PgLocation(url=url, schema=schema, where=where, local_dir=_local_dir(where))
+
+
+def _masked_text(text: str) -> str:
+    """``text``, which urlsplit cannot read, with the password of its userinfo (what follows
+    ``USER:`` up to the last ``@``) masked."""
+    head, sep, tail = text.partition("://")
+    if "@" not in tail:
+        return text
+    userinfo, host = tail.rsplit("@", 1)
+    user, colon, _ = userinfo.partition(":")
+    return f"{head}{sep}{user}{':***' if colon else ''}@{host}"
 
 
 def _masked(url: str) -> str:

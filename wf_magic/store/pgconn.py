@@ -78,6 +78,8 @@ def _wrap(exc: BaseException) -> sqlite3.Error:
     cls: type[sqlite3.Error]
     if isinstance(exc, psycopg.IntegrityError) or (sqlstate or "").startswith("23"):
         cls = PgIntegrityError
+    elif sqlstate == "42501":  # permission denied: the role's grants, not a bug of ours
+        cls = PgError
     elif isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
         cls = PgOperationalError
     elif isinstance(exc, psycopg.ProgrammingError):

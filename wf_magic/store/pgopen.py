@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from ..arg_values import env_number, number_in
 from ..errors import StateDBError, UsageError
 from .location import PgLocation
 from .pgconn import PgConnection, wrap_error
 from .pgschema import apply_migrations
+from .pgurl import url_problem
 
 CONNECT_TIMEOUT_S = 10
 BUSY_TIMEOUT_S = 30
@@ -43,6 +46,62 @@ def _idle_timeout_s() -> int:
     return max(5, int(lease_ttl_s() / 2))
 
 
+INSUFFICIENT_PRIVILEGE = "42501"
+"""The SQLSTATE of a statement the role may not run (``permission denied for ...``)."""
+
+
+def _unsaid(text: str, location: PgLocation) -> str:
+    """``text`` (a libpq message) with the URL's password, as written and decoded, masked."""
+    password = urlsplit(location.url).password
+    for secret in {password, unquote(password or "")} - {None, ""}:
+        text = text.replace(str(secret), "***")
+    return text
+
+
+def _permission_error(detail: str, raw: Any, location: PgLocation) -> UsageError:
+    """A privilege the role lacks said as the permission problem it is, with the grant."""
+    user, db, schema = raw.info.user, raw.info.dbname, location.schema
+    return UsageError(
+        f"State {location.where}: role {user!r} may not use the schema {schema!r} "
+        f"({_unsaid(' '.join(detail.split()), location)}). Have the database owner run "
+        f'GRANT CREATE ON DATABASE "{db}" TO "{user}" (for a new schema) or '
+        f'GRANT USAGE, CREATE ON SCHEMA "{schema}" TO "{user}" (for one that exists), or '
+        "choose a ?schema=NAME the role owns."
+    )
+
+
+def _privilege_problem(raw: Any, schema: str, *, migrate: bool) -> str | None:
+    """What the role lacks for ``schema``, as the server words it: USAGE on it (without which
+    the server silently leaves it off the search path), or CREATE on the database to make it."""
+    usage, create = raw.execute(
+        "SELECT (SELECT has_schema_privilege(oid, 'USAGE') FROM pg_namespace"
+        " WHERE nspname = %s), has_database_privilege(current_database(), 'CREATE')",
+        (schema,),
+    ).fetchone()
+    if usage is False:
+        return f"permission denied for schema {schema}"
+    if usage is None and migrate and not create:
+        return f"permission denied for database {raw.info.dbname}"
+    return None
+
+
+def _migrate(conn: PgConnection, raw: Any, location: PgLocation) -> None:
+    """Migrate ``location``'s schema once per process; a refused privilege said as such."""
+    with _migrate_lock:
+        if location.where in _migrated:
+            return
+        try:
+            apply_migrations(conn, location.schema)
+        except BaseException as exc:
+            refused = getattr(exc, "sqlstate", None) == INSUFFICIENT_PRIVILEGE
+            error = _permission_error(str(exc), raw, location) if refused else None
+            conn.close()
+            if error is not None:
+                raise error from None
+            raise
+        _migrated.add(location.where)
+
+
 _migrated: set[str] = set()
 _migrate_lock = threading.Lock()
 
@@ -53,6 +112,8 @@ def open_pg(location: PgLocation, *, migrate: bool) -> PgConnection:
 
     Raises:
         UsageError: psycopg is not installed.
+        UsageError: the URL is malformed, ``$WF_MAGIC_LEASE_TTL`` is out of range, or the
+            role lacks a privilege the schema needs (named, with the grant).
         StateDBError: the server cannot be reached or refused the session (``unreachable``).
         MigrationError: the schema's migration ledger diverges.
     """
@@ -64,6 +125,13 @@ def open_pg(location: PgLocation, *, migrate: bool) -> PgConnection:
             "pip install 'wf_magic[postgresql]'."
         ) from None
     idle_timeout_s = _idle_timeout_s()  # a bad $WF_MAGIC_LEASE_TTL is refused before connecting
+    problem = url_problem(location.url)
+    if problem is not None:
+        raise UsageError(
+            f"State {location.where}: libpq cannot read the URL: {_unsaid(problem, location)}; "
+            "write it as postgresql://USER@HOST[:PORT]/DB?schema=NAME (percent-encode a "
+            "reserved character in the user or password)."
+        )
     try:
         raw = psycopg.connect(
             location.url,
@@ -83,19 +151,17 @@ def open_pg(location: PgLocation, *, migrate: bool) -> PgConnection:
             f"SET lock_timeout = '{BUSY_TIMEOUT_S}s';"
             f" SET idle_in_transaction_session_timeout = '{idle_timeout_s}s'"
         )
+        lacks = _privilege_problem(raw, location.schema, migrate=migrate)
     except psycopg.Error as exc:
         wrapped = wrap_error(exc)
         raise StateDBError(
             "unreachable", detail=" ".join(str(wrapped).split()), db_path=location.where
         ) from None
+    if lacks is not None:
+        error = _permission_error(lacks, raw, location)
+        raw.close()
+        raise error
     conn = PgConnection(raw, location.lock_key)
     if migrate:
-        with _migrate_lock:
-            if location.where not in _migrated:
-                try:
-                    apply_migrations(conn, location.schema)
-                except BaseException:
-                    conn.close()
-                    raise
-                _migrated.add(location.where)
+        _migrate(conn, raw, location)
     return conn

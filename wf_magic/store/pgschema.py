@@ -436,7 +436,13 @@ def apply_migrations(conn: Any, schema: str) -> list[str]:
     known = migration_ids()
     conn.execute("BEGIN IMMEDIATE")
     try:
-        conn.raw.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+        # CREATE SCHEMA IF NOT EXISTS needs CREATE on the database even when the schema is
+        # there: a role an owner gave just its own schema could then never open it.
+        if (
+            conn.raw.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone()
+            is None
+        ):
+            conn.raw.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
         conn.execute(
             "CREATE TABLE IF NOT EXISTS schema_migrations ("
             " id TEXT PRIMARY KEY, position BIGINT NOT NULL,"

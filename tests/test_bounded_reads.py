@@ -590,9 +590,9 @@ UNBOUNDED_ALLOWED = {
     ("runners/replay.py", "store.open()"): "opens a Store (a database), not a file",
     ("notebook/rows.py", "self.detail.open()"): "opens a widget panel",
     (
-        "library.py",
-        "opener.open(request, timeout=self.timeout_s)",
-    ): "an HTTP response, read with response.read(MAX_DOCUMENT_BYTES + 1)",
+        "library_fetch.py",
+        "opener.open(request, timeout=deadline.remaining())",
+    ): "an HTTP response, read in chunks and refused past the limit (library_fetch._body)",
 }
 """Every call that could read a file unbounded and is not a read through wf_magic.reading."""
 _WRITE_MODE = frozenset("wax")

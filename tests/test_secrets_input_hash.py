@@ -248,6 +248,10 @@ def test_a_cassette_replays_a_secret_bearing_unit_only_under_the_same_key(
         failures = {a.unit_id: a.failure for a in engine.attempts(moved.run_id)}
     assert moved.status == "failed"
     assert "replay runner: no recorded answer for unit ask" in str(failures["ask"])
+    assert str(failures["ask"]).endswith(
+        "; a unit whose input holds a secret replays only under the key it was recorded with "
+        "(the same state, or WF_MAGIC_SECRET_KEY_FILE)."
+    )
 
     # A non-secret unit replays anywhere; with the team's key file, so does the secret one.
     shared = tmp_path / "team.key"

@@ -12,6 +12,11 @@ The key is the unit's phase (``work``, or ``gate`` for judge calls) and its ``in
 the newest recording wins. A replayed answer charges zero tokens: the recording's tokens
 were paid when it was made and are not reported again.
 
+An input that holds a secret is hashed under the recording state's key
+(``sealing.InputHasher``), so such a recording is found only in a state with the same key:
+the one that recorded it, or any sharing ``$WF_MAGIC_SECRET_KEY_FILE`` (DESIGN.md §6). The
+cassette carries no secret and nothing a secret can be guessed from.
+
 A cassette line is canonical JSON with the fields ``input_hash`` (the lookup key),
 ``phase`` (``work``/``gate``, default ``work``), ``output`` (the answer, as JSON), and for
 the reader's benefit ``step``, ``unit``, ``runner``, ``model``, ``tokens_in``, ``tokens_out``
@@ -33,6 +38,7 @@ from typing import Any
 from ..errors import FileRefused, MigrationError, RunnerError, UsageError
 from ..hashing import canonical_json
 from ..reading import read_bounded
+from ..sealing import KEY_FILE_ENV
 from ..store import Store
 from ..store.db import DB_FILENAME
 from ..store.location import parse_state
@@ -227,10 +233,16 @@ class ReplayRunner:
         searched = [f"cassette {self.cassette}"] if self.cassette else []
         if self.db_path is not None:
             searched.append(f"journal {self.db_path}")
+        keyed = (
+            "; a unit whose input holds a secret replays only under the key it was recorded "
+            f"with (the same state, or {KEY_FILE_ENV})"
+            if self.cassette
+            else ""
+        )
         return (
             f"{self.name} runner: no recorded answer for unit {unit_id} (input_hash "
             f"{input_hash[:12]}…); record it by running against a real runner first "
-            f"(searched: {', '.join(searched) or 'nothing'})."
+            f"(searched: {', '.join(searched) or 'nothing'}){keyed}."
         )
 
     def _from_cassette(self, phase: str, input_hash: str) -> Recording | None:

@@ -10,10 +10,15 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.conftest import run_wf
 from wf_magic import Engine
 from wf_magic.errors import UsageError
+from wf_magic.redact import is_secret_key
+from wf_magic.spec.freeze import load_workflow
+from wf_magic.sweeps.expand import definition
 
 CANARY = "sk-canary-7f3a9c21e4"
 
@@ -144,7 +149,7 @@ REFUSED = [
     (
         "nested",
         {"rows": [{"topic": {"token": "x"}}]},
-        "sweep rows column 'topic' is a secret param",
+        "sweep rows column 'topic' holds a secret",
     ),
 ]
 
@@ -218,3 +223,41 @@ def test_the_sweep_cell_takes_a_secret_from_params_or_the_environment(
             assert refused.error_in_exec is not None
             assert "a secret is not an axis" in str(refused.error_in_exec)
     _assert_nowhere(state)
+
+
+# -- a generator of secret params given as axes or columns --------------------------------------
+_SECRET_NAMES = st.builds(
+    lambda head, word: f"{head}{word}",
+    st.sampled_from(["", "api_", "db_", "gh_", "x", "openai_"]),
+    st.sampled_from(["key", "token", "password", "secret", "api_key", "KEY", "Token"]),
+).filter(is_secret_key)
+_VALUES = st.text(st.characters(codec="utf-8", categories=["L", "N"]), min_size=12, max_size=20)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    name=_SECRET_NAMES,
+    value=_VALUES,
+    where=st.sampled_from(["axis", "column", "nested-axis", "nested-column"]),
+)
+def test_any_secret_as_an_axis_or_a_column_is_one_line_without_its_value(
+    name: str, value: str, where: str
+) -> None:
+    plan = load_workflow(
+        f"name: gen\nparams:\n  {name}: {{}}\n  topic: {{}}\nrunner: scripted\n"
+        "steps:\n  - id: a\n    prompt: hi\n"
+    ).plan
+    nested = {"topic": {"auth": {name: value}}}
+    kwargs: dict[str, object] = {
+        "axis": {"grid": {name: [value, value + "2"]}},
+        "column": {"rows": [{name: value}]},
+        "nested-axis": {"grid": {"topic": [nested["topic"]]}},
+        "nested-column": {"rows": [nested]},
+    }[where]
+    with pytest.raises(UsageError) as caught:
+        definition(plan, repeat=1, grid=kwargs.get("grid"), rows=kwargs.get("rows"))  # type: ignore[arg-type]
+    message = str(caught.value)
+    held = "is a secret param" if where in ("axis", "column") else "holds a secret"
+    assert message.startswith(f"sweep {'grid axis' if 'axis' in where else 'rows column'} ")
+    assert held in message and "a secret is not an axis" in message, message
+    assert value not in message and "\n" not in message

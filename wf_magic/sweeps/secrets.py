@@ -21,6 +21,12 @@ def holds_secret(name: str, value: Any) -> bool:
 
 def not_an_axis(what: str, name: str) -> UsageError:
     """The refusal of a secret param as a grid axis or a rows column."""
+    if not is_secret_key(name):
+        return UsageError(
+            f"sweep {what} {name!r} holds a secret (a value with a secret-named key), and a "
+            f"secret is not an axis: pass its one value with params={{{name!r}: ...}} or "
+            f"`--param {name}=VALUE`"
+        )
     return UsageError(
         f"sweep {what} {name!r} is a secret param, and a secret is not an axis: pass its one "
         f"value with `--param {name}=VALUE`, params={{{name!r}: ...}} or {env_name(name)}"

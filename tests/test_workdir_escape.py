@@ -1,4 +1,5 @@
-"""An agent's ``workdir:`` is resolved in the worktree as committed and never leads outside it."""
+"""An agent's ``workdir:`` is resolved in the worktree as committed and never leads outside it
+(the function directly, over generated path shapes, and through the agent runner)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.agent_fakes.bins import git_repo
+from tests.agent_fakes.bins import git_repo, make_bins
+from tests.test_agents import work, workflow
+from wf_magic import Engine
 from wf_magic.agents import worktrees
 from wf_magic.agents.harness import AgentError
 
@@ -138,3 +141,28 @@ def test_no_generated_workdir_resolves_or_creates_anything_outside_the_worktree(
         assert list(outside.iterdir()) == []  # nothing was made outside
         assert sorted(p.name for p in base.iterdir()) == ["outside", "state"]
         assert [p.name for p in (base / "state").iterdir()] == ["wt"]
+
+
+def test_an_agent_step_whose_workdir_head_commits_as_a_symlink_fails_before_the_agent_runs(
+    engine: Engine, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside"
+    (outside / "x").mkdir(parents=True)
+    repo = git_repo(tmp_path / "repo")
+    os.symlink(outside, repo / "sub")  # HEAD: sub -> a folder outside the repository
+    _git(repo, "add", "sub")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-q", "-m", "link")
+    (repo / "sub").unlink()
+    (repo / "sub" / "x").mkdir(parents=True)  # the checkout: a real folder sub/x
+    bins = make_bins(tmp_path / "bin")
+    flow = workflow(
+        repo, bins, "claude", "[[write escaped.txt x]]", extra="workdir: sub/x\nisolation: worktree"
+    )
+    run = engine.run(str(flow))
+    [attempt] = work(engine, run.run_id)
+    assert attempt.status == "failed"
+    assert attempt.failure == (
+        f"step fix: workdir 'sub/x' in the worktree as committed leads outside it, to "
+        f"'{outside / 'x'}'; commit a real folder inside the repository or fix workdir"
+    )
+    assert list(outside.rglob("*")) == [outside / "x"]  # the agent never ran there

@@ -258,6 +258,7 @@ def test_budget_frame_reports_used_against_limit(engine: Engine, ledger: Run) ->
             "remaining": [14.0, 4933.0, math.nan],
             "used_fraction": [0.3, 67 / 5000, math.nan],
             "saved": [0.0, 0.0, 0.0],
+            "judge": [2.0, 64.0, 0.0],  # the two free verdicts (35 + 29), beside it
         }
     )
     pd.testing.assert_frame_equal(engine.budget(ledger.run_id), expected)

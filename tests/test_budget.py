@@ -344,6 +344,7 @@ def test_gate_rows_and_reused_attempts_are_not_charged_and_saved_tokens_are_repo
             "remaining": [0.0, 93.0, math.nan],
             "used_fraction": [1.0, 0.07, math.nan],
             "saved": [3.0, 470.0, 0.0],
+            "judge": [0.0, 0.0, 0.0],
         }
     )
     pd.testing.assert_frame_equal(engine.budget(second.run_id), expected)

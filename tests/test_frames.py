@@ -105,6 +105,7 @@ BUDGET_DTYPES = {
     "remaining": "float64",
     "used_fraction": "float64",
     "saved": "float64",
+    "judge": "float64",
 }
 
 

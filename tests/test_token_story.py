@@ -87,3 +87,35 @@ def test_an_uncharged_judge_reads_as_judge_and_a_charged_one_as_paid(engine: Eng
         0,
     ]
     assert "tokens: 79 paid · 30 reused" in engine.status(charged.run_id).__repr__()
+
+
+def test_the_budget_frame_tells_the_same_token_story(engine: Engine) -> None:
+    free = engine.run(STORY.replace("WHAT", "x"))  # 3 drafts (30) + wrap (24) paid; judge 55
+    frame = engine.budget(free.run_id).set_index("ceiling")
+    status = engine.status(free.run_id)
+    assert f"tokens: {token_text(TokenSplit(paid=54, reused=0, judge=55))}" in repr(status)
+    tokens = frame.loc["tokens"]
+    assert (tokens["used"], tokens["saved"], tokens["judge"]) == (54.0, 0.0, 55.0)
+    assert frame.loc["units", "judge"] == 1.0  # one uncharged verdict over the three drafts
+    assert frame.loc["units", "used"] == 4.0
+
+    again = engine.run(STORY.replace("WHAT", "y"))  # drafts + verdict reused; a new wrap
+    tokens = engine.budget(again.run_id).set_index("ceiling").loc["tokens"]
+    assert (tokens["used"], tokens["saved"], tokens["judge"]) == (24.0, 85.0, 0.0)
+    assert "tokens: 24 paid · 85 reused" in repr(engine.status(again.run_id))
+
+    charged = engine.run(
+        STORY.replace("WHAT", "z").replace(
+            "criteria: [complete]", "criteria: [done], charged: true"
+        )
+    )
+    tokens = engine.budget(charged.run_id).set_index("ceiling").loc["tokens"]
+    assert (tokens["used"], tokens["saved"], tokens["judge"]) == (79.0, 30.0, 0.0)
+
+
+def test_the_notebook_budget_table_names_judge_tokens(engine: Engine) -> None:
+    from wf_magic.notebook.frames import BudgetFrame
+
+    run = engine.run(STORY.replace("WHAT", "x"))
+    readable = BudgetFrame(engine.budget(run.run_id)).readable().set_index("ceiling")
+    assert readable.loc["tokens", ["used", "saved", "judge"]].tolist() == ["54", "0", "55"]

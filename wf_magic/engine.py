@@ -545,7 +545,9 @@ class Engine(SweepVerbs, GcVerbs, FollowVerbs):
         return self.store.events_frame(self.resolve_run_id(run_id))
 
     def budget(self, run_id: RunRef) -> pd.DataFrame:
-        """Used vs limit per ceiling, and what reuse saved (root run's ceilings)."""
+        """Used vs limit per ceiling (the root run's), what reuse saved, and what LLM judges
+        spent outside the budget: on the ``tokens`` row ``used``, ``saved`` and ``judge`` are
+        the run's paid, reused and judge tokens, as every view of it reads them."""
         return self.store.budget_frame(self.resolve_run_id(run_id))
 
     def limits(self) -> pd.DataFrame:

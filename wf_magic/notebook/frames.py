@@ -122,6 +122,7 @@ class BudgetFrame(ReadableFrame):
                     "remaining": _amount(record["remaining"], is_cost=is_cost) if limited else "",
                     "used %": f"{100 * record['used_fraction']:.0f}%" if limited else "",
                     "saved": _amount(record["saved"], is_cost=is_cost),
+                    "judge": _amount(record["judge"], is_cost=is_cost),
                 }
             )
         return pd.DataFrame(rows)

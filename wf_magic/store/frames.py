@@ -349,6 +349,11 @@ def budget_frame(conn: sqlite3.Connection, run_id: str) -> pd.DataFrame:
         - ``used_fraction`` (float64): ``used / limit``, NaN if unset.
         - ``saved`` (float64): what reuse saved: reused attempts, their ``saved_tokens``, and
           the cost of their source attempts (those still in the journal).
+        - ``judge`` (float64): what LLM judges spent outside the budget (uncharged gate
+          attempts, their tokens, their cost).
+
+        On the ``tokens`` row, ``used``, ``saved`` and ``judge`` are the one token story every
+        view tells (``paid · reused · judge``, see ``display.TokenSplit``).
 
     Raises:
         UsageError: no run ``run_id`` is in the state database.
@@ -367,6 +372,7 @@ def budget_frame(conn: sqlite3.Connection, run_id: str) -> pd.DataFrame:
             "remaining": limit - used,
             "used_fraction": fraction,
             "saved": np.array(_saved_figures(conn, run_id), dtype=np.float64),
+            "judge": np.array(_judge_figures(conn, run_id), dtype=np.float64),
         }
     )
 
@@ -379,6 +385,18 @@ def _saved_figures(conn: sqlite3.Connection, run_id: str) -> tuple[float, ...]:
         " TOTAL(CASE WHEN a.status = 'reused' THEN source.cost END)"
         " FROM attempts AS a LEFT JOIN attempts AS source ON source.dispatch_id = a.reused_from"
         " WHERE a.run_id IN (SELECT tree.run_id FROM runs AS tree JOIN runs AS run"
+        " ON tree.root_run_id = run.root_run_id WHERE run.run_id = ?)"
+    )
+    return tuple(conn.execute(sql, (run_id,)).fetchone())
+
+
+def _judge_figures(conn: sqlite3.Connection, run_id: str) -> tuple[float, ...]:
+    """What judges spent outside the budget over the run's root tree: uncharged gate attempts
+    (a reused verdict is reuse, not judging), their tokens, their cost."""
+    sql = (
+        "SELECT TOTAL(1), TOTAL(a.tokens_in + a.tokens_out), TOTAL(a.cost)"
+        " FROM attempts AS a WHERE a.phase = 'gate' AND a.charged = 0 AND a.status <> 'reused'"
+        " AND a.run_id IN (SELECT tree.run_id FROM runs AS tree JOIN runs AS run"
         " ON tree.root_run_id = run.root_run_id WHERE run.run_id = ?)"
     )
     return tuple(conn.execute(sql, (run_id,)).fetchone())

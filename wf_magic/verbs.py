@@ -176,7 +176,13 @@ SWEEP_VERBS: tuple[Verb, ...] = (
         name="sweep-resume",
         help="drive a sweep's owed cells; a ceiling option sets a new ceiling",
         faces=CLI,
-        options=(SWEEP, *SWEEP_CEILINGS, MAX_CONCURRENCY, QUIET, RESUPPLY_PARAM),
+        options=(
+            SWEEP,
+            *SWEEP_CEILINGS,
+            MAX_CONCURRENCY,
+            QUIET,
+            replace(RESUPPLY_PARAM, help="a secret param of the sweep again (never stored)"),
+        ),
     ),
     Verb(
         name="sweep-frame",

@@ -279,3 +279,29 @@ def test_a_masked_origin_is_what_a_run_records_even_through_the_api(tmp_path: Pa
         run = engine.run(wf)
         assert engine.get_run(run.run_id).source_path == "https://h.example/r.yaml?token=***"
     assert files_holding(tmp_path / "state", CANARY) == []
+
+
+# -- PostgreSQL state URLs ------------------------------------------------------------------------
+@settings(max_examples=100)
+@given(
+    secret=SECRET,
+    in_query=st.booleans(),
+    problem=st.sampled_from(
+        ["schema=Bad-Name", "schema=pg_catalog", "scheme", "port", "options=-csearch_path%3Da,b"]
+    ),
+)
+def test_a_state_url_refused_shows_no_password(secret: str, in_query: bool, problem: str) -> None:
+    from wf_magic.errors import UsageError
+    from wf_magic.store.location import parse_state
+
+    netloc = "app@db:5432" if in_query else f"app:{secret}@db:5432"
+    if problem == "port":
+        netloc = netloc.replace("5432", "99999")
+    query = [f"password={secret}"] if in_query else []
+    query += [] if problem in ("scheme", "port") else [problem]
+    scheme = "mysql" if problem == "scheme" else "postgresql"
+    url = f"{scheme}://{netloc}/wf" + (f"?{'&'.join(query)}" if query else "")
+    with pytest.raises(UsageError) as caught:
+        parse_state(url)
+    assert secret not in str(caught.value), str(caught.value)
+    assert "***" in str(caught.value)

@@ -14,6 +14,7 @@ from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..errors import UsageError
+from ..redact import mask_url
 from .pgurl import chosen_schema
 
 DB_FILENAME = "state.db"
@@ -66,17 +67,17 @@ def parse_state(value: str | os.PathLike[str] | PgLocation) -> Path | PgLocation
         parts.port  # noqa: B018 - read for its ValueError: a port that is no number
     except ValueError as exc:
         raise UsageError(
-            f"State {_masked_text(text)} is not a readable URL ({exc}); write it as "
+            f"State {mask_url(_masked_text(text))} is not a readable URL ({exc}); write it as "
             "postgresql://USER@HOST[:PORT]/DB?schema=NAME (percent-encode a reserved "
             "character in the user or password)."
         ) from None
     if parts.scheme not in URL_SCHEMES:
         raise UsageError(
-            f"State {_masked(text)!r} is neither a folder nor a postgresql:// URL; use a "
+            f"State {mask_url(text)!r} is neither a folder nor a postgresql:// URL; use a "
             "directory, or postgresql://USER@HOST/DB?schema=NAME."
         )
     query = parse_qsl(parts.query, keep_blank_values=True)
-    schema = chosen_schema(query, _masked(text))  # never a system schema; options honoured
+    schema = chosen_schema(query, mask_url(text))  # never a system schema; options honoured
     rest = [(k, v) for k, v in query if k != "schema"]
     # Spelt out, not urlunsplit: that drops the "//" of an empty host (postgresql:///db).
     url = f"postgresql://{parts.netloc}{parts.path}" + (f"?{urlencode(rest)}" if rest else "")
@@ -96,7 +97,8 @@ def _masked_text(text: str) -> str:
 
 
 def _masked(url: str) -> str:
-    """``url`` with any password replaced by ``***``."""
+    """``url`` with any password replaced by ``***`` (what ``where``, and so the local
+    folder's name, is made of: kept as it was; messages show :func:`mask_url`)."""
     parts = urlsplit(url)
     if parts.password is None:
         return url

@@ -403,3 +403,41 @@ def test_a_loops_context_hash_is_keyed_when_its_templates_read_a_secret(tmp_path
         "***" in units[7].rendered.hashed.kept_json
         and secret not in units[7].rendered.hashed.kept_json
     )
+
+
+KNOWN = "s3cr3t-value-1"
+_LEAVES = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.text(max_size=20)
+    | st.sampled_from([KNOWN, f"use {KNOWN} now", "password: hunter22", "api_key=abcdef12"])
+)
+JSON_VALUES = st.recursive(
+    _LEAVES,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(["prompt", "item", "api_key", "text", "n"]), inner, max_size=4
+        )
+    ),
+    max_leaves=10,
+)
+
+
+@given(value=JSON_VALUES)
+@settings(max_examples=100, deadline=None)
+def test_any_value_is_keyed_exactly_when_the_journal_masks_something_in_it(
+    value: object, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    redactor = Redactor([KNOWN])
+    hasher = InputHasher(redactor, state_dir=tmp_path_factory.getbasetemp() / "any-value")
+    hashed = hasher.hash_value(value)
+    text = canonical_json(value)
+    masked = redactor.redact_value(value) is not value
+    assert hashed.text == text
+    assert hashed.hash == (hasher.hash_value(value).hash)
+    assert (hashed.hash != sha256_text(text)) is masked
+    assert hashed.legacy == (sha256_text(text) if masked else None)
+    assert KNOWN not in hashed.kept_json
+    assert hashed.kept_json == canonical_json(redactor.redact_value(value))

@@ -10,7 +10,9 @@ size limit while it is read, which a child process's peak memory shows.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import textwrap
@@ -35,8 +37,9 @@ SLACK_S = 1.0
 class HostileServer:
     """A loopback TCP server whose every connection runs ``behaviour`` in its own thread."""
 
-    def __init__(self, behaviour: Behaviour) -> None:
+    def __init__(self, behaviour: Behaviour, *, tls: ssl.SSLContext | None = None) -> None:
         self.behaviour = behaviour
+        self.tls = tls
         self.stopping = threading.Event()
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
@@ -45,8 +48,8 @@ class HostileServer:
         self.accepted = threading.Thread(target=self._accept, name="hostile-accept")
         self.accepted.start()
 
-    def url(self, path: str = "/index.json") -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
+    def url(self, path: str = "/index.json", *, scheme: str = "http") -> str:
+        return f"{scheme}://127.0.0.1:{self.port}{path}"
 
     def _accept(self) -> None:
         self.listener.settimeout(0.05)
@@ -65,10 +68,17 @@ class HostileServer:
         with conn:
             conn.settimeout(5)
             try:
-                _read_request(conn)
-                self.behaviour(conn, self.stopping)
+                if self.tls is None:
+                    self._answer(conn)
+                else:
+                    with self.tls.wrap_socket(conn, server_side=True) as tls:
+                        self._answer(tls)
             except OSError:
                 pass  # the client gave up: what the tests want
+
+    def _answer(self, conn: socket.socket) -> None:
+        _read_request(conn)
+        self.behaviour(conn, self.stopping)
 
     def stop(self) -> None:
         self.stopping.set()
@@ -287,3 +297,77 @@ def test_a_prompt_server_is_unaffected(
         started = time.monotonic()
         assert lib.find_optional("review") is None
         assert time.monotonic() - started < 2
+
+
+# -- https --------------------------------------------------------------------------------------
+@pytest.fixture
+def tls_server_context(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ssl.SSLContext:
+    """A self-signed certificate for 127.0.0.1, trusted by the fetch through $SSL_CERT_FILE."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    return context
+
+
+def test_an_https_index_is_fetched_through_the_watched_tls_socket(
+    tmp_path: Path, tls_server_context: ssl.SSLContext
+) -> None:
+    body = b'{"workflows": {}}'
+
+    def prompt(conn: socket.socket, stopping: threading.Event) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    server = HostileServer(prompt, tls=tls_server_context)
+    try:
+        index = server.url(scheme="https")
+        with Library(folders=[], index=index, state_dir=tmp_path / "s", timeout_s=5) as lib:
+            assert lib.find_optional("review") is None  # fetched, verified, parsed: no entry
+    finally:
+        server.stop()
+
+
+def test_an_https_server_that_drips_its_body_is_cut_at_the_deadline(
+    tmp_path: Path, tls_server_context: ssl.SSLContext
+) -> None:
+    server = HostileServer(drip_fast_body, tls=tls_server_context)
+    try:
+        message, took = _find(server.url(scheme="https"), tmp_path / "state")
+    finally:
+        server.stop()
+    assert DEADLINE_S - 0.05 <= took < DEADLINE_S + SLACK_S, took
+    assert "timed out after 1.5 s" in message
+
+
+def test_a_tls_handshake_that_never_comes_is_cut_at_the_deadline(
+    serve: Callable[[Behaviour], HostileServer], tmp_path: Path
+) -> None:
+    server = serve(never_answer)  # accepts the connection, never says ServerHello
+    message, took = _find(server.url(scheme="https"), tmp_path / "state")
+    assert DEADLINE_S - 0.05 <= took < DEADLINE_S + SLACK_S, took
+    assert "timed out after 1.5 s" in message

@@ -371,3 +371,21 @@ def test_a_tls_handshake_that_never_comes_is_cut_at_the_deadline(
     message, took = _find(server.url(scheme="https"), tmp_path / "state")
     assert DEADLINE_S - 0.05 <= took < DEADLINE_S + SLACK_S, took
     assert "timed out after 1.5 s" in message
+
+
+@pytest.mark.parametrize(
+    ("ttl_s", "timeout_s"),
+    [
+        (-1.0, 10.0),
+        (float("nan"), 10.0),
+        (1.0, 0.0),
+        (1.0, -2.0),
+        (1.0, float("nan")),
+        (1.0, float("inf")),
+    ],
+)
+def test_a_deadline_or_ttl_that_is_no_duration_is_refused(ttl_s: float, timeout_s: float) -> None:
+    from wf_magic.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"expected ttl_s >= 0 and a finite timeout_s > 0 \(got "):
+        Library(folders=[], ttl_s=ttl_s, timeout_s=timeout_s)

@@ -146,8 +146,10 @@ class Library:
         ttl_s: float = DEFAULT_TTL_S,
         timeout_s: float = FETCH_TIMEOUT_S,
     ):
-        if ttl_s < 0 or timeout_s <= 0:
-            raise UsageError(f"expected ttl_s >= 0 and timeout_s > 0 (got {ttl_s}, {timeout_s})")
+        if not ttl_s >= 0 or not 0 < timeout_s < float("inf"):  # nan fails both
+            raise UsageError(
+                f"expected ttl_s >= 0 and a finite timeout_s > 0 (got {ttl_s}, {timeout_s})"
+            )
         self.folders = [Path(f).expanduser() for f in folders]
         self.index = str(index) if index is not None else None
         self.ttl_s = float(ttl_s)

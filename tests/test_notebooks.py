@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -90,3 +91,51 @@ def test_run_all_twice_in_one_kernel_runs_cleanly(path: Path, tmp_path: Path) ->
     assert "Traceback" not in text
     assert "OperationalError" not in text and "unable to open database" not in text
     assert "not being driven" not in text
+
+
+def sanitizers() -> list[tuple[re.Pattern[str], str]]:
+    """The regexes of notebooks/nbval_sanitize.cfg, in order, with their replacements."""
+    import configparser
+
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.read(REPO / "notebooks" / "nbval_sanitize.cfg")
+    return [(re.compile(parser[s]["regex"]), parser[s]["replace"]) for s in parser.sections()]
+
+
+def told(cells: list[nbformat.NotebookNode]) -> list[list[str]]:
+    """What each code cell told, sanitized as nbval compares it: its streams, text and HTML
+    (a widget's model id and a PNG's bytes are left out)."""
+    rules = sanitizers()
+    story = []
+    for cell in cells:
+        if cell.cell_type != "code":
+            continue
+        parts = []
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream":
+                parts.append(out.get("text", ""))
+            for kind in ("text/plain", "text/html"):
+                parts.append(str(out.get("data", {}).get(kind, "")))
+        text = "\n".join(parts)
+        for pattern, replace in rules:
+            text = pattern.sub(replace, text)
+        story.append(text.splitlines())
+    return story
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_run_all_twice_tells_the_same_story(path: Path, tmp_path: Path) -> None:
+    """Each tour starts from its own fresh state: the second Run All in the same kernel gives
+    the first one's sanitized outputs, cell by cell (05's budget stop stops both times)."""
+    import copy
+
+    nb = nbformat.read(path, as_version=4)
+    first = len(nb.cells)
+    nb.cells = nb.cells + copy.deepcopy(nb.cells)
+    execute_notebook(nb, tmp_path)
+    once, twice = told(nb.cells[:first]), told(nb.cells[first:])
+    for index, (a, b) in enumerate(zip(once, twice, strict=True)):
+        assert a == b, f"code cell {index} told another story on the second Run All"
+    if path.name == "05_sweeps.ipynb":
+        stops = [c for c in once + twice if any("max_units reached" in line for line in c)]
+        assert len(stops) >= 2  # the budget stop, in both passes

@@ -43,20 +43,40 @@ def test_every_tour_is_committed_with_its_outputs() -> None:
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_a_tour_reproduces_its_saved_outputs_under_nbval(path: Path, tmp_path: Path) -> None:
+    _setup(path, tmp_path)
+    done = _nbval(path, tmp_path)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_a_second_pass_in_the_same_folder_reproduces_them_too(path: Path, tmp_path: Path) -> None:
+    """Run All again after a kernel restart, beside the first pass's state dir (and the agent
+    tour's repository): each tour starts from its own fresh state, so nbval passes twice."""
+    _setup(path, tmp_path)
+    for attempt in ("first", "second"):
+        done = _nbval(path, tmp_path)
+        assert done.returncode == 0, attempt + done.stdout[-6000:] + done.stderr[-2000:]
+
+
+def _setup(path: Path, tmp_path: Path) -> None:
+    """The tour and the sanitizers in a folder of their own, and a kernel profile."""
     work = tmp_path / "notebooks"
     work.mkdir()
     shutil.copy(path, work / path.name)
     shutil.copy(SANITIZE, work / SANITIZE.name)
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
+    (tmp_path / "tmp").mkdir()
     profile = tmp_path / "ipython" / "profile_default"
     profile.mkdir(parents=True)
     (profile / "ipython_kernel_config.py").write_text(KERNEL_CONFIG)
+
+
+def _nbval(path: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """``pytest --nbval`` over the tour set up in ``tmp_path`` (see :func:`_setup`)."""
     env = {
         **os.environ,
         "IPYTHONDIR": str(tmp_path / "ipython"),
         "PYTHONPATH": str(REPO),
-        "TMPDIR": str(scratch),
+        "TMPDIR": str(tmp_path / "tmp"),
         "WF_MAGIC_HOME": str(tmp_path / "state"),  # the tours set their own; never ~/.wf_magic
         "JUPYTERHUB_USER": "learner",  # the owner the saved outputs show (scripts/nbval_outputs.py)
     }
@@ -73,5 +93,4 @@ def test_a_tour_reproduces_its_saved_outputs_under_nbval(path: Path, tmp_path: P
         "no:cacheprovider",
         "-q",
     ]
-    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    return subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)

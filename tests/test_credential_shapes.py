@@ -160,6 +160,16 @@ def test_a_command_line_option_naming_a_secret_has_its_value_masked(
         ("postgresql://app:p@ss@db/prod", "postgresql://app:***@db/prod"),
         ("--password hunter22 --token --api-key xyz12345", "--password *** --token --api-key ***"),
         ("$ export PGPASSWORD=Sup3rS3cret", "$ export PGPASSWORD=***"),
+        (
+            "-----BEGIN RSA PRIVATE KEY-----\nMIIEow1BAAK\nCAQEA+x/9==\n-----END RSA PRIVATE KEY-----",
+            "-----BEGIN RSA PRIVATE KEY-----***-----END RSA PRIVATE KEY-----",
+        ),
+        (
+            json.dumps(
+                {"key": "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADAN\n-----END PRIVATE KEY-----\n"}
+            ),
+            '{"key": "-----BEGIN PRIVATE KEY-----***-----END PRIVATE KEY-----\\n"}',
+        ),
     ],
 )
 def test_the_shapes_the_issue_names(text: str, expected: str) -> None:

@@ -147,6 +147,13 @@ _RULES: tuple[_Rule, ...] = (
     # scheme://user:password@host — to the last ``@`` before the path (a password may hold
     # one), the user may be empty (``redis://:password@host``).
     _Rule.of(r"://[^/\s:@]*+:(?P<secret>[^/\s?#\"'<>]*)@", ("://",)),
+    # A PEM private key (also JSON-escaped, ``\\n`` for its newlines): its base64 body, to
+    # wherever it stops (a clipped key too); the BEGIN/END lines stay to say what it was.
+    _Rule.of(
+        r"-----begin (?:[a-z0-9]+ )*private key-----(?P<secret>[a-z0-9+/=\s\\]++)",
+        ("private key-----",),
+        lowered=True,
+    ),
     # Well-known key formats: OpenAI/Anthropic, GitHub, Slack, AWS, Hugging Face, Google.
     _Rule.of(r"\bsk-(?P<secret>(?:proj-|ant-|live-|test-)?[A-Za-z0-9_\-]{16,})", ("sk-",)),
     _Rule.of(r"\bgh[pousr]_(?P<secret>[A-Za-z0-9]{20,})", ("ghp_", "gho_", "ghu_", "ghs_", "ghr_")),

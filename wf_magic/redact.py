@@ -59,9 +59,9 @@ _NAMED_VALUE = "".join(
         _BLANK + r"(?:=>?+|:=?+|%3[ad])" + _BLANK,  # the separator, maybe URL-encoded
         r"(?:\\*+(?:(?P<dq>\")|(?P<sq>['`])))?",  # the value's opening quote, if any
         r"(?:(?:bearer|basic|token|digest)(?:[ \t]|\\++t)" + _BLANK + ")?+",  # a scheme, kept
-        # A quoted value runs to its closing quote (spaces and other quotes included); an
-        # unquoted one to a delimiter, and only from six characters (``token: null`` reads).
-        # Inside single quotes a double one ends it too: JSON around it stays JSON.
+        # A quoted value runs to its closing quote, spaces included (inside single quotes a
+        # double one ends it too: JSON around it stays JSON); an unquoted one runs to a
+        # delimiter, and only from six characters (``token: null`` reads as written).
         r"(?P<secret>(?(dq)(?:[^\"\\\r\n]++|\\++(?!\"))+"
         r"|(?(sq)(?:(?!(?P=sq))[^\"\\\r\n]|\\++(?![\"'`]))+|" + _UNQUOTED + "{6,})))",
     )

@@ -11,7 +11,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn, Protocol, TextIO
+from typing import TYPE_CHECKING, NoReturn, Protocol, TextIO, cast
 
 from .arg_values import argv_problem, parse_params
 from .cli_errors import (
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from .run import Run
     from .spec.workflow import Workflow
     from .store.records import RunRow
+    from .store.store import Store
 
 
 class _RunLister(Protocol):
@@ -209,8 +210,15 @@ def cmd_status(engine: Engine, args: argparse.Namespace) -> int:
     return run.exit_code
 
 
+def _successor(lister: _RunLister, run_id: str) -> str | None:
+    """The run that superseded the failed run ``run_id`` (the lister is a Store or Engine)."""
+    store = cast("Store", getattr(lister, "store", lister))
+    return store.superseded_by(run_id)
+
+
 def cmd_list(engine: _RunLister, args: argparse.Namespace) -> int:
-    """One line per run: id, workflow, status, owner (``-`` for nobody's), params, reason."""
+    """One line per run: id, workflow, status, owner (``-`` for nobody's), params, reason, and
+    the run that superseded a failed one (it keeps its failure, as ``wf status`` says)."""
     from .users import current_user
 
     mine = current_user() if getattr(args, "mine", False) else None
@@ -230,6 +238,8 @@ def cmd_list(engine: _RunLister, args: argparse.Namespace) -> int:
         params = f"  {shown}" if shown else ""
         reason = f"  {row.status_reason}" if row.status_reason else ""
         parent = f"  (child of {row.parent_run_id})" if row.parent_run_id else ""
+        successor = _successor(engine, row.run_id) if row.status == "failed" else None
+        reason += f"  superseded by {successor}" if successor else ""
         owner = row.owner or "-"
         _say(
             f"{row.run_id}  {row.workflow:<20} {row.status:<10} {owner:<12}{params}{reason}{parent}"

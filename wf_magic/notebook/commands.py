@@ -263,6 +263,7 @@ def cmd_status(ctx: CommandContext, args: LineArgs) -> Run:
     if not ctx.use_widgets or handle.warnings:
         return handle  # a plan this version cannot drive: its text view, with the warning
     view = ctx.open_view(handle.run_id)
+    view.refresh()  # static unless this kernel drives it; it follows the run until it settles
     return LiveRun(handle, view)
 
 

@@ -153,3 +153,22 @@ def test_progress_lines_make_model_text_visible(text: str) -> None:
         # The printer's own redraw ("\r" + erase line) is the only sequence it may send.
         _clean(out.getvalue().replace("\r\x1b[2K", ""))
         assert f"! s: {visible_line(text)}" in out.getvalue()
+
+
+def test_wf_events_text_lines_show_controls_never_run_them() -> None:
+    from wf_magic.display.events import event_text
+    from wf_magic.store.records import EventRow
+
+    row = EventRow(
+        event_id=7,
+        run_id="r-1",
+        at=0.0,
+        kind="unit_text",
+        step_id="s",
+        unit_id="s",
+        dispatch_id=None,
+        data_json='{"text": "\x1b]0;pwned\x07 hi"}',  # raw, as a hand-edited row may hold
+    )
+    line = event_text(row)
+    assert "\x1b" not in line and "\x07" not in line
+    assert "\\x1b]0;pwned\\x07 hi" in line

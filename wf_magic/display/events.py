@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..store.records import EventRow
+from ..visible import visible_line
 from .spreadsheet import csv_cell
 
 EVENT_COLUMNS: tuple[str, ...] = (
@@ -63,4 +64,5 @@ def event_text(row: EventRow, *, with_id: bool = True) -> str:
     where = " ".join(x for x in (row.step_id, row.unit_id) if x)
     data = f"  {row.data_json}" if row.data_json and len(row.data_json) <= DATA_CHARS else ""
     head = f"{row.event_id:>6}  " if with_id else ""
-    return f"{head}{stamp}  {row.kind:<14} {where}{data}".rstrip()
+    # One terminal line: a model's text in the data shows its controls, never runs them.
+    return visible_line(f"{head}{stamp}  {row.kind:<14} {where}{data}".rstrip())

@@ -165,12 +165,12 @@ class AttemptLoop:
         sink = None if on_text is None else TextSink(on_text)
 
         async def bounded() -> T:
-            async with asyncio.timeout(timeout_s):
+            async with asyncio.timeout(max(0.0, timeout_s)):
                 return await make(texts.put if sink is not None else None)
 
         future = asyncio.run_coroutine_threadsafe(bounded(), self._running())
         future.add_done_callback(lambda _done: texts.put(None))
-        give_up_at = time.monotonic() + timeout_s + GRACE_S
+        give_up_at = time.monotonic() + max(0.0, timeout_s) + GRACE_S
         latest: str | None = None
         try:
             while True:

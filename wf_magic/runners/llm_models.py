@@ -11,7 +11,17 @@ Plan options (``runners: {llm: {...}}``; none of them is a secret):
 Usage comes from the response (llm's ``response.usage()``); a model that reports none is
 charged an estimate (4 characters a token) with a null cost. With an ``output:`` schema a
 model that supports schemas gets it as llm's ``schema=``; another gets the schema as an
-instruction in the prompt. A watched unit is streamed when the model can stream.
+instruction in the prompt. A model that can stream is always streamed, so its answer is read
+chunk by chunk: past the output bound (10 MB) it is refused (permanent), and a watched unit
+shows the text so far.
+
+Deadline: llm gives no way to hand its plugins an HTTP client, so a step's ``timeout:`` is
+kept by running the call in a daemon thread the unit stops waiting for at the deadline (a
+transient timeout, ``runners/function.py``). What is guaranteed: the attempt ends at its
+deadline, and a streamed call stops reading at its next chunk after it (its thread then
+ends). What is not: a plugin that does not stream, or whose server sends nothing more, keeps
+its thread (and its connection) until the plugin's own timeout or the server gives up; a
+non-streamed answer is held whole by the plugin before wf_magic sees it.
 
 Errors: llm has no error taxonomy of its own beyond ``NeedsKeyException`` and
 ``UnknownModelError`` (permanent). An exception that carries an HTTP status (the openai
@@ -23,6 +33,7 @@ retries stay on (llm gives no way to turn them off).
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -38,6 +49,7 @@ from .base import (
     check_option_shapes,
     strip_code_fence,
 )
+from .bounded_http import MAX_BODY_BYTES, BodyOverBound, is_cut_off
 from .function import call_with_timeout
 from .pricing import PRICE_OPTIONS, PriceTable
 from .textsink import TextSink
@@ -97,14 +109,21 @@ class LLMRunner:
         model = self._model(request.model or self.options.get("model"), where)
         where = f"{where} (model {model.model_id})"
         timeout_s = float(request.timeout_s or self.options.get("timeout_s", DEFAULT_TIMEOUT_S))
+        stop = threading.Event()
         try:
             return call_with_timeout(
-                lambda: self._prompt(model, request, where), timeout_s, what=f"{where} call"
+                lambda: self._prompt(model, request, where, stop), timeout_s, what=f"{where} call"
             )
-        except RunnerError:
-            raise
+        except BodyOverBound as exc:
+            raise RunnerError(f"{where}: {exc}.") from exc
+        except RunnerError as exc:
+            if "timed out after" in str(exc):
+                raise
+            raise RunnerError(f"{where}: {exc}.", transient=exc.transient) from exc
         except Exception as exc:
             raise _translate(exc, where) from exc
+        finally:
+            stop.set()  # an abandoned streamed call stops reading at its next chunk
 
     def close(self) -> None:
         """Forget the resolved models (llm keeps no connection of ours)."""
@@ -129,7 +148,9 @@ class LLMRunner:
                     ) from exc
             return self._models[name]
 
-    def _prompt(self, model: llm.Model, request: UnitRequest, where: str) -> UnitResult:
+    def _prompt(
+        self, model: llm.Model, request: UnitRequest, where: str, stop: threading.Event
+    ) -> UnitResult:
         schema = _schema_of(request)
         prompt = request.prompt or ""
         kwargs: dict[str, Any] = {"options": dict(self.options.get("options") or {})}
@@ -147,18 +168,14 @@ class LLMRunner:
         key_env = self.options.get("api_key_env")
         if key_env:
             kwargs["key"] = os.environ.get(key_env) or None
-        streaming = request.on_text is not None and model.can_stream
-        response = model.prompt(prompt, stream=streaming, **kwargs)
-        if streaming and request.on_text is not None:
-            sink, parts = TextSink(request.on_text), []
-            for chunk in response:
-                parts.append(chunk)
-                if sink.is_due:
-                    sink.offer("".join(parts))
-            text = response.text()
-            sink.offer(text, final=True)
-        else:
-            text = response.text()
+        response = model.prompt(prompt, stream=bool(model.can_stream), **kwargs)
+        text = _read(response, None if request.on_text is None else TextSink(request.on_text), stop)
+        if _is_cut_stream(response):
+            raise RunnerError(
+                "the answer was cut off mid-way: the stream ended before the model said it "
+                "had finished",
+                transient=True,
+            )
         usage = response.usage()
         estimated = usage.input is None or usage.output is None
         tokens_in = _estimate(prompt) if usage.input is None else int(usage.input)
@@ -171,6 +188,52 @@ class LLMRunner:
             session_id=getattr(response, "id", None),
             tokens_estimated=estimated,
         )
+
+
+def _read(response: Any, sink: TextSink | None, stop: threading.Event) -> str:
+    """The response's text, read chunk by chunk and refused past :data:`MAX_BODY_BYTES`.
+
+    Raises:
+        BodyOverBound: the text passed the bound.
+        RunnerError: transient, when ``stop`` was set (the unit gave up on the call).
+    """
+    parts: list[str] = []
+    size = 0
+    chunks = iter(response)
+    try:
+        for chunk in chunks:
+            if stop.is_set():
+                raise RunnerError("the call was abandoned at its deadline", transient=True)
+            parts.append(chunk)
+            size += len(chunk.encode("utf-8", "surrogatepass"))
+            if size > MAX_BODY_BYTES:
+                raise BodyOverBound()
+            if sink is not None and sink.is_due:
+                sink.offer("".join(parts))
+    except BaseException:
+        # Cut short: close the plugin's generators now. The openai SDK's sync stream then
+        # sits in a reference cycle whose finalizer closes the HTTP response, so collect it
+        # here rather than leave the socket open until some later collection.
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+        gc.collect()
+        raise
+    text = "".join(parts)
+    if sink is not None:
+        sink.offer(text, final=True)
+    return text
+
+
+def _is_cut_stream(response: Any) -> bool:
+    """Whether llm's OpenAI-compatible models' stream ended without a finish reason (other
+    plugins say nothing of it: their streams are taken as whole)."""
+    summary = getattr(response, "response_json", None)
+    return (
+        isinstance(summary, Mapping)
+        and summary.get("object") == "chat.completion.chunk"
+        and not summary.get("finish_reason")
+    )
 
 
 def _option_fields(model: Any) -> frozenset[str]:
@@ -224,6 +287,11 @@ def _translate(exc: Exception, where: str) -> RunnerError:
     elif isinstance(status, int):
         transient = status in TRANSIENT_STATUS or status >= 500
         message = f"{where} got HTTP {status}: {_server_message(exc)}"
+    elif is_cut_off(exc):
+        transient = True
+        message = (
+            f"{where}: the answer was cut off mid-way ({type(exc).__name__}: {_clip(str(exc))})"
+        )
     elif any(part in type(exc).__name__ for part in _TRANSIENT_NAMES):
         transient, message = True, f"{where} failed: {type(exc).__name__}: {_clip(str(exc))}"
     else:

@@ -214,6 +214,7 @@ class OpenAIChatRunner:
                 and a body cut mid-way; permanent for other 4xx, a body over the output
                 bound, a unit this runner cannot run, or a missing key.
         """
+        started = time.monotonic()  # the deadline counts from here: importing and connecting too
         model = self._check(request)
         client = self._open()
         timeout_s = request.timeout_s or self.options.timeout_s
@@ -223,7 +224,7 @@ class OpenAIChatRunner:
         try:
             reply = self._loop.call(
                 lambda put: self._complete(client, request, model, put),
-                timeout_s=timeout_s,
+                timeout_s=timeout_s - (time.monotonic() - started),
                 on_text=shown,
             )
         except Exception as exc:

@@ -67,7 +67,11 @@ _OPTION_NAMES = frozenset(
 )
 _GENAI_PROVIDERS = {"google-gla": "google", "google-vertex": "google", "bedrock": "aws"}
 """pydantic-ai provider names → genai-prices provider ids, where they differ."""
-_NO_SDK_RETRIES = {"anthropic": ("anthropic", "AsyncAnthropic"), "groq": ("groq", "AsyncGroq")}
+_NO_SDK_RETRIES = {
+    "anthropic": ("anthropic", "AsyncAnthropic"),
+    "groq": ("groq", "AsyncGroq"),
+    "openai": ("openai", "AsyncOpenAI"),
+}
 """Providers whose SDK client is built here with ``max_retries=0`` (the engine retries)."""
 _MESSAGE_CAP = 500
 
@@ -121,8 +125,11 @@ class PydanticAIRunner:
             RunnerError: transient for rate limits, overload, 5xx, timeouts, connection
                 failures; permanent for other refusals, a content filter or a bad setup.
         """
+        started = time.monotonic()  # the deadline counts from here: importing and connecting too
         name = self._model_name(request)
         model = self._model(name)
+        # Imported here, not on the loop: an import there would hold the loop past deadlines.
+        import pydantic_ai.direct  # noqa: F401
         from pydantic_ai.exceptions import AgentRunError, UserError
 
         timeout_s = float(request.timeout_s or self.options.get("timeout_s", DEFAULT_TIMEOUT_S))
@@ -130,13 +137,15 @@ class PydanticAIRunner:
         try:
             response = self._loop.call(
                 lambda put: self._request(model, request, put, timeout_s),
-                timeout_s=timeout_s,
+                timeout_s=timeout_s - (time.monotonic() - started),
                 on_text=request.on_text,
             )
         except Exception as exc:
             too_big = over_bound(exc)
             if too_big is not None:
                 raise RunnerError(f"{where}: {too_big}.") from exc
+            if isinstance(exc, RunnerError):
+                raise RunnerError(f"{where}: {exc}.", transient=exc.transient) from exc
             if isinstance(exc, TimeoutError):
                 raise RunnerError(
                     f"{where} timed out after {timeout_s:g}s.", transient=True
@@ -202,6 +211,8 @@ class PydanticAIRunner:
         key_env, base_url = self.options.get("api_key_env"), self.options.get("base_url")
         key = os.environ.get(key_env) if key_env else None
         cls = infer_provider_class(provider)
+        if cls.__name__ == "OpenAIProvider":
+            provider = "openai"  # openai-chat, openai-responses: the same SDK client
         if provider in _NO_SDK_RETRIES:
             module_name, client = _NO_SDK_RETRIES[provider]
             module = importlib.import_module(module_name)
@@ -248,7 +259,16 @@ class PydanticAIRunner:
                     put_text(_text_of(stream.get()))
             response = stream.get()
             put_text(_text_of(response))
-            return response
+        if not (response.provider_details or {}).get("finish_reason"):
+            # Every provider's last event says why the model stopped (pydantic-ai keeps the
+            # raw reason; its own finish_reason defaults to "stop"): without it the stream
+            # was cut off mid-way.
+            raise RunnerError(
+                "the answer was cut off mid-way: the stream ended before the model said it "
+                "had finished",
+                transient=True,
+            )
+        return response
 
     def _messages(self, request: UnitRequest) -> list[Any]:
         from pydantic_ai.messages import ModelRequest, SystemPromptPart, UserPromptPart

@@ -65,9 +65,14 @@ class SweepVerbs:
         progress: Callable[[int, int], None] | None = None,
         values_from_strings: bool = False,
         params: Mapping[str, Any] | None = None,
+        background: bool = False,
     ) -> Sweep:
         """Run ``source`` over every cell of ``grid`` × ``rows`` × ``repeat``, under one
         ``budget`` (``max_units`` / ``max_tokens`` / ``max_cost``) over the whole sweep.
+
+        ``background=True`` returns at once with a
+        :class:`~wf_magic.sweeps.background.BackgroundSweep` (``running``, ``wait()``,
+        ``stop()``) whose cells are driven on a thread of their own.
 
         ``params`` are the same in every cell (a secret param's value, an API key, goes
         here or in ``WF_PARAM_<NAME>``: it is stored only as its seal, never as an axis).
@@ -102,7 +107,13 @@ class SweepVerbs:
         )
         row = open_sweep(self.store, wf, spec, budget=budget, key=key, secrets=fixed.vault)
         return self._drive_sweep(
-            row.sweep_id, wf, max_concurrency, signal, progress, secrets=fixed.vault
+            row.sweep_id,
+            wf,
+            max_concurrency,
+            signal,
+            progress,
+            secrets=fixed.vault,
+            background=background,
         )
 
     def sweep_resume(
@@ -115,6 +126,7 @@ class SweepVerbs:
         progress: Callable[[int, int], None] | None = None,
         params: Mapping[str, Any] | None = None,
         params_from_strings: bool = False,
+        background: bool = False,
     ) -> Sweep:
         """Drive a sweep's owed cells again; ``budget`` sets new ceilings (the keys given
         replace the stored ones), else the stored ones hold.
@@ -151,7 +163,13 @@ class SweepVerbs:
         )
         self._know(secrets)
         return self._drive_sweep(
-            row.sweep_id, wf, max_concurrency, signal, progress, secrets=secrets
+            row.sweep_id,
+            wf,
+            max_concurrency,
+            signal,
+            progress,
+            secrets=secrets,
+            background=background,
         )
 
     def _stored_workflow(self, row: SweepRow) -> Workflow:
@@ -180,10 +198,13 @@ class SweepVerbs:
         progress: Callable[[int, int], None] | None,
         *,
         secrets: Mapping[str, Any],
+        background: bool = False,
     ) -> Sweep:
         from .driver import SweepDrive, drive_sweep, sweep_row
         from .handle import Sweep
 
+        if background and signal is None:
+            signal = threading.Event()  # what the handle's stop() sets
         ctx = SweepDrive(
             store=self.store,
             bus=self.bus,
@@ -195,6 +216,14 @@ class SweepVerbs:
             progress=progress,
             secrets=dict(secrets),
         )
+        if background and signal is not None:
+            from .background import BackgroundSweep
+
+            def drive() -> list[str]:
+                drive_sweep(ctx, sweep_row(self.store, sweep_id), wf)
+                return list(ctx.skipped)
+
+            return BackgroundSweep(self.store, sweep_id, drive=drive, signal=signal)
         drive_sweep(ctx, sweep_row(self.store, sweep_id), wf)
         return Sweep(self.store, sweep_id, skipped=ctx.skipped)
 

@@ -490,7 +490,8 @@ PROMPTS_JS = """() => [...document.querySelectorAll(
 
 def check_sweep_click(url, cells, index, screenshot, timeout_s):
     """Run all; once the sweep's grid shows `cells` squares and the sweep completed, click
-    square `index`: its run view must open below the grid. Returns the outputs' texts."""
+    square `index`: its run view must open below the grid (the grid stays clickable until
+    another cell runs). Returns the outputs' texts."""
     with (
         sync_playwright() as pw,
         tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile,
@@ -517,6 +518,37 @@ def check_sweep_click(url, cells, index, screenshot, timeout_s):
             outputs.get_by_text(re.compile(rf"cell {index}\b")).first.wait_for()
             outputs.get_by_text("Run completed.").first.wait_for()
             log(f"clicked square {index}; its run view opened")
+            return [t.strip() for t in outputs.all_inner_texts()]
+        except (PlaywrightError, CheckFailed) as exc:
+            raise failure(exc, step, outputs, errors) from None
+        finally:
+            with contextlib.suppress(PlaywrightError):
+                page.screenshot(path=str(screenshot))
+            browser.close()
+
+
+def check_repaint(url, before, after, act, screenshot, timeout_s):
+    """Run all; once an output shows `before`, call `act()` (another process moves the run)
+    and, without running a cell, wait for an output to show `after`. Returns the outputs'
+    texts."""
+    with (
+        sync_playwright() as pw,
+        tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile,
+    ):
+        browser, page, errors = open_browser(pw, profile, timeout_s)
+        outputs = page.locator(".jp-OutputArea-output")
+        step = "open the notebook and run all cells"
+        try:
+            page.goto(url)
+            wait_idle_kernel(page)
+            menu(page, "Run", "Run All Cells")
+            step = f"see {before!r}"
+            outputs.get_by_text(before).first.wait_for()
+            wait_idle_kernel(page)
+            step = "act from another process"
+            act()
+            step = f"see {after!r} without running a cell"
+            outputs.get_by_text(after).first.wait_for()
             return [t.strip() for t in outputs.all_inner_texts()]
         except (PlaywrightError, CheckFailed) as exc:
             raise failure(exc, step, outputs, errors) from None
@@ -585,13 +617,47 @@ def notebook_problems(nb):
     return problems
 
 
-def check_run_all_twice(url, names, screenshots, timeout_s):
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+BROKEN = ("Error displaying widget", "model not found", "Loading widget")
+"""What an output must never read once reopened (its widget's model is gone)."""
+REPRS = ("VBox(", "HBox(", "ReviewPanel(", "GridBox(", "Button(")
+"""A widget's repr: what an untrusted copy shows of a widget output with no text beside it."""
+
+
+def saved_size(nb):
+    """The saved file's size in bytes and its widget-state model count."""
+    state = nb.get("metadata", {}).get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    return len(json.dumps(nb, indent=1)), len(state)
+
+
+def reopen_problems(page, url, name, outputs, *, kernel):
+    """Reopen `name` (its kernel shut down; `kernel`: a new one starts, else No Kernel) and
+    return what is wrong in its outputs: a broken widget or a widget's repr."""
+    base = url.split("/lab/tree/", 1)[0]
+    query = urllib.parse.urlsplit(url).query
+    shut_down_kernels(url)
+    page.goto(f"{base}/lab/tree/{urllib.parse.quote(name)}?{query}&reset")
+    if kernel:
+        wait_idle_kernel(page)
+    else:
+        menu(page, "Kernel", "Shut Down Kernel")
+    page.wait_for_timeout(3000)  # let every widget output try (and fail) to render
+    shown = " ".join(outputs.all_text_contents())
+    problems = [f"reads {word!r}" for word in BROKEN if word in shown]
+    problems += [f"shows a repr {word!r}" for word in REPRS if word in shown]
+    return [f"{name} reopened ({'kernel' if kernel else 'No Kernel'}) {p}" for p in problems]
+
+
+def check_run_all_twice(url, names, screenshots, timeout_s, *, sizes=None, reopen=False):
     """For each notebook of `names` (served next to the one `url` opens), in one browser:
     open it, Run All, and Run All again in the same kernel; after each Run All, save and
     read the saved file (REST API): every code cell ran, and no output is an error, stderr,
-    a traceback or a run "not being driven". The kernel is then shut down before the next
-    notebook. Returns {name: seconds both Run All took}; raises CheckFailed naming the
-    notebook, the Run All and the problems, with the cells' outputs."""
+    a traceback or a run "not being driven". With `sizes` (a dict), it gets {name: [(bytes,
+    widget models) after each Run All]}; with `reopen`, the saved notebook is reopened with
+    a new kernel and with No Kernel, and no output may read a broken widget or a repr. The
+    kernel is then shut down before the next notebook. Returns {name: seconds both Run All
+    took}; raises CheckFailed naming the notebook, the Run All and the problems, with the
+    cells' outputs."""
     timings = {}
     with (
         sync_playwright() as pw,
@@ -614,6 +680,8 @@ def check_run_all_twice(url, names, screenshots, timeout_s):
                     prompts = run_all_and_wait(page, (run - 1) * cells + 1, cells)
                     step = f"save {name} after Run All #{run}"
                     saved = save_and_read(page, url, name, prompts, timeout_s)
+                    if sizes is not None:
+                        sizes.setdefault(name, []).append(saved_size(saved))
                     problems = notebook_problems(saved)
                     shown = " ".join(outputs.all_text_contents())
                     if "Traceback" in shown:
@@ -624,6 +692,14 @@ def check_run_all_twice(url, names, screenshots, timeout_s):
                         )
                 timings[name] = time.monotonic() - started
                 log(f"{name}: Run All twice in {timings[name]:.1f}s")
+                if reopen:
+                    step = f"reopen {name} with a kernel and with No Kernel"
+                    problems = [
+                        *reopen_problems(page, url, name, outputs, kernel=True),
+                        *reopen_problems(page, url, name, outputs, kernel=False),
+                    ]
+                    if problems:
+                        raise CheckFailed("; ".join(problems))
                 step = f"shut the kernel of {name} down"
                 shut_down_kernels(url)
             except (PlaywrightError, CheckFailed) as exc:

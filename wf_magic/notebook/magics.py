@@ -31,6 +31,7 @@ from .args import COMMANDS, cell_args, line_args, line_help
 from .drives import Drives
 
 if TYPE_CHECKING:
+    from .sweepview import SweepGridView
     from .widgets import RunView
 
 log = logging.getLogger("wf_magic")
@@ -109,6 +110,11 @@ class WorkflowMagics(Magics):
         self._engine: Engine | None = None
         self.drives = Drives(lambda: self.engine)
         self.views: dict[str, RunView] = {}
+        self._grids: list[SweepGridView] = []
+        """Sweep grids still clickable, settled when the next cell runs."""
+        self._followers: list[RunView] = []
+        """Older views of a run, retired by a newer one, that still follow it (see
+        ``RunView.retire``); released with the rest."""
         self._finished: dict[str, RunView] = {}
         """Views whose background drive ended since the last cell (see publish_finished)."""
         self._finished_lock = threading.Lock()
@@ -154,8 +160,10 @@ class WorkflowMagics(Magics):
 
         old = self.views.pop(run_id, None)
         if old is not None:
-            # Only one view observes; the older output keeps its last state without buttons.
-            old.retire("a newer view of this run is below; this one no longer updates")
+            # One view has the buttons; the older output, static, still follows the run.
+            old.retire("a newer view of this run is below; this one shows it without buttons")
+            self._followers = [v for v in self._followers if not v.throttle.is_closed]
+            self._followers.append(old)
         view = self._new_view(run_id, subscribe=subscribe, warnings=warnings)
         view.show()
         view.flush()
@@ -199,6 +207,19 @@ class WorkflowMagics(Magics):
             view.detach()
             if self.views.get(view.run_id) is view:
                 del self.views[view.run_id]
+
+    def settle_at_next_cell(self, view: SweepGridView) -> None:
+        """Settle a finished sweep's grid when the next cell runs (a ``pre_run_cell`` hook)."""
+        self._grids.append(view)
+
+    def settle_grids(self, info: Any = None) -> None:
+        """Settle the grids of finished sweeps (see ``SweepGridView.settle``)."""
+        grids, self._grids = self._grids, []
+        for grid in grids:
+            try:
+                grid.settle()
+            except Exception:  # a display hook must not fail every later cell
+                log.exception("settling a sweep grid failed")
 
     def continue_after_decision(self, run_id: str) -> None:
         """A view's Approve/Reject: continue the run in a thread that a cell may follow."""
@@ -261,9 +282,13 @@ class WorkflowMagics(Magics):
         self.engine.stop(run_id)
 
     def _forget_views(self) -> None:
-        for view in self.views.values():
-            view.detach()
+        """Release every view (and older ones still following their run): their outputs
+        keep the static HTML; no model, clock or subscription outlives this engine."""
+        for view in [*self.views.values(), *self._followers]:
+            view.release()
         self.views.clear()
+        self._followers.clear()
+        self.settle_grids()
         with self._finished_lock:
             self._finished.clear()
 
@@ -377,6 +402,7 @@ def load_ipython_extension(ipython: Any) -> None:
     ipython.register_magics(magics)
     register_figure_png(ipython)
     ipython.events.register("post_run_cell", magics.publish_finished)
+    ipython.events.register("pre_run_cell", magics.settle_grids)
     if magics not in ipython.configurables:
         ipython.configurables.append(magics)
 
@@ -393,6 +419,7 @@ def unload_ipython_extension(ipython: Any) -> None:
     unregister_figure_png(ipython)
     if isinstance(magics, WorkflowMagics):
         ipython.events.unregister("post_run_cell", magics.publish_finished)
+        ipython.events.unregister("pre_run_cell", magics.settle_grids)
         magics.close()
         if magics in ipython.configurables:
             ipython.configurables.remove(magics)

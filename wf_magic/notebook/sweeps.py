@@ -76,7 +76,10 @@ def run_sweep_cell(ctx: CommandContext, ns: argparse.Namespace, source: str) -> 
         )
     finally:
         if view is not None:
-            view.finish()  # the grid stays: a click on a cell opens its run
+            # The grid stays clickable until another cell runs (a click reaches the kernel
+            # only once this cell ended); then it gives way to the static grid below it.
+            view.finish()
+            ctx.settle_at_next_cell(view)
     if ns.as_var:
         ctx.user_ns[ns.as_var] = sweep
     return sweep

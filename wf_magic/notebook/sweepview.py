@@ -1,8 +1,9 @@
 """The live grid of a ``%%sweep`` cell: one small button per cell, coloured by its run's status
 and redrawn (throttled) as cells settle, the tokens paid against the sweep's ceiling above it;
-a click on a cell opens its run view below the grid while the sweep drives. When the sweep
-ends, the live grid's output is emptied and every model it made is closed: the cell's result
-(the sweep's static HTML grid) is what stays, in the kernel and in a saved notebook."""
+a click on a cell opens its run view below the grid once the cell ended (the kernel is busy
+until then). When another cell runs, the live grid gives way to what a saved notebook can show
+(the opened cell's static run view, or nothing: the cell's result is the sweep's static HTML
+grid) and every model it made is closed."""
 
 from __future__ import annotations
 
@@ -147,12 +148,17 @@ class SweepGridView:
         self.handle = display(bundle, raw=True, display_id=True)  # type: ignore[no-untyped-call]
 
     def finish(self) -> None:
-        """The sweep ended: one last draw, then the live output empties and every model the
-        grid made (an opened cell's view too) is closed; the cell's result keeps the grid."""
+        """The sweep ended: one last draw; the grid stays clickable until :meth:`settle`."""
         self._throttle.flush()
         self._throttle.close()
+
+    def settle(self) -> None:
+        """Another cell runs: the live output gives way to what a saved notebook can show
+        (the opened cell's static run view, else nothing: the cell's result is the static
+        grid) and every model the grid made is closed."""
         if self.handle is not None:
-            self.handle.update({"text/plain": ""}, raw=True)
+            shown = self.view.static_bundle() if self.view is not None else None
+            self.handle.update(shown or {"text/plain": ""}, raw=True)
         self.close()
 
     def close(self) -> None:

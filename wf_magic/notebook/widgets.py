@@ -257,6 +257,17 @@ class RunView(RunOutputs, w.VBox):  # type: ignore[misc]  # ipywidgets is untype
         close_tree(self)
         self.is_closed = True
 
+    def release(self) -> None:
+        """Let go for good (the extension unloads, the state dir changes): the output keeps
+        its static HTML, the decision output empties, and every model is closed."""
+        self.retired = self.retired or "released"
+        try:
+            self.refresh()  # retired: static, whoever drives
+        except Exception:  # the engine may be gone already: the output keeps what it showed
+            log.exception("the last repaint of the view of %s failed", self.run_id)
+        self._show_decision(False)
+        self.close()
+
     def detach(self) -> None:
         """Stop observing; the view keeps showing its last state."""
         if self._unsubscribe is not None:

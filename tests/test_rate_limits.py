@@ -230,7 +230,7 @@ class HttpRunner(BaseRunner):
     def __init__(self, url: str) -> None:
         self.url = url
 
-    def endpoint(self, model: str | None) -> str:
+    def limit_key(self, model: str | None) -> str:
         return f"http {self.url} {model}"
 
     def run(self, request: UnitRequest) -> UnitResult:
@@ -403,7 +403,7 @@ def test_a_gate_judge_refused_by_the_provider_waits_and_asks_again_in_its_attemp
     calls: list[str] = []
 
     class Judge(BaseRunner):
-        def endpoint(self, model: str | None) -> str:
+        def limit_key(self, model: str | None) -> str:
             return "judge-endpoint"
 
         def run(self, request: UnitRequest) -> UnitResult:

@@ -1,7 +1,7 @@
 """A unit's model endpoint and its limiter; a refused call waited for and sent again.
 
 A runner that calls a rate-limited provider names the endpoint a unit calls with an optional
-method, ``endpoint(model) -> str | None`` (its base URL, the model and a digest of its key;
+method, ``limit_key(model) -> str | None`` (its base URL, the model and a digest of its key;
 never the key). Units of runners without it (scripted, exec, python, agents) are not limited
 here: nothing of theirs is refused by a provider's limiter.
 """
@@ -36,7 +36,7 @@ def limiter_for(ctx: DriveContext, state: RunState, unit: UnitPlan) -> Limiter |
 
 
 def _limiter_of(state: RunState, name: str, model: str | None, runner: Any) -> Limiter | None:
-    endpoint_of = getattr(runner, "endpoint", None)
+    endpoint_of = getattr(runner, "limit_key", None)
     if not callable(endpoint_of):
         return None
     endpoint = endpoint_of(model)

@@ -200,7 +200,13 @@ class RunnerContext:
 
 
 class BaseRunner:
-    """Convenience base: a runner with nothing to close."""
+    """Convenience base: a runner with nothing to close.
+
+    A runner that calls a rate-limited provider may also define ``limit_key(model) -> str``:
+    the endpoint a unit of ``model`` calls (base URL, model, a digest of the key — never the
+    key). Units with the same key share one adaptive limiter (drive/limiter.py), and a call
+    the runner reports refused (``RunnerError(throttled=True)``) is sent again in its attempt.
+    """
 
     def run(self, request: UnitRequest) -> UnitResult:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -111,10 +111,10 @@ class ClaudeHarness:
 def _failure(result: Mapping[str, Any], out: Outcome, call: AgentCall) -> Failure | None:
     subtype = str(result.get("subtype") or "")
     if subtype == "error_max_turns":
-        errors = "; ".join(map(str, result.get("errors") or [])) or "reached the maximum turns"
+        errors = "; ".join(map(str, _list(result.get("errors")))) or "reached the maximum turns"
         return Failure(error_class="max_turns", message=errors)
     if result.get("is_error") or subtype.startswith("error"):
-        message = out.text or "; ".join(map(str, result.get("errors") or [])) or subtype
+        message = out.text or "; ".join(map(str, _list(result.get("errors")))) or subtype
         status = result.get("api_error_status")
         error_class = classify_status(status if isinstance(status, int) else None)
         return Failure(error_class=error_class or classify_text(message), message=message)

@@ -59,7 +59,8 @@ def _denial(denial: Any) -> Any:
     """A permission denial without the tool's full input (a file's whole content)."""
     if not isinstance(denial, Mapping):
         return str(denial)[:200]
-    tool_input = denial.get("tool_input") or {}
+    tool_input = denial.get("tool_input")
+    tool_input = tool_input if isinstance(tool_input, Mapping) else {}
     target = tool_input.get("file_path") or tool_input.get("command") or tool_input.get("path")
     return {"tool_name": denial.get("tool_name"), "target": str(target)[:300] if target else None}
 

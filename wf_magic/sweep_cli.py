@@ -212,11 +212,29 @@ def cmd_sweep_frame(engine: Engine, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_sweep_summary(engine: Engine, args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from .display.spreadsheet import write_csv_frame
+
+    frame = engine.sweep_handle(args.sweep).summary(by=args.by or ())
+    if args.format == "csv":
+        write_csv_frame(frame, sys.stdout)
+    elif args.format == "json":
+        print(frame.to_json(orient="records"))
+    else:
+        with pd.option_context("display.max_rows", None, "display.width", 200):
+            print(frame.to_string(index=False))
+        print(f"interval: {frame.attrs['ci_method']}")
+    return EXIT_OK
+
+
 SWEEP_HANDLERS: dict[str, Callable[[Engine, argparse.Namespace], int]] = {
     "sweep": cmd_sweep,
     "sweeps": cmd_sweeps,
     "sweep-status": cmd_sweep_status,
     "sweep-resume": cmd_sweep_resume,
     "sweep-frame": cmd_sweep_frame,
+    "sweep-summary": cmd_sweep_summary,
 }
 """The function behind each sweep verb of ``verbs.SWEEP_VERBS``."""

@@ -190,8 +190,24 @@ SWEEP_VERBS: tuple[Verb, ...] = (
         faces=CLI,
         options=(SWEEP, FORMAT),
     ),
+    Verb(
+        name="sweep-summary",
+        help="print a sweep's metrics: per group and score, mean with its 95 % interval",
+        faces=CLI,
+        options=(
+            SWEEP,
+            Option(
+                flag="--by",
+                action="append",
+                metavar="AXIS",
+                help="group by this axis or row field (repeatable; default: one group)",
+            ),
+            FORMAT,
+        ),
+    ),
 )
-"""The sweep verbs (docs/sweeps.md); their handlers are in ``wf_magic.sweep_cli``."""
+"""The sweep verbs (docs/sweeps.md, docs/evaluations.md); their handlers are in
+``wf_magic.sweep_cli``."""
 
 GLOBAL_OPTIONS: tuple[Option, ...] = (
     Option(flag="--db", help="state dir (default $WF_MAGIC_HOME or ./.wf_magic)", faces=CLI),

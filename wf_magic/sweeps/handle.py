@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..comparison import compare_runs
@@ -14,6 +14,11 @@ from ..display.badges import STATUS_COLOURS
 from ..errors import UsageError
 from ..store import Store
 from ..store.sweeps import SweepCellRow, SweepRow
+from . import evaluation
+from .accounting import sweep_attempts
+from .paired import Paired
+from .resampling import CONFIDENCE, RESAMPLES, SEED
+from .sidebyside import CLIP, SideBySide
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -207,6 +212,70 @@ class Sweep:
         ax.set_title(f"{value} by {x} × {y}")
         fig.colorbar(image, ax=ax)
         return fig
+
+    # -- evaluations (docs/evaluations.md): wf_magic.sweeps.evaluation ----------------------
+    def attempts(self) -> pd.DataFrame:
+        """Every journal attempt of every cell's runs (child runs too), with ``cell``, the
+        axes, ``row``, ``repeat`` and ``role`` (``work``, ``judge``, ``scorer``) in front."""
+        return sweep_attempts(self._store, self.cells(), self.axes)
+
+    def summary(
+        self,
+        by: str | Sequence[str] = (),
+        *,
+        confidence: float = CONFIDENCE,
+        resamples: int = RESAMPLES,
+        seed: int = SEED,
+    ) -> pd.DataFrame:
+        """One row per group of ``by`` and score: ``n``, ``missing``, ``mean``, ``stderr``,
+        ``ci_low``, ``ci_high`` (a seeded cluster bootstrap over rows; ``attrs`` names the
+        method), then the group's ``tokens_paid``, ``cost_paid``, ``latency_p50``,
+        ``latency_p90``."""
+        return evaluation.summary(self, by, confidence=confidence, resamples=resamples, seed=seed)
+
+    def paired(
+        self,
+        a: Mapping[str, object],
+        b: Mapping[str, object],
+        *,
+        score: str,
+        confidence: float = CONFIDENCE,
+        resamples: int = RESAMPLES,
+        seed: int = SEED,
+    ) -> Paired:
+        """``a``'s cells against ``b``'s on ``score``, paired by row, repeat and the other
+        axes: the mean difference, its interval, a permutation p-value, wins/ties/losses and
+        the cells left unpaired or missing a value, counted and named."""
+        return evaluation.paired(
+            self, a, b, score=score, confidence=confidence, resamples=resamples, seed=seed
+        )
+
+    def side_by_side(
+        self,
+        columns: str | Sequence[str] = "model",
+        index: str | Sequence[str] | None = None,
+        score: str | Sequence[str] | None = None,
+        only: str | None = None,
+        *,
+        clip: int = CLIP,
+    ) -> SideBySide:
+        """One static HTML table: a row per dataset row (``index``: its fields, default all),
+        a column per value of ``columns``, each output clipped and expandable beside its
+        scores, tokens, cost and latency; ``only``: ``different`` or ``failed``. It has
+        ``.frame()``."""
+        return evaluation.side_by_side(
+            self, columns=columns, index=index, score=score, only=only, clip=clip
+        )
+
+    def tokens(self, by: str = "step") -> pd.DataFrame:
+        """Attempts, tokens and cost over all cells by ``step``, ``model``, ``phase``,
+        ``runner``, an axis, ``row`` or ``repeat``, each group split by ``role``."""
+        return evaluation.tokens(self, by)
+
+    def latency(self, by: str = "step") -> pd.DataFrame:
+        """Count, p50, p90, p99 of finished attempts' durations over all cells, by ``by`` and
+        ``role``."""
+        return evaluation.latency(self, by)
 
     def _repr_html_(self) -> str:
         return grid_html(self)

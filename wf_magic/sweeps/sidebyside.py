@@ -1,0 +1,247 @@
+"""Outputs side by side: one static HTML table with a row per dataset row and a column per
+variant, each output clipped and expandable beside its scores, tokens, cost and latency."""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..errors import UsageError
+from ..hashing import canonical_json
+from .stats import SCORE_PREFIX, check_columns, score_column, score_columns
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+Only = Literal["different", "failed"]
+"""Which rows ``side_by_side(only=…)`` keeps:
+
+- ``different``: the variants' outputs or scores differ (a variant without a cell differs).
+- ``failed``: a variant's cell did not complete, or it has no value for a shown score.
+"""
+ONLY: tuple[str, ...] = ("different", "failed")
+CLIP = 160
+"""Characters of an output shown before it folds into an expandable ``<details>``."""
+CELL_FIELDS = ("output", "status", "tokens_paid", "cost_paid", "latency_s")
+"""A variant's fields in ``.frame()`` (its scores come between ``status`` and tokens)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SideBySide:
+    """The table ``Sweep.side_by_side`` renders: rows by ``keys``, a column per variant."""
+
+    keys: list[str]
+    """The row's columns: ``row`` (when the sweep has rows), the ``index`` fields, the other
+    axes and ``repeat`` (when the sweep repeats)."""
+    variants: list[str]
+    scores: list[str]
+    """The score names shown (``<step>.<name>``)."""
+    rows: list[tuple[tuple[Any, ...], dict[str, dict[str, Any]]]] = field(default_factory=list)
+    """Each row's key values and, per variant, its cell's fields."""
+    clip: int = CLIP
+
+    def frame(self) -> pd.DataFrame:
+        """One row per table row (indexed by ``keys``); columns (variant, field): ``output``,
+        ``status``, each score, ``tokens_paid``, ``cost_paid``, ``latency_s``."""
+        import pandas as pd
+
+        fields = [CELL_FIELDS[0], CELL_FIELDS[1], *self.scores, *CELL_FIELDS[2:]]
+        columns = pd.MultiIndex.from_tuples(
+            [(v, f) for v in self.variants for f in fields], names=["variant", "field"]
+        )
+        data = [
+            [cells.get(v, {}).get(f) for v in self.variants for f in fields]
+            for _, cells in self.rows
+        ]
+        index = pd.MultiIndex.from_tuples([k for k, _ in self.rows], names=self.keys)
+        if len(self.keys) == 1:
+            index = pd.Index([k[0] for k, _ in self.rows], name=self.keys[0])
+        return pd.DataFrame(data, index=index, columns=columns)
+
+    def to_html(self) -> str:
+        """The table as static HTML, every value escaped."""
+        head = "".join(f"<th>{_e(k)}</th>" for k in self.keys) + "".join(
+            f"<th>{_e(v)}</th>" for v in self.variants
+        )
+        body = "".join(
+            "<tr>"
+            + "".join(f"<td>{_e(_text(k))}</td>" for k in key)
+            + "".join(self._cell_html(cells.get(v)) for v in self.variants)
+            + "</tr>"
+            for key, cells in self.rows
+        )
+        empty = "" if self.rows else "<p>no rows to show</p>"
+        return (
+            "<div class='wf-side-by-side'><table style='border-collapse:collapse'>"
+            f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{empty}</div>"
+        )
+
+    def _repr_html_(self) -> str:
+        return self.to_html()
+
+    def _cell_html(self, cell: dict[str, Any] | None) -> str:
+        style = "vertical-align:top;border:1px solid #ddd;padding:4px"
+        if cell is None:
+            return f"<td style='{style}'><i>no cell</i></td>"
+        output = cell["output"] or ""
+        if len(output) > self.clip:
+            shown = (
+                f"<details><summary>{_e(output[: self.clip])}…</summary>"
+                f"<pre style='white-space:pre-wrap'>{_e(output)}</pre></details>"
+            )
+        else:
+            shown = f"<pre style='white-space:pre-wrap;margin:0'>{_e(output)}</pre>"
+        status = "" if cell["status"] == "completed" else f"<b>{_e(cell['status'])}</b> "
+        scores = " · ".join(f"{_e(s)} {_e(_text(cell.get(s)))}" for s in self.scores)
+        cost = cell["cost_paid"]
+        usage = (
+            f"{_e(_text(cell['tokens_paid']))} tokens · cost {_e(_text(cost))} · "
+            f"{_e(_seconds(cell['latency_s']))}"
+        )
+        return (
+            f"<td style='{style}'>{status}{shown}"
+            f"<div style='font-size:smaller'>{scores}</div>"
+            f"<div style='font-size:smaller;color:#666'>{usage}</div></td>"
+        )
+
+
+def build(
+    frame: pd.DataFrame,
+    *,
+    axes: Sequence[str],
+    row_fields: Sequence[str],
+    columns: str | Sequence[str],
+    index: str | Sequence[str] | None,
+    score: str | Sequence[str] | None,
+    only: str | None,
+    clip: int = CLIP,
+) -> SideBySide:
+    """The side-by-side table of a sweep frame (see ``Sweep.side_by_side``).
+
+    Raises:
+        UsageError: ``columns`` is not an axis, an ``index`` name or a score is not in the
+            frame, ``only`` is not one of ``ONLY``, or ``clip`` is not a positive count.
+    """
+    where = "sweep side_by_side"
+    variant_axes = [columns] if isinstance(columns, str) else list(columns)
+    if not variant_axes or any(c not in axes for c in variant_axes):
+        raise UsageError(
+            f"{where}: columns names the axes that make the variants (got {columns!r}; "
+            f"its axes: {', '.join(axes) or 'none'})"
+        )
+    if only is not None and only not in ONLY:
+        raise UsageError(f"{where}: only is None, 'different' or 'failed' (got {only!r})")
+    if isinstance(clip, bool) or not isinstance(clip, int) or clip < 1:
+        raise UsageError(f"{where}: clip is a count of characters >= 1 (got {clip!r})")
+    shown = (
+        [f for f in row_fields if f in frame.columns]
+        if index is None
+        else ([index] if isinstance(index, str) else list(index))
+    )
+    check_columns(frame, shown, where=f"{where} index", what="a column")
+    names = (
+        score_columns(frame)
+        if score is None
+        else [
+            score_column(frame, s, where=where)
+            for s in ([score] if isinstance(score, str) else score)
+        ]
+    )
+    has_rows = "row" in frame.columns and frame["row"].notna().any()
+    repeats = "repeat" in frame.columns and frame["repeat"].nunique() > 1
+    others = [a for a in axes if a not in variant_axes and a not in shown]
+    keys = list(dict.fromkeys([*(["row"] if has_rows else []), *shown, *others]))
+    keys += ["repeat"] if repeats and "repeat" not in keys else []
+    table: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = {}
+    variants: list[str] = []
+    for rec in frame.to_dict(orient="records"):
+        label = " · ".join(_text(rec[a]) for a in variant_axes)
+        variants.append(label) if label not in variants else None
+        key = tuple(_plain(rec[k]) for k in keys)
+        table.setdefault(key, {})[label] = _cell(rec, names)
+    rows = [(k, cells) for k, cells in table.items() if _keep(cells, variants, names, only)]
+    return SideBySide(
+        keys=keys,
+        variants=variants,
+        scores=[n.removeprefix(SCORE_PREFIX) for n in names],
+        rows=[(k, {v: _rename(c) for v, c in cells.items()}) for k, cells in rows],
+        clip=clip,
+    )
+
+
+def _cell(rec: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    result = rec.get("result")
+    output = (
+        None
+        if _plain(result) is None
+        else (
+            result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, indent=1)
+        )
+    )
+    return {
+        "output": output,
+        "status": rec.get("status"),
+        **{n: _plain(rec.get(n)) for n in names},
+        "tokens_paid": _plain(rec.get("tokens_paid")),
+        "cost_paid": _plain(rec.get("cost_paid")),
+        "latency_s": _plain(rec.get("duration_s")),
+    }
+
+
+def _rename(cell: dict[str, Any]) -> dict[str, Any]:
+    return {k.removeprefix(SCORE_PREFIX): v for k, v in cell.items()}
+
+
+def _keep(
+    cells: dict[str, dict[str, Any]], variants: list[str], names: list[str], only: str | None
+) -> bool:
+    if only is None:
+        return True
+    present = [cells.get(v) for v in variants]
+    if only == "failed":
+        return any(
+            c is None or c["status"] != "completed" or any(c[n] is None for n in names)
+            for c in present
+        )
+    if any(c is None for c in present):
+        return True
+    outputs = {canonical_json(c["output"]) for c in present if c is not None}
+    scores = {canonical_json([c[n] for n in names]) for c in present if c is not None}
+    return len(outputs) > 1 or len(scores) > 1
+
+
+def _plain(value: Any) -> Any:
+    """A frame value as plain JSON-able Python (NaN, NA and NaT as None)."""
+    if isinstance(value, (list, dict, str)):
+        return value
+    try:
+        import pandas as pd
+
+        if pd.isna(value):
+            return None
+    except (TypeError, ValueError):
+        return value
+    if hasattr(value, "item"):
+        value = value.item()
+    return value
+
+
+def _text(value: Any) -> str:
+    value = _plain(value)
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.4g}" if math.isfinite(value) else str(value)
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _seconds(value: Any) -> str:
+    return "–" if value is None else f"{float(value):.2f} s"
+
+
+def _e(text: str) -> str:
+    return html.escape(text, quote=True)

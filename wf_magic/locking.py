@@ -1,15 +1,26 @@
-"""One driver per run: a per-run lock file (``flock``) naming its holder.
+"""One driver per run: a per-run lock file (``flock``) naming its holder, there while held.
 
 The lock is ``flock(LOCK_EX | LOCK_NB)`` on a descriptor of the lock's own: the OS frees it
 when the holder dies, and two descriptors conflict even within one process. The holder
-(pid, host, since, thread) is written into the lock file itself once it is taken, and
-emptied before it is released: no file is created, renamed or deleted per drive. Where
-``fcntl`` is missing (Windows) filelock provides the lock and the holder goes to a file
+(pid, host, since, thread) is written into the lock file itself once it is taken, and the
+file is emptied and deleted before the lock is released, so the lock dir holds the locks of
+live runs only (a driver killed with ``kill -9`` leaves its file behind, naming a dead pid:
+the next driver takes it and deletes it in turn).
+
+Deleting a lock file races with a process about to lock it: B opens ``RUN.lock`` (the inode
+A holds), A deletes the file and releases, B's ``flock`` then succeeds on an inode no path
+names any more, while C creates a new ``RUN.lock`` and locks that: two drivers. The standard
+fix closes it: after ``flock`` succeeds the holder checks that the path still names the inode
+it locked (``os.fstat`` of its descriptor against ``os.stat`` of the path, device and inode)
+and, if not, closes its descriptor and starts over. Only a holder ever deletes the file, and
+only the file it verified it holds, so a verified holder is the one holder.
+
+Where ``fcntl`` is missing (Windows) filelock provides the lock and the holder goes to a file
 beside it, ``RUN.holder.json`` (where earlier releases wrote it on every system; readers
 still look there when the lock file names nobody). filelock is not used on POSIX because
 every acquisition there took ~210 µs (its fork tracking, singleton registry and path
-handling), against ~25 µs for the system call on its own; a lock is taken per drive, so a
-sweep of 10 000 one-unit cells paid it 10 000 times.
+handling), against ~25 µs for the system calls on their own; a lock is taken per drive, so
+a sweep of 10 000 one-unit cells paid it 10 000 times.
 """
 
 from __future__ import annotations
@@ -30,6 +41,8 @@ except ImportError:  # pragma: no cover - Windows: filelock's msvcrt lock instea
 from .errors import FileRefused, RunLockHeld, StateDirReadOnly, UsageError
 from .reading import read_bounded_text
 
+LOCK_RETRIES = 100
+"""Attempts to lock the file the path names while holders keep deleting it under us."""
 HOLDER_BYTES = 64 * 1024
 """A holder is a few dozen bytes of JSON; a file past this is not one of ours."""
 
@@ -95,7 +108,7 @@ class RunLock:
     def remove(self) -> None:
         """Delete the lock's files (a deleted run's); call while holding it, then release."""
         self.info_path.unlink(missing_ok=True)
-        self.path.unlink(missing_ok=True)
+        self._lock.delete_file()
 
     def release(self) -> None:
         """Release the lock (idempotent)."""
@@ -133,22 +146,38 @@ class _FlockFile:
         """Take the lock now (True when this object holds it already), or False when another
         descriptor holds it. One ``release`` frees it however often it was taken.
 
+        A lock taken on a file deleted meanwhile (its holder released it between our open and
+        our ``flock``) is dropped and taken again on the file the path names now.
+
         Raises:
             OSError: the lock file cannot be opened (permissions, a read-only dir).
         """
         if self._fd is not None:
             return True
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        for _ in range(LOCK_RETRIES):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return False
+            except BaseException:
+                os.close(fd)
+                raise
+            if self._names(fd):
+                self._fd = fd
+                return True
+            os.close(fd)  # an unlinked inode: whoever locks the path's file now wins
+        return False  # the file churned under us every time: as good as held
+
+    def _names(self, fd: int) -> bool:
+        """Whether ``self.path`` still names the file open on ``fd``."""
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+            on_path = os.stat(self.path)
+        except FileNotFoundError:
             return False
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd = fd
-        return True
+        mine = os.fstat(fd)
+        return (mine.st_dev, mine.st_ino) == (on_path.st_dev, on_path.st_ino)
 
     def write_holder(self, text: str) -> None:
         """Write the holder into the lock file."""
@@ -162,9 +191,26 @@ class _FlockFile:
         if self._fd is not None:
             os.ftruncate(self._fd, 0)
 
+    def delete_file(self) -> None:
+        """Delete the lock file: only while it is the file this object holds (another
+        driver's newer file stays); a lock nobody holds here deletes whatever is there."""
+        if self._fd is None:
+            self.path.unlink(missing_ok=True)
+        elif self._names(self._fd):
+            # Nobody else deletes the file we hold, so it is still ours at the unlink.
+            self.path.unlink()
+
     def release(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
+        """Delete the lock file, then free the lock (in that order: see the module)."""
+        fd = self._fd
+        if fd is None:
+            return
+        try:
+            self.delete_file()
+        except OSError:
+            pass  # a dir made read-only meanwhile: the empty file stays, as it once did
+        finally:
+            self._fd = None
             os.close(fd)  # closing the only descriptor of this open file frees the lock
 
     def __del__(self) -> None:  # a lock dropped while held is freed, as filelock's was
@@ -205,6 +251,9 @@ class _PortableLock:
 
     def clear_holder(self) -> None:
         self.info_path.unlink(missing_ok=True)
+
+    def delete_file(self) -> None:
+        Path(self._lock.lock_file).unlink(missing_ok=True)
 
     def release(self) -> None:
         self._lock.release(force=True)

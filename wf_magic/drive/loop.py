@@ -15,7 +15,7 @@ from ..hashing import canonical_json
 from ..runners.base import UnitResult
 from ..spec.plan import Plan, PlanStep
 from ..store.records import AttemptRow, RunRow, StepRow
-from . import children, dispatch, spine
+from . import children, dispatch, scoring, spine
 from .context import DriveContext, DriveStats, RunState
 from .integrity import verified_plan
 from .itemgates import ItemLoops
@@ -40,8 +40,8 @@ def drive_run(
     """
     verified, params = verified_plan(ctx.store, ctx.bus, run)
     plan = plan or verified
-    if run.status in ("completed", "abandoned"):
-        return DriveStats()
+    if run.status == "abandoned" or (run.status == "completed" and not scoring.has_scores(plan)):
+        return DriveStats()  # a completed run with scores is walked: its owed scores are measured
     if run.stop_requested and run.parent_run_id is None:
         ctx.store.set_stop_requested(run.run_id, False)
     # A failed run is re-opened in effect, not in a write: its status changes only if the
@@ -70,6 +70,8 @@ def _walk(ctx: DriveContext, state: RunState, rows: Sequence[StepRow] | None = N
     routers = _routers_by_target(state.plan)
     for step in state.plan.steps:
         if _settled(state, step, state.step_rows[step.id]):
+            if step.score and state.step_rows[step.id].status == "completed":
+                scoring.score_step(ctx, state, step, state.outputs[step.id])
             continue
         if state.should_stop(ctx):
             return
@@ -81,6 +83,9 @@ def _walk(ctx: DriveContext, state: RunState, rows: Sequence[StepRow] | None = N
             continue
         ctx.emit("step_started", run_id=state.run_id, step_id=step.id)
         outcome = _run_step(ctx, state, step)
+        if outcome is not None and outcome.status == "completed" and step.score:
+            # Scored before the run's status is synced: a run is completed with its scores.
+            scoring.score_step(ctx, state, step, outcome.output)
         _sync_run_status(ctx, state, step)
         if outcome is None:
             return  # stopped mid-step: the step is owed to the next drive

@@ -17,6 +17,7 @@ from ..redact import MIN_SECRET_LEN, Redactor, is_secret_key, secret_strings
 from ..schemas import import_jsonschema
 from ..sealing import env_name
 from ..templates import GLOBAL_NAMES, TemplateError, references, unknown_callables
+from .literals import is_templated
 from .models import StepSpec, WorkflowSpec
 from .plan import Plan
 from .source import Source
@@ -185,6 +186,25 @@ def check_gate(step: StepSpec, src: Source, at: Path) -> None:
         )
 
 
+def check_scores(step: StepSpec, src: Source, at: Path) -> None:
+    """A score's regex compiles (when it is no template) and its JSON Schema is valid."""
+    for j, score in enumerate(step.score):
+        where: Path = (*at, "score", j)
+        if score.regex is not None and not is_templated(score.regex):
+            try:
+                re.compile(score.regex)
+            except re.error as exc:
+                raise src.error(f"invalid regex: {exc}", (*where, "regex")) from None
+        if score.json_schema is not None:
+            import_jsonschema()
+            import jsonschema
+
+            try:
+                jsonschema.Draft202012Validator.check_schema(score.json_schema)
+            except jsonschema.SchemaError as exc:
+                raise src.error(f"invalid schema: {exc.message}", (*where, "json_schema")) from None
+
+
 def _unknown_keywords(schema: Any) -> set[str]:
     if not isinstance(schema, dict):
         return set()
@@ -226,6 +246,9 @@ def check_runners(spec: WorkflowSpec, src: Source) -> None:
             refs.append((step.runner, ("steps", i, "runner")))
         if step.gate and step.gate.runner:
             refs.append((step.gate.runner, ("steps", i, "gate", "runner")))
+        for j, score in enumerate(step.score):
+            if score.runner:
+                refs.append((score.runner, ("steps", i, "score", j, "runner")))
     for name, at in refs:
         if name not in usable:
             raise src.error(
@@ -272,6 +295,11 @@ def _templates_of(step: StepSpec) -> list[tuple[str, Path, bool]]:
         out.extend((c, ("gate", "criteria", j), False) for j, c in enumerate(step.gate.criteria))
         if step.gate.check:
             out.append((step.gate.check, ("gate", "check"), True))
+    for j, score in enumerate(step.score):
+        for key in ("equals", "contains", "regex", "rubric"):
+            value = getattr(score, key)
+            if isinstance(value, str):
+                out.append((value, ("score", j, key), False))
     return out
 
 
@@ -294,6 +322,10 @@ def _scope(step: StepSpec, rel: Path) -> set[str]:
     """
     if rel[0] == "gate":
         names = {"output", "params"} if rel[1] == "check" else {"params", "steps"}
+        return names | _JINJA_GLOBALS
+    if rel[0] == "score":
+        # A score measures one output: the step's, or one map item's (its item and index).
+        names = {"params", "steps", "sweep"} | ({"item", "index"} if step.map else set())
         return names | _JINJA_GLOBALS
     allowed = {"params", "steps", "gate", "sweep"} | _JINJA_GLOBALS  # sweep.repeat in a cell
     if step.map is not None and rel[0] != "map":

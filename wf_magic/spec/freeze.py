@@ -24,6 +24,7 @@ from .checks import (
     check_routes,
     check_runners,
     check_schema,
+    check_scores,
     check_step_templates,
     check_target,
     validate,
@@ -36,11 +37,12 @@ from .models import (
     ID_PATTERN,
     MODEL_CALL_RETRY,
     GateSpec,
+    ScoreSpec,
     StepSpec,
     WorkflowSpec,
 )
 from .models_resolve import ModelFieldError, ModelPick, freeze_model, judge_runner
-from .plan import AgentPlan, Plan, PlanGate, PlanStep
+from .plan import AgentPlan, Plan, PlanGate, PlanScore, PlanStep
 from .source import Source, read_source, split_documents
 from .workflow import Workflow
 from .yamlload import Path
@@ -168,7 +170,12 @@ class _Freezer:
                 check_bindings(step, children[step.workflow], src, at)
             steps.append(self._step(spec, step, i, src, aliases))
         check_routes(spec, src)
-        pending = any(s.model_template or (s.gate and s.gate.model_template) for s in steps)
+        pending = any(
+            s.model_template
+            or (s.gate and s.gate.model_template)
+            or any(sc.model_template for sc in s.score)
+            for s in steps
+        )
         return Plan(
             name=spec.name,
             description=spec.description,
@@ -191,24 +198,7 @@ class _Freezer:
         model = _model(spec, step.model, runner, aliases, src, (*at, "model"))
         target_hash = None
         if step.python is not None:
-            check_target(step.python, src, (*at, "python"))
-            try:
-                target_hash = functions.target_hash(
-                    step.python,
-                    self.namespace,
-                    search_dir=str(self.search_dir.resolve()) if self.search_dir else None,
-                )
-            except functions.TargetError as exc:
-                raise src.error(str(exc), (*at, "python")) from exc
-            # Importing the author's module may raise anything, sys.exit() and a stray
-            # KeyboardInterrupt included: neither may end `wf check` or `wf run` silently.
-            except (Exception, SystemExit, KeyboardInterrupt) as exc:
-                said = clip(str(exc), 200)
-                raise src.error(
-                    f"importing python target {step.python!r} failed: "
-                    f"{type(exc).__name__}{': ' + said if said else ''}",
-                    (*at, "python"),
-                ) from None
+            target_hash = self._pin(step.python, src, (*at, "python"))
         for name in step.pass_env:
             if not re.match(ENV_NAME_PATTERN, name) or name.startswith("WF_"):
                 raise src.error(
@@ -218,7 +208,12 @@ class _Freezer:
         if step.output is not None:
             check_schema(step.output, src, (*at, "output"))
         check_gate(step, src, at)
+        check_scores(step, src, at)
         gate = _gate(spec, step, runner, aliases, src, at)
+        scores = [
+            self._score(spec, step, score, runner, aliases, src, (*at, "score", j))
+            for j, score in enumerate(step.score)
+        ]
         max_loops = gate.max_loops if gate else 1
         capped = not KINDS[kind].reads_feedback and max_loops > 1
         return PlanStep(
@@ -251,6 +246,53 @@ class _Freezer:
             cache=KINDS[kind].cached_by_default if step.cache is None else step.cache,
             pass_env=step.pass_env,
             agent=_agent_plan(step, src, at),
+            score=scores,
+        )
+
+    def _pin(self, target: str, src: Source, at: Path) -> str:
+        """The source hash of python target ``target`` (it must resolve and import)."""
+        check_target(target, src, at)
+        try:
+            return functions.target_hash(
+                target,
+                self.namespace,
+                search_dir=str(self.search_dir.resolve()) if self.search_dir else None,
+            )
+        except functions.TargetError as exc:
+            raise src.error(str(exc), at) from exc
+        # Importing the author's module may raise anything, sys.exit() and a stray
+        # KeyboardInterrupt included: neither may end `wf check` or `wf run` silently.
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
+            said = clip(str(exc), 200)
+            raise src.error(
+                f"importing python target {target!r} failed: "
+                f"{type(exc).__name__}{': ' + said if said else ''}",
+                at,
+            ) from None
+
+    def _score(
+        self,
+        spec: WorkflowSpec,
+        step: StepSpec,
+        score: ScoreSpec,
+        runner: str,
+        aliases: AliasTable,
+        src: Source,
+        at: Path,
+    ) -> PlanScore:
+        """A score as frozen: a python scorer pinned, an llm judge's runner and model resolved
+        by the gate rule (``judge_runner``)."""
+        fields = score.model_dump(exclude_unset=True, exclude_none=True)
+        if score.python is not None:
+            return PlanScore(**fields, target_hash=self._pin(score.python, src, (*at, "python")))
+        if score.judge is None:
+            return PlanScore(**fields)
+        judge = judge_runner(step.kind, runner, score.runner, spec.runner)
+        model = _model(spec, score.model, judge, aliases, src, (*at, "model"))
+        return PlanScore(
+            **{**fields, "runner": judge, "model": model.id, "scale": score.scale or (0.0, 1.0)},
+            model_alias=model.alias,
+            model_template=model.template,
         )
 
     def _child(self, name: str, src: Source, at: Path, depth: int) -> Plan:

@@ -33,11 +33,16 @@ TEMPLATE_FIELDS: tuple[tuple[str, ...], ...] = (
     ("steps", ANY, "with", ANY, REST),
     ("steps", ANY, "gate", "criteria", ANY),
     ("steps", ANY, "gate", "check"),
+    ("steps", ANY, "score", ANY, "equals"),
+    ("steps", ANY, "score", ANY, "contains"),
+    ("steps", ANY, "score", ANY, "regex"),
+    ("steps", ANY, "score", ANY, "rubric"),
 )
 """Where templates are rendered (a step kind that reads another template field adds it here)."""
 MODEL_FIELDS: tuple[tuple[str, ...], ...] = (
     ("steps", ANY, "model"),
     ("steps", ANY, "gate", "model"),
+    ("steps", ANY, "score", ANY, "model"),
 )
 """Fields rendered from params when a run starts (``spec/models_resolve.py``)."""
 RUNNER_TEMPLATES: dict[str, tuple[tuple[str, ...], ...]] = {
@@ -52,6 +57,7 @@ RUNNER_FIELDS: tuple[tuple[str, ...], ...] = (
     ("runner",),
     ("steps", ANY, "runner"),
     ("steps", ANY, "gate", "runner"),
+    ("steps", ANY, "score", ANY, "runner"),
 )
 _MARKERS = ("{{", "{%")
 
@@ -106,8 +112,8 @@ def _problem(path: Path) -> str:
         )
     return (
         "is not a template, so `{{`/`{%` here would be kept as literal text; templates are "
-        "rendered only in prompt, map, route.on, with, gate.criteria and gate.check, and "
-        "`model:` from params"
+        "rendered only in prompt, map, route.on, with, gate.criteria, gate.check and a "
+        "score's equals, contains, regex and rubric, and `model:` from params"
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Literal
 
@@ -86,6 +87,78 @@ class GateSpec(_Strict):
         return self
 
 
+SCORE_KINDS = ("equals", "contains", "regex", "json_schema", "judge", "python")
+"""The keys of a score, exactly one of which names its scorer."""
+SCORE_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_-]*$"
+
+
+class ScoreSpec(_Strict):
+    """A score: measures a step's output (each map item's) without gating it; a number.
+
+    Exactly one of ``equals``, ``contains``, ``regex``, ``json_schema``, ``judge`` or
+    ``python`` names the scorer (docs/evaluations.md, "Scores")."""
+
+    name: str = Field(pattern=SCORE_NAME_PATTERN, max_length=64)
+    """Unique within the step: the unit ``<step>.score:<name>`` and the column
+    ``score.<step>.<name>``."""
+    equals: str | int | float | bool | list[Any] | dict[str, Any] | None = None
+    """1 when the output equals this (a string is a template, compared with the output's
+    text, both stripped of surrounding whitespace; any other value is compared as JSON), else 0."""
+    contains: str | None = None
+    """1 when the output's text contains this template's text, else 0."""
+    ignore_case: bool = False
+    """``equals``/``contains``: compare casefolded."""
+    regex: str | None = None
+    """1 when this pattern (a template) is found in the output's text (``re.search``), else 0."""
+    json_schema: dict[str, Any] | None = None
+    """1 when the output (a JSON text, a code fence allowed, or a JSON value) satisfies this
+    JSON Schema, else 0 (the explanation names the first error)."""
+    judge: Literal["llm"] | None = None
+    """``llm``: a judge rates the output on ``rubric`` within ``scale``, answering
+    ``{value, explanation}``; an unparsable or out-of-scale answer is a failed score unit."""
+    rubric: str | None = None
+    """The question an ``llm`` judge answers (a template)."""
+    scale: tuple[float, float] | None = None
+    """``[lo, hi]`` of an ``llm`` judge's value (default ``[0, 1]``)."""
+    python: str | None = None
+    """A callable (``module:function`` or a registered name) called with the output (and
+    ``params``, ``item``, ``index`` if it takes them); it returns a number, a bool or
+    ``{value, explanation}``."""
+    runner: str | None = None
+    """Runner of an ``llm`` judge (the gate rule: a prompt step's runner, else the workflow's)."""
+    model: str | None = None
+    """Model of an ``llm`` judge (the gate rule: an id, alias or params template; default a
+    prompt step's model)."""
+    charged: bool | None = None
+    """Charge an ``llm`` judge's calls to the budget; default ``budget.charge_judges`` (false)."""
+
+    @property
+    def kind(self) -> str:
+        """The scorer: equals, contains, regex, json_schema, judge or python."""
+        return next(k for k in SCORE_KINDS if getattr(self, k) is not None)
+
+    @model_validator(mode="after")
+    def _one_scorer(self) -> ScoreSpec:
+        given = [k for k in SCORE_KINDS if getattr(self, k) is not None]
+        if len(given) != 1:
+            got = ", ".join(given) if given else "none"
+            raise ValueError(f"a score needs exactly one of {', '.join(SCORE_KINDS)} (got {got})")
+        kind = given[0]
+        if self.ignore_case and kind not in ("equals", "contains"):
+            raise ValueError("`ignore_case:` is read only by `equals` and `contains` scores")
+        llm_only = ("rubric", "scale", "runner", "model", "charged")
+        for key in llm_only:
+            if getattr(self, key) is not None and kind != "judge":
+                raise ValueError(f"`{key}:` is read only by `judge: llm` scores")
+        if kind == "judge" and not (self.rubric or "").strip():
+            raise ValueError("a `judge: llm` score needs `rubric:` (what the judge rates)")
+        if self.scale is not None:
+            lo, hi = self.scale
+            if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+                raise ValueError(f"expected `scale: [lo, hi]` with finite lo < hi (got {lo}, {hi})")
+        return self
+
+
 class RouteSpec(_Strict):
     """Select which later steps run."""
 
@@ -156,6 +229,9 @@ class StepSpec(_Strict):
     skip; ``true`` opts an exec step in, ``false`` opts any step out."""
     pass_env: list[str] = Field(default_factory=list)
     """Extra environment variable names an ``exec`` unit receives (never ``WF_*``)."""
+    score: list[ScoreSpec] = Field(default_factory=list, max_length=100)
+    """Scores measuring the step's output (each map item's) once the step completed (its gate
+    accepted): each a journaled unit ``<step>.score:<name>``; a score never gates or loops."""
 
     @field_validator("timeout", mode="before")
     @classmethod
@@ -191,6 +267,12 @@ class StepSpec(_Strict):
             raise ValueError("`reduce:` needs `map:` (it combines the outputs of a fan-out)")
         if self.runner is not None and kind != "prompt":
             raise ValueError(f"`runner:` is read only by prompt steps (this is a {kind} step)")
+        if self.score and kind == "route":
+            raise ValueError("a route step takes no score (it has no output to measure)")
+        names = [sc.name for sc in self.score]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"score names must be unique within a step (twice: {twice})")
         if self.model is not None and kind not in ("prompt", "agent"):
             raise ValueError(f"`model:` is read only by prompt steps (this is a {kind} step)")
         return self

@@ -208,6 +208,8 @@ def is_pending(plan: Plan) -> bool:
         gate = step.gate
         if gate is not None and gate.model_template is not None and gate.model is None:
             return True
+        if any(sc.model_template is not None and sc.model is None for sc in step.score):
+            return True
     return False
 
 
@@ -215,6 +217,7 @@ def _has_templates(plan: Plan) -> bool:
     return any(
         step.model_template is not None
         or (step.gate is not None and step.gate.model_template is not None)
+        or any(sc.model_template is not None for sc in step.score)
         for step in plan.steps
     )
 
@@ -261,6 +264,20 @@ def _step_for_params(plan: Plan, step: PlanStep, params: Mapping[str, Any]) -> P
             **common,
         )
         update["gate"] = gate.model_copy(update={"model": pick.id, "model_alias": pick.alias})
+    if any(sc.model_template is not None and sc.model is None for sc in step.score):
+        scores = []
+        for score in step.score:
+            if score.model_template is not None and score.model is None:
+                pick = render_model(
+                    score.model_template,
+                    params,
+                    runner=score.runner or plan.runner,
+                    where=f"steps.{step.id}.score.{score.name}.model",
+                    **common,
+                )
+                score = score.model_copy(update={"model": pick.id, "model_alias": pick.alias})
+            scores.append(score)
+        update["score"] = scores
     return step.model_copy(update=update) if update else step
 
 

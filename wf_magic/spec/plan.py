@@ -7,10 +7,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from ..store.records import StepKind
-from .models import BudgetSpec, ExecutionSpec, GateSpec, RetrySpec, RouteSpec
+from .models import BudgetSpec, ExecutionSpec, GateSpec, RetrySpec, RouteSpec, ScoreSpec
 from .versions import OLDEST_PLAN_VERSION, PLAN_VERSION
 
-__all__ = ["OLDEST_PLAN_VERSION", "PLAN_VERSION", "Plan", "PlanGate", "PlanStep"]
+__all__ = ["OLDEST_PLAN_VERSION", "PLAN_VERSION", "Plan", "PlanGate", "PlanScore", "PlanStep"]
 
 
 class _Frozen(BaseModel):
@@ -24,18 +24,38 @@ _OMITTED_WHEN_UNSET: dict[str, Any] = {
     "agent": None,
     "charged": None,
     "per_item": False,
+    "score": [],
+    "target_hash": None,
+    "ignore_case": False,
+    "runner": None,
+    "model": None,
+    "rubric": None,
+    "scale": None,
+    "equals": None,
+    "contains": None,
+    "regex": None,
+    "json_schema": None,
+    "judge": None,
+    "python": None,
 }
 """Fields added after plan_version 1 shipped, with their unset value: left out of the JSON
 while unset, so a plan that does not use them keeps the hash it had before they existed
 (``charged: false`` is kept: it differs from unset; ``per_item: false`` is the unset value)."""
-_FALSE_IS_UNSET = frozenset({"per_item"})
+_FALSE_IS_UNSET = frozenset({"per_item", "ignore_case"})
+_SCORE_ONLY = frozenset(
+    {"target_hash", "ignore_case", "rubric", "scale", "equals", "contains", "regex"}
+    | {"json_schema", "judge", "python", "runner", "model"}
+)
+"""Keys left out only inside a score (a step's ``runner``, ``model`` or ``python`` stay)."""
 _BUDGET_UNSET: dict[str, Any] = {"charge_judges": False}
 """The same for the budget's fields added since."""
 
 
-def _omit_unset(data: Any) -> Any:
+def _omit_unset(data: Any, *, score: bool = False) -> Any:
     if isinstance(data, dict):
         for key in _OMITTED_WHEN_UNSET.keys() & data.keys():
+            if key in _SCORE_ONLY and not score:
+                continue
             if data[key] == _OMITTED_WHEN_UNSET[key] and (
                 data[key] is not False or key in _FALSE_IS_UNSET
             ):
@@ -59,6 +79,26 @@ class PlanGate(GateSpec):
     @model_serializer(mode="wrap")
     def _serialize(self, handler: SerializerFunctionWrapHandler) -> Any:
         return _omit_unset(handler(self))
+
+
+class PlanScore(ScoreSpec):
+    """A score as frozen: an ``llm`` judge's runner and model resolved, a python target pinned.
+
+    Only the fields a score sets are kept in the plan's JSON (the rest read as unset)."""
+
+    runner: str | None = None
+    """The runner of an ``llm`` judge, resolved by the gate rule (None for other scorers)."""
+    model_alias: str | None = None
+    """The alias the judge's ``model:`` named, when it named one (``model`` holds the id)."""
+    model_template: str | None = None
+    """The authored ``model:`` template, when it was one (rendered from params at run start)."""
+    target_hash: str | None = None
+    """sha256 of a python scorer's source at freeze time: its input hash holds the current
+    source's hash, so an edited scorer is re-paid (and only it)."""
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> Any:
+        return _omit_unset(handler(self), score=True)
 
 
 class AgentPlan(_Frozen):
@@ -114,6 +154,8 @@ class PlanStep(_Frozen):
     pass_env: list[str] = Field(default_factory=list)
     agent: AgentPlan | None = None
     """An agent step's harness settings (None for other kinds)."""
+    score: list[PlanScore] = Field(default_factory=list)
+    """The step's scores as frozen, in authored order (left out of the JSON when none)."""
 
     @model_serializer(mode="wrap")
     def _serialize(self, handler: SerializerFunctionWrapHandler) -> Any:

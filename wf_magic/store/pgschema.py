@@ -397,6 +397,23 @@ def _lease_fence(conn: Any) -> None:
     )
 
 
+def _otel_sent(conn: Any) -> None:
+    """The OpenTelemetry export cursor (store/otel.py): spans sent per run and endpoint."""
+    conn.raw.execute(
+        f"CREATE TABLE otel_sent (run_id {T} NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,"
+        f" endpoint {T} NOT NULL, span_id {T} NOT NULL, fingerprint {T} NOT NULL,"
+        " PRIMARY KEY (run_id, endpoint, span_id))"
+    )
+
+
+def _score_phase(conn: Any) -> None:
+    """Score units journal under phase ``score`` (SQLite's m019 rebuilds its table for it)."""
+    conn.raw.execute(
+        "ALTER TABLE attempts DROP CONSTRAINT attempts_phase_check,"
+        " ADD CONSTRAINT attempts_phase_check CHECK (phase IN ('work','gate','score'))"
+    )
+
+
 MIGRATIONS: list[tuple[str, Migration]] = [
     *((name, _initial if name == "m001_initial" else _folded) for name in _UP_TO_M012),
     ("m013_run_owner", _run_owner),
@@ -405,6 +422,7 @@ MIGRATIONS: list[tuple[str, Migration]] = [
     ("m016_derived_unit_events", _derived_unit_events),
     ("m017_shared_plans", _shared_plans),
     ("m018_lease_fence", _lease_fence),
+    ("m020_otel_sent", _otel_sent),
 ]
 """(id, step) in ledger order; the ids are SQLite's (store/migrations.py)."""
 

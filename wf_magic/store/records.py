@@ -23,8 +23,12 @@ AttemptStatus = Literal["running", "succeeded", "failed", "reused"]
 """Attempt status: ``running`` (reserved, not finished), ``succeeded``, ``failed``,
 ``reused`` (answered from an earlier run's succeeded attempt, zero tokens charged)."""
 
-Phase = Literal["work", "gate"]
-"""Attempt phase: ``work`` (a step's unit) or ``gate`` (a verdict unit ``<step>.gate:l<n>``)."""
+Phase = Literal["work", "gate", "score"]
+"""Attempt phase:
+
+- ``work``: a step's unit.
+- ``gate``: a verdict unit ``<step>.gate:l<n>``.
+- ``score``: a score unit ``<step>.score:<name>`` (``[i]`` per map item; m019)."""
 StepKind = Literal["prompt", "exec", "python", "workflow", "route", "agent"]
 """Step kind (``wf_magic.spec.kinds.KINDS`` says how each behaves)."""
 

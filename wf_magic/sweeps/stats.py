@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import UsageError
+from ..errors import UsageError, clip, clip_list
 from . import resampling as rs
 
 if TYPE_CHECKING:
@@ -61,8 +61,8 @@ def check_columns(frame: pd.DataFrame, names: Sequence[str], *, where: str, what
     for name in names:
         if not isinstance(name, str) or name not in frame.columns:
             raise UsageError(
-                f"{where}: {name!r} is not {what} of this sweep (its columns: "
-                f"{', '.join(map(str, frame.columns))})"
+                f"{where}: {clip(repr(name), 60)} is not {what} of this sweep (its columns: "
+                f"{clip_list(map(str, frame.columns), 30)})"
             )
 
 
@@ -115,7 +115,7 @@ def summary_frame(
 
     _check_settings(confidence, resamples)
     by = [by] if isinstance(by, str) else list(by)
-    check_columns(frame, by, where="sweep summary --by", what="an axis or row field")
+    check_columns(frame, by, where="sweep summary by", what="an axis or row field")
     scores = score_columns(frame)
     if not scores:
         raise UsageError(

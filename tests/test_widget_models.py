@@ -166,3 +166,20 @@ class _Handle:
 
     def update(self, obj: object, **_kw: object) -> None:
         self.shown = obj
+
+
+def test_a_static_view_shown_again_opens_its_models_again(engine: Engine) -> None:
+    from wf_magic.notebook.teardown import is_open
+
+    run = engine.run(WIDE.replace("range(N)", "range(3)"))
+    view = view_of(engine, run.run_id)
+    view.display_handle = _Handle()
+    view.flush()
+    view.refresh()
+    assert view.is_closed and not is_open(view.rows["items"].toggle)
+    bundle = view.live_bundle()  # what `run.view` as a cell's value displays
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == view.model_id
+    assert not view.is_closed and is_open(view.rows["items"].toggle)
+    assert "Run completed." not in bundle["text/plain"] and run.run_id in bundle["text/plain"]
+    view.close()

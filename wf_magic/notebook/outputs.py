@@ -58,6 +58,9 @@ class RunOutputs:
     def detach(self) -> None:
         raise NotImplementedError  # RunView's
 
+    def live_bundle(self) -> dict[str, Any]:
+        raise NotImplementedError  # RunView's
+
     def _handle(self) -> Run:
         handle = self.engine.status(self.run_id)
         with self._warn_lock:
@@ -71,7 +74,9 @@ class RunOutputs:
         """Display the view (from the main thread) and remember where, for :meth:`refresh`."""
         from IPython.display import display
 
-        self.display_handle = display(self, display_id=True)  # type: ignore[no-untyped-call]
+        self.display_handle = display(  # type: ignore[no-untyped-call]
+            self.live_bundle(), raw=True, display_id=True
+        )
         if any(s.gate is not None for s in self.reader.plan.steps):
             # Only a gated run can wait for a person. Created now, inside the cell, so that
             # an update from a drive thread lands in this cell.
@@ -94,8 +99,7 @@ class RunOutputs:
         if self.display_handle is None:
             return
         self.is_static = False
-        self._revive()
-        self.display_handle.update(self)
+        self.display_handle.update(self.live_bundle(), raw=True)
         self._show_decision(False)
 
     def refresh(self) -> None:
@@ -113,8 +117,7 @@ class RunOutputs:
             return
         snap = self.snapshot or self.reader.take()
         if self._is_driving_here() and not self.retired:
-            self._revive()
-            self.display_handle.update(self)
+            self.display_handle.update(self.live_bundle(), raw=True)
             self.is_static = False
             self._show_decision(False)
             return

@@ -481,6 +481,18 @@ class RunView(RunOutputs, w.VBox):  # type: ignore[misc]  # ipywidgets is untype
     def __repr__(self) -> str:
         return run_text(self._handle())
 
+    def _ipython_display_(self) -> None:
+        """Shown again (``run.view`` as a cell's value): a view gone static opens its models
+        again, so it is live and clickable in that output (its drill-downs too)."""
+        from IPython.display import display
+
+        display(self.live_bundle(), raw=True)  # type: ignore[no-untyped-call]
+
+    def live_bundle(self) -> dict[str, Any]:
+        """The live widget's display bundle (its models opened again if they were closed)."""
+        self._revive()
+        return RunView._repr_mimebundle_(self) or {}
+
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
         # Front ends without the widget manager (nbconvert, GitHub, a closed kernel) fall
         # back to these: the full text summary (ipywidgets clips it) and the HTML table.

@@ -502,3 +502,108 @@ def test_after_kill_9_gc_of_the_abandoned_run_ends_what_the_agent_left(
         for pid in pids:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+# -- any event shape: adapters fold and read it without raising ---------------------------
+
+_LEAF = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats()
+    | st.text(max_size=6)
+    | st.sampled_from(["error_max_turns", "success", "agent_message", "command_execution"])
+)
+_VALUE = st.recursive(
+    _LEAF,
+    lambda c: (
+        st.lists(c, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "type",
+                    "text",
+                    "content",
+                    "input_tokens",
+                    "output_tokens",
+                    "tokens",
+                    "input",
+                    "output",
+                    "cache",
+                    "read",
+                    "prompt",
+                    "candidates",
+                    "models",
+                    "tool_input",
+                    "tool_name",
+                    "data",
+                    "statusCode",
+                    "message",
+                    "code",
+                    "name",
+                    "command",
+                ]
+            ),
+            c,
+            max_size=4,
+        )
+    ),  # fmt: skip
+    max_leaves=20,
+)
+_TYPES = ["result", "assistant", "system", "turn.completed", "item.completed", "item.started",
+          "thread.started", "turn.failed", "step_finish", "step_start", "text", "tool_use",
+          "error"]  # fmt: skip
+_FIELDS = ["subtype", "session_id", "usage", "result", "total_cost_usd", "num_turns",
+           "permission_denials", "is_error", "api_error_status", "errors", "structured_output",
+           "message", "item", "thread_id", "error", "part", "sessionID", "response", "stats"]  # fmt: skip
+EVENTS = st.lists(
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(_TYPES)}, optional=dict.fromkeys(_FIELDS, _VALUE)
+    ),
+    max_size=5,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(events=EVENTS, code=st.sampled_from([0, 1, 145]))
+def test_every_adapter_reads_any_event_shape_into_checked_numbers(
+    events: list[dict[str, Any]], code: int
+) -> None:
+    from wf_magic.agents.facts import attempt_facts
+    from wf_magic.agents.harness import AgentCall
+    from wf_magic.agents.registry import harness
+
+    call = AgentCall(
+        prompt="p", model=None, permission="edits", max_turns=None, cwd="/", home="/",
+        scratch="/",
+    )  # fmt: skip
+    stderr = "\n".join(json.dumps(e) for e in events)
+    for name in ("claude", "codex", "opencode", "gemini"):
+        adapter, seen = harness(name), Watch()
+        assert adapter is not None
+        for event in events:
+            adapter.watch(event, seen)
+        out = adapter.outcome(events, "", stderr, code, call)
+        assert type(out.tokens_in) is int and type(out.tokens_out) is int
+        assert out.tokens_in >= 0 and out.tokens_out >= 0
+        assert out.cost is None or (math.isfinite(out.cost) and out.cost >= 0)
+        facts = attempt_facts(
+            harness=name, version=None, call=call, outcome=out, watch=seen, exit_code=code,
+            error_class=None, worktree=None, reclaimed=False, redactor=Redactor(),
+        )  # fmt: skip
+        json.dumps(facts, default=str)
+
+
+@pytest.mark.parametrize("cost", [-1.0, -1e-9, math.nan, math.inf, -math.inf])
+def test_any_runner_reporting_a_negative_or_non_finite_cost_is_never_charged(cost: float) -> None:
+    """Beyond the agent runner: a result's such cost fails its attempt in one line, and a
+    failure's is journaled null (drive/outcomes.py)."""
+    from wf_magic.drive.outcomes import checked_result, unit_failure
+    from wf_magic.errors import RunnerError
+    from wf_magic.runners.base import UnitResult
+
+    with pytest.raises(RunnerError) as raised:
+        checked_result(UnitResult(output="x", cost=cost))
+    assert str(raised.value) == f"cost is {cost!r}, expected a finite number from 0 or None"
+    failure = unit_failure(RunnerError("boom", cost=cost), redact=lambda s: s)
+    assert (str(failure), failure.cost) == ("boom", None)

@@ -91,6 +91,8 @@ class HostileChatServer:
         self.mode = mode
         self.drip_s = 0.05
         self.chunk_delay_s = 0.01
+        self.chunk_chars = 4000
+        """The text in each chunk of an endless stream."""
         self.sized = True
         self.requests = 0
         self.disconnects: list[float] = []
@@ -172,7 +174,7 @@ def _handler_for(server: HostileChatServer) -> type[BaseHTTPRequestHandler]:
             if is_stream:
                 self._head("text/event-stream")
                 while True:
-                    self._write(chunk_event(" more" * 800), pause_s=server.chunk_delay_s)
+                    self._write(chunk_event("m" * server.chunk_chars), pause_s=server.chunk_delay_s)
             self._head("application/json")
             self._write(b'{"id": "chatcmpl-hostile", "choices": [{"message": {"content": "')
             while True:

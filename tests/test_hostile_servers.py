@@ -32,6 +32,19 @@ from wf_magic.store.records import AttemptRow
 
 KEY_ENV = "WF_TEST_HOSTILE_KEY"
 RUNNERS = ("openai", "pydantic-ai", "llm")
+ABANDONING = (
+    "openai",
+    "pydantic-ai",
+    # llm's plugin owns its HTTP client: a call abandoned at its deadline closes its socket
+    # only when the garbage collector finalizes the plugin's stream (docs/runners.md).
+    pytest.param(
+        "llm",
+        marks=[
+            pytest.mark.filterwarnings("ignore::ResourceWarning"),
+            pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+        ],
+    ),
+)
 TIMEOUT_S = 1.0
 MARGIN_S = 0.75
 """How far past its deadline an attempt may end: the cancellation, the journal write."""
@@ -154,7 +167,7 @@ def drive(
 
 
 # -- 6: a deadline for the whole attempt --------------------------------------------------------
-@pytest.mark.parametrize("runner", RUNNERS)
+@pytest.mark.parametrize("runner", ABANDONING)
 @pytest.mark.parametrize(("mode", "watched"), [("drip", False), ("drip", True), ("endless", True)])
 def test_a_dripping_or_endless_answer_is_cut_at_the_step_timeout(
     server: HostileChatServer, tmp_path: Path, runner: str, mode: str, watched: bool
@@ -217,7 +230,9 @@ def test_a_huge_answer_is_refused_at_the_output_bound_once(
 def test_an_endless_fast_stream_stops_at_the_output_bound(
     server: HostileChatServer, tmp_path: Path, runner: str
 ) -> None:
-    server.mode, server.chunk_delay_s = "endless", 0.0
+    # Big chunks: an SDK that re-joins the text at every chunk (pydantic-ai, llm) does work
+    # quadratic in the number of chunks; ten of them reach the bound.
+    server.mode, server.chunk_delay_s, server.chunk_chars = "endless", 0.0, 1_000_000
     status, reason, rows, _wall = drive(
         tmp_path / "s", workflow(runner, server.url, step="timeout: 60"), watched=True
     )

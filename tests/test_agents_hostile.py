@@ -607,3 +607,20 @@ def test_any_runner_reporting_a_negative_or_non_finite_cost_is_never_charged(cos
     assert str(raised.value) == f"cost is {cost!r}, expected a finite number from 0 or None"
     failure = unit_failure(RunnerError("boom", cost=cost), redact=lambda s: s)
     assert (str(failure), failure.cost) == ("boom", None)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('{"a": ' + "[" * 100_000 + "]" * 100_000 + '}\n{"b": 1}', [{"b": 1}]),
+        ('{"a": ' + "[" * 200 + "]" * 200 + '}\n{"b": 2}', [{"b": 2}]),
+        ('{\n  "response": "ok",\n  "n": NaN\n}', [{"response": "ok", "n": math.nan}]),
+        ("\udcff{not json\n{}", [{}]),
+    ],
+)
+def test_the_whole_output_fallback_skips_what_is_too_deep(
+    text: str, expected: list[dict[str, Any]]
+) -> None:
+    from wf_magic.agents.harness import parse_lines
+
+    assert json.dumps(parse_lines(text)) == json.dumps(expected)

@@ -50,6 +50,8 @@ ErrorClass = Literal[
 - ``stopped``: a Stop or an interrupt ended its process group: transient.
 - ``failed``: anything else: permanent.
 """
+MAX_DEPTH = 128
+"""The deepest nesting of a CLI's JSON that is read (deeper: skipped as not JSON)."""
 TRANSIENT: frozenset[str] = frozenset(
     {"rate_limited", "overloaded", "server_error", "network", "timeout", "stopped"}
 )
@@ -243,6 +245,19 @@ class AgentError(RunnerError):
         self.facts = dict(facts or {})
 
 
+def depth_over(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests lists and dicts deeper than ``limit`` (without recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
+
+
 def parse_lines(stdout: str) -> list[dict[str, Any]]:
     """The JSON objects of ``stdout``: one per line (JSONL), or pretty-printed over several
     lines (Gemini's ``-o json``, its error object on stderr); other text is skipped."""
@@ -256,9 +271,9 @@ def parse_lines(stdout: str) -> list[dict[str, Any]]:
         if stdout.startswith("{", start):
             try:
                 value, stop = decoder.raw_decode(stdout, start)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested too deep
                 value, stop = None, end
-            if isinstance(value, dict):
+            if isinstance(value, dict) and not depth_over(value, MAX_DEPTH):
                 out.append(value)
             position = max(stop, end if value is None else stop)
             continue

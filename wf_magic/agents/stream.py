@@ -23,13 +23,11 @@ from typing import IO, Any
 from ..redact import Redactor
 from ..runners.orphans import end_group
 from ..runners.process import STDERR_KEEP, _Drain, _kill_group
-from .harness import Harness, Watch
+from .harness import MAX_DEPTH, Harness, Watch, depth_over
 
 PROGRESS_EVERY_S = 0.1
 EXIT_GRACE_S = 2.0
 """How long stdout may stay open after the CLI exited (a leftover descendant holds it)."""
-MAX_DEPTH = 128
-"""The deepest nesting of a streamed JSON line that is parsed (deeper: skipped)."""
 MAX_CONTAINERS = 200_000
 """The most ``{``/``[`` a streamed line may hold to be parsed (each is a Python object)."""
 MAX_NOTES = 20
@@ -227,19 +225,6 @@ class _CappedLog:
                     "after the cut were not logged]\n"
                 )
             self.file.close()
-
-
-def depth_over(value: Any, limit: int) -> bool:
-    """Whether ``value`` nests lists and dicts deeper than ``limit`` (without recursion)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict | list):
-            if depth > limit:
-                return True
-            children = item.values() if isinstance(item, dict) else item
-            stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
-    return False
 
 
 _VERSIONS: dict[tuple[str, float], str] = {}

@@ -45,6 +45,8 @@ def sweep_attempts(
     and ``role`` in front."""
     import pandas as pd
 
+    from ..store.frames import JOURNAL_COLUMNS
+
     owners = {c.run_id: i for i, c in enumerate(cells) if c.run_id is not None}
     if owners:
         runs = store.runs_frame()
@@ -57,7 +59,9 @@ def sweep_attempts(
     points = [json.loads(c.point_json) for c in cells]
     front: dict[str, Any] = {"cell": cell}
     for axis in axes:
-        front[axis] = [None if pd.isna(i) else points[int(i)].get(axis) for i in cell]
+        front[axis_column(axis, JOURNAL_COLUMNS)] = [
+            None if pd.isna(i) else points[int(i)].get(axis) for i in cell
+        ]
     front["row"] = pd.array(
         [None if pd.isna(i) else cells[int(i)].row_index for i in cell], dtype="Int64"
     )
@@ -69,13 +73,21 @@ def sweep_attempts(
     return pd.concat([head, journal], axis=1)
 
 
+def axis_column(axis: str, journal_columns: Sequence[str]) -> str:
+    """An axis's column in the attempts frame: its name, or ``<name>_axis`` when the journal
+    has a column of that name (a ``model`` axis beside the model each attempt asked)."""
+    return f"{axis}_axis" if axis in journal_columns or axis in ("cell", "role") else axis
+
+
 def check_by(by: str, axes: Sequence[str], *, where: str) -> None:
     """Refuse a ``by`` that is not a journal key, an axis, ``row`` or ``repeat``.
 
     Raises:
         UsageError: naming the keys it can be.
     """
-    keys = [*ATTEMPT_KEYS, *axes, "row", "repeat"]
+    from ..store.frames import JOURNAL_COLUMNS
+
+    keys = [*ATTEMPT_KEYS, *(axis_column(a, JOURNAL_COLUMNS) for a in axes), "row", "repeat"]
     if not isinstance(by, str) or by not in keys:
         raise UsageError(f"{where}: by is one of {', '.join(keys)} (got {by!r})")
 

@@ -229,9 +229,9 @@ class PydanticAIRunner:
         }
         if "http_client" not in accepted:
             return cls(**kwargs) if kwargs else infer_provider(provider)
-        http = bounded_client(timeout=DEFAULT_TIMEOUT_S * 5)  # the attempt's deadline binds
-        self._clients.append(http)
-        return cls(**kwargs, http_client=http)
+        kwargs["http_client"] = bounded_client(timeout=DEFAULT_TIMEOUT_S * 5)  # the deadline binds
+        self._clients.append(kwargs["http_client"])
+        return cls(**kwargs)
 
     async def _request(
         self,

@@ -422,6 +422,7 @@ MIGRATIONS: list[tuple[str, Migration]] = [
     ("m016_derived_unit_events", _derived_unit_events),
     ("m017_shared_plans", _shared_plans),
     ("m018_lease_fence", _lease_fence),
+    ("m019_score_phase", _score_phase),
     ("m020_otel_sent", _otel_sent),
 ]
 """(id, step) in ledger order; the ids are SQLite's (store/migrations.py)."""

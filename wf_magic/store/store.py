@@ -33,6 +33,7 @@ from .location import DB_FILENAME, PgLocation
 from .opening import open_state_db, schema_is_current
 from .pgopen import open_pg
 from .queries_journal import JournalQueries
+from .queries_otel import OtelQueries
 from .queries_runs import RunQueries
 from .queries_sweeps import SweepQueries
 from .queries_views import ViewQueries
@@ -42,7 +43,7 @@ from .scrub import Scrubber
 T = TypeVar("T")
 
 
-class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries):
+class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries, OtelQueries):
     """Named queries and writes over ``state.db`` (opened and migrated on first use).
 
     The queries and writes themselves are inherited, grouped by concern: runs and steps

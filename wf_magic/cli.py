@@ -432,6 +432,16 @@ def cmd_export_cassette(engine: Engine, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_export_otel(engine: Engine, args: argparse.Namespace) -> int:
+    headers = [pair for group in args.headers or () for pair in group]
+    for run in args.run:
+        report = engine.export_otel(
+            run, endpoint=args.endpoint, headers=headers, content=args.content
+        )
+        _say(f"{report.run_id}: {report.sent} spans sent, trace {report.trace_id}")
+    return EXIT_OK
+
+
 class _Parser(argparse.ArgumentParser):
     """An argparse parser whose usage errors exit with the exit-code table's ``EXIT_USAGE``."""
 
@@ -459,6 +469,7 @@ HANDLERS: dict[str, Callable[[Engine, argparse.Namespace], int]] = {
     "compare": cmd_compare,
     "gc": cmd_gc,
     "export-cassette": cmd_export_cassette,
+    "export-otel": cmd_export_otel,
     **SWEEP_HANDLERS,
 }
 """The function behind each ``wf`` verb of the table in verbs.py that reads or writes runs."""

@@ -18,6 +18,7 @@ from .bus import EventBus, Observer
 from .errors import RunAbandoned, RunLockHeld, UsageError
 from .follow import FollowVerbs
 from .gc import GcVerbs
+from .otel.verbs import OtelVerbs
 from .redact import Redactor, secret_strings
 from .run import Run, RunRef, run_ref
 from .store import Store
@@ -56,7 +57,7 @@ class Adoption:
     """The run ids whose owner changed: the run first, then the runs below it."""
 
 
-class Engine(SweepVerbs, GcVerbs, FollowVerbs):
+class Engine(SweepVerbs, GcVerbs, FollowVerbs, OtelVerbs):
     """Everything wf_magic does, as plain Python; the CLI and the magics are thin shells.
 
     The sweep verbs (``sweep``, ``sweep_resume``, ``sweep_handle``, ``sweeps``) come from
@@ -72,6 +73,9 @@ class Engine(SweepVerbs, GcVerbs, FollowVerbs):
         durability: ``normal`` (WAL, synchronous=NORMAL) or ``full`` (synchronous=FULL).
         max_concurrency: a cap on map units in flight (the plan's own cap also applies).
         executor: a ``concurrent.futures.Executor`` that runs units (e.g. a Dask client's).
+        otlp_endpoint: live OpenTelemetry export to this OTLP/HTTP endpoint (default
+            ``$WF_MAGIC_OTLP_ENDPOINT``; docs/otel.md); ``otlp_headers``, ``otlp_content``:
+            its headers and whether prompts and outputs go too.
     """
 
     def __init__(
@@ -83,6 +87,9 @@ class Engine(SweepVerbs, GcVerbs, FollowVerbs):
         durability: str = "normal",
         max_concurrency: int | None = None,
         executor: Executor | None = None,
+        otlp_endpoint: str | None = None,
+        otlp_headers: Mapping[str, str] | None = None,
+        otlp_content: bool = False,
     ):
         state = parse_state(state_dir) if state_dir is not None else default_state()
         self.location: PgLocation | None = state if isinstance(state, PgLocation) else None
@@ -107,9 +114,12 @@ class Engine(SweepVerbs, GcVerbs, FollowVerbs):
             self.location or self.db_path, durability=durability, redactor=self.redactor
         )
         """Named queries over the state database (the only way to its rows)."""
+        self.otlp = self._live_export(otlp_endpoint, otlp_headers, otlp_content)
 
     def close(self) -> None:
-        """Close the database connections."""
+        """Close the database connections (a live export gets a few seconds to finish first)."""
+        if self.otlp is not None:
+            self.otlp.close()
         self.store.close()
 
     def __enter__(self) -> Engine:
@@ -339,6 +349,8 @@ class Engine(SweepVerbs, GcVerbs, FollowVerbs):
             max_retries=max_retries,
             live_source=live_source,
         )
+        if self.otlp is not None:  # whatever an earlier drive or a dead collector left unsent
+            self.otlp.poke(rid)
         handle = Run(self.store, rid, stats=stats, bus=self.bus)
         handle.warnings.extend(warnings)
         return handle
@@ -535,6 +547,10 @@ class Engine(SweepVerbs, GcVerbs, FollowVerbs):
     def journal(self, run_id: RunRef | None = None) -> pd.DataFrame:
         """One row per attempt (see :func:`wf_magic.store.frames.journal_frame`)."""
         return self.store.journal_frame(self.resolve_run_id(run_id) if run_id else None)
+
+    def scores(self, run_id: RunRef) -> pd.DataFrame:
+        """One row per score of the run (see :meth:`wf_magic.Run.scores`)."""
+        return self.store.scores_frame([self.resolve_run_id(run_id)])
 
     def tokens(self, run_id: RunRef | None = None, *, by: str = "step") -> pd.DataFrame:
         """Token accounting grouped ``by`` step/model/runner/loop/run/phase."""

@@ -547,6 +547,32 @@ VERBS: tuple[Verb, ...] = (
         faces=CLI,
         options=(RUN,),
     ),
+    Verb(
+        name="export-otel",
+        help="send runs as OpenTelemetry GenAI traces to an OTLP/HTTP endpoint (docs/otel.md)",
+        faces=CLI,
+        options=(
+            Option(flag="run", nargs="+", metavar="RUN", help="run ids, or unique prefixes"),
+            Option(
+                flag="--endpoint",
+                required=True,
+                metavar="URL",
+                help="the receiver, e.g. http://127.0.0.1:4318 (/v1/traces is appended)",
+            ),
+            Option(
+                flag="--headers",
+                nargs="+",
+                action="append",
+                metavar="K=V",
+                help="headers for the receiver (a collector's auth), repeatable",
+            ),
+            Option(
+                flag="--content",
+                action="store_true",
+                help="attach prompts and outputs (redacted); off by default",
+            ),
+        ),
+    ),
     *SWEEP_VERBS,
 )
 """Every verb of either face, in the order the help lists them."""

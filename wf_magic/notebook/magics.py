@@ -101,6 +101,14 @@ class WorkflowMagics(Magics):
     close_finished_views = Bool(True, help="Stop observing once a shown run completed").tag(
         config=True
     )
+    otlp_endpoint = Unicode(
+        "",
+        help="Live OpenTelemetry export of runs to this OTLP/HTTP endpoint (docs/otel.md); "
+        "empty means $WF_MAGIC_OTLP_ENDPOINT, else off",
+    ).tag(config=True)
+    otlp_content = Bool(False, help="Live export attaches prompts and outputs (redacted)").tag(
+        config=True
+    )
 
     def __init__(self, shell: Any = None, **kwargs: Any):
         super().__init__(shell, **kwargs)
@@ -108,6 +116,8 @@ class WorkflowMagics(Magics):
         self.library_origins: dict[str, str] = {}
         """Name → where ``%workflow use`` found it (a run of it records this as source_path)."""
         self._engine: Engine | None = None
+        self._engine_otlp: tuple[str | None, bool] = (None, False)
+        """The live export settings ``_engine`` was made with (another re-creates it)."""
         self.drives = Drives(lambda: self.engine)
         self.views: dict[str, RunView] = {}
         self._grids: list[SweepGridView] = []
@@ -125,14 +135,22 @@ class WorkflowMagics(Magics):
         """This shell's Engine (re-created when the configured state dir changes)."""
         target = _state_key(self.state_dir) if self.state_dir else _state_key(default_state())
         engine = self._engine
-        if engine is None or _state_key(engine.location or engine.state_dir) != target:
+        otlp = (self.otlp_endpoint or None, self.otlp_content)
+        if (
+            engine is None
+            or _state_key(engine.location or engine.state_dir) != target
+            or otlp != self._engine_otlp
+        ):
             engine = Engine(
                 target,
                 namespace=self.user_ns,
                 library=self.library,
                 durability=self.durability,
                 max_concurrency=self.max_concurrency,
+                otlp_endpoint=otlp[0],
+                otlp_content=otlp[1],
             )
+            self._engine_otlp = otlp
             engine.library = self.library  # cells teach the library as they run
             self._forget_views()
             self._engine = engine

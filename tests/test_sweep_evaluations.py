@@ -1,0 +1,193 @@
+"""A real sweep with two scorers read end to end: ``summary``, ``paired``, ``side_by_side``,
+the sweep-wide ``tokens`` and ``latency`` by role, and ``wf sweep-summary`` (formats, exit
+codes)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers_flow import run_cli
+from wf_magic import Engine
+from wf_magic.errors import UsageError
+
+WORKFLOW = """
+name: eval-demo
+params:
+  model: {type: string, default: m1}
+  question: {type: string, default: "?"}
+  expected: {type: string, default: "?"}
+runner: scripted
+runners:
+  scripted:
+    rules:
+      - {match: "Score the output", reply: '{"value": 4, "explanation": "close"}',
+         tokens_in: 5, tokens_out: 3}
+      - {match: "m2.*France", reply: "paris", tokens_in: 4, tokens_out: 1}
+      - {match: "France", reply: "Paris", tokens_in: 4, tokens_out: 1}
+      - {match: "ocean", reply: "=HYPERLINK(\\"x\\") <b>Pacific</b>", tokens_in: 4, tokens_out: 2}
+      - {match: ".*", reply: "Four", tokens_in: 4, tokens_out: 1}
+steps:
+  - id: answer
+    model: "{{ params.model }}"
+    prompt: "On {{ params.model }} answer in one word: {{ params.question }}"
+    score:
+      - {name: exact, equals: "{{ params.expected }}"}
+      - {name: quality, judge: llm, rubric: "How correct is it, given {{ params.expected }}?",
+         scale: [1, 5]}
+"""
+ROWS = "question,expected\nCapital of France?,Paris\n2 + 2?,Four\nLargest ocean?,Pacific\n"
+
+
+@pytest.fixture
+def swept(tmp_path: Path) -> tuple[Engine, str, Path]:
+    (tmp_path / "wf.yaml").write_text(WORKFLOW)
+    (tmp_path / "rows.csv").write_text(ROWS)
+    engine = Engine(tmp_path / "state")
+    sweep = engine.sweep(
+        tmp_path / "wf.yaml", grid={"model": ["m1", "m2"]}, rows=tmp_path / "rows.csv"
+    )
+    assert sweep.status == "completed"
+    return engine, sweep.sweep_id, tmp_path
+
+
+def test_summary_per_model_and_score(swept: tuple[Engine, str, Path]) -> None:
+    engine, sweep_id, _ = swept
+    sweep = engine.sweep_handle(sweep_id)
+    table = sweep.summary(by="model")
+    assert list(table[["model", "score"]].itertuples(index=False, name=None)) == [
+        ("m1", "answer.exact"),
+        ("m1", "answer.quality"),
+        ("m2", "answer.exact"),
+        ("m2", "answer.quality"),
+    ]
+    exact = table[table["score"] == "answer.exact"].set_index("model")
+    # m1: Paris, Four, "=HYPERLINK..." → 1, 1, 0; m2: paris (not equal), Four, … → 0, 1, 0
+    assert exact.loc["m1", "mean"] == pytest.approx(2 / 3)
+    assert exact.loc["m2", "mean"] == pytest.approx(1 / 3)
+    assert list(table["n"]) == [3, 3, 3, 3] and list(table["missing"]) == [0, 0, 0, 0]
+    quality = table[table["score"] == "answer.quality"]
+    assert list(quality["mean"]) == [4.0, 4.0]
+    frame = sweep.frame()
+    for model, group in frame.groupby("model"):
+        assert exact.loc[model, "tokens_paid"] == group["tokens_paid"].sum()
+    assert (table["latency_p50"] >= 0).all() and (
+        table["latency_p90"] >= table["latency_p50"]
+    ).all()
+    assert "cluster bootstrap" in table.attrs["ci_method"]
+    whole = sweep.summary()
+    assert list(whole.columns[:2]) == ["score", "n"] and list(whole["n"]) == [6, 6]
+
+
+def test_paired_models_on_the_exact_score(swept: tuple[Engine, str, Path]) -> None:
+    engine, sweep_id, _ = swept
+    result = engine.sweep_handle(sweep_id).paired(
+        a={"model": "m1"}, b={"model": "m2"}, score="answer.exact"
+    )
+    assert (result.n_pairs, result.unpaired, result.missing) == (3, 0, 0)
+    assert (result.wins, result.ties, result.losses) == (1, 2, 0)
+    assert result.mean_difference == pytest.approx(1 / 3)
+    assert result.p_value == pytest.approx(1.0)  # one of 3 rows differs: 4 of 8 flips tie it
+    with pytest.raises(UsageError, match="which no cell has"):
+        engine.sweep_handle(sweep_id).paired(
+            a={"model": "m1"}, b={"model": "m3"}, score="answer.exact"
+        )
+
+
+def test_side_by_side_shows_the_rows_fields_and_escapes_outputs(
+    swept: tuple[Engine, str, Path],
+) -> None:
+    engine, sweep_id, _ = swept
+    sweep = engine.sweep_handle(sweep_id)
+    view = sweep.side_by_side(columns="model", score="answer.exact")
+    assert view.keys == ["row", "expected", "question"]  # as the frame has them
+    assert view.variants == ["m1", "m2"]
+    page = view._repr_html_()
+    assert "Capital of France?" in page and "&lt;b&gt;Pacific&lt;/b&gt;" in page
+    assert "<b>Pacific</b>" not in page
+    different = sweep.side_by_side(columns="model", index="question", only="different")
+    assert [key for key, _ in different.rows] == [(0, "Capital of France?")]
+    assert different.frame().loc[0, ("m2", "output")].item() == "paris"
+    assert sweep.side_by_side(columns="model", only="failed").rows == []
+
+
+def test_tokens_and_latency_over_all_cells_by_role(swept: tuple[Engine, str, Path]) -> None:
+    engine, sweep_id, _ = swept
+    sweep = engine.sweep_handle(sweep_id)
+    by_step = sweep.tokens(by="step")
+    assert list(by_step[["step", "role", "attempts"]].itertuples(index=False, name=None)) == [
+        ("answer", "work", 6),
+        ("answer", "scorer", 12),
+    ]
+    work = by_step.iloc[0]
+    assert (work["tokens"], work["tokens_paid"]) == (6 * 4 + 8, sweep.totals()["tokens"])
+    scorer = by_step.iloc[1]
+    assert scorer["tokens_paid"] == 0 and scorer["tokens_judge"] == scorer["tokens"] > 0
+    by_model = sweep.tokens(by="model")
+    assert set(by_model["model"].dropna()) == {"m1", "m2"}
+    by_axis = sweep.tokens(by="model_axis")
+    assert list(by_axis["model_axis"].unique()) == ["m1", "m2"]
+    assert by_axis["tokens"].sum() == by_step["tokens"].sum()
+    by_phase = sweep.tokens(by="phase")
+    assert set(by_phase["phase"]) == {"work", "score"}
+    latency = sweep.latency(by="model_axis")
+    assert list(latency.columns) == ["model_axis", "role", "count", "p50", "p90", "p99"]
+    assert latency["count"].sum() == len(
+        sweep.attempts().query("status in ['succeeded', 'failed']")
+    )
+    assert (latency["p99"] >= latency["p50"]).all()
+    with pytest.raises(UsageError, match="by is one of step, model, phase, runner, model_axis"):
+        sweep.tokens(by="colour")
+
+
+def test_wf_sweep_summary_formats_and_exit_codes(
+    swept: tuple[Engine, str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    engine, sweep_id, tmp_path = swept
+    state = tmp_path / "state"
+    engine.close()
+    assert run_cli(state, "sweep-summary", sweep_id, "--by", "model", "--format", "json") == 0
+    records = json.loads(capsys.readouterr().out)
+    assert [(r["model"], r["score"], r["n"]) for r in records] == [
+        ("m1", "answer.exact", 3),
+        ("m1", "answer.quality", 3),
+        ("m2", "answer.exact", 3),
+        ("m2", "answer.quality", 3),
+    ]
+    assert run_cli(state, "sweep-summary", sweep_id[:8], "--format", "csv") == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [r["score"] for r in rows] == ["answer.exact", "answer.quality"]
+    assert run_cli(state, "sweep-summary", sweep_id, "--by", "model", "--by", "question") == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split()[:3] == ["model", "question", "score"]
+    assert out.splitlines()[-1].startswith("interval: cluster bootstrap")
+    assert run_cli(state, "sweep-summary", sweep_id, "--by", "colour") == 2
+    assert "sweep summary by: 'colour' is not an axis or row field" in capsys.readouterr().err
+    assert run_cli(state, "sweep-summary", "sw-nothing") == 2
+    with pytest.raises(SystemExit) as exited:
+        run_cli(state, "sweep-summary", sweep_id, "--format", "xml")
+    assert exited.value.code == 2
+
+
+def test_wf_sweep_summary_refuses_a_sweep_without_scores(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "wf.yaml").write_text(
+        "name: plain\nparams: {model: {type: string, default: m1}}\nrunner: scripted\n"
+        "steps:\n  - id: a\n    prompt: 'hi {{ params.model }}'\n"
+    )
+    state = tmp_path / "state"
+    assert (
+        run_cli(state, "sweep", str(tmp_path / "wf.yaml"), "--grid", "model=m1,m2", "--quiet") == 0
+    )
+    sweep_id = capsys.readouterr().out.split()[1]
+    assert run_cli(state, "sweep-summary", sweep_id) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (
+        "error: sweep summary: this sweep has no scores (no score.<step>.<name> column); "
+        "add a score: list to a step (docs/evaluations.md)"
+    )

@@ -261,6 +261,12 @@ class Run:
         return decided
 
     # -- frames -----------------------------------------------------------------------------
+    def scores(self) -> pd.DataFrame:
+        """One row per score of this run: ``run``, ``step``, ``name``, ``item`` (<NA> unless a
+        map item's), ``value``, ``explanation``, ``unit``, ``status`` (a failed score has no
+        value and its failure as explanation); see docs/evaluations.md, "Scores"."""
+        return self.store.scores_frame([self.run_id])
+
     def journal(self, *, inputs: bool = False) -> pd.DataFrame:
         """One row per attempt of this run; ``inputs=True`` adds what each was sent.
 

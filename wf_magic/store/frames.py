@@ -122,7 +122,8 @@ _TOKENS_SUMS: _Spec = (
     ("tokens_reused", "SUM(CASE WHEN status = 'reused' THEN saved_tokens ELSE 0 END)", "int"),
     (
         "tokens_judge",
-        "SUM(CASE WHEN phase = 'gate' AND charged = 0 THEN tokens_in + tokens_out ELSE 0 END)",
+        "SUM(CASE WHEN phase IN ('gate', 'score') AND charged = 0"
+        " THEN tokens_in + tokens_out ELSE 0 END)",
         "int",
     ),
 )
@@ -132,6 +133,10 @@ _TREE_CTE = (
     " SELECT run_id FROM runs WHERE run_id = :run OR root_run_id = :run"
     " UNION SELECT runs.run_id FROM runs JOIN tree ON runs.parent_run_id = tree.run_id) "
 )
+LLM_SCORE = (
+    "a.phase = 'score' AND a.runner NOT IN ('equals', 'contains', 'regex', 'json_schema', 'python')"
+)
+"""An llm scorer's attempt (a judge); the other scorers journal their own name as runner."""
 CEILINGS: tuple[str, ...] = ("units", "tokens", "cost")
 """The budget ceilings, in the row order of :func:`budget_frame`."""
 
@@ -392,10 +397,11 @@ def _saved_figures(conn: sqlite3.Connection, run_id: str) -> tuple[float, ...]:
 
 def _judge_figures(conn: sqlite3.Connection, run_id: str) -> tuple[float, ...]:
     """What judges spent outside the budget over the run's root tree: uncharged gate attempts
-    (a reused verdict is reuse, not judging), their tokens, their cost."""
+    and llm score attempts (a reused verdict is reuse, not judging), their tokens, their cost."""
     sql = (
         "SELECT TOTAL(1), TOTAL(a.tokens_in + a.tokens_out), TOTAL(a.cost)"
-        " FROM attempts AS a WHERE a.phase = 'gate' AND a.charged = 0 AND a.status <> 'reused'"
+        f" FROM attempts AS a WHERE (a.phase = 'gate' OR ({LLM_SCORE})) AND a.charged = 0"
+        " AND a.status <> 'reused'"
         " AND a.run_id IN (SELECT tree.run_id FROM runs AS tree JOIN runs AS run"
         " ON tree.root_run_id = run.root_run_id WHERE run.run_id = ?)"
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from . import recordings, summary
@@ -47,6 +48,16 @@ class ViewQueries(StoreAccess):
         from . import frames
 
         return self._read(lambda c: frames.budget_frame(c, run_id), run_id)
+
+    def scores_frame(self, run_ids: Sequence[str]) -> pd.DataFrame:
+        """One row per score unit of the runs (see
+        :func:`wf_magic.store.scoreframes.scores_frame`)."""
+        from . import scoreframes
+
+        ids = list(run_ids)
+        return self._read(
+            lambda c: scoreframes.scores_frame(c, ids), ids[0] if len(ids) == 1 else None
+        )
 
     # -- run views (display/) --------------------------------------------------------------
     def run_tally(self, run_id: str) -> summary.RunTally:

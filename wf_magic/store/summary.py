@@ -71,7 +71,8 @@ def run_tally(conn: sqlite3.Connection, run_id: str) -> RunTally:
         "SELECT step_id, sum(CASE WHEN charged <> 0 THEN tokens_in + tokens_out ELSE 0 END),"
         " sum(CASE WHEN status = 'reused' THEN saved_tokens ELSE 0 END),"
         " sum(CASE WHEN status = 'reused' THEN 1 ELSE 0 END),"
-        " sum(CASE WHEN phase = 'gate' AND charged = 0 THEN tokens_in + tokens_out ELSE 0 END)"
+        " sum(CASE WHEN phase IN ('gate', 'score') AND charged = 0"
+        " THEN tokens_in + tokens_out ELSE 0 END)"
         " FROM attempts WHERE run_id = ? GROUP BY step_id",
         (run_id,),
     ):

@@ -81,22 +81,59 @@ class Sweep:
         return self._store.sweep_cells(self.sweep_id)
 
     def frame(self) -> pd.DataFrame:
-        """One row per cell: the axes, ``row``, ``repeat``, ``run_id``, ``status``,
-        ``result``, ``tokens_paid``, ``tokens_original``, ``cost_paid``, ``cost_original``,
-        ``duration_s``, then ``gate_<step>`` / ``gate_<step>_loops`` per gated step, then the
-        result's top-level fields when it is an object."""
+        """One row per cell: the axes, then one column per rows-file field (the cell's row's
+        value), ``row``, ``repeat``, ``run_id``, ``status``, ``result``, ``tokens_paid``,
+        ``tokens_original``, ``cost_paid``, ``cost_original``, ``duration_s``, then
+        ``gate_<step>`` / ``gate_<step>_loops`` per gated step, then ``score.<step>.<name>``
+        per score of the plan (the cell's value; a map step's mean over its items; NaN when
+        not measured or failed), then the result's top-level fields when it is an object."""
         import pandas as pd
 
         axes = self.axes
-        records = [_record(cell, axes) for cell in self.cells()]
+        cells = self.cells()
+        records = [_record(cell, axes) for cell in cells]
+        row_columns = self._row_columns(records, cells)
         gate_columns = self._gate_columns(records)
+        score_columns = self._score_columns(records, cells)
+        fixed = {*axes, *row_columns, *FRAME_COLUMNS, *score_columns}
         fields: list[str] = []
         for rec in records:
             for name in rec.pop("_fields"):
-                if name not in fields and name not in axes and name not in FRAME_COLUMNS:
+                if name not in fields and name not in fixed:
                     fields.append(name)
-        frame = pd.DataFrame(records, columns=[*axes, *FRAME_COLUMNS, *gate_columns, *fields])
-        return frame
+        columns = [*axes, *row_columns, *FRAME_COLUMNS, *gate_columns, *score_columns, *fields]
+        return pd.DataFrame(records, columns=columns)
+
+    def _row_columns(self, records: list[dict[str, Any]], cells: list[SweepCellRow]) -> list[str]:
+        """Add each rows-file field of the cell's row to ``records`` (in first-seen order)."""
+        rows = json.loads(self.row.definition_json).get("rows") or []
+        columns = list(dict.fromkeys(name for row in rows for name in row))
+        for rec, cell in zip(records, cells, strict=True):
+            index = cell.row_index
+            row = rows[index] if index is not None and 0 <= index < len(rows) else {}
+            for name in columns:
+                rec[name] = row.get(name)
+        return columns
+
+    def _score_columns(self, records: list[dict[str, Any]], cells: list[SweepCellRow]) -> list[str]:
+        """Add ``score.<step>.<name>`` for each score of the plan to ``records``: the cell's
+        run's value, the mean over a map step's items."""
+        plan = json.loads(self.row.plan_json)
+        steps = plan.get("steps", [])
+        columns = [f"score.{s['id']}.{sc['name']}" for s in steps for sc in s.get("score", [])]
+        if not columns:
+            return []
+        from ..store.scoreframes import score_means
+
+        runs = [c.run_id for c in cells if c.run_id is not None]
+        means = score_means(self._store.scores_frame(runs)) if runs else None
+        for rec, cell in zip(records, cells, strict=True):
+            for column in columns:
+                value = math.nan
+                if means is not None and cell.run_id in means.index and column in means.columns:
+                    value = float(means.at[cell.run_id, column])
+                rec[column] = value
+        return columns
 
     def _gate_columns(self, records: list[dict[str, Any]]) -> list[str]:
         """Add ``gate_<step>`` (passed / blocked / the step's status) and

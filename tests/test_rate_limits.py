@@ -196,7 +196,10 @@ def limited_server() -> Iterator[tuple[str, Bucket]]:
                 status = 200 if ok else 429
                 with bucket.lock:
                     bucket.trace.append((at, arrived, status))
-                reply = json.dumps({"answer": f"ok {body.get('n')}"} if ok else {"error": "slow"})
+                if self.path.endswith("/chat/completions"):
+                    reply = json.dumps(_completion(body) if ok else _refusal())
+                else:
+                    reply = json.dumps({"answer": f"ok {body.get('n')}"} if ok else {"error": "x"})
                 self.send_response(status)
                 if not ok:
                     self.send_header("Retry-After", bucket.retry_after)
@@ -222,6 +225,29 @@ def limited_server() -> Iterator[tuple[str, Bucket]]:
         server.shutdown()
         server.server_close()
         LIMITERS.clear()
+
+
+def _completion(body: dict[str, object]) -> dict[str, object]:
+    messages = body.get("messages") or [{}]
+    prompt = str(messages[-1].get("content", "")) if isinstance(messages, list) else ""
+    return {
+        "id": "c",
+        "object": "chat.completion",
+        "created": 0,
+        "model": body.get("model"),
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": f"re: {prompt}"},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+    }
+
+
+def _refusal() -> dict[str, object]:
+    return {"error": {"message": "Rate limit reached", "type": "requests", "code": "rate_limit"}}
 
 
 class HttpRunner(BaseRunner):
@@ -428,3 +454,86 @@ def test_a_gate_judge_refused_by_the_provider_waits_and_asks_again_in_its_attemp
     judges = [a for a in attempts if a.phase == "gate"]
     assert [(a.attempt, a.status) for a in judges] == [(1, "succeeded")]
     assert list(events[events["kind"] == "throttled"]["unit"]) == [judges[0].unit_id] * 2
+
+
+def test_the_openai_runner_rides_a_rate_limit_at_default_settings(
+    tmp_path: Path, limited_server: tuple[str, Bucket], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, bucket = limited_server
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-key-for-the-loopback-server")
+    source = (
+        f"name: oa\nrunner: openai\nruntime: {{}}\n"
+        f"runners:\n  openai: {{base_url: '{url}v1', model: m}}\n"
+        "execution: {max_concurrency: 16}\nbudget: {max_units: 50}\n"
+        "steps:\n  - id: ask\n    map: '{{ range(50) | list }}'\n    prompt: 'n {{ item }}'\n"
+    ).replace("runtime: {}\n", "")
+    with Engine(tmp_path / "s") as engine:
+        run = engine.run(source)
+        attempts = engine.attempts(run.run_id)
+        events = engine.events(run.run_id)
+        limits = engine.limits()
+    assert run.status == "completed"
+    assert sorted(run.result) == sorted(f"re: n {n}" for n in range(50))
+    assert [(a.attempt, a.status) for a in attempts] == [(1, "succeeded")] * 50
+    refused = [t for t in bucket.trace if t[2] == 429]
+    assert refused
+    assert (events["kind"] == "throttled").sum() == len(refused)
+    [row] = limits.to_dict("records")
+    assert row["endpoint"].startswith(f"openai {url}v1 m key:")
+    assert "sk-test" not in row["endpoint"]
+    assert row["throttles"] == len(refused)
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ({}, None),
+        ({"retry-after": "1"}, 1.0),
+        ({"retry-after": "0.5"}, 0.5),
+        ({"retry-after-ms": "250", "retry-after": "9"}, 0.25),
+        ({"x-ratelimit-reset-requests": "6m0s"}, 300.0),  # past the bound: the bound
+        ({"x-ratelimit-reset-requests": "1s", "x-ratelimit-reset-tokens": "20ms"}, 1.0),
+        ({"x-ratelimit-reset-tokens": "1m30s"}, 90.0),
+        ({"retry-after": "nan"}, None),
+        ({"retry-after": "-3"}, None),
+        ({"retry-after": "inf"}, None),
+        ({"retry-after": "1e999"}, None),
+        ({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}, 0.0),
+        ({"retry-after": "soon"}, None),
+        ({"retry-after": "86400"}, 300.0),
+        ({"anthropic-ratelimit-requests-reset": "2015-10-21T07:28:00Z"}, 0.0),
+        ({"anthropic-ratelimit-requests-reset": "not a time"}, None),
+    ],
+)
+def test_how_long_a_refusal_asks_to_wait(headers: dict[str, str], expected: float | None) -> None:
+    from wf_magic.runners.ratelimits import wait_of
+
+    assert wait_of(headers) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "retry-after",
+                "retry-after-ms",
+                "x-ratelimit-reset-requests",
+                "x-ratelimit-reset-tokens",
+                "anthropic-ratelimit-tokens-reset",
+            ]
+        ),
+        st.one_of(
+            st.text(max_size=30),
+            st.floats(allow_nan=True, allow_infinity=True).map(str),
+            st.integers(-(10**30), 10**30).map(str),
+        ),
+    )
+)
+def test_whatever_a_server_sends_the_wait_is_none_or_between_zero_and_the_bound(
+    headers: dict[str, str],
+) -> None:
+    from wf_magic.runners.ratelimits import MAX_WAIT_S, wait_of
+
+    wait = wait_of(headers)
+    assert wait is None or 0.0 <= wait <= MAX_WAIT_S

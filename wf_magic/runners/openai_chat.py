@@ -51,10 +51,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import RunnerError
-from ..redact import Redactor
-from .base import RunnerContext, UnitRequest, UnitResult, strip_code_fence
+from ..redact import Redactor, mask_url
+from .base import RunnerContext, UnitRequest, UnitResult, check_limits, strip_code_fence
 from .bounded_http import AttemptLoop, bounded_hooks, is_cut_off, over_bound
 from .pricing import PRICE_OPTIONS, PriceTable
+from .ratelimits import is_throttle, key_digest, wait_of
 from .textsink import TEXT_EVERY_S
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ DEFAULT_TIMEOUT_S = 120.0
 TRANSIENT_STATUS = frozenset({408, 409, 425, 429})
 _MESSAGE_CAP = 500
 _OPTION_NAMES = frozenset(
-    {"base_url", "api_key_env", "model", "timeout_s", "json_mode", "max_tokens_param"}
+    {"base_url", "api_key_env", "model", "timeout_s", "json_mode", "max_tokens_param", "limits"}
     | PRICE_OPTIONS
 )
 
@@ -200,6 +201,12 @@ class OpenAIChatRunner:
             RunnerError: permanent, when an option is invalid.
         """
         return cls(OpenAIChatOptions.parse(ctx.options, name=ctx.name), name=ctx.name)
+
+    def limit_key(self, model: str | None) -> str:
+        """The endpoint a unit of ``model`` calls, as its limiter knows it (no key in it)."""
+        key = os.environ.get(self.options.api_key_env, "")
+        base = self.options.base_url or "https://api.openai.com/v1"
+        return f"openai {mask_url(base)} {model or self.options.model} key:{key_digest(key)}"
 
     @property
     def endpoint(self) -> str:
@@ -380,6 +387,12 @@ class OpenAIChatRunner:
             status = exc.status_code
             transient = status in TRANSIENT_STATUS or status >= 500
             message = f"{where} got HTTP {status}: {_server_message(exc)}{_retry_after(exc)}"
+            if is_throttle(status):  # the provider's limiter: waited for, sent again
+                return RunnerError(
+                    self._redactor.redact(message),
+                    throttled=True,
+                    retry_after_s=wait_of(exc.response.headers),
+                )
         else:
             message, transient = f"{where} failed: {_clip(str(exc))}", False
         return RunnerError(
@@ -533,6 +546,8 @@ def _check_option_names(options: Mapping[str, Any], where: str) -> None:
             f"{where}: unknown option(s) {', '.join(map(str, unknown))}; expected some of "
             f"{', '.join(sorted(_OPTION_NAMES))}."
         )
+    if "limits" in options:
+        check_limits(options["limits"], where)
 
 
 def _str_option(name: str, value: Any) -> str | None:

@@ -35,6 +35,7 @@ def test_the_demo_notebooks_exist() -> None:
         "04_budget_analysis.ipynb",
         "05_sweeps.ipynb",
         "06_agent_steps.ipynb",
+        "07_evaluations.ipynb",
     ]
 
 

@@ -91,6 +91,9 @@ class Paired:
             )
         return "\n".join(lines)
 
+    def __repr__(self) -> str:
+        return f"<Paired {str(self).splitlines()[0]}>"
+
     def _repr_html_(self) -> str:
         return f"<pre class='wf-paired'>{html.escape(str(self))}</pre>"
 

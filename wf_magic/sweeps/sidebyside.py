@@ -83,6 +83,12 @@ class SideBySide:
     def _repr_html_(self) -> str:
         return self.to_html()
 
+    def __repr__(self) -> str:
+        return (
+            f"<SideBySide {len(self.rows)} row(s) × {len(self.variants)} variant(s) "
+            f"({', '.join(self.variants)}); .frame() is the table>"
+        )
+
     def _cell_html(self, cell: dict[str, Any] | None) -> str:
         style = "vertical-align:top;border:1px solid #ddd;padding:4px"
         if cell is None:

@@ -189,7 +189,9 @@ def test_a_sweep_runs_every_cell_once_and_the_frame_has_the_contract_columns(
         assert sweep.status == "completed" and sweep.status_reason is None
         assert sweep.sweep_id.startswith("sw-")
         frame = sweep.frame()
-        assert list(frame.columns) == ["model", "style", *FRAME_FIXED]
+        # the rows file's fields sit beside the axes (issue 34 item 2)
+        assert list(frame.columns) == ["model", "style", "topic", *FRAME_FIXED]
+        assert list(frame["topic"]) == ["cats", "dogs", "owls"] * 4
         assert len(frame) == 12 and set(frame["status"]) == {"completed"}
         assert charged(state) == 12
         longs = frame[frame["style"] == "long"]
@@ -379,7 +381,8 @@ def test_the_cli_sweep_verbs(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert [r["style"] for r in records] == ["terse"] * 4 + ["long"] * 4
     assert [r["repeat"] for r in records] == [0, 1] * 4
     assert run_cli(state, "sweep-frame", sweep_id, "--format", "csv") == 0
-    assert capsys.readouterr().out.splitlines()[0] == ",".join(["style", *FRAME_FIXED])
+    # the rows file's fields beside the axes (issue 34 item 2)
+    assert capsys.readouterr().out.splitlines()[0] == ",".join(["style", "n", "topic", *FRAME_FIXED])
     assert run_cli(state, "sweep", str(wf_file), "--grid", "colour=red") == 2
     assert capsys.readouterr().err.strip() == (
         "error: sweep grid axis 'colour' is not a param of workflow 'sweep-demo'; "

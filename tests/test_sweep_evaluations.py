@@ -40,7 +40,7 @@ steps:
       - {name: quality, judge: llm, rubric: "How correct is it, given {{ params.expected }}?",
          scale: [1, 5]}
 """
-ROWS = "question,expected\nCapital of France?,Paris\n2 + 2?,Four\nLargest ocean?,Pacific\n"
+ROWS = "question,expected\nCapital of France?,Paris\n=2+2?,Four\nLargest ocean?,Pacific\n"
 
 
 @pytest.fixture
@@ -165,6 +165,18 @@ def test_wf_sweep_summary_formats_and_exit_codes(
     out = capsys.readouterr().out
     assert out.splitlines()[0].split()[:3] == ["model", "question", "score"]
     assert out.splitlines()[-1].startswith("interval: cluster bootstrap")
+    assert run_cli(state, "sweep-summary", sweep_id, "--by", "question", "--format", "csv") == 0
+    cells = [r["question"] for r in csv.DictReader(io.StringIO(capsys.readouterr().out))]
+    assert "'=2+2?" in cells  # a formula-like cell is escaped (display/spreadsheet.py)
+    assert run_cli(state, "sweep-summary", sweep_id, "--by", "question", "--format", "json") == 0
+    assert "=2+2?" in [r["question"] for r in json.loads(capsys.readouterr().out)]
+    assert run_cli(state, "sweep-frame", sweep_id, "--format", "json") == 0
+    frame = json.loads(capsys.readouterr().out)
+    assert [(r["question"], r["score.answer.exact"]) for r in frame][:3] == [
+        ("Capital of France?", 1.0),
+        ("=2+2?", 1.0),
+        ("Largest ocean?", 0.0),
+    ]
     assert run_cli(state, "sweep-summary", sweep_id, "--by", "colour") == 2
     assert "sweep summary by: 'colour' is not an axis or row field" in capsys.readouterr().err
     assert run_cli(state, "sweep-summary", "sw-nothing") == 2

@@ -36,20 +36,16 @@ if TYPE_CHECKING:
     from .engine import Engine
     from .run import Run
     from .spec.workflow import Workflow
-    from .store.records import RunRow
     from .store.store import Store
 
 
 class _RunLister(Protocol):
-    """What ``wf list`` needs: the Engine, or just its Store (no engine import)."""
+    """What ``wf list`` needs: the Engine, or just its Store (no engine import); the listing
+    itself reads the Store (the Engine's ``store``)."""
 
     db_path: Path
     where: str
     """The state's location as shown to people (the SQLite file, or the PostgreSQL schema)."""
-
-    def list_runs(
-        self, *, include_children: bool = False, limit: int | None = None, owner: str | None = None
-    ) -> list[RunRow]: ...
 
 
 def _say(text: str, *, file: TextIO | None = None) -> None:
@@ -210,40 +206,32 @@ def cmd_status(engine: Engine, args: argparse.Namespace) -> int:
     return run.exit_code
 
 
-def _successor(lister: _RunLister, run_id: str) -> str | None:
-    """The run that superseded the failed run ``run_id`` (the lister is a Store or Engine)."""
-    store = cast("Store", getattr(lister, "store", lister))
-    return store.superseded_by(run_id)
-
-
 def cmd_list(engine: _RunLister, args: argparse.Namespace) -> int:
-    """One line per run: id, workflow, status, owner (``-`` for nobody's), params, reason, and
-    the run that superseded a failed one (it keeps its failure, as ``wf status`` says)."""
+    """The newest runs, one line each (a sweep's cells as one line per sweep), then how many
+    were left out (``--all``: every run; ``--sweep``: one sweep's cells): the lines of
+    ``display.listing``, shared with ``%workflow list``."""
+    from .display.listing import listing_lines, runs_listing
     from .users import current_user
 
+    store = cast("Store", getattr(engine, "store", engine))  # a Store or the Engine
     mine = current_user() if getattr(args, "mine", False) else None
-    runs = engine.list_runs(
-        include_children=getattr(args, "all", False),
-        limit=getattr(args, "limit", None),
-        owner=mine,
+    every, sweep = bool(getattr(args, "all", False)), getattr(args, "sweep", None)
+    listing = runs_listing(
+        store, limit=getattr(args, "limit", None), every=every, sweep=sweep, owner=mine
     )
-    if not runs:
+    if not listing.entries:
         print(f"no runs {f'of {mine} ' if mine else ''}in {engine.where}")
     from .spec.stored import plan_warning
-    from .store.runs import params_text
+    from .store.listing import CellEntry
+    from .store.records import RunRow
 
+    shown = [e.run if isinstance(e, CellEntry) else e for e in listing.entries]
+    runs = [r for r in shown if isinstance(r, RunRow)]  # no sweep, no cell without a run
     _warn(filter(None, map(plan_warning, runs)))
-    for row in runs:
-        shown = params_text(row.params_json)  # tells two scopes of one workflow apart
-        params = f"  {shown}" if shown else ""
-        reason = f"  {row.status_reason}" if row.status_reason else ""
-        parent = f"  (child of {row.parent_run_id})" if row.parent_run_id else ""
-        successor = _successor(engine, row.run_id) if row.status == "failed" else None
-        reason += f"  superseded by {successor}" if successor else ""
-        owner = row.owner or "-"
-        _say(
-            f"{row.run_id}  {row.workflow:<20} {row.status:<10} {owner:<12}{params}{reason}{parent}"
-        )
+    for line in listing_lines(
+        listing, every=every, cells=sweep is not None, successor_of=store.superseded_by
+    ):
+        _say(line)
     return EXIT_OK
 
 

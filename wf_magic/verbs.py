@@ -255,10 +255,25 @@ VERBS: tuple[Verb, ...] = (
     ),
     Verb(
         name="list",
-        help="list runs",
+        help="list the newest runs (a sweep's cells on one line per sweep) and count the rest",
         options=(
-            Option(flag="--limit", type=count_at_least(1), metavar="N", help="the newest N"),
-            Option(flag="--all", action="store_true", help="child runs too (with their parent)"),
+            Option(
+                flag="--limit",
+                type=count_at_least(1),
+                metavar="N",
+                help="the newest N (default 50)",
+            ),
+            Option(
+                flag="--all",
+                action="store_true",
+                help="every run: no limit, child runs (with their parent) and sweep cells each "
+                "on a line",
+            ),
+            Option(
+                flag="--sweep",
+                metavar="SWEEP",
+                help="only this sweep's cells (a sweep id or a unique prefix), newest first",
+            ),
             OneOf(
                 options=(
                     Option(
@@ -617,7 +632,10 @@ def add_verb_parsers(
         if face not in verb.faces:
             continue
         sp = sub.add_parser(
-            verb.name, help=verb.help, parents=list(parents), add_help=parser.add_help
+            verb.name,
+            help=_plain(verb.help),
+            parents=list(parents),
+            add_help=parser.add_help,
         )
         for item in verb.options:
             if isinstance(item, OneOf):
@@ -631,9 +649,15 @@ def add_verb_parsers(
     return out
 
 
+def _plain(text: str | None) -> str | None:
+    """A help text of the table as argparse prints it verbatim (it %-formats help: ``95 %``
+    would fail ``wf --help``); the table holds plain text, as ``%workflow?`` shows it."""
+    return None if text is None else text.replace("%", "%%")
+
+
 def _argparse_kwargs(option: Option) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
-        "help": option.help,
+        "help": _plain(option.help),
         "type": option.type,
         "choices": option.choices,
         "action": option.action,

@@ -109,6 +109,8 @@ class LineArgs:
     """``list --mine``: only the current user's runs (and nobody's)."""
     all_users: bool = False
     """``list --all-users``: every user's runs (the default)."""
+    sweep: str | None = None
+    """``list --sweep SWEEP``: only that sweep's cells."""
 
 
 class _Parser(argparse.ArgumentParser):

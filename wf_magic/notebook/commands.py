@@ -221,39 +221,82 @@ def launch(
 
 # -- line commands ------------------------------------------------------------------------------
 def cmd_list(ctx: CommandContext, args: LineArgs) -> Any:
-    """Root runs, newest first, shown in a few columns (``--all``: every run and column).
+    """The entries ``wf list`` prints (``display.listing``): the newest root runs (default 50)
+    as a frame, each sweep's cells as one line per sweep, a sweep's cells with ``--sweep``,
+    and how many were left out; ``--all``: the plain frame of every run and column.
 
     The compact view shows each run's params (secret ones masked) beside its workflow, so
     two scopes of one workflow are told apart.
     """
-    RunsFrame = _scoped_runs_frame()  # noqa: N806 - a class, built on first use (pandas)
+    from ..display.listing import entry_line, rest_line, runs_listing
+    from ..store.listing import CellEntry
+    from ..store.records import RunRow
 
-    frame = ctx.engine.runs()
     mine = current_user() if args.mine else None
-    if mine is not None:  # yours, and nobody's (runs from before owners were recorded)
-        frame = frame[frame["owner"].isna() | (frame["owner"] == mine)]
-    if frame.empty:
+    if args.all and args.sweep is None:
+        frame = ctx.engine.runs()
+        if mine is not None:  # yours, and nobody's (runs from before owners were recorded)
+            frame = frame[frame["owner"].isna() | (frame["owner"] == mine)]
+        frame = frame.iloc[::-1].reset_index(drop=True)
+        frame = frame.head(args.limit) if args.limit else frame
+        if frame.empty:
+            print(f"no runs {f'of {mine} ' if mine else ''}in {ctx.engine.where}")
+            return None
+        return frame
+    store = ctx.engine.store
+    listing = runs_listing(store, limit=args.limit, every=args.all, sweep=args.sweep, owner=mine)
+    if not listing.entries:
         print(f"no runs {f'of {mine} ' if mine else ''}in {ctx.engine.where}")
         return None
-    frame = frame.iloc[::-1].reset_index(drop=True)
-    if not args.all:
-        frame = frame[frame["parent_run"].isna()].reset_index(drop=True)
-    frame = frame.head(args.limit) if args.limit else frame
-    return frame if args.all else RunsFrame(frame)
+    order: list[str] = []
+    lines: list[tuple[int, str]] = []  # (position, line) of the entries that are no run row
+    for entry in listing.entries:
+        run = entry.run if isinstance(entry, CellEntry) else entry
+        if isinstance(run, RunRow):
+            order.append(run.run_id)
+        else:
+            lines.append((len(order) + len(lines), entry_line(entry, store.superseded_by)))
+    frame = ctx.engine.runs()
+    place = {run_id: i for i, run_id in enumerate(order)}
+    frame = frame[frame["run"].isin(place)]  # a run deleted meanwhile is simply not shown
+    frame = frame.iloc[frame["run"].map(place).argsort()].reset_index(drop=True)
+    shown = _scoped_runs_frame()(frame)
+    shown.listed_lines = tuple(lines)
+    shown.rest_line = rest_line(listing, every=args.all, cells=args.sweep is not None)
+    return shown
 
 
 @functools.cache
 def _scoped_runs_frame() -> type:
-    """``RunsFrame`` whose display adds a ``params`` column after ``workflow``."""
+    """``RunsFrame`` whose display adds a ``params`` column after ``workflow``, the listing's
+    lines that are no run (a sweep, a cell without a run) in their places, and the count of
+    the entries left out."""
+    import pandas as pd
+
     from ..store.runs import params_text
     from .frames import RunsFrame
 
     class ScopedRunsFrame(RunsFrame):
+        _metadata = ["listed_lines", "rest_line"]  # attributes pandas lets us set
+        listed_lines: tuple[tuple[int, str], ...] = ()
+        rest_line: str | None = None
+
         def readable(self) -> Any:
             out = super().readable()
             shown = [params_text(v) if isinstance(v, str) else "" for v in self["params"]]
             out.insert(list(out.columns).index("workflow") + 1, "params", shown)
-            return out
+            rows = out.to_dict("records")
+            for position, line in self.listed_lines:
+                rows.insert(position, {c: "" for c in out.columns} | {"run": line})
+            return pd.DataFrame(rows, columns=out.columns)
+
+        def __repr__(self) -> str:
+            rest = f"\n{self.rest_line}" if self.rest_line else ""
+            return super().__repr__() + rest
+
+        def _repr_html_(self) -> str:
+            rest = f"<p>{html.escape(self.rest_line)}</p>" if self.rest_line else ""
+            return super()._repr_html_() + rest
 
     return ScopedRunsFrame
 

@@ -7,8 +7,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from . import runs, sweeps
+from . import listing, runs, sweeps
 from .access import StoreAccess
+from .listing import RunListing
 from .records import RunRow, RunStatus, ScopeChoice, StepRow, StepStatus
 from .runs import LaunchKey
 
@@ -44,6 +45,35 @@ class RunQueries(StoreAccess):
         return self._read(
             lambda c: runs.list_runs(c, include_children=include_children, limit=limit, owner=owner)
         )
+
+    def run_listing(
+        self,
+        *,
+        limit: int | None,
+        include_children: bool = False,
+        group_sweeps: bool = True,
+        owner: str | None = None,
+    ) -> RunListing:
+        """The newest ``limit`` runs (None: all), each sweep's cells as one entry with
+        ``group_sweeps``, and how many there are in all (``wf list``, ``%workflow list``)."""
+        return self._read(
+            lambda c: listing.run_listing(
+                c,
+                limit=limit,
+                include_children=include_children,
+                group_sweeps=group_sweeps,
+                owner=owner,
+            )
+        )
+
+    def cell_listing(self, sweep_id: str, *, limit: int | None) -> RunListing:
+        """The newest ``limit`` cells of a sweep (None: all), and how many it has."""
+        return self._read(lambda c: listing.cell_listing(c, sweep_id, limit=limit))
+
+    def sweep_cell_counts(self, sweep_id: str) -> tuple[tuple[str, int], ...]:
+        """A sweep's cells counted by status (``pending``: no run yet; ``deleted``: its run
+        was deleted by ``wf gc``), in ``listing.CELL_STATUSES`` order."""
+        return self._read(lambda c: listing.sweep_cell_counts(c, [sweep_id])).get(sweep_id, ())
 
     def child_run(self, parent_run_id: str, invocation_key: str) -> RunRow | None:
         """The child run a parent published for one invocation."""

@@ -298,3 +298,29 @@ def test_t_quantile_is_close_to_the_table() -> None:
     table = {3: 3.182, 5: 2.571, 10: 2.228, 29: 2.045, 100: 1.984}
     for dof, t in table.items():
         assert rs.t_quantile(z, dof) == pytest.approx(t, abs=0.005)
+
+
+def test_paired_and_side_by_side_take_list_valued_axes() -> None:
+    from wf_magic.sweeps.sidebyside import build
+
+    records = [
+        {
+            "stops": stops,
+            "row": r,
+            "repeat": 0,
+            "status": "completed",
+            "result": f"{r}{stops}",
+            "score.answer.exact": float(r % 2) + (0.5 if stops == ["\n"] else 0.0),
+        }
+        for stops in (["\n"], ["."])
+        for r in range(4)
+    ]
+    frame = pd.DataFrame(records)
+    result = paired(
+        frame, a={"stops": ["\n"]}, b={"stops": ["."]}, score="answer.exact", axes=["stops"]
+    )
+    assert (result.n_pairs, result.mean_difference, result.wins) == (4, 0.5, 4)
+    view = build(
+        frame, axes=["stops"], row_fields=[], columns="stops", index=None, score=None, only=None
+    )
+    assert view.variants == ['["\\n"]', '["."]'] and len(view.rows) == 4

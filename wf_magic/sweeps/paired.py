@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
+from ..hashing import canonical_json
 from . import resampling as rs
-from .stats import cluster_keys, method_attrs, score_column
+from .stats import cluster_keys, method_attrs, plain, score_column
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -121,12 +122,13 @@ def paired(
     names = _check_selectors(frame, a, b, axes)
     keys = [x for x in axes if x not in names] + [k for k in ("row", "repeat") if k in frame]
     side_a, side_b = _select(frame, a), _select(frame, b)
-    by_key_b = {_key(side_b, i, keys): i for i in side_b.index}
+    # canonical JSON makes any axis value (a list, an object) a dict key
+    by_key_b = {_json(list(_key(side_b, i, keys))): i for i in side_b.index}
     pairs, excluded, seen_b = [], [], set()
     unpaired = missing = 0
     for i in side_a.index:
         k = _key(side_a, i, keys)
-        j = by_key_b.get(k)
+        j = by_key_b.get(_json(list(k)))
         if j is None:
             unpaired += 1
             excluded.append(_left_out(keys, k, "a", "no cell of b at these keys"))
@@ -198,8 +200,8 @@ def _check_selectors(
                     f"sweep paired: {side} names {name!r}, which is not an axis of this sweep "
                     f"(its axes: {', '.join(axes) or 'none'})"
                 )
-            values = list(dict.fromkeys(frame[name].tolist()))
-            if value not in values:
+            values = list({_json(v): plain(v) for v in frame[name].tolist()}.values())
+            if _json(value) not in {_json(v) for v in values}:
                 raise UsageError(
                     f"sweep paired: {side} asks {name}={value!r}, which no cell has "
                     f"(its values: {', '.join(map(repr, values))})"
@@ -217,13 +219,22 @@ def _check_selectors(
 def _select(frame: pd.DataFrame, sel: Mapping[str, Any]) -> pd.DataFrame:
     mask = None
     for name, value in sel.items():
-        hit = frame[name] == value
+        wanted = _json(value)
+        hit = frame[name].map(lambda v, wanted=wanted: _json(v) == wanted).astype(bool)
         mask = hit if mask is None else mask & hit
     return frame[mask]
 
 
+def _json(value: Any) -> str:
+    """An axis value compared as canonical JSON (1 and 1.0 alike; lists and objects too)."""
+    value = plain(value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return canonical_json(value)
+
+
 def _key(frame: pd.DataFrame, index: Any, keys: list[str]) -> tuple[Any, ...]:
-    return tuple(None if _is_na(frame.at[index, k]) else frame.at[index, k] for k in keys)
+    return tuple(plain(frame.at[index, k]) for k in keys)
 
 
 def _left_out(keys: list[str], key: tuple[Any, ...], side: str, reason: str) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import UsageError
 from ..hashing import canonical_json
-from .stats import SCORE_PREFIX, check_columns, score_column, score_columns
+from .stats import SCORE_PREFIX, check_columns, plain, score_column, score_columns
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -162,14 +162,15 @@ def build(
     others = [a for a in axes if a not in variant_axes and a not in shown]
     keys = list(dict.fromkeys([*(["row"] if has_rows else []), *shown, *others]))
     keys += ["repeat"] if repeats and "repeat" not in keys else []
-    table: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = {}
+    # keyed by canonical JSON, so any axis value (a list, an object) keys a row
+    table: dict[str, tuple[tuple[Any, ...], dict[str, dict[str, Any]]]] = {}
     variants: list[str] = []
     for rec in frame.to_dict(orient="records"):
         label = " · ".join(_text(rec[a]) for a in variant_axes)
         variants.append(label) if label not in variants else None
-        key = tuple(_plain(rec[k]) for k in keys)
-        table.setdefault(key, {})[label] = _cell(rec, names)
-    rows = [(k, cells) for k, cells in table.items() if _keep(cells, variants, names, only)]
+        key = tuple(plain(rec[k]) for k in keys)
+        table.setdefault(canonical_json(key), (key, {}))[1][label] = _cell(rec, names)
+    rows = [(k, cells) for k, cells in table.values() if _keep(cells, variants, names, only)]
     return SideBySide(
         keys=keys,
         variants=variants,
@@ -183,7 +184,7 @@ def _cell(rec: dict[str, Any], names: list[str]) -> dict[str, Any]:
     result = rec.get("result")
     output = (
         None
-        if _plain(result) is None
+        if plain(result) is None
         else (
             result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, indent=1)
         )
@@ -191,10 +192,10 @@ def _cell(rec: dict[str, Any], names: list[str]) -> dict[str, Any]:
     return {
         "output": output,
         "status": rec.get("status"),
-        **{n: _plain(rec.get(n)) for n in names},
-        "tokens_paid": _plain(rec.get("tokens_paid")),
-        "cost_paid": _plain(rec.get("cost_paid")),
-        "latency_s": _plain(rec.get("duration_s")),
+        **{n: plain(rec.get(n)) for n in names},
+        "tokens_paid": plain(rec.get("tokens_paid")),
+        "cost_paid": plain(rec.get("cost_paid")),
+        "latency_s": plain(rec.get("duration_s")),
     }
 
 
@@ -220,24 +221,8 @@ def _keep(
     return len(outputs) > 1 or len(scores) > 1
 
 
-def _plain(value: Any) -> Any:
-    """A frame value as plain JSON-able Python (NaN, NA and NaT as None)."""
-    if isinstance(value, (list, dict, str)):
-        return value
-    try:
-        import pandas as pd
-
-        if pd.isna(value):
-            return None
-    except (TypeError, ValueError):
-        return value
-    if hasattr(value, "item"):
-        value = value.item()
-    return value
-
-
 def _text(value: Any) -> str:
-    value = _plain(value)
+    value = plain(value)
     if value is None:
         return "–"
     if isinstance(value, float):

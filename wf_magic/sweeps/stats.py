@@ -212,3 +212,17 @@ def _quantile(values: Sequence[float], q: float) -> float:
     import numpy as np
 
     return float(np.quantile(np.asarray(values, dtype=np.float64), q)) if values else float("nan")
+
+
+def plain(value: Any) -> Any:
+    """A frame value as plain JSON-able Python (numpy scalars unwrapped; NaN, NA, NaT: None)."""
+    if isinstance(value, (list, dict, str)):
+        return value
+    import pandas as pd
+
+    try:
+        if pd.isna(value):
+            return None
+    except (TypeError, ValueError):
+        return value
+    return value.item() if hasattr(value, "item") else value

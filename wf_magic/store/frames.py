@@ -223,7 +223,8 @@ def journal_frame(
 ) -> pd.DataFrame:
     """One row per attempt of the journal, in reservation order.
 
-    Every attempt appears: work and gate attempts (``phase``), charged or not, reused ones.
+    Every attempt appears: work, gate and score attempts (``phase``), charged or not, reused
+    ones.
 
     Args:
         conn: An open connection to the state database.
@@ -236,10 +237,11 @@ def journal_frame(
         - ``run`` (string): the run id.
         - ``step`` (string): the step id.
         - ``unit`` (string): the unit id; gate verdicts are ``<step>.gate:l<loop>`` (one item's
-          of a per-item gate ``<step>.gate:l<loop>[<i>]``).
+          of a per-item gate ``<step>.gate:l<loop>[<i>]``), scores ``<step>.score:<name>``
+          (one map item's ``<step>.score:<name>[<i>]``).
         - ``attempt`` (Int64): 1 for a unit's first attempt, then 2, 3 … on retries.
         - ``dispatch_id`` (string): the attempt's unique id (a side effect's idempotency key).
-        - ``phase`` (string): ``work`` or ``gate``.
+        - ``phase`` (string): ``work``, ``gate`` or ``score``.
         - ``runner`` (string): the runner that ran it (e.g. ``openai_chat``, ``scripted``).
         - ``model`` (string): the model asked, <NA> for runners without one.
         - ``status`` (string): ``running``, ``succeeded``, ``failed`` or ``reused``.
@@ -297,7 +299,7 @@ def tokens_frame(
         - ``saved_tokens`` (Int64): tokens saved by reused attempts.
         - ``tokens_paid``, ``tokens_reused``, ``tokens_judge`` (Int64): the one token story
           every view tells — paid (charged attempts, what the budget counts), reused (what
-          reused answers first cost) and judge (LLM judges outside the budget).
+          reused answers first cost) and judge (LLM judges and llm scorers outside the budget).
 
     Raises:
         UsageError: ``by`` is not one of the keys above.

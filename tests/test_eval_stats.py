@@ -324,3 +324,15 @@ def test_paired_and_side_by_side_take_list_valued_axes() -> None:
         frame, axes=["stops"], row_fields=[], columns="stops", index=None, score=None, only=None
     )
     assert view.variants == ['["\\n"]', '["."]'] and len(view.rows) == 4
+
+
+def test_summary_groups_by_a_list_valued_axis() -> None:
+    frame = pd.DataFrame(
+        [
+            {"stops": stops, "row": r, "repeat": 0, "score.answer.exact": float(r)}
+            for stops in (["\n"], ["."])
+            for r in range(3)
+        ]
+    )
+    out = summary_frame(frame, ["stops"], axes=["stops"])
+    assert out["stops"].tolist() == [["\n"], ["."]] and out["mean"].tolist() == [1.0, 1.0]

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError, clip, clip_list
+from ..hashing import canonical_json
 from . import resampling as rs
 
 if TYPE_CHECKING:
@@ -124,9 +125,7 @@ def summary_frame(
         )
     clusters = rs.clusters_of(cluster_keys(frame, axes))
     records: list[dict[str, Any]] = []
-    groups = frame.groupby(by, sort=False, dropna=False) if by else [((), frame)]
-    for key, group in groups:
-        key = key if isinstance(key, tuple) else (key,)
+    for key, group in _groups(frame, by):
         positions = frame.index.get_indexer(group.index)
         paid = _group_paid(group)
         for column in scores:
@@ -156,6 +155,22 @@ def summary_frame(
     out = pd.DataFrame(records, columns=[*by, *SUMMARY_COLUMNS])
     out.attrs.update(method_attrs(confidence=confidence, resamples=resamples, seed=seed))
     return out
+
+
+def _groups(frame: pd.DataFrame, by: list[str]) -> list[tuple[tuple[Any, ...], pd.DataFrame]]:
+    """The frame's groups by ``by`` in order of appearance, keyed by canonical JSON so that
+    any value groups (a list or object axis; NaN as None)."""
+    if not by:
+        return [((), frame)]
+    columns = [frame[b].tolist() for b in by]
+    keys = [canonical_json([plain(v) for v in values]) for values in zip(*columns, strict=True)]
+    order: dict[str, list[int]] = {}
+    for position, key in enumerate(keys):
+        order.setdefault(key, []).append(position)
+    return [
+        (tuple(plain(frame[b].iloc[rows[0]]) for b in by), frame.iloc[rows])
+        for rows in order.values()
+    ]
 
 
 def _check_settings(confidence: float, resamples: int) -> None:

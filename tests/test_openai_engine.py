@@ -233,7 +233,7 @@ def test_schema_mismatch_is_fed_back_to_the_model_through_the_gate_loop(
 
 
 # -- transient and permanent errors -----------------------------------------------------------
-def test_429_then_200_is_retried_and_the_journal_shows_both_attempts(
+def test_429_then_200_is_sent_again_in_the_same_attempt_with_the_same_idempotency_key(
     engine: Engine, server: FakeChatServer
 ) -> None:
     server.push(
@@ -245,7 +245,7 @@ def test_429_then_200_is_retried_and_the_journal_shows_both_attempts(
         """
         - id: ask
           prompt: Are you there?
-          retry: {max_attempts: 2, backoff_s: 0}
+          retry: {max_attempts: 1}
         """,
     )
 
@@ -254,17 +254,12 @@ def test_429_then_200_is_retried_and_the_journal_shows_both_attempts(
     assert run.status == "completed"
     assert run.output("ask") == "fine"
     attempts = work(engine, run.run_id)
-    assert [(a.attempt, a.status, a.transient) for a in attempts] == [
-        (1, "failed", 1),
-        (2, "succeeded", None),
-    ]
-    assert "HTTP 429" in (attempts[0].failure or "")
-    assert "Rate limit reached for m1" in (attempts[0].failure or "")
-    assert [r.headers["idempotency-key"] for r in server.requests] == [
-        a.dispatch_id for a in attempts
-    ]
-    assert attempts[0].dispatch_id != attempts[1].dispatch_id
-    assert [r.prompt for r in server.requests] == ["Are you there?"] * 2
+    assert [(a.attempt, a.status, a.transient) for a in attempts] == [(1, "succeeded", None)]
+    throttled = engine.events(run.run_id).query("kind == 'throttled'")
+    assert len(throttled) == 1
+    assert "HTTP 429" in throttled.iloc[0]["data_json"]
+    assert "Rate limit reached for m1" in throttled.iloc[0]["data_json"]
+    assert [r.headers["idempotency-key"] for r in server.requests] == [attempts[0].dispatch_id] * 2
 
 
 def test_400_fails_the_run_at_once_with_the_servers_message(

@@ -141,20 +141,24 @@ def test_anthropic_schema_output_by_a_forced_tool_on_older_models(
     assert [t["input_schema"]["required"] for t in body["tools"]] == [["sections"]]
 
 
-def test_anthropic_529_is_retried_as_transient(engine: Engine, anthropic: FakeAnthropic) -> None:
+def test_anthropic_529_is_a_throttle_sent_again_in_the_same_attempt(
+    engine: Engine, anthropic: FakeAnthropic
+) -> None:
     anthropic.push(anthropic_error(529, "overloaded_error", "Overloaded"))
     anthropic.push(Reply(text="second time lucky"))
     run = engine.run(
         workflow(
             anthropic.url,
             "anthropic:claude-sonnet-4-5",
-            step="retry: {max_attempts: 2, backoff_s: 0}\n",
+            step="retry: {max_attempts: 1}\n",  # no retry: the throttle is not one
         )
     )
     assert run.status == "completed", run.reason
-    first, second = attempts(engine, run.run_id)
-    assert (first.status, first.transient, second.status) == ("failed", 1, "succeeded")
-    assert "HTTP 529: Overloaded" in (first.failure or "")
+    (only,) = attempts(engine, run.run_id)
+    assert (only.attempt, only.status) == (1, "succeeded")
+    throttled = engine.events(run.run_id).query("kind == 'throttled'")
+    assert len(throttled) == 1
+    assert "HTTP 529: Overloaded" in throttled.iloc[0]["data_json"]
     assert len(anthropic.requests) == 2  # the SDK's own retries are off
 
 
@@ -183,12 +187,14 @@ def test_a_retry_after_is_honoured(engine: Engine, anthropic: FakeAnthropic) -> 
         workflow(
             anthropic.url,
             "anthropic:claude-sonnet-4-5",
-            step="retry: {max_attempts: 2, backoff_s: 0}\n",
+            step="retry: {max_attempts: 1}\n",
         )
     )
     assert run.status == "completed", run.reason
-    first, second = attempts(engine, run.run_id)
-    assert second.started_at - (first.finished_at or 0) >= 0.55
+    (only,) = attempts(engine, run.run_id)  # refused, waited for, sent again: one attempt
+    assert (only.finished_at or 0) - only.started_at >= 0.55
+    throttled = engine.events(run.run_id).query("kind == 'throttled'")
+    assert json.loads(throttled.iloc[0]["data_json"])["wait_s"] == 0.6
 
 
 def test_a_watched_anthropic_unit_streams_its_text(

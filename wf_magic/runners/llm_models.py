@@ -52,6 +52,7 @@ from .base import (
 from .bounded_http import MAX_BODY_BYTES, BodyOverBound, is_cut_off
 from .function import call_with_timeout
 from .pricing import PRICE_OPTIONS, PriceTable
+from .ratelimits import is_throttle, wait_of
 from .textsink import TextSink
 
 if TYPE_CHECKING:
@@ -96,6 +97,11 @@ class LLMRunner:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+
+    def limit_key(self, model: str | None) -> str:
+        """The endpoint a unit of ``model`` calls, as its limiter knows it: llm's plugins own
+        their base URLs and keys, so the model id stands for the endpoint."""
+        return f"llm {model or self.options.get('model') or ''}"
 
     def run(self, request: UnitRequest) -> UnitResult:
         """One prompt; past the timeout the call is abandoned (transient).
@@ -284,6 +290,12 @@ def _translate(exc: Exception, where: str) -> RunnerError:
         status = getattr(getattr(exc, "response", None), "status_code", None)
     if isinstance(exc, llm.NeedsKeyException):
         transient, message = False, f"{where} has no key: {_clip(str(exc))}"
+    elif isinstance(status, int) and is_throttle(status):  # the provider's limiter
+        headers = getattr(getattr(exc, "response", None), "headers", None)
+        message = f"{where} got HTTP {status}: {_server_message(exc)}"
+        return RunnerError(
+            message.rstrip(".") + ".", throttled=True, retry_after_s=wait_of(headers)
+        )
     elif isinstance(status, int):
         transient = status in TRANSIENT_STATUS or status >= 500
         message = f"{where} got HTTP {status}: {_server_message(exc)}"

@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RunnerError
+from ..redact import mask_url
 from .base import (
     RunnerContext,
     UnitRequest,
@@ -42,6 +43,7 @@ from .base import (
 )
 from .bounded_http import AttemptLoop, bounded_client, bounded_hooks, is_cut_off, over_bound
 from .pricing import PRICE_OPTIONS, PriceTable, attempt_cost
+from .ratelimits import is_throttle, key_digest, wait_of
 from .textsink import TEXT_EVERY_S
 
 if TYPE_CHECKING:
@@ -117,6 +119,14 @@ class PydanticAIRunner:
         self.__dict__.update(state)
         self._lock = threading.Lock()
         self._loop = AttemptLoop(self.name)
+
+    def limit_key(self, model: str | None) -> str:
+        """The endpoint a unit of ``model`` calls, as its limiter knows it (no key in it)."""
+        name = model or self.options.get("model") or ""
+        key_env, base_url = self.options.get("api_key_env"), self.options.get("base_url")
+        key = os.environ.get(key_env, "") if isinstance(key_env, str) else ""
+        where = mask_url(base_url) if isinstance(base_url, str) else str(name).split(":")[0]
+        return f"pydantic-ai {where} {name} key:{key_digest(key) if key_env else 'default'}"
 
     def run(self, request: UnitRequest) -> UnitResult:
         """One model request for the unit.
@@ -423,6 +433,12 @@ def _translate(exc: Exception, where: str) -> RunnerError:
     status = getattr(exc, "status_code", None)
     if isinstance(exc, pe.ContentFilterError):
         return RunnerError(f"{where} was stopped by the provider's content filter.")
+    if isinstance(status, int) and is_throttle(status):  # the provider's limiter
+        asked = wait_of(getattr(getattr(exc, "response", None), "headers", None))
+        if asked is None and isinstance(retry_after, int | float) and math.isfinite(retry_after):
+            asked = max(0.0, float(retry_after))
+        message = f"{where} got HTTP {status}: {_provider_message(exc)}".rstrip(".") + "."
+        return RunnerError(message, throttled=True, retry_after_s=asked)
     if isinstance(status, int):
         transient = status in TRANSIENT_STATUS or status >= 500
         message = f"{where} got HTTP {status}: {_provider_message(exc)}"

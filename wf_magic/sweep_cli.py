@@ -171,9 +171,12 @@ def cmd_sweep_resume(engine: Engine, args: argparse.Namespace) -> int:
 
 
 def cmd_sweeps(engine: Engine, args: argparse.Namespace) -> int:
+    from .sweeps.handle import sweep_status
+
     for row in engine.store.list_sweeps():
-        reason = f"  {row.status_reason}" if row.status_reason else ""
-        print(f"{row.sweep_id}  {row.workflow:<20} {row.status:<10} {row.cells} cells{reason}")
+        status, why = sweep_status(row, engine.store.sweep_cell_counts(row.sweep_id))
+        reason = f"  {why}" if why else ""
+        print(f"{row.sweep_id}  {row.workflow:<20} {status:<10} {row.cells} cells{reason}")
     return EXIT_OK
 
 
@@ -182,12 +185,12 @@ def cmd_sweep_status(engine: Engine, args: argparse.Namespace) -> int:
     row = sweep.row
     counts: dict[str, int] = {}
     for cell in sweep.cells():
-        status = cell.run_status or "pending"
-        counts[status] = counts.get(status, 0) + 1
+        counts[cell.status] = counts.get(cell.status, 0) + 1  # pending, deleted: no run
     totals = sweep.totals()
-    print(f"sweep {row.sweep_id} {row.workflow}: {row.status} · {row.cells} cells")
-    if row.status_reason:
-        print(f"  {row.status_reason}")
+    reason = sweep.status_reason
+    print(f"sweep {row.sweep_id} {row.workflow}: {sweep.status} · {row.cells} cells")
+    if reason:
+        print(f"  {reason}")
     print("  cells: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
     print(
         f"  paid: {int(totals['units'])} units, {int(totals['tokens'])} tokens, "

@@ -66,6 +66,15 @@ class SweepCellRow:
     tokens_original: int
     cost_original: float
 
+    @property
+    def status(self) -> str:
+        """What the cell reads as: its run's status; ``pending`` before it has a run;
+        ``deleted`` once ``wf gc`` deleted its run (a cell names its run from the run's own
+        insert on, so a named run that is missing was deleted)."""
+        if self.run_status is not None:
+            return self.run_status
+        return "pending" if self.run_id is None else "deleted"
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CellSpec:

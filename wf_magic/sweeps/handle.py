@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import json
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +51,7 @@ class Sweep:
 
     def __repr__(self) -> str:
         row = self.row
-        return f"<Sweep {self.sweep_id} {row.workflow} {row.status} ({row.cells} cells)>"
+        return f"<Sweep {self.sweep_id} {row.workflow} {self.status} ({row.cells} cells)>"
 
     @property
     def row(self) -> SweepRow:
@@ -61,12 +62,15 @@ class Sweep:
 
     @property
     def status(self) -> str:
-        """``running``, ``completed``, ``stopped`` or ``failed``."""
-        return self.row.status
+        """``running``, ``completed``, ``stopped`` or ``failed`` (see ``SweepStatus``), or
+        ``deleted``: ``wf gc`` deleted the runs of all its cells (each cell reads
+        ``deleted``)."""
+        return sweep_status(self.row, self._store.sweep_cell_counts(self.sweep_id))[0]
 
     @property
     def status_reason(self) -> str | None:
-        return self.row.status_reason
+        """Why the sweep stands where it does; it names the cells whose runs gc deleted."""
+        return sweep_status(self.row, self._store.sweep_cell_counts(self.sweep_id))[1]
 
     @property
     def axes(self) -> list[str]:
@@ -318,6 +322,19 @@ class Sweep:
         return grid_html(self)
 
 
+def sweep_status(row: SweepRow, counts: Sequence[tuple[str, int]]) -> tuple[str, str | None]:
+    """The status and reason a sweep reads as, from its row and its cells counted by status
+    (``Store.sweep_cell_counts``): ``deleted`` once gc deleted every cell's run; a reason
+    naming how many cells' runs gc deleted when it deleted some."""
+    deleted = dict(counts).get("deleted", 0)
+    if not deleted:
+        return row.status, row.status_reason
+    if deleted >= row.cells:
+        return "deleted", f"`wf gc` deleted the runs of all {row.cells} cells"
+    note = f"`wf gc` deleted the runs of {deleted} of its {row.cells} cells"
+    return row.status, f"{row.status_reason}; {note}" if row.status_reason else note
+
+
 def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
@@ -339,7 +356,7 @@ def _record(cell: SweepCellRow, axes: list[str]) -> dict[str, Any]:
         row=cell.row_index,
         repeat=cell.repeat,
         run_id=cell.run_id,
-        status=cell.run_status or "pending",
+        status=cell.status,
         result=result,
         tokens_paid=cell.tokens_paid,
         tokens_original=cell.tokens_original,
@@ -368,16 +385,17 @@ def grid_html(sweep: Sweep) -> str:
         "background:{c}'></span>".format(
             t=html.escape(
                 f"cell {c.cell_index} {c.point_json} row {c.row_index} "
-                f"repeat {c.repeat}: {c.run_status or 'pending'} {c.run_id or ''}"
+                f"repeat {c.repeat}: {c.status} {c.run_id or ''}"
             ),
-            c=STATUS_COLOURS.get(c.run_status or "pending", "#ccc"),
+            c=STATUS_COLOURS.get(c.status, "#ccc"),
         )
         for c in cells
     )
-    reason = f"<div>{html.escape(row.status_reason)}</div>" if row.status_reason else ""
+    status, why = sweep_status(row, tuple(Counter(c.status for c in cells).items()))
+    reason = f"<div>{html.escape(why)}</div>" if why else ""
     return (
         f"<div class='wf-sweep'><b>sweep {html.escape(row.sweep_id)}</b> "
-        f"{html.escape(row.workflow)} · {html.escape(row.status)} · {len(cells)} cells · "
+        f"{html.escape(row.workflow)} · {html.escape(status)} · {len(cells)} cells · "
         f"tokens {int(totals['tokens'])}{of}{reason}<div>{squares}</div></div>"
     )
 
@@ -401,14 +419,15 @@ def sweeps_frame(store: Store) -> pd.DataFrame:
             {
                 "sweep_id": r.sweep_id,
                 "workflow": r.workflow,
-                "status": r.status,
-                "status_reason": r.status_reason,
+                "status": status,
+                "status_reason": reason,
                 "cells": r.cells,
                 "budget": r.budget_json,
                 "created_at": pd.to_datetime(r.created_at, unit="s"),
                 "updated_at": pd.to_datetime(r.updated_at, unit="s"),
             }
             for r in store.list_sweeps()
+            for status, reason in [sweep_status(r, store.sweep_cell_counts(r.sweep_id))]
         ],
         columns=columns,
     )

@@ -119,7 +119,7 @@ class OtlpReceiver:
         request.ParseFromString(body)
         with self._lock:
             self.bodies.append(body)
-            self.headers.append(headers)
+            self.headers.append({k.lower(): v for k, v in headers.items()})
             for rs in request.resource_spans:
                 resource = _attrs(rs.resource.attributes)
                 for ss in rs.scope_spans:

@@ -424,7 +424,11 @@ def cmd_export_otel(engine: Engine, args: argparse.Namespace) -> int:
     headers = [pair for group in args.headers or () for pair in group]
     for run in args.run:
         report = engine.export_otel(
-            run, endpoint=args.endpoint, headers=headers, content=args.content
+            run,
+            endpoint=args.endpoint,
+            headers=headers,
+            content=args.content,
+            timeout_s=args.timeout,
         )
         _say(f"{report.run_id}: {report.sent} spans sent, trace {report.trace_id}")
     return EXIT_OK

@@ -586,6 +586,13 @@ VERBS: tuple[Verb, ...] = (
                 action="store_true",
                 help="attach prompts and outputs (redacted); off by default",
             ),
+            Option(
+                flag="--timeout",
+                type=number_in(0.1, 600.0),
+                default=10.0,
+                metavar="S",
+                help="seconds a receiver has to take each request, retries included",
+            ),
         ),
     ),
     *SWEEP_VERBS,

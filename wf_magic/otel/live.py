@@ -65,6 +65,9 @@ class LiveExporter:
         self._closing = False
         self._thread: threading.Thread | None = None
         self.failures = 0
+        """Tries that failed (a try sends every owed run)."""
+        self._healthy = True
+        """The last try reached the collector."""
 
     def observe(self, event: Event) -> None:
         """A bus observer: poke the event's run when it may have settled a span."""
@@ -90,8 +93,10 @@ class LiveExporter:
         return self._idle.wait(timeout_s)
 
     def close(self, wait_s: float = 5.0) -> None:
-        """Give the owed exports ``wait_s`` to finish, then stop (what is left goes next time)."""
-        self.wait_idle(wait_s)
+        """Give the owed exports ``wait_s`` to finish (none while the collector is failing),
+        then stop: what is left goes with the next drive or export."""
+        if self._healthy:
+            self.wait_idle(wait_s)
         with self._lock:
             self._closing = True
         self._wake.set()
@@ -121,6 +126,7 @@ class LiveExporter:
                     self._idle.set()
                 else:
                     self._wake.set()  # newer pokes, or a retry below
+            self._healthy = not failed
             if failed:
                 self.failures += 1
                 delay = RETRY_S[min(pause, len(RETRY_S) - 1)]

@@ -203,3 +203,71 @@ def test_wf_sweep_summary_refuses_a_sweep_without_scores(
         "error: sweep summary: this sweep has no scores (no score.<step>.<name> column); "
         "add a score: list to a step (docs/evaluations.md)"
     )
+
+
+PARENT = """
+name: parent
+params:
+  model: {type: string, default: m1}
+runner: scripted
+runners:
+  scripted:
+    rules:
+      - {match: '^kid', reply: "kid says hi", tokens_in: 7, tokens_out: 1}
+      - {match: '.*', reply: "top", tokens_in: 2, tokens_out: 1}
+steps:
+  - id: top
+    prompt: "top {{ params.model }}"
+  - id: sub
+    workflow: kid
+    with: {model: "{{ params.model }}"}
+---
+name: kid
+params:
+  model: {type: string}
+runners:
+  scripted:
+    rules:
+      - {match: '^kid', reply: "kid says hi", tokens_in: 7, tokens_out: 1}
+steps:
+  - id: inner
+    prompt: "kid {{ params.model }}"
+"""
+
+
+def test_tokens_count_the_child_runs_of_each_cell(tmp_path: Path) -> None:
+    (tmp_path / "wf.yaml").write_text(PARENT)
+    engine = Engine(tmp_path / "state")
+    sweep = engine.sweep(tmp_path / "wf.yaml", grid={"model": ["m1", "m2"]})
+    assert sweep.status == "completed"
+    by_step = sweep.tokens(by="step").set_index("step")
+    assert by_step.loc["inner", "attempts"] == 2 and by_step.loc["inner", "tokens"] == 16
+    assert by_step.loc["top", "tokens"] == 6
+    attempts = sweep.attempts()
+    inner = attempts[attempts["step"] == "inner"]
+    assert inner["model_axis"].tolist() == ["m1", "m2"] and inner["cell"].tolist() == [0, 1]
+    assert sweep.latency(by="model_axis")["count"].sum() == len(attempts)
+
+
+def test_a_stopped_sweep_reads_its_pending_cells_as_missing(tmp_path: Path) -> None:
+    (tmp_path / "wf.yaml").write_text(WORKFLOW)
+    (tmp_path / "rows.csv").write_text(ROWS)
+    engine = Engine(tmp_path / "state")
+    sweep = engine.sweep(
+        tmp_path / "wf.yaml",
+        grid={"model": ["m1", "m2"]},
+        rows=tmp_path / "rows.csv",
+        budget={"max_units": 4},
+    )
+    assert sweep.status == "stopped"
+    table = sweep.summary(by="model").set_index(["model", "score"])
+    assert (
+        table.loc[("m2", "answer.exact"), "missing"] == 3 - table.loc[("m2", "answer.exact"), "n"]
+    )
+    assert int(table["n"].sum() + table["missing"].sum()) == 12
+    result = sweep.paired(a={"model": "m1"}, b={"model": "m2"}, score="answer.exact")
+    assert result.n_pairs + result.missing == 3 and result.missing >= 1
+    assert set(result.excluded_frame()["side"]) <= {"b", "both"}
+    failed = sweep.side_by_side(columns="model", only="failed")
+    assert len(failed.rows) == result.missing
+    assert sweep.tokens(by="model_axis")["attempts"].sum() == len(sweep.attempts())

@@ -195,3 +195,51 @@ def test_the_notebook_listing_shows_the_same_entries_as_wf_list(
     assert repr(cells).endswith("\n… and 1 950 older cells; --all shows every cell")
     assert len(every) == CELLS + EARLY + LATE
     capsys.readouterr()
+
+
+# -- both backends, small ------------------------------------------------------------------------
+@pytest.mark.backends
+def test_the_listing_pages_runs_and_sweeps_alike_on_both_backends(
+    capsys: pytest.CaptureFixture[str], state_dir: Path
+) -> None:
+    with Engine(state_dir) as engine:
+        old = [engine.run(WORKFLOW, params={"k": -i}).run_id for i in range(3)]
+        time.sleep(0.01)
+        sweep = engine.sweep(WORKFLOW, grid={"k": [1, 11, 12]})
+        time.sleep(0.01)
+        new = [engine.run(WORKFLOW, params={"k": -10 - i}).run_id for i in range(2)]
+    sweep_line = f"sweep {sweep.sweep_id} evalbench: 3 cells · 2 completed · 1 failed"
+    lines = wf_inproc(capsys, state_dir, "list", "--limit", "2").stdout.splitlines()
+    assert [_run_id(line) for line in lines[:2]] == new[::-1]
+    assert lines[2:] == ["… and 3 older runs and 1 older sweep; --all shows every run"]
+    lines = wf_inproc(capsys, state_dir, "list").stdout.splitlines()
+    assert [*map(_run_id, lines[:2]), lines[2], *map(_run_id, lines[3:])] == [
+        *new[::-1],
+        sweep_line,
+        *old[::-1],
+    ]
+    assert wf_inproc(capsys, state_dir, "list", "--mine").stdout.splitlines() == lines
+    cells = wf_inproc(capsys, state_dir, "list", "--sweep", sweep.sweep_id, "--limit", "1")
+    assert cells.stdout.splitlines()[1:] == ["… and 2 older cells; --all shows every cell"]
+    every = wf_inproc(capsys, state_dir, "list", "--all").stdout.splitlines()
+    assert len(every) == 8 and not any(line.startswith("sweep ") for line in every)
+
+
+def test_mine_leaves_out_another_users_runs_and_sweeps(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from wf_magic.users import USER_ENV
+
+    state = tmp_path / "state"
+    monkeypatch.setenv(USER_ENV, "alice")
+    with Engine(state) as engine:
+        engine.run(WORKFLOW, params={"k": -1})
+        sweep = engine.sweep(WORKFLOW, grid={"k": [11, 12]})
+    assert len(wf_inproc(capsys, state, "list", "--mine").stdout.splitlines()) == 2
+    monkeypatch.setenv(USER_ENV, "bob")
+    assert (
+        wf_inproc(capsys, state, "list", "--mine").stdout == f"no runs of bob in {state}/state.db\n"
+    )
+    listed = wf_inproc(capsys, state, "list").stdout.splitlines()
+    assert listed[0] == f"sweep {sweep.sweep_id} evalbench: 2 cells · 2 completed"
+    assert len(listed) == 2

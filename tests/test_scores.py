@@ -717,3 +717,135 @@ def test_the_attempts_table_takes_phase_score_and_refuses_others(engine: Engine)
         assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
     finally:
         conn.close()
+
+
+# -- more places a score meets the drive ----------------------------------------------------------
+def test_a_tolerant_map_scores_only_the_items_that_succeeded(engine: Engine) -> None:
+    src = """
+name: tolerant
+runners:
+  scripted:
+    rules:
+      - match: "item bad"
+        error: permanent
+steps:
+  - id: each
+    map: "{{ ['ok', 'bad', 'fine'] }}"
+    prompt: "item {{ item }}"
+    on_error: continue
+    retry: {max_attempts: 1}
+    score:
+      - {name: said, contains: "item"}
+"""
+    run = engine.run(src)
+
+    assert run.status == "completed", run.reason
+    assert run.scores()["unit"].tolist() == ["each.score:said[0]", "each.score:said[2]"]
+
+
+def test_a_no_cache_run_measures_its_scores_again(engine: Engine) -> None:
+    src = _rubric_flow({"value": 2, "explanation": "meh"})
+    engine.run(src)
+    again = engine.run(src, new=True, no_cache=True)
+
+    statuses = db_rows(
+        engine.state_dir,
+        "SELECT status FROM attempts WHERE run_id = ? AND phase = 'score'",
+        (again.run_id,),
+    )
+    assert statuses == [("succeeded",)]
+
+
+def test_a_python_scorer_is_reused_only_under_the_same_params(
+    engine: Engine, helpers: Path
+) -> None:
+    src = """
+name: byparams
+params:
+  n: {type: integer}
+steps:
+  - id: answer
+    prompt: "fixed prompt"
+    score:
+      - {name: mine, python: "score_helpers:score"}
+"""
+    engine.run(src, params={"n": 1})
+    other = engine.run(src, params={"n": 2})  # same output, other params: measured again
+    same = engine.run(src, params={"n": 1}, new=True)  # same params: reused
+
+    def status(run_id: str) -> list[tuple[object, ...]]:
+        sql = "SELECT status FROM attempts WHERE run_id = ? AND phase = 'score'"
+        return db_rows(engine.state_dir, sql, (run_id,))
+
+    assert status(other.run_id) == [("succeeded",)]
+    assert status(same.run_id) == [("reused",)]
+
+
+def test_a_charged_scorer_the_budget_refuses_stays_owed_and_the_run_completes(
+    engine: Engine,
+) -> None:
+    src = """
+name: tight
+budget: {max_units: 1}
+steps:
+  - id: answer
+    prompt: "Say something"
+    score:
+      - {name: quality, judge: llm, rubric: "Is it good?", scale: [0, 1], charged: true}
+"""
+    run = engine.run(src)
+
+    assert run.status == "completed", run.reason
+    assert run.scores().empty  # never dispatched: no unit, no zero
+    warnings = [
+        json.loads(d)["message"]
+        for (d,) in db_rows(engine.state_dir, "SELECT data_json FROM events WHERE kind = 'warning'")
+    ]
+    assert any("answer.score:quality" in w and "max_units" in w for w in warnings), warnings
+
+
+def test_a_secret_param_in_a_score_never_reaches_the_journal(engine: Engine) -> None:
+    secret = "hunter2-correct-horse-battery-staple"
+    src = """
+name: secretive
+params:
+  api_token: {type: string}
+runners:
+  scripted:
+    rules:
+      - match: "."
+        reply: "the answer"
+steps:
+  - id: answer
+    prompt: "Say it"
+    score:
+      - {name: leak, equals: "{{ params.api_token }}"}
+      - {name: has, contains: "{{ params.api_token }}"}
+"""
+    run = engine.run(src, params={"api_token": secret})
+
+    assert run.status == "completed", run.reason
+    assert run.scores()["value"].tolist() == [0.0, 0.0]
+    engine.close()
+    dump = "\n".join(sqlite3.connect(engine.state_dir / "state.db").iterdump())
+    assert secret not in dump
+
+
+def test_a_child_workflow_step_is_scored_on_its_result(engine: Engine) -> None:
+    src = """
+name: parent
+steps:
+  - id: sub
+    workflow: kid
+    score:
+      - {name: came, contains: "scripted reply"}
+---
+name: kid
+steps:
+  - id: k
+    prompt: "anything"
+"""
+    run = engine.run(src)
+
+    assert run.status == "completed", run.reason
+    assert run.scores()[["unit", "value"]].values.tolist() == [["sub.score:came", 1.0]]

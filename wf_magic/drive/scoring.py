@@ -26,6 +26,7 @@ from ..gates.scorers import (
     score_json_schema,
     score_regex,
 )
+from ..hashing import canonical_json
 from ..runners import functions
 from ..runners.base import UnitRequest
 from ..runners.function import FunctionRunner, call_with_timeout, own_traceback
@@ -71,12 +72,17 @@ def score_step(ctx: DriveContext, state: RunState, step: PlanStep, output: Any) 
             for a in ctx.store.attempts_of_units(state.run_id, unit_ids)
             if a.status in _DONE
         }
-        for (item, item_value, scored), unit_id in zip(targets, unit_ids, strict=True):
+        for target in targets:
             try:
-                _score_one(ctx, state, step, score, unit_id, item, item_value, scored, done=done)
+                _score_one(ctx, state, step, score, target, done=done)
             except BudgetExceeded as exc:
-                # A charged judge would pass a ceiling: the score stays owed, the step is done.
-                ctx.emit("warning", run_id=state.run_id, step_id=step.id, message=str(exc))
+                # A charged judge would pass a ceiling: the score stays owed (journaled as a
+                # warning, so `wf events` says why it has no value), the step is done.
+                message = f"score not measured: {exc}"
+                ctx.store.record_event(
+                    state.run_id, "warning", step_id=step.id, data={"message": message}
+                )
+                ctx.emit("warning", run_id=state.run_id, step_id=step.id, message=message)
                 return
 
 
@@ -107,28 +113,14 @@ def _score_one(
     state: RunState,
     step: PlanStep,
     score: PlanScore,
-    unit_id: str,
-    item: int | None,
-    item_value: Any,
-    output: Any,
+    target: tuple[int | None, Any, Any],
     *,
     done: set[tuple[str, str]],
 ) -> None:
-    context = template_context(state.params, state.outputs, item=item_value, index=item)
-    runner, model = _runner_of(step, score)
-    hashed: dict[str, Any] = {"scorer": score.kind, "output": output}
-    error: str | None = None
-    try:
-        hashed.update(_rendered(score, context))
-    except TemplateError as exc:
-        error = f"{_template_field(score)} failed to render: {exc}"
-        hashed.update({k: getattr(score, k) for k in _TEXT_FIELDS if getattr(score, k)})
-        hashed["error"] = error
-    if score.judge is not None:
-        hashed["model"] = model
-        settings = runner_identity(state.plan.runners, runner)
-        if settings:
-            hashed["runner"] = settings
+    """Measure one score unit unless the run holds it for this input (or another run does)."""
+    item, item_value, output = target
+    unit_id = score_unit_id(step.id, score.name, item)
+    hashed, error = _score_input(state, step, score, target)
     hashed_input = state.hasher.hash_value(hashed)
     if any((unit_id, h) in done for h in hashed_input.hashes):
         return
@@ -136,6 +128,7 @@ def _score_one(
     label = step.id if item is None else f"{step.id}[{item}]"
     if score.judge is not None and error is None:
         kept["prompt"] = rubric_prompt(label, kept["rubric"], _scale(score), kept["output"])
+    runner, model = _runner_of(step, score)
     key = UnitKey(
         run_id=state.run_id,
         workflow=state.plan.name,
@@ -147,18 +140,45 @@ def _score_one(
         runner=runner,
         model=model,
         input_hash=hashed_input.hash,
-        input_json=json.dumps(kept, sort_keys=True, separators=(",", ":")),
+        input_json=canonical_json(kept),
     )
-    if error is None and _reuse(ctx, state, key):
-        return
     if error is not None:
         _fail(ctx, state, _open(ctx, state, key), RunnerError(error))
+    elif _reuse(ctx, state, key):
+        return
     elif score.judge is not None:
         _judge(ctx, state, step, score, key, label=label, rendered=hashed)
     elif score.python is not None:
         _python(ctx, state, step, score, key, output=output, item=item, item_value=item_value)
     else:
         _measure(ctx, state, score, key, hashed)
+
+
+def _score_input(
+    state: RunState, step: PlanStep, score: PlanScore, target: tuple[int | None, Any, Any]
+) -> tuple[dict[str, Any], str | None]:
+    """What a score unit's value depends on (its input, hashed), and the error of a template
+    that failed to render (then the input holds the templates and that error)."""
+    item, item_value, output = target
+    hashed: dict[str, Any] = {"scorer": score.kind, "output": output}
+    context = template_context(state.params, state.outputs, item=item_value, index=item)
+    try:
+        hashed.update(_rendered(score, context))
+    except TemplateError as exc:
+        error = f"{_template_field(score)} failed to render: {exc}"
+        hashed.update({k: getattr(score, k) for k in _TEXT_FIELDS if getattr(score, k)})
+        return {**hashed, "error": error}, error
+    if score.judge is not None:
+        hashed["model"] = _runner_of(step, score)[1]
+        settings = runner_identity(state.plan.runners, _runner_of(step, score)[0])
+        if settings:
+            hashed["runner"] = settings  # a judge's answer-changing settings
+    if score.python is not None:
+        # The function is handed params and the map item too: another run's value is its
+        # own only when they are the same (a hash: a secret param is not kept in the input).
+        hashed["params_hash"] = state.hasher.hash_value(state.params).hash
+        hashed.update(item=item_value, index=item)
+    return hashed, None
 
 
 def _rendered(score: PlanScore, context: dict[str, Any]) -> dict[str, Any]:

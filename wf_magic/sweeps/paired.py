@@ -121,37 +121,7 @@ def paired(
     column = score_column(frame, score, where="sweep paired")
     names = _check_selectors(frame, a, b, axes)
     keys = [x for x in axes if x not in names] + [k for k in ("row", "repeat") if k in frame]
-    side_a, side_b = _select(frame, a), _select(frame, b)
-    # canonical JSON makes any axis value (a list, an object) a dict key
-    by_key_b = {_json(list(_key(side_b, i, keys))): i for i in side_b.index}
-    pairs, excluded, seen_b = [], [], set()
-    unpaired = missing = 0
-    for i in side_a.index:
-        k = _key(side_a, i, keys)
-        j = by_key_b.get(_json(list(k)))
-        if j is None:
-            unpaired += 1
-            excluded.append(_left_out(keys, k, "a", "no cell of b at these keys"))
-            continue
-        seen_b.add(j)
-        va, vb = _value(side_a.at[i, column]), _value(side_b.at[j, column])
-        if va is None or vb is None:
-            missing += 1
-            side = "both" if va is None and vb is None else ("a" if va is None else "b")
-            cell = side_a if side != "b" else side_b
-            status = cell.at[i if side != "b" else j, "status"] if "status" in cell else None
-            reason = f"no value for {column.removeprefix('score.')}" + (
-                f" (cell {status})" if status is not None else ""
-            )
-            excluded.append(_left_out(keys, k, side, reason))
-            continue
-        pairs.append({**dict(zip(keys, k, strict=True)), "a": va, "b": vb, "difference": va - vb})
-    for j in side_b.index:
-        if j not in seen_b:
-            unpaired += 1
-            excluded.append(
-                _left_out(keys, _key(side_b, j, keys), "b", "no cell of a at these keys")
-            )
+    pairs, excluded, unpaired, missing = _match(_select(frame, a), _select(frame, b), keys, column)
     diffs = np.array([p["difference"] for p in pairs], dtype=np.float64)
     clusters = rs.clusters_of(_pair_clusters(pairs, keys, axes))
     attrs = method_attrs(confidence=confidence, resamples=resamples, seed=seed)
@@ -183,6 +153,46 @@ def paired(
         ci_method=str(attrs["ci_method"]),
         pairs=pairs,
     )
+
+
+def _match(
+    side_a: pd.DataFrame, side_b: pd.DataFrame, keys: list[str], column: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int, int]:
+    """Pair ``a``'s cells with ``b``'s on ``keys``: the pairs with both values, every cell
+    left out (named with its side and why), the unpaired count and the missing count."""
+    # canonical JSON makes any axis value (a list, an object) a dict key
+    by_key_b = {_json(list(_key(side_b, j, keys))): j for j in side_b.index}
+    pairs: list[dict[str, Any]] = []
+    excluded: list[dict[str, Any]] = []
+    seen_b: set[Any] = set()
+    unpaired = missing = 0
+    for i in side_a.index:
+        k = _key(side_a, i, keys)
+        j = by_key_b.get(_json(list(k)))
+        if j is None:
+            unpaired += 1
+            excluded.append(_left_out(keys, k, "a", "no cell of b at these keys"))
+            continue
+        seen_b.add(j)
+        va, vb = _value(side_a.at[i, column]), _value(side_b.at[j, column])
+        if va is None or vb is None:
+            missing += 1
+            side = "both" if va is None and vb is None else ("a" if va is None else "b")
+            cell, at = (side_b, j) if side == "b" else (side_a, i)
+            status = cell.at[at, "status"] if "status" in cell else None
+            reason = f"no value for {column.removeprefix('score.')}" + (
+                f" (cell {status})" if status is not None else ""
+            )
+            excluded.append(_left_out(keys, k, side, reason))
+            continue
+        pairs.append({**dict(zip(keys, k, strict=True)), "a": va, "b": vb, "difference": va - vb})
+    for j in side_b.index:
+        if j not in seen_b:
+            unpaired += 1
+            excluded.append(
+                _left_out(keys, _key(side_b, j, keys), "b", "no cell of a at these keys")
+            )
+    return pairs, excluded, unpaired, missing
 
 
 def _check_selectors(

@@ -227,3 +227,21 @@ def test_bad_options_are_one_line_errors(options: dict[str, Any], message: str) 
     with pytest.raises(UsageError, match=message) as info:
         table(two_models(OUTPUTS, SCORES), **options)
     assert "\n" not in str(info.value)
+
+
+def test_the_tour_saves_side_by_side_as_static_escaped_html() -> None:
+    """notebooks/07_evaluations.ipynb is saved by nbclient (scripts/nbval_outputs.py) and
+    re-run under nbval: its side-by-side output is HTML a reader sees without a kernel."""
+    from pathlib import Path
+
+    import nbformat
+
+    path = Path(__file__).resolve().parent.parent / "notebooks" / "07_evaluations.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    [cell] = [c for c in nb.cells if c.cell_type == "code" and "side_by_side" in c.source]
+    [out] = cell.outputs
+    assert set(out["data"]) == {"text/html", "text/plain"}
+    page = out["data"]["text/html"]
+    assert page.startswith("<div class='wf-side-by-side'>")
+    assert "<th>small</th><th>large</th>" in page and "Capital of France?" in page
+    assert out["data"]["text/plain"].startswith("<SideBySide 2 row(s) × 2 variant(s)")

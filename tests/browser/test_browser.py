@@ -101,7 +101,7 @@ def test_run_all_twice_in_one_kernel_on_every_tour(tmp_path: Path) -> None:
     cell (the tours that reset their state folder in their first cell reopen it)."""
     from .jupyter_browser_check import check_run_all_twice, jupyter_lab
 
-    assert len(TOURS) == 6
+    assert len(TOURS) >= 6
     started = time.monotonic()
     sizes: dict[str, list[tuple[int, int]]] = {}
     with jupyter_lab(TOURS[0], TOURS[1:]) as url:  # each tour's state folder next to it

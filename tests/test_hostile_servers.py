@@ -242,17 +242,18 @@ def test_an_endless_fast_stream_stops_at_the_output_bound(
 
 
 CHILD = """
-import os, sys, time
+import json, sys
 from wf_magic import Engine
 engine = Engine(sys.argv[1])
 run = engine.run(sys.argv[2])
-print(run.status, flush=True)
+print(json.dumps([run.status, run.reason]), flush=True)
 engine.close()
 """
 
 
-def peak_rss_mib(state: Path, src: str) -> float:
-    """The peak RSS of a child process running ``src``, in MiB, as the kernel counted it."""
+def peak_rss_mib(state: Path, src: str) -> tuple[float, str, str | None]:
+    """The peak RSS (MiB, as the kernel counted it) of a child process running ``src``, and
+    the run's status and reason."""
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(state), src],
         stdout=subprocess.PIPE,
@@ -261,8 +262,9 @@ def peak_rss_mib(state: Path, src: str) -> float:
     )
     _pid, _status, usage = os.wait4(child.pid, 0)
     out, err = child.communicate()
-    assert out.decode().strip() == "failed" or out.decode().strip() == "completed", err.decode()
-    return usage.ru_maxrss / 1024  # Linux: kilobytes
+    assert child.returncode == 0, err.decode()
+    status, reason = json.loads(out.decode().strip().splitlines()[-1])
+    return usage.ru_maxrss / 1024, status, reason  # Linux: ru_maxrss is in kilobytes
 
 
 @pytest.mark.parametrize("runner", RUNNERS)
@@ -270,9 +272,12 @@ def test_peak_memory_of_a_huge_answer_stays_near_the_bound(
     server: HostileChatServer, tmp_path: Path, runner: str
 ) -> None:
     server.mode = "no_usage"
-    small = peak_rss_mib(tmp_path / "small", workflow(runner, server.url))
+    small, status, _reason = peak_rss_mib(tmp_path / "small", workflow(runner, server.url))
+    assert status == "completed"
     server.mode, server.sized = "huge", False  # no length announced: every byte is counted
-    huge = peak_rss_mib(tmp_path / "huge", workflow(runner, server.url))
+    huge, status, reason = peak_rss_mib(tmp_path / "huge", workflow(runner, server.url))
+    assert (status, BOUND in (reason or "")) == ("failed", True), reason
+    # Holding the answer would add 400 MiB; the bound allows the 10 MB kept and its parse.
     assert huge - small < MEMORY_BOUND_MIB, (small, huge)
 
 

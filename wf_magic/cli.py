@@ -285,6 +285,13 @@ def cmd_events(engine: Engine, args: argparse.Namespace) -> int:
     )
 
 
+def cmd_watch(engine: Engine, args: argparse.Namespace) -> int:
+    """``wf watch RUN``: ``wf events RUN --follow`` under the name ``%workflow watch`` has."""
+    from .tail import print_events
+
+    return print_events(engine, args.run, since=0, follow=True, idle_s=args.idle_s, fmt="table")
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     """``FILE: ok PLAN_HASH`` or ``FILE:LINE: error: ...`` per file (wf_magic.spec.authoring)."""
     from .spec.authoring import check_file
@@ -456,6 +463,7 @@ HANDLERS: dict[str, Callable[[Engine, argparse.Namespace], int]] = {
     "journal": cmd_journal,
     "tokens": cmd_tokens,
     "events": cmd_events,
+    "watch": cmd_watch,
     "show": cmd_show,
     "diff": cmd_diff,
     "compare": cmd_compare,

@@ -465,8 +465,8 @@ VERBS: tuple[Verb, ...] = (
     ),
     Verb(
         name="watch",
-        help="follow a run driven elsewhere (e.g. by `wf run`)",
-        faces=NOTEBOOK,
+        help="follow a run driven elsewhere (e.g. by `wf run`) until it settles; "
+        "`wf watch RUN` prints its events as `wf events RUN --follow` does",
         options=(
             RUN,
             Option(

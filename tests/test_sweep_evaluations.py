@@ -15,6 +15,8 @@ from tests.helpers_flow import run_cli
 from wf_magic import Engine
 from wf_magic.errors import UsageError
 
+pytestmark = pytest.mark.backends  # the contract suite runs on SQLite and PostgreSQL
+
 WORKFLOW = """
 name: eval-demo
 params:
@@ -44,15 +46,15 @@ ROWS = "question,expected\nCapital of France?,Paris\n=2+2?,Four\nLargest ocean?,
 
 
 @pytest.fixture
-def swept(tmp_path: Path) -> tuple[Engine, str, Path]:
+def swept(tmp_path: Path, state_dir: Path) -> tuple[Engine, str, Path]:
     (tmp_path / "wf.yaml").write_text(WORKFLOW)
     (tmp_path / "rows.csv").write_text(ROWS)
-    engine = Engine(tmp_path / "state")
+    engine = Engine(state_dir)
     sweep = engine.sweep(
         tmp_path / "wf.yaml", grid={"model": ["m1", "m2"]}, rows=tmp_path / "rows.csv"
     )
     assert sweep.status == "completed"
-    return engine, sweep.sweep_id, tmp_path
+    return engine, sweep.sweep_id, state_dir
 
 
 def test_summary_per_model_and_score(swept: tuple[Engine, str, Path]) -> None:
@@ -147,8 +149,7 @@ def test_tokens_and_latency_over_all_cells_by_role(swept: tuple[Engine, str, Pat
 def test_wf_sweep_summary_formats_and_exit_codes(
     swept: tuple[Engine, str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    engine, sweep_id, tmp_path = swept
-    state = tmp_path / "state"
+    engine, sweep_id, state = swept
     engine.close()
     assert run_cli(state, "sweep-summary", sweep_id, "--by", "model", "--format", "json") == 0
     records = json.loads(capsys.readouterr().out)
@@ -186,13 +187,13 @@ def test_wf_sweep_summary_formats_and_exit_codes(
 
 
 def test_wf_sweep_summary_refuses_a_sweep_without_scores(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, state_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "wf.yaml").write_text(
         "name: plain\nparams: {model: {type: string, default: m1}}\nrunner: scripted\n"
         "steps:\n  - id: a\n    prompt: 'hi {{ params.model }}'\n"
     )
-    state = tmp_path / "state"
+    state = state_dir
     assert (
         run_cli(state, "sweep", str(tmp_path / "wf.yaml"), "--grid", "model=m1,m2", "--quiet") == 0
     )
@@ -235,9 +236,9 @@ steps:
 """
 
 
-def test_tokens_count_the_child_runs_of_each_cell(tmp_path: Path) -> None:
+def test_tokens_count_the_child_runs_of_each_cell(tmp_path: Path, state_dir: Path) -> None:
     (tmp_path / "wf.yaml").write_text(PARENT)
-    engine = Engine(tmp_path / "state")
+    engine = Engine(state_dir)
     sweep = engine.sweep(tmp_path / "wf.yaml", grid={"model": ["m1", "m2"]})
     assert sweep.status == "completed"
     by_step = sweep.tokens(by="step").set_index("step")
@@ -249,10 +250,12 @@ def test_tokens_count_the_child_runs_of_each_cell(tmp_path: Path) -> None:
     assert sweep.latency(by="model_axis")["count"].sum() == len(attempts)
 
 
-def test_a_stopped_sweep_reads_its_pending_cells_as_missing(tmp_path: Path) -> None:
+def test_a_stopped_sweep_reads_its_pending_cells_as_missing(
+    tmp_path: Path, state_dir: Path
+) -> None:
     (tmp_path / "wf.yaml").write_text(WORKFLOW)
     (tmp_path / "rows.csv").write_text(ROWS)
-    engine = Engine(tmp_path / "state")
+    engine = Engine(state_dir)
     sweep = engine.sweep(
         tmp_path / "wf.yaml",
         grid={"model": ["m1", "m2"]},

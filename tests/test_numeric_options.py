@@ -61,6 +61,7 @@ def test_the_table_types_every_option_that_takes_a_number() -> None:
         [
             "events --idle",
             "events --since",
+            "export-otel --timeout",
             "fork --max-steps",
             "gc --older-than",
             "gc --older-than-days",

@@ -382,7 +382,9 @@ def test_the_cli_sweep_verbs(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert [r["repeat"] for r in records] == [0, 1] * 4
     assert run_cli(state, "sweep-frame", sweep_id, "--format", "csv") == 0
     # the rows file's fields beside the axes (issue 34 item 2)
-    assert capsys.readouterr().out.splitlines()[0] == ",".join(["style", "n", "topic", *FRAME_FIXED])
+    assert capsys.readouterr().out.splitlines()[0] == ",".join(
+        ["style", "n", "topic", *FRAME_FIXED]
+    )
     assert run_cli(state, "sweep", str(wf_file), "--grid", "colour=red") == 2
     assert capsys.readouterr().err.strip() == (
         "error: sweep grid axis 'colour' is not a param of workflow 'sweep-demo'; "

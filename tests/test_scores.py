@@ -97,9 +97,26 @@ def test_regex(output: Any, pattern: str, value: float) -> None:
     assert score_regex(output, pattern).value == value
 
 
-def test_a_regex_that_does_not_compile_is_a_score_error() -> None:
-    with pytest.raises(ScoreError, match="does not compile"):
-        score_regex("x", "(unclosed")
+@pytest.mark.parametrize(
+    ("output", "pattern", "problem"),
+    [
+        ("x", "(unclosed", "does not compile"),
+        ("x", "(a+)+$", "may take exponential time"),
+        ("x", "(a|aa)*b", "may take exponential time"),
+        ("x", "a*a*a*b", "to the power 4"),
+        ("x" * 10_001, "foo.*bar", "the output has 10,001 characters (at most 10,000)"),
+    ],
+)
+def test_a_regex_that_cannot_search_within_bounds_is_a_score_error(
+    output: str, pattern: str, problem: str
+) -> None:
+    """Python's re holds the GIL while it backtracks: no timeout could stop a runaway search."""
+    with pytest.raises(ScoreError, match=re.escape(problem)):
+        score_regex(output, pattern)
+
+
+def test_a_quadratic_regex_searches_an_output_up_to_its_bound() -> None:
+    assert score_regex("x" * 9_990 + "foo-bar", "foo.*bar").value == 1.0
 
 
 SCHEMA = {"type": "object", "required": ["answer"], "properties": {"answer": {"type": "string"}}}
@@ -653,6 +670,7 @@ BAD_SCORES = [
     ("{name: a, judge: human, rubric: ok}", "judge"),
     ("{name: 'a b', equals: x}", "name"),
     ("{name: a, regex: '(open'}", "invalid regex"),
+    ("{name: a, regex: '(a+)+$'}", "regex '(a+)+$' may take exponential time"),
     ("{name: a, json_schema: {type: nothing}}", "invalid schema"),
     ("{name: a, judge: llm, rubric: ok, runner: nowhere}", "unknown runner 'nowhere'"),
     ("{name: a, equals: '{{ params.nope }}'}", "undeclared param 'nope'"),

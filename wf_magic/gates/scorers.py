@@ -13,6 +13,7 @@ from typing import Any
 from ..errors import clip
 from ..hashing import canonical_json
 from ..runners.base import strip_code_fence
+from ..runners.scripted import MAX_MATCH_DEGREE, QUADRATIC_TEXT_CHARS, match_cost
 from ..schemas import import_jsonschema
 
 EXPLANATION_CHARS = 2_000
@@ -69,17 +70,47 @@ def score_contains(output: Any, needle: str, *, ignore_case: bool = False) -> Sc
     return ScoreValue(value=1.0 if hit else 0.0, explanation=f"{word} {clip(repr(needle), 120)}")
 
 
+def checked_regex(pattern: str) -> tuple[re.Pattern[str], int | None]:
+    """``pattern`` compiled, and the longest text it may search (None: any).
+
+    Python's ``re`` backtracks holding the GIL, so no timeout stops a search: a pattern is
+    held to the scripted runner's bound (``runners/scripted.py`` ``match_cost``): no
+    exponential search, and a quadratic one searches at most ``QUADRATIC_TEXT_CHARS``
+    characters (fewer with alternatives).
+
+    Raises:
+        ScoreError: the pattern does not compile or could search for too long.
+    """
+    try:
+        compiled = re.compile(pattern)
+    except (re.error, RecursionError, OverflowError) as exc:
+        raise ScoreError(f"regex {clip(repr(pattern), 120)} does not compile: {exc}") from None
+    try:
+        degree, choices = match_cost(compiled, where="regex")
+    except ValueError as exc:
+        said = str(exc).replace("regex: match ", "regex ", 1)
+        raise ScoreError(said.replace("the prompt's length", "the output's length")) from None
+    if degree < MAX_MATCH_DEGREE:
+        return compiled, None
+    return compiled, int(QUADRATIC_TEXT_CHARS / math.sqrt(choices))
+
+
 def score_regex(output: Any, pattern: str) -> ScoreValue:
     """1 when ``pattern`` is found in the output's text (``re.search``), else 0.
 
     Raises:
-        ScoreError: the pattern (as rendered) does not compile.
+        ScoreError: the pattern (as rendered) does not compile, could search for too long
+            (:func:`checked_regex`), or the output is longer than its pattern may search.
     """
-    try:
-        compiled = re.compile(pattern)
-    except re.error as exc:
-        raise ScoreError(f"regex {clip(repr(pattern), 120)} does not compile: {exc}") from None
-    found = compiled.search(output_text(output))
+    compiled, limit = checked_regex(pattern)
+    text = output_text(output)
+    if limit is not None and len(text) > limit:
+        raise ScoreError(
+            f"regex {clip(repr(pattern), 60)} may take time growing as the square of the "
+            f"output's length, and the output has {len(text):,} characters (at most {limit:,}); "
+            "anchor the pattern with ^ or use fewer repeats"
+        )
+    found = compiled.search(text)
     if found is None:
         return ScoreValue(value=0.0, explanation=f"no match for /{clip(pattern, 120)}/")
     return ScoreValue(value=1.0, explanation=f"matched {clip(repr(found.group(0)), 120)}")

@@ -191,10 +191,16 @@ def check_scores(step: StepSpec, src: Source, at: Path) -> None:
     for j, score in enumerate(step.score):
         where: Path = (*at, "score", j)
         if score.regex is not None and not is_templated(score.regex):
+            from ..runners.scripted import match_cost  # the bound every searched regex keeps
+
             try:
-                re.compile(score.regex)
-            except re.error as exc:
+                match_cost(re.compile(score.regex), where="regex")
+            except (re.error, RecursionError, OverflowError) as exc:
                 raise src.error(f"invalid regex: {exc}", (*where, "regex")) from None
+            except ValueError as exc:
+                said = str(exc).replace("regex: match ", "regex ", 1)
+                said = said.replace("the prompt's length", "the output's length")
+                raise src.error(said, (*where, "regex")) from None
         if score.json_schema is not None:
             import_jsonschema()
             import jsonschema

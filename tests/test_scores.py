@@ -867,3 +867,18 @@ steps:
 
     assert run.status == "completed", run.reason
     assert run.scores()[["unit", "value"]].values.tolist() == [["sub.score:came", 1.0]]
+
+
+def test_the_scripted_runner_with_no_rule_rates_at_the_scales_low_end(engine: Engine) -> None:
+    src = """
+name: offline
+steps:
+  - id: answer
+    prompt: "Say something"
+    score:
+      - {name: q, judge: llm, rubric: "Is it good?", scale: [2, 7]}
+"""
+    run = engine.run(src)
+
+    frame = run.scores()
+    assert (frame["status"].tolist(), frame["value"].tolist()) == (["succeeded"], [2.0])

@@ -534,3 +534,23 @@ def test_the_sdk_is_imported_only_when_something_is_sent(tmp_path: Path) -> None
 def test_the_semconv_version_is_pinned_in_the_docs() -> None:
     docs = (Path(__file__).resolve().parent.parent / "docs" / "otel.md").read_text()
     assert f"v{SEMCONV_VERSION}" in docs
+
+
+# -- the export cursor, on both backends ----------------------------------------------------------
+@pytest.mark.backends
+def test_live_export_keeps_its_cursor_in_the_state_and_gc_drops_it(
+    state_dir: Path, receiver: OtlpReceiver
+) -> None:
+    use_runner("slow", lambda r: f"out {r.prompt}")
+    with Engine(state_dir, otlp_endpoint=receiver.endpoint) as engine:
+        run = engine.run(LIVE)
+        assert engine.otlp is not None and engine.otlp.wait_idle(30)
+        expected = build_spans(read_run(engine.store, run.run_id), redactor=engine.redactor)
+        sent = engine.store.otel_sent(run.run_id, engine.otlp.url)
+        assert sent == {s.span_hex: s.fingerprint() for s in expected}
+        assert len(receiver.received) == 13
+        engine.drive(run.run_id)  # nothing changed: nothing is sent again
+        assert engine.otlp.wait_idle(30)
+        assert len(receiver.received) == 13
+        assert engine.gc(older_than_s=0) == [run.run_id]
+        assert engine.store.otel_sent(run.run_id, engine.otlp.url) == {}

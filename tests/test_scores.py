@@ -882,3 +882,28 @@ steps:
 
     frame = run.scores()
     assert (frame["status"].tolist(), frame["value"].tolist()) == (["succeeded"], [2.0])
+
+
+def test_a_fork_takes_the_scores_before_its_fork_step_from_its_source(engine: Engine) -> None:
+    src = """
+name: forked
+steps:
+  - id: first
+    prompt: "one"
+    score:
+      - {name: q, judge: llm, rubric: "Is it good?", scale: [0, 1]}
+  - id: second
+    prompt: "two"
+    score:
+      - {name: q, judge: llm, rubric: "Is it good?", scale: [0, 1]}
+"""
+    source = engine.run(src, no_cache=True)
+    fork = engine.drive(engine.fork(source.run_id, from_step="second"))
+
+    rows = db_rows(
+        engine.state_dir,
+        "SELECT unit_id, status FROM attempts WHERE run_id = ? AND phase = 'score'"
+        " ORDER BY attempt_pk",
+        (fork.run_id,),
+    )
+    assert rows == [("first.score:q", "reused"), ("second.score:q", "reused")]

@@ -144,7 +144,7 @@ def _score_one(
     )
     if error is not None:
         _fail(ctx, state, _open(ctx, state, key), RunnerError(error))
-    elif _reuse(ctx, state, key):
+    elif _reuse(ctx, state, step, key):
         return
     elif score.judge is not None:
         _judge(ctx, state, step, score, key, label=label, rendered=hashed)
@@ -223,18 +223,26 @@ def _loop(state: RunState, step: PlanStep) -> int:
     return row.loop if row is not None else 1
 
 
-def _reuse(ctx: DriveContext, state: RunState, key: UnitKey) -> bool:
-    """Take another run's succeeded score unit with this input (cache permitting)."""
-    if not state.run.use_cache:
-        return False
-    source = ctx.store.find_reusable(
-        workflow=state.plan.name,
-        unit_id=key.unit_id,
-        input_hash=key.input_hash,
-        runner=key.runner,
-        exclude_run_id=state.run_id,
-        phase="score",
-    )
+def _reuse(ctx: DriveContext, state: RunState, step: PlanStep, key: UnitKey) -> bool:
+    """Take the score this run may have instead of measuring it, journaled as ``reused``: a
+    fork's from its source run (before the fork step: the same history), else another run's
+    with this input (cache permitting)."""
+    run = state.run
+    if run.forked_from and run.fork_step and not state.reexecutes(step):
+        source = ctx.store.find_in_run(
+            run_id=run.forked_from, input_hash=key.input_hash, unit_id=key.unit_id
+        )
+    elif run.use_cache:
+        source = ctx.store.find_reusable(
+            workflow=state.plan.name,
+            unit_id=key.unit_id,
+            input_hash=key.input_hash,
+            runner=key.runner,
+            exclude_run_id=state.run_id,
+            phase="score",
+        )
+    else:
+        source = None
     if source is None:
         return False
     attempts.record_reuse(ctx, state, key, source)

@@ -23,11 +23,12 @@ from tests.agent_fakes.bins import git_repo, make_bins
 from tests.helpers_flow import use_runner
 from tests.helpers_http import isolate_loopback_env
 from tests.otlp_receiver import OtlpReceiver, Received
-from wf_magic import Engine, RunnerError, UnitRequest
+from wf_magic import Engine, RunnerError, UnitRequest, UnitResult, register_runner
 from wf_magic.errors import UsageError
 from wf_magic.otel.endpoint import parse_headers, traces_url
 from wf_magic.otel.journal import read_run
 from wf_magic.otel.spans import SEMCONV_VERSION, build_spans, trace_id_of
+from wf_magic.runners.base import BaseRunner
 
 pytest.importorskip("opentelemetry.sdk", reason="the otel extra (wf_magic[otel]) is not installed")
 
@@ -554,3 +555,35 @@ def test_live_export_keeps_its_cursor_in_the_state_and_gc_drops_it(
         assert len(receiver.received) == 13
         assert engine.gc(older_than_s=0) == [run.run_id]
         assert engine.store.otel_sent(run.run_id, engine.otlp.url) == {}
+
+
+class _RefusingOnce(BaseRunner):
+    """A model endpoint that refuses each prompt's first call (HTTP 429, Retry-After 0.05)."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    def limit_key(self, model: str | None) -> str:
+        return f"otel-test refusing {id(self)} {model}"
+
+    def run(self, request: UnitRequest) -> UnitResult:
+        if request.prompt not in self.seen:
+            self.seen.add(request.prompt or "")
+            raise RunnerError("HTTP 429 rate limited", throttled=True, retry_after_s=0.05)
+        return UnitResult(output=f"out {request.prompt}", tokens_in=2, tokens_out=1)
+
+
+def test_a_throttle_arrives_as_an_event_of_its_attempt(
+    tmp_path: Path, receiver: OtlpReceiver
+) -> None:
+    register_runner("refusing", lambda ctx: _RefusingOnce(), replace=True)
+    with Engine(tmp_path / "state") as engine:
+        run = engine.run("name: thr\nrunner: refusing\nsteps:\n  - id: a\n    prompt: hello\n")
+        assert run.status == "completed"
+        engine.export_otel(run.run_id, endpoint=receiver.endpoint)
+    chat = next(s for s in receiver.spans.values() if s.name.startswith("chat "))
+    assert chat.attributes["wf_magic.attempt"] == 1  # the refusal added no attempt
+    assert [name for name, _ in chat.events] == ["wf_magic.throttled"]
+    data = chat.events[0][1]
+    assert data["wf_magic.wait_s"] == 0.05
+    assert data["wf_magic.cause"] == "HTTP 429 rate limited"

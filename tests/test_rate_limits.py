@@ -537,3 +537,45 @@ def test_whatever_a_server_sends_the_wait_is_none_or_between_zero_and_the_bound(
 
     wait = wait_of(headers)
     assert wait is None or 0.0 <= wait <= MAX_WAIT_S
+
+
+def test_a_rate_limited_sweep_fails_no_cell_and_sweep_status_tells_its_throttles(
+    tmp_path: Path, limited_server: tuple[str, Bucket]
+) -> None:
+    import subprocess
+    import sys
+
+    url, bucket = limited_server
+    _use(url)
+    source = (
+        "name: sw\nrunner: rate_limited\nparams:\n  n: {type: integer}\n"
+        "steps:\n  - id: ask\n    prompt: 'n {{ params.n }}'\n"
+    )
+    with Engine(tmp_path / "s") as engine:
+        sweep = engine.sweep(
+            source, rows=[{"n": i} for i in range(40)], max_concurrency=16, budget={"max_units": 40}
+        )
+        assert sweep.status == "completed"
+        assert sorted(sweep.frame()["status"]) == ["completed"] * 40
+        assert sweep.totals()["units"] == 40  # a refused call is no unit
+        flow = sweep.flow()
+    refused = len([t for t in bucket.trace if t[2] == 429])
+    assert refused
+    assert flow.startswith(f"in flight 0 · throttled {refused} · waiting ")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "wf_magic",
+            "--db",
+            str(tmp_path / "s"),
+            "sweep-status",
+            sweep.sweep_id,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert f"  calls: in flight 0 · throttled {refused} · waiting " in out.stdout

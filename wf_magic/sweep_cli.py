@@ -192,6 +192,7 @@ def cmd_sweep_status(engine: Engine, args: argparse.Namespace) -> int:
     if reason:
         print(f"  {reason}")
     print("  cells: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    print(f"  calls: {sweep.flow()}")
     print(
         f"  paid: {int(totals['units'])} units, {int(totals['tokens'])} tokens, "
         f"cost {totals['cost']:g}; budget {sweep.budget or 'none'}"

@@ -35,6 +35,10 @@ class SweepQueries(StoreAccess):
         """(charged attempts, tokens, cost) this sweep paid (its ``sweep_charges``)."""
         return self._read(lambda c: sweeps.sweep_usage(c, sweep_id))
 
+    def sweep_flow(self, sweep_id: str) -> tuple[int, list[tuple[float, str]]]:
+        """(attempts running in the sweep's cells, (at, data_json) of its throttle events)."""
+        return self._read(lambda c: sweeps.sweep_flow(c, sweep_id))
+
     def sweep_cell_steps(self, sweep_id: str, step_ids: list[str]) -> list[CellStepRow]:
         """The rows of ``step_ids`` in every cell's run (the frame's gate columns)."""
         return self._read(lambda c: sweeps.sweep_cell_steps(c, sweep_id, step_ids))

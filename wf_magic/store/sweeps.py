@@ -240,6 +240,21 @@ def sweep_usage(conn: sqlite3.Connection, sweep_id: str) -> tuple[int, int, floa
     return int(row[0]), int(row[1]), float(row[2])
 
 
+def sweep_flow(conn: sqlite3.Connection, sweep_id: str) -> tuple[int, list[tuple[float, str]]]:
+    """(attempts running in the sweep's cells, (at, data_json) of each ``throttled`` event)."""
+    running = conn.execute(
+        "SELECT COUNT(*) FROM attempts a JOIN sweep_cells c ON c.run_id = a.run_id"
+        " WHERE c.sweep_id = ? AND a.status = 'running'",
+        (sweep_id,),
+    ).fetchone()
+    throttles = conn.execute(
+        "SELECT e.at, e.data_json FROM events e JOIN sweep_cells c ON c.run_id = e.run_id"
+        " WHERE c.sweep_id = ? AND e.kind = 'throttled'",
+        (sweep_id,),
+    ).fetchall()
+    return int(running[0]), [(float(at), str(data or "")) for at, data in throttles]
+
+
 def fitting_txn(conn: sqlite3.Connection, sweep_id: str, keys: Sequence[tuple[Any, bool]]) -> int:
     """How many of a batch's ``(key, charged)`` reservations, in order, fit ``sweep_id``'s
     ceilings, counted from what the sweep paid as committed when this transaction began.

@@ -176,6 +176,32 @@ class Sweep:
         units, tokens, cost = self._store.sweep_usage(self.sweep_id)
         return {"units": units, "tokens": tokens, "cost": cost}
 
+    def flow(self) -> str:
+        """Its calls right now, from the journal: ``in flight 24 · throttled 3 · waiting 0.8 s``.
+
+        ``in flight`` counts the attempts running in its cells (in this process the line adds
+        the endpoints' current limit: ``24/32``); ``throttled`` the provider's refusals its
+        cells waited for; ``waiting`` how long the latest pause still runs.
+        """
+        import json
+        import time
+
+        from ..drive.limiter import LIMITERS
+
+        running, throttles = self._store.sweep_flow(self.sweep_id)
+        now, until = time.time(), 0.0
+        for at, data in throttles:
+            try:
+                wait_s = float(json.loads(data).get("wait_s") or 0.0)
+            except (ValueError, AttributeError, TypeError):
+                continue
+            until = max(until, at + wait_s)
+        # The limit is shown once a limiter has one (configured, or cut by a refusal).
+        limit = sum(s.limit for s in LIMITERS.states() if s.in_flight and s.limit < 1024)
+        flight = f"{running}/{limit}" if limit else str(running)
+        waiting = max(0.0, until - now)
+        return f"in flight {flight} · throttled {len(throttles)} · waiting {waiting:.1f} s"
+
     def pivot(self, values: str, index: str, columns: str, aggfunc: str = "mean") -> pd.DataFrame:
         """``values`` by ``index`` × ``columns`` (e.g. score by model × style), aggregated."""
         return self.frame().pivot_table(

@@ -907,3 +907,34 @@ steps:
         (fork.run_id,),
     )
     assert rows == [("first.score:q", "reused"), ("second.score:q", "reused")]
+
+
+def test_a_per_item_gate_scores_each_item_on_the_output_it_accepted(engine: Engine) -> None:
+    src = """
+name: itemgated
+runners:
+  scripted:
+    rules:
+      - match: "fixed"
+        reply: "GOOD"
+      - match: "item b"
+        reply: "bad"
+      - match: "item a"
+        reply: "GOOD"
+steps:
+  - id: each
+    map: "{{ ['a', 'b'] }}"
+    prompt: "item {{ item }}{% if gate.feedback %} fixed{% endif %}"
+    gate: {judge: expr, check: "output == 'GOOD'", per_item: true, max_loops: 2, criteria: [good]}
+    score:
+      - {name: good, equals: GOOD}
+"""
+    run = engine.run(src)
+
+    assert run.status == "completed", run.reason
+    assert _scores(run) == [
+        ("each", "good", 0, 1.0, "equal", "succeeded"),
+        ("each", "good", 1, 1.0, "equal", "succeeded"),
+    ]
+    loops = run.journal().set_index("unit")["loop"]
+    assert (loops["each.score:good[1]"], loops["each.score:good[0]"]) == (2, 2)

@@ -59,8 +59,9 @@ def has_scores(plan: Plan) -> bool:
 def score_step(ctx: DriveContext, state: RunState, step: PlanStep, output: Any) -> None:
     """Measure each score of the completed ``step`` that the run does not hold yet.
 
-    ``output`` is the step's output; a map step's items are scored one by one, from the
-    newest succeeded (or reused) work attempt of each item.
+    ``output`` is the step's output; a map step's items are scored one by one, each from its
+    newest work attempt when that succeeded (or was reused): a per-item gate's accepted
+    items keep the output of the loop that last executed them.
     """
     if not step.score:
         return
@@ -98,10 +99,12 @@ def _targets(
         items = []
     newest: dict[int, AttemptRow] = {}
     for a in ctx.store.attempts_of(state.run_id, step.id):
-        if a.phase == "work" and a.item_index is not None and a.status in _DONE:
+        if a.phase == "work" and a.item_index is not None:
             newest[a.item_index] = a  # journal order: a later attempt wins
     out: list[tuple[int | None, Any, Any]] = []
     for index in sorted(newest):
+        if newest[index].status not in _DONE:
+            continue  # the item failed in the end (a tolerant map): nothing to score
         text = newest[index].output_json
         item = items[index] if index < len(items) else None
         out.append((index, item, json.loads(text) if text else None))

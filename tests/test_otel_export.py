@@ -27,7 +27,8 @@ from wf_magic import Engine, RunnerError, UnitRequest, UnitResult, register_runn
 from wf_magic.errors import UsageError
 from wf_magic.otel.endpoint import parse_headers, traces_url
 from wf_magic.otel.journal import read_run
-from wf_magic.otel.spans import SEMCONV_VERSION, build_spans, trace_id_of
+from wf_magic.otel.records import SEMCONV_VERSION, trace_id_of
+from wf_magic.otel.spans import build_spans
 from wf_magic.runners.base import BaseRunner
 
 pytest.importorskip("opentelemetry.sdk", reason="the otel extra (wf_magic[otel]) is not installed")

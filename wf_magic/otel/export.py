@@ -20,7 +20,8 @@ from ..redact import Redactor, mask_url
 from ..store import Store
 from .endpoint import ExportFailed
 from .journal import read_run
-from .spans import SCHEMA_URL, SpanRecord, build_spans
+from .records import SCHEMA_URL, SpanRecord
+from .spans import build_spans
 
 BATCH = 256
 """Spans per OTLP request."""

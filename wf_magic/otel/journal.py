@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import UsageError
 from ..store import Store
-from .spans import RunJournal
+from .records import RunJournal
 
 
 def read_run(store: Store, run_id: str, *, content: bool = False) -> RunJournal:

@@ -495,21 +495,23 @@ def test_a_killed_driver_loses_no_span(tmp_path: Path, receiver: OtlpReceiver) -
         )
     )
     state = tmp_path / "state"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "wf_magic", "--db", str(state), "run", str(source)],
-        env={**os.environ, "WF_MAGIC_OTLP_ENDPOINT": receiver.endpoint},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while len(receiver.spans) < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
-    finally:
-        proc.kill()  # SIGKILL: no close, no flush, no goodbye
-        proc.wait()
+    log = tmp_path / "wf-run.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "wf_magic", "--db", str(state), "run", str(source)],
+            env={**os.environ, "WF_MAGIC_OTLP_ENDPOINT": receiver.endpoint},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while len(receiver.spans) < 3 and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+        finally:
+            proc.kill()  # SIGKILL: no close, no flush, no goodbye
+            proc.wait()
     arrived = len(receiver.spans)
-    assert 3 <= arrived < 13  # the run was cut mid-map
+    assert 3 <= arrived < 13, (arrived, log.read_text())  # the run was cut mid-map
     with Engine(state, otlp_endpoint=receiver.endpoint) as engine:
         run_id = engine.list_runs()[0].run_id
         assert engine.drive(run_id).status == "completed"

@@ -426,6 +426,9 @@ def test_a_bad_verdict_fails_the_score_unit_but_not_the_step_or_the_run(
     assert frame["status"].tolist() == ["failed"]
     assert math.isnan(frame["value"].iloc[0])
     assert failure in frame["explanation"].iloc[0]
+    # the judge answered: its failed unit keeps the tokens the answer cost
+    judged = run.journal().set_index("unit").loc["answer.score:quality"]
+    assert judged["tokens_in"] > 0 and judged["tokens_out"] > 0
 
 
 def test_a_python_scorer_raising_fails_its_unit_and_is_measured_again_on_resume(

@@ -344,7 +344,6 @@ def _judge(
             timeout_s=step.timeout_s,
         )
         result = outcomes.checked_result(call_in_place(ctx, state, request, runner_name=key.runner))
-        value = parse_rubric_reply(state.redactor.redact_value(result.output), scale)
     except BaseException as exc:
         # Whatever the judge did, its attempt ends failed and the run goes on.
         if interrupts.is_real_interrupt(exc, seen):
@@ -352,6 +351,19 @@ def _judge(
         _fail(ctx, state, attempt, _failure(state, exc))
         return
     cost, price_source = attempts.priced(state, key.runner, result)
+    try:
+        value = parse_rubric_reply(state.redactor.redact_value(result.output), scale)
+    except ScoreError as exc:
+        # The call was answered: the failed unit keeps what the answer cost.
+        spent = RunnerError(
+            str(exc),
+            tokens_in=int(result.tokens_in),
+            tokens_out=int(result.tokens_out),
+            cost=cost,
+            price_source=price_source,
+        )
+        _fail(ctx, state, attempt, _failure(state, spent))
+        return
     attempts.finish_with(
         ctx,
         state,

@@ -590,3 +590,29 @@ def test_a_throttle_arrives_as_an_event_of_its_attempt(
     data = chat.events[0][1]
     assert data["wf_magic.wait_s"] == 0.05
     assert data["wf_magic.cause"] == "HTTP 429 rate limited"
+
+
+@pytest.mark.parametrize("content", [False, True])
+def test_score_units_arrive_as_spans_with_their_value(
+    tmp_path: Path, receiver: OtlpReceiver, content: bool
+) -> None:
+    with Engine(tmp_path / "state") as engine:
+        run = engine.run(
+            "name: sc\nrunner: scripted\nrunners:\n  scripted:\n    rules:\n"
+            "      - {match: '.', reply: 'out {{ prompt }}'}\n"
+            "steps:\n  - id: a\n    map: '{{ [1, 2] }}'\n    prompt: 'hi {{ item }}'\n"
+            "    score:\n      - {name: exact, equals: 'out hi 1'}\n"
+        )
+        engine.export_otel(run.run_id, endpoint=receiver.endpoint, content=content)
+    scores = sorted(
+        (s for s in receiver.spans.values() if s.name == "score exact"),
+        key=lambda s: s.attributes["wf_magic.item.index"],
+    )
+    step = next(s for s in receiver.spans.values() if s.name == "step a")
+    assert [s.attributes["gen_ai.evaluation.score.value"] for s in scores] == [1.0, 0.0]
+    assert {s.attributes["gen_ai.evaluation.name"] for s in scores} == {"exact"}
+    assert {s.parent_id for s in scores} == {step.span_id}
+    explained = [s.attributes.get("gen_ai.evaluation.explanation") for s in scores]
+    assert explained == (
+        ["equal", "expected 'out hi 1' (got 'out hi 2')"] if content else [None, None]
+    )

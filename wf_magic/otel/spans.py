@@ -193,7 +193,7 @@ class _Builder:
             span_kind: SpanKindName = "internal"
             attrs.update(self._verdict(a))
         elif a.phase == "score":
-            name = f"score {a.unit_id.partition('.score:')[2].split('[')[0] or a.unit_id}"
+            name = f"score {_score_name(a.unit_id)}"
             span_kind = "internal"
             attrs.update(self._score(a))
         elif kind == "agent":
@@ -332,13 +332,14 @@ class _Builder:
     def _score(self, a: AttemptRow) -> dict[str, AttrValue]:
         out = _json(a.output_json)
         value = out.get("value") if isinstance(out, dict) else out
-        attrs: dict[str, AttrValue] = {
-            "gen_ai.evaluation.name": a.unit_id.partition(".score:")[2] or a.unit_id,
-        }
+        attrs: dict[str, AttrValue] = {"gen_ai.evaluation.name": _score_name(a.unit_id)}
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             attrs["gen_ai.evaluation.score.value"] = float(value)
         elif isinstance(value, bool):
             attrs["gen_ai.evaluation.score.value"] = float(value)
+        explanation = out.get("explanation") if isinstance(out, dict) else None
+        if self.content and isinstance(explanation, str):  # it quotes the output
+            attrs["gen_ai.evaluation.explanation"] = self._text(explanation)
         return attrs
 
     def _content(self, a: AttemptRow, kind: str) -> dict[str, AttrValue]:
@@ -407,6 +408,11 @@ def provider_of(runner: str, model: str | None) -> str:
         if head.isidentifier():
             return {"google-gla": "gcp.gemini", "bedrock": "aws.bedrock"}.get(head, head)
     return runner
+
+
+def _score_name(unit_id: str) -> str:
+    """The score's name in its unit id ``<step>.score:<name>[i]``."""
+    return unit_id.partition(".score:")[2].split("[")[0] or unit_id
 
 
 def _error_type(failure: str | None) -> str:

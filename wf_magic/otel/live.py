@@ -100,8 +100,8 @@ class LiveExporter:
         with self._lock:
             self._closing = True
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(min(wait_s, self.timeout_s) + 1.0)
+        if self._thread is not None:  # a daemon: one stuck on a slow collector is left behind
+            self._thread.join(1.0)
 
     # -- the thread ---------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -149,9 +149,11 @@ class LiveExporter:
             )
             return True
         except WorkflowError as exc:
-            self._say(str(exc))
+            self._say(run_id, str(exc))
         except Exception as exc:  # a bug or a store fault must not kill the thread
-            self._say(f"OpenTelemetry export of run {run_id} failed: {type(exc).__name__}: {exc}")
+            self._say(
+                run_id, f"OpenTelemetry export of run {run_id} failed: {type(exc).__name__}: {exc}"
+            )
         return False
 
     def _sleep(self, delay: float) -> None:
@@ -159,11 +161,11 @@ class LiveExporter:
         while not self._closing and (left := end - time.monotonic()) > 0:
             time.sleep(min(left, 0.1))
 
-    def _say(self, message: str) -> None:
-        if self._warned:
+    def _say(self, run_id: str, message: str) -> None:
+        if self._warned or self._closing:  # the store may be closing under the thread
             return
         self._warned = True
-        line = " ".join(message.split())
+        line = " ".join(self.redactor_of(run_id).redact(message).split())
         self._warn(
             f"wf_magic: warning: {line} Spans are kept in the journal and sent when "
             f"{mask_url(self.url)} answers (retrying in the background)."

@@ -79,6 +79,6 @@ def _split(pair: str) -> tuple[str, str]:
     if not sep:
         raise UsageError(
             "--headers: expected NAME=VALUE, e.g. --headers Authorization='Basic …' "
-            f"(got {len(pair)} characters without '=')."
+            f"(got {len(pair)} characters without '='; run ids go before --headers)."
         )
     return name.strip(), value

@@ -215,7 +215,12 @@ class WorkflowMagics(Magics):
         self.drive_in_background(run_id, is_followable=True)
 
     def settle_view(self, view: RunView) -> None:
-        """Stop a view observing once its run can no longer change."""
+        """Stop a view observing once its run can no longer change; older views of the run
+        repaint now, in this cell (not at their next poll), so what is saved is the same
+        however fast the kernel was."""
+        for older in self._followers:
+            if older.run_id == view.run_id and not older.throttle.is_closed:
+                older.flush()
         if (
             self.close_finished_views
             and view.snapshot is not None

@@ -60,6 +60,7 @@ BASE: dict[str, Any] = {
                 "model": "{{ params.topic }}",
             },
             "cache": True,
+            "options": {"temperature": 0.5, "system_prompt": "be brief"},
             "score": [
                 {"name": "eq", "equals": "{{ params.topic }}", "ignore_case": True},
                 {"name": "js", "json_schema": {"type": "string", "description": "text"}},
@@ -155,6 +156,7 @@ CASES: list[tuple[tuple[Any, ...], str, str]] = [
     (("steps", 0, "score", 2, "runner"), "steps[0].score[2].runner", "`runner:` is not a"),
     (("steps", 0, "score", 2, "charged"), "steps[0].score[2].charged", "not a template"),
     (("steps", 0, "score", 3, "python"), "steps[0].score[3].python", "not a template"),
+    (("steps", 0, "options", "system_prompt"), "steps[0].options.system_prompt", "not a template"),
     (("steps", 1, "exec", 2), "steps[1].exec[2]", "never templated"),
     (("steps", 1, "pass_env", 0), "steps[1].pass_env[0]", "not a template"),
     (("steps", 2, "python"), "steps[2].python", "not a template"),

@@ -381,7 +381,8 @@ def test_exec_units_are_refused(make_runner: MakeRunner) -> None:
         ({"max_tokens_param": "tokens"}, "max_tokens_param: expected max_tokens or"),
         ({"prices": {"m": {"input_per_mtok": 1}}}, "prices.m: expected"),
         ({"json_mode": "no"}, "json_mode: expected true or false (got 'no')"),
-        ({"temperature": 0}, "unknown option(s) temperature"),
+        ({"temprature": 0}, "unknown option(s) temprature"),
+        ({"temperature": 3}, "temperature: expected a finite number from 0 to 2 (got 3)"),
     ],
 )
 def test_invalid_options_are_refused(

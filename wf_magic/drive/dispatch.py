@@ -506,6 +506,7 @@ def _request(
         item=unit.item,
         index=unit.item_index,
         max_tokens=job_offer,
+        options=step.options,
         env=env,
         agent=agent_request(ctx, unit, resume_from),
         on_text=on_text,

@@ -413,6 +413,8 @@ class LoopUnits(Sequence[UnitPlan]):
             "feedback": fb,
         }
         resolved.update(resolved_kind)
+        if step.options:  # a step's sampling settings change its answers (unset: hash as before)
+            resolved["options"] = step.options
         if "sweep" in self.params and "sweep" not in self.plan.params:
             resolved["sweep"] = self.params["sweep"]  # a repeat is a fresh call, not a reuse
         return _Rendered(fields, resolved, self._hash(resolved))

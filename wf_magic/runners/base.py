@@ -127,6 +127,9 @@ class UnitRequest:
     index: int | None = None
     max_tokens: int | None = None
     """Tokens left in the run budget (None: unlimited); a runner should cap its output."""
+    options: Mapping[str, Any] | None = None
+    """The step's ``options:`` (sampling settings over the runner's own, ``runners/sampling.py``);
+    None when the step sets none."""
     env: Mapping[str, str] = field(default_factory=dict)
     """Environment for exec and agent units (minimal env + pass_env + WF_* names)."""
     agent: Mapping[str, Any] | None = None

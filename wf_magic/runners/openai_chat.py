@@ -17,6 +17,12 @@ Plan options (``runners: {openai: {...}}``; none of them is a secret):
   the model is then remembered as JSON-mode-less for this runner.
 - ``max_tokens_param``: ``max_tokens`` (default) or ``max_completion_tokens`` for models
   that refuse the former.
+- ``temperature`` (0 to 2), ``top_p`` (0 to 1), ``max_tokens`` (a positive whole number),
+  ``seed`` (a whole number), ``stop`` (a string or a list of up to 4), ``system_prompt``: the
+  sampling settings (``runners/sampling.py``), sent as the Chat Completions API names them
+  (``system_prompt`` as a first system message). A step's ``options:`` override them. They
+  are part of each unit's input hash. A request's ``max_tokens`` is the lower of the setting
+  and the run budget's offer, sent under ``max_tokens_param``.
 
 The engine does the retrying, so the client's own retries are off: HTTP 408, 409, 425,
 429, 5xx, timeouts, connection failures and a body cut mid-way (a reset, a truncated event
@@ -56,6 +62,7 @@ from .base import RunnerContext, UnitRequest, UnitResult, check_limits, strip_co
 from .bounded_http import AttemptLoop, bounded_hooks, is_cut_off, over_bound
 from .pricing import PRICE_OPTIONS, PriceTable
 from .ratelimits import is_throttle, key_digest, wait_of
+from .sampling import SAMPLING_OPTIONS, check_sampling, offered_tokens, sampling_of
 from .textsink import TEXT_EVERY_S
 
 if TYPE_CHECKING:
@@ -70,6 +77,7 @@ _MESSAGE_CAP = 500
 _OPTION_NAMES = frozenset(
     {"base_url", "api_key_env", "model", "timeout_s", "json_mode", "max_tokens_param", "limits"}
     | PRICE_OPTIONS
+    | set(SAMPLING_OPTIONS)
 )
 
 
@@ -109,6 +117,9 @@ class OpenAIChatOptions:
     prices: PriceTable = field(default_factory=PriceTable)
     json_mode: bool = True
     max_tokens_param: str = "max_tokens"
+    sampling: Mapping[str, Any] = field(default_factory=dict)
+    """The sampling settings the plan gives (``runners/sampling.py``); a step's ``options:``
+    override them."""
 
     @classmethod
     def parse(
@@ -131,6 +142,7 @@ class OpenAIChatOptions:
         env = os.environ if environ is None else environ
         where = f"runners.{name}"
         _check_option_names(options, where)
+        check_sampling(options, where=where)
         base_url = options.get("base_url") or env.get("WF_MAGIC_OPENAI_BASE_URL")
         model = options.get("model") or env.get("WF_MAGIC_OPENAI_MODEL")
         timeout_s = options.get("timeout_s", DEFAULT_TIMEOUT_S)
@@ -152,6 +164,7 @@ class OpenAIChatOptions:
             prices=PriceTable.parse(options, where=where),
             json_mode=json_mode,
             max_tokens_param=param,
+            sampling=sampling_of(options, None),
         )
 
 
@@ -162,9 +175,11 @@ class OpenAIChatRunner:
     and every call runs on the runner's one event loop.
     """
 
-    ANSWER_OPTIONS: frozenset[str] = frozenset({"model", "base_url", "json_mode"})
-    """Options that can change an answer (hashed); the key, timeout, prices and the
-    max-tokens parameter name cannot."""
+    ANSWER_OPTIONS: frozenset[str] = frozenset(
+        {"model", "base_url", "json_mode", *SAMPLING_OPTIONS}
+    )
+    """Options that can change an answer (hashed): the endpoint, the model, JSON mode and the
+    sampling settings; the key, timeout, prices and the max-tokens parameter name cannot."""
 
     def __init__(self, options: OpenAIChatOptions, *, name: str = "openai") -> None:
         """Create a runner; no client and no connection until the first unit.
@@ -314,17 +329,26 @@ class OpenAIChatRunner:
         prompt = request.prompt or ""
         if _wants_json(request):
             prompt = f"{prompt}\n\n{_json_instruction(request.output_schema)}"
+        settings = sampling_of(self.options.sampling, request.options)
+        messages = [{"role": "user", "content": prompt}]
+        if "system_prompt" in settings:
+            messages.insert(0, {"role": "system", "content": settings["system_prompt"]})
         kwargs: dict[str, Any] = {
             "model": model,
-            "messages": [{"role": "user", "content": prompt}],
+            "messages": messages,
             "timeout": request.timeout_s or self.options.timeout_s,
             "extra_headers": {
                 "Idempotency-Key": request.dispatch_id,
                 "X-Request-ID": request.dispatch_id,
             },
         }
-        if request.max_tokens is not None:
-            kwargs[self.options.max_tokens_param] = request.max_tokens
+        kwargs.update(
+            {k: settings[k] for k in ("temperature", "top_p", "seed", "stop") if k in settings}
+        )
+        # The lower of the setting and the budget's offer: both are ceilings.
+        max_tokens = offered_tokens(settings.get("max_tokens"), request.max_tokens)
+        if max_tokens is not None:
+            kwargs[self.options.max_tokens_param] = max_tokens
         return kwargs
 
     def _result(self, reply: _Reply, request: UnitRequest, model: str) -> UnitResult:

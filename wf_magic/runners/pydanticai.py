@@ -7,8 +7,10 @@ Plan options (``runners: {pydantic-ai: {...}}``; none of them is a secret):
   step's ``model:`` wins.
 - ``base_url``: the provider's endpoint (else the SDK's own variable, ``ANTHROPIC_BASE_URL``…).
 - ``api_key_env``: the NAME of the variable holding the key (else the SDK's default).
-- ``system_prompt``, ``temperature``, ``top_p``, ``seed``, ``settings`` (more pydantic-ai
-  ``ModelSettings``): what the model is asked with.
+- ``system_prompt``, ``temperature``, ``top_p``, ``seed``, ``max_tokens``, ``stop`` (sent as
+  ``stop_sequences``), ``settings`` (more pydantic-ai ``ModelSettings``): what the model is
+  asked with. A step's ``options:`` override the first six (``runners/sampling.py``); a
+  request's ``max_tokens`` is the lower of the setting and the run budget's offer.
 - ``timeout_s`` (default 120; a step's ``timeout:`` wins), ``prices``, ``local``. It is the
   attempt's deadline: connect, first byte and the whole body or stream, not each read.
 
@@ -44,6 +46,7 @@ from .base import (
 from .bounded_http import AttemptLoop, bounded_client, bounded_hooks, is_cut_off, over_bound
 from .pricing import PRICE_OPTIONS, PriceTable, attempt_cost
 from .ratelimits import is_throttle, key_digest, wait_of
+from .sampling import SAMPLING_OPTIONS, check_sampling, offered_tokens, sampling_of
 from .textsink import TEXT_EVERY_S
 
 if TYPE_CHECKING:
@@ -64,7 +67,7 @@ VERDICT_SCHEMA: dict[str, Any] = {
 _SETTING_OPTIONS = ("temperature", "top_p", "seed")
 _OPTION_NAMES = frozenset(
     {"model", "base_url", "api_key_env", "system_prompt", "settings", "timeout_s"}
-    | set(_SETTING_OPTIONS)
+    | set(SAMPLING_OPTIONS)
     | PRICE_OPTIONS
 )
 _GENAI_PROVIDERS = {"google-gla": "google", "google-vertex": "google", "bedrock": "aws"}
@@ -85,9 +88,7 @@ class PydanticAIRunner:
     touched), each under its attempt's deadline; units on several worker threads share it.
     """
 
-    ANSWER_OPTIONS: frozenset[str] = frozenset(
-        {"model", "base_url", "system_prompt", "settings", *_SETTING_OPTIONS}
-    )
+    ANSWER_OPTIONS: frozenset[str] = frozenset({"model", "base_url", "settings", *SAMPLING_OPTIONS})
     """What the model is asked and where: hashed. The key's variable, the timeout and prices
     are not."""
 
@@ -284,7 +285,7 @@ class PydanticAIRunner:
         from pydantic_ai.messages import ModelRequest, SystemPromptPart, UserPromptPart
 
         parts: list[Any] = []
-        system = self.options.get("system_prompt")
+        system = sampling_of(self.options, request.options).get("system_prompt")
         if system:
             parts.append(SystemPromptPart(content=str(system)))
         parts.append(UserPromptPart(content=request.prompt or ""))
@@ -292,10 +293,18 @@ class PydanticAIRunner:
 
     def _settings(self, request: UnitRequest, timeout_s: float) -> Any:
         settings: dict[str, Any] = dict(self.options.get("settings") or {})
-        settings.update({k: self.options[k] for k in _SETTING_OPTIONS if k in self.options})
+        sampling = sampling_of(self.options, request.options)
+        settings.update({k: sampling[k] for k in _SETTING_OPTIONS if k in sampling})
+        if "stop" in sampling:
+            stop = sampling["stop"]
+            settings["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)
         settings["timeout"] = timeout_s
-        if request.max_tokens is not None:
-            settings["max_tokens"] = request.max_tokens
+        # The lower of the setting and the budget's offer: both are ceilings.
+        max_tokens = offered_tokens(
+            sampling.get("max_tokens", settings.get("max_tokens")), request.max_tokens
+        )
+        if max_tokens is not None:
+            settings["max_tokens"] = max_tokens
         return settings
 
     # -- the answer ------------------------------------------------------------------------------
@@ -353,6 +362,7 @@ def _check_options(options: Mapping[str, Any], where: str) -> None:
         mappings=("settings",),
         default_timeout_s=DEFAULT_TIMEOUT_S,
     )
+    check_sampling(options, where=where)
     PriceTable.parse(options, where=where)
 
 

@@ -247,6 +247,7 @@ class _Freezer:
             pass_env=step.pass_env,
             agent=_agent_plan(step, src, at),
             score=scores,
+            options=_step_options(spec, step, runner, src, at),
         )
 
     def _pin(self, target: str, src: Source, at: Path) -> str:
@@ -355,6 +356,24 @@ def _gate(
         model_alias=model.alias,
         model_template=model.template,
     )
+
+
+def _step_options(
+    spec: WorkflowSpec, step: StepSpec, runner: str, src: Source, at: Path
+) -> dict[str, Any] | None:
+    """A step's ``options:`` checked one key at a time against its runner's type."""
+    from ..errors import RunnerError
+    from ..runners.sampling import check_step_options
+
+    if not step.options:
+        return None
+    kind = str((spec.runners.get(runner) or {}).get("type", runner))
+    for key, value in step.options.items():
+        try:
+            check_step_options({key: value}, kind=kind, where=f"step {step.id!r}")
+        except RunnerError as exc:
+            raise src.error(str(exc), (*at, "options", key)) from None
+    return dict(step.options)
 
 
 def _agent_plan(step: StepSpec, src: Source, at: Path) -> AgentPlan | None:

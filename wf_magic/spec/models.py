@@ -232,6 +232,10 @@ class StepSpec(_Strict):
     score: list[ScoreSpec] = Field(default_factory=list, max_length=100)
     """Scores measuring the step's output (each map item's) once the step completed (its gate
     accepted): each a journaled unit ``<step>.score:<name>``; a score never gates or loops."""
+    options: dict[str, Any] | None = None
+    """The step's own sampling settings over its runner's (``temperature``, ``top_p``,
+    ``max_tokens``, ``seed``, ``stop``, ``system_prompt``; ``runners/sampling.py``), checked
+    at freeze against the names the step's runner takes. Part of each unit's input hash."""
 
     @field_validator("timeout", mode="before")
     @classmethod

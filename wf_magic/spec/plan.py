@@ -25,6 +25,7 @@ _OMITTED_WHEN_UNSET: dict[str, Any] = {
     "charged": None,
     "per_item": False,
     "score": [],
+    "options": None,
     "target_hash": None,
     "ignore_case": False,
     "runner": None,
@@ -156,6 +157,8 @@ class PlanStep(_Frozen):
     """An agent step's harness settings (None for other kinds)."""
     score: list[PlanScore] = Field(default_factory=list)
     """The step's scores as frozen, in authored order (left out of the JSON when none)."""
+    options: dict[str, Any] | None = None
+    """The step's sampling settings over its runner's (left out of the JSON when unset)."""
 
     @model_serializer(mode="wrap")
     def _serialize(self, handler: SerializerFunctionWrapHandler) -> Any:

@@ -8,6 +8,7 @@ twice, from a folder of its own; the saved file is measured after each pass.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -36,8 +37,27 @@ class LabLikeClient(NotebookClient):  # type: ignore[misc]
             return
         super().handle_comm_msg(outs, msg, cell_index)
 
+    def live_ids(self) -> set[str]:
+        """The models the kernel keeps open now (asked in a cell that is not saved): a close
+        sent from a drive thread after its cell ended reaches JupyterLab, not nbclient."""
+        probe = nbformat.v4.new_code_cell(
+            "import json as _j\nfrom ipywidgets.widgets.widget import _instances as _i\n"
+            "print(_j.dumps(sorted(_i)))"
+        )
+        self.nb.cells.append(probe)
+        try:
+            self.execute_cell(probe, len(self.nb.cells) - 1)
+        finally:
+            self.nb.cells.pop()
+        text = "".join(o.get("text", "") for o in probe.outputs if o.get("name") == "stdout")
+        return set(json.loads(text.strip().splitlines()[-1]))
+
     def saved(self) -> tuple[int, int]:
         """The saved file's size in bytes and its widget-state model count."""
+        live = self.live_ids()
+        for comm_id in [c for c in self.widget_state if c not in live]:
+            self.widget_state.pop(comm_id, None)
+            self.widget_buffers.pop(comm_id, None)
         self.nb.metadata.pop("widgets", None)
         self.set_widgets_metadata()
         state = self.nb.metadata.get("widgets", {}).get(

@@ -616,3 +616,33 @@ def test_score_units_arrive_as_spans_with_their_value(
     assert explained == (
         ["equal", "expected 'out hi 1' (got 'out hi 2')"] if content else [None, None]
     )
+
+
+def test_config_workflow_magics_otlp_endpoint_exports_a_cells_run_live(
+    tmp_path: Path, receiver: OtlpReceiver
+) -> None:
+    from tests.helpers_notebook import cell, ipython_shell, magics_in
+
+    use_runner("slow", lambda r: f"out {r.prompt}")
+    shells = ipython_shell()
+    shell = next(shells)
+    try:
+        with magics_in(shell, tmp_path / "state", widgets="off") as magics:
+            assert magics.engine.otlp is None  # off unless configured
+            shell.run_line_magic("config", f"WorkflowMagics.otlp_endpoint = {receiver.endpoint!r}")
+            try:
+                engine = magics.engine
+                assert engine.otlp is not None
+                assert (engine.otlp.url, engine.otlp.content) == (
+                    receiver.endpoint + "/v1/traces",
+                    False,
+                )
+                run = cell(shell, "", LIVE)
+                assert run.status == "completed"
+                assert engine.otlp.wait_idle(30)
+            finally:
+                shell.run_line_magic("config", "WorkflowMagics.otlp_endpoint = ''")
+    finally:
+        next(shells, None)
+    assert {s.trace_id for s in receiver.spans.values()} == {f"{trace_id_of(run.run_id):032x}"}
+    assert len(receiver.spans) == len(receiver.received) == 13

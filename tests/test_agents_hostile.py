@@ -78,7 +78,7 @@ def warnings_of(engine: Engine, run_id: str) -> list[str]:
     return [
         json.loads(e.data_json or "{}")["message"]
         for e in engine.store.events_after(run_id)
-        if e.kind == "warning"
+        if e.kind == "warning" and json.loads(e.data_json or "{}").get("reason") != "bridge"
     ]
 
 

@@ -267,6 +267,11 @@ def cmd_tokens(engine: Engine, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_calls(engine: Engine, args: argparse.Namespace) -> int:
+    _frame_out(engine.calls(args.run, unit=args.unit), args.format)
+    return EXIT_OK
+
+
 def cmd_events(engine: Engine, args: argparse.Namespace) -> int:
     """A frame of the run's events, or (``--since``, ``--follow``, ``--format json``) one line
     per event, its cursor first, then ``cursor: N`` on stderr (wf_magic.tail)."""
@@ -462,6 +467,7 @@ HANDLERS: dict[str, Callable[[Engine, argparse.Namespace], int]] = {
     "adopt": cmd_adopt,
     "journal": cmd_journal,
     "tokens": cmd_tokens,
+    "calls": cmd_calls,
     "events": cmd_events,
     "watch": cmd_watch,
     "show": cmd_show,

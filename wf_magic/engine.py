@@ -548,6 +548,11 @@ class Engine(SweepVerbs, GcVerbs, FollowVerbs, OtelVerbs):
         """One row per attempt (see :func:`wf_magic.store.frames.journal_frame`)."""
         return self.store.journal_frame(self.resolve_run_id(run_id) if run_id else None)
 
+    def calls(self, run_id: RunRef, *, unit: str | None = None) -> pd.DataFrame:
+        """One row per model call of the run's agent attempts, made through the bridge (see
+        :func:`wf_magic.store.calls.calls_frame`); ``unit``: only that unit's."""
+        return self.store.calls_frame(self.resolve_run_id(run_id), unit_id=unit)
+
     def scores(self, run_id: RunRef) -> pd.DataFrame:
         """One row per score of the run (see :meth:`wf_magic.Run.scores`)."""
         return self.store.scores_frame([self.resolve_run_id(run_id)])

@@ -380,6 +380,12 @@ VERBS: tuple[Verb, ...] = (
         ),
     ),
     Verb(
+        name="calls",
+        help="print one row per model call of a run's agent attempts (made through the bridge)",
+        options=(RUN, Option(flag="--unit", metavar="UNIT", help="only this unit"), FORMAT),
+        faces=CLI,
+    ),
+    Verb(
         name="events",
         help="print a run's events (after a cursor, following the run until it settles)",
         options=(

@@ -233,6 +233,7 @@ class AgentError(RunnerError):
         tokens_out: int = 0,
         executed: bool = True,
         cost: float | None = None,
+        price_source: str | None = None,
     ):
         super().__init__(
             message,
@@ -241,6 +242,7 @@ class AgentError(RunnerError):
             tokens_out=tokens_out,
             executed=executed,
             cost=cost,
+            price_source=price_source,
         )
         self.facts = dict(facts or {})
 

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..bridge.attempt import BridgedAttempt
+from ..bridge.wiring import NotBridgeable, Wiring, wiring
 from ..errors import RunnerError
 from ..redact import Redactor
 from ..runners.base import BaseRunner, RunnerContext, UnitRequest, UnitResult, strip_code_fence
@@ -36,7 +38,7 @@ from .harness import (
 from .stream import StreamReader, cli_version
 
 OUTPUT_CAP_BYTES = 8 * 1_048_576
-_OPTIONS = ("bin", "args", "home", "output_cap")
+_OPTIONS = ("bin", "args", "home", "output_cap", "bridge", "prices", "local")
 
 
 class AgentRunner(BaseRunner):
@@ -53,6 +55,8 @@ class AgentRunner(BaseRunner):
         output_cap: int = OUTPUT_CAP_BYTES,
         state_dir: str = "",
         source_dir: str | None = None,
+        bridge: bool = True,
+        options: dict[str, Any] | None = None,
     ):
         if home not in ("isolated", "user"):
             raise ValueError(f"home: expected isolated or user (got {home!r})")
@@ -65,6 +69,11 @@ class AgentRunner(BaseRunner):
         self.state_dir = str(Path(state_dir).resolve()) if state_dir else state_dir
         """Absolute: git and the CLI run in other folders (a relative WF_MAGIC_HOME)."""
         self.source_dir = source_dir
+        self.bridge = bridge
+        """Whether model calls go through a per-attempt bridge (``runners: {NAME: {bridge}}``)."""
+        self.options = dict(options or {})
+        """The ``runners:`` section (its ``prices:``/``local:`` price the bridged calls)."""
+        self._bridge_warned = False
         self._version: str | None = None
         self._live: dict[str, subprocess.Popen[bytes]] = {}
         self._cancelled: set[str] = set()
@@ -79,6 +88,9 @@ class AgentRunner(BaseRunner):
         args = ctx.options.get("args") or []
         if not isinstance(args, list):
             raise ValueError(f"args: expected a list of strings (got {type(args).__name__})")
+        bridge = ctx.options.get("bridge", True)
+        if not isinstance(bridge, bool):
+            raise ValueError(f"bridge: expected true or false (got {bridge!r})")
         return cls(
             name=name,
             adapter=adapter,
@@ -88,6 +100,8 @@ class AgentRunner(BaseRunner):
             output_cap=int(ctx.options.get("output_cap", OUTPUT_CAP_BYTES)),
             state_dir=ctx.state_dir,
             source_dir=ctx.source_dir,
+            bridge=bridge,
+            options=dict(ctx.options),
         )
 
     def close(self) -> None:
@@ -143,6 +157,8 @@ class _Launch:
         self.usage_base: tuple[int, int] = kw["usage_base"]
         self.env: dict[str, str] = kw["env"]
         self.reclaimed: bool = kw["reclaimed"]
+        self.bridged: BridgedAttempt | None = None
+        self.bridge_note: str | None = None
         self.notes: list[str] = []
         self.leftover: str | None = None
         self.redactor = Redactor.from_environ(
@@ -229,8 +245,81 @@ class _Launch:
         )
 
     def execute(self) -> UnitResult:
+        extra = self._open_bridge()
+        try:
+            return self._execute(extra)
+        finally:
+            if self.bridged is not None:
+                self.bridged.close()  # the port closes with the attempt
+
+    def _open_bridge(self) -> list[str]:
+        """Open the attempt's bridge and point the CLI at it; the extra arguments it needs.
+        A harness whose login cannot be bridged runs unbridged, with one warning."""
+        runner, agent = self.runner, self.request.agent or {}
+        if not runner.bridge or agent.get("bridge") is False:
+            return []
+        try:
+            wired: Wiring = wiring(runner.adapter.name, self.env)
+        except NotBridgeable as exc:
+            if not runner._bridge_warned:
+                runner._bridge_warned = True
+                self.bridge_note = f"{runner.name}: not bridged ({exc}); calls are not journaled"
+            return []
+        request = self.request
+        bridged = BridgedAttempt(
+            harness=runner.name,
+            options=runner.options,
+            identity={
+                "run_id": request.run_id,
+                "step_id": request.step_id,
+                "unit_id": request.unit_id,
+                "dispatch_id": request.dispatch_id,
+                "attempt": request.attempt,
+            },
+            journal=agent.get("calls"),
+            redact=self.redactor.redact,
+        )
+        try:
+            url = bridged.open(wired.upstream, model=request.model)
+        except OSError as exc:
+            raise AgentError(
+                f"{runner.name}: the bridge could not listen on 127.0.0.1 ({exc}); "
+                f"set runners: {{{runner.name}: {{bridge: false}}}} to run unbridged",
+                executed=False,
+            ) from exc
+        self.bridged = bridged
+        self.env.update(wired.env_for(url))
+        return wired.argv_for(url)
+
+    def _bridge_usage(self, outcome: Outcome) -> dict[str, Any] | None:
+        """Set ``outcome``'s tokens and cost to the sums over its bridged calls; the CLI's
+        own report and the sums, for the facts (None: not bridged)."""
+        if self.bridged is None:
+            return None
+        totals = self.bridged.totals()
+        if totals.calls == 0:
+            return None  # nothing went through it (a CLI that made no call): its report stands
+        reported = {
+            "tokens_in": outcome.tokens_in,
+            "tokens_out": outcome.tokens_out,
+            "cost": outcome.cost,
+            "cost_source": outcome.cost_source,
+        }
+        outcome.tokens_in, outcome.tokens_out = totals.tokens_in, totals.tokens_out
+        outcome.cost = totals.cost
+        sources = ", ".join(self.bridged.sources()) or "none"
+        outcome.cost_source = f"bridge: sum of {totals.calls} call(s) (priced by {sources})"
+        return {
+            "calls": totals.calls,
+            "tokens_in": totals.tokens_in,
+            "tokens_out": totals.tokens_out,
+            "cost": totals.cost,
+            "cli_report": reported,
+        }
+
+    def _execute(self, extra: list[str]) -> UnitResult:
         runner, request = self.runner, self.request
-        argv = [runner.bin, *runner.args, *runner.adapter.argv(self.call)]
+        argv = [runner.bin, *runner.args, *extra, *runner.adapter.argv(self.call)]
         on_stdin = bool(getattr(runner.adapter, "prompt_on_stdin", False))
         deadline = None if request.timeout_s is None else time.monotonic() + request.timeout_s
         try:
@@ -285,21 +374,32 @@ class _Launch:
             runner._cancelled.discard(request.dispatch_id)
         if cancelled:
             reader.finish(1.0)
+            spent = Outcome()
+            facts = self._facts(spent, watch, code=code, error_class="stopped")
             raise AgentError(
                 f"{runner.name} was stopped (the drive was stopped or interrupted) and its "
                 "process group was killed; a later drive runs the unit again",
                 transient=True,
-                facts=self._facts(Outcome(), watch, code=code, error_class="stopped"),
+                facts=facts,
+                tokens_in=spent.tokens_in,
+                tokens_out=spent.tokens_out,
+                cost=spent.cost,
+                price_source=self._price_source(spent),
             )
         if code is None:
             _kill_group(proc)
             reader.finish(1.0)
-            facts = self._facts(Outcome(), watch, code=None, error_class="timeout")
+            spent = Outcome()
+            facts = self._facts(spent, watch, code=None, error_class="timeout")
             raise AgentError(
                 f"{runner.name} timed out after {request.timeout_s:g}s and its process group "
                 "was killed",
                 transient=True,
                 facts=facts,
+                tokens_in=spent.tokens_in,
+                tokens_out=spent.tokens_out,
+                cost=spent.cost,
+                price_source=self._price_source(spent),
             )
         stdout = reader.stdout_text()
         events = list(reader.events) or parse_lines(stdout)  # one pretty-printed object
@@ -354,7 +454,8 @@ class _Launch:
         )
         facts["usage_total"] = list(total)
         if outcome.warnings:
-            facts["warnings"] = [f"{self.runner.name}: {w}" for w in outcome.warnings]
+            said = [f"{self.runner.name}: {w}" for w in outcome.warnings]
+            facts["warnings"] = [*facts.get("warnings", []), *said]
         if self.notes:
             facts["stream_notes"] = list(self.notes)
         if self.leftover:
@@ -367,6 +468,7 @@ class _Launch:
                 tokens_in=outcome.tokens_in,
                 tokens_out=outcome.tokens_out,
                 cost=outcome.cost,  # a failed run still spent (Claude's max_turns, denials)
+                price_source=self._price_source(outcome),
             )
         return UnitResult(
             output=unit_output(outcome, self.request.output_schema, strip_code_fence),
@@ -374,9 +476,16 @@ class _Launch:
             tokens_out=outcome.tokens_out,
             model=self.request.model,
             cost=outcome.cost,
+            price_source=self._price_source(outcome),
             session_id=outcome.session_id,
             facts=facts,
         )
+
+    def _price_source(self, outcome: Outcome) -> str | None:
+        """The bridge's price source when the cost is the sum of its calls (else the
+        runner's: None)."""
+        bridged = self.bridged is not None and (outcome.cost_source or "").startswith("bridge:")
+        return outcome.cost_source if bridged and outcome.cost is not None else None
 
     def _facts(
         self, outcome: Outcome, watch: Watch, *, code: int | None, error_class: str | None
@@ -384,7 +493,7 @@ class _Launch:
         worktree = None
         if self.worktree is not None and self.repo is not None:
             worktree = _settle_worktree(self.repo, self.worktree)
-        return attempt_facts(
+        facts = attempt_facts(
             harness=self.runner.name,
             version=self.runner.version(env=self.env, cwd=self.call.cwd),
             call=self.call,
@@ -396,6 +505,12 @@ class _Launch:
             reclaimed=self.reclaimed,
             redactor=self.redactor,
         )
+        bridge = self._bridge_usage(outcome)  # after the facts: they keep the CLI's report
+        if bridge is not None:
+            facts["bridge"] = bridge
+        if self.bridge_note:
+            facts["bridge_off"] = self.bridge_note
+        return facts
 
 
 def _give_prompt(proc: subprocess.Popen[bytes], prompt: str) -> None:

@@ -27,7 +27,10 @@ def agent_lines(facts: Mapping[str, Any], cost: float | None = None) -> list[str
         f"turns      {turns if turns is not None else '?'}, "
         f"{facts.get('tool_uses') or 0} tool use(s), permission {facts.get('permission')}"
     )
-    if cost is not None and facts.get("cost_source"):
+    bridge = facts.get("bridge")
+    if isinstance(bridge, Mapping):
+        lines.extend(_bridge_lines(bridge))
+    elif cost is not None and facts.get("cost_source"):
         lines.append(f"cost       ${cost:.6f} ({facts['cost_source']})")
     denials = facts.get("permission_denials") or []
     if denials:
@@ -48,6 +51,40 @@ def agent_lines(facts: Mapping[str, Any], cost: float | None = None) -> list[str
             lines.append(f"changed    {', '.join(files[:20])}{' …' if len(files) > 20 else ''}")
         stat = str(tree.get("diff_stat") or "").strip()
         lines.extend(f"           {line.strip()}" for line in stat.splitlines()[-1:])
+    return lines
+
+
+def _money(value: Any) -> str:
+    return f"${value:.6f}" if isinstance(value, int | float) else "cost unknown"
+
+
+def _bridge_lines(bridge: Mapping[str, Any]) -> list[str]:
+    """The bridge's sums over the attempt's calls, the CLI's own report beside them, and a
+    flag when the two disagree (tokens differ, or costs differ by more than 1%)."""
+    cli = bridge.get("cli_report") or {}
+    calls = (
+        f"calls      {bridge.get('calls')} through the bridge: {bridge.get('tokens_in')} in / "
+        f"{bridge.get('tokens_out')} out, {_money(bridge.get('cost'))}"
+    )
+    source = f" ({cli['cost_source']})" if cli.get("cost_source") else ""
+    reported = (
+        f"cli report {cli.get('tokens_in')} in / {cli.get('tokens_out')} out, "
+        f"{_money(cli.get('cost'))}{source}"
+    )
+    lines = [calls, reported]
+    tokens_differ = (cli.get("tokens_in"), cli.get("tokens_out")) != (
+        bridge.get("tokens_in"),
+        bridge.get("tokens_out"),
+    )
+    ours, theirs = bridge.get("cost"), cli.get("cost")
+    costs_differ = (
+        isinstance(ours, int | float)
+        and isinstance(theirs, int | float)
+        and abs(ours - theirs) > 0.01 * max(abs(ours), abs(theirs))
+    )
+    if tokens_differ or costs_differ:
+        what = " and ".join(w for w, d in (("tokens", tokens_differ), ("cost", costs_differ)) if d)
+        lines.append(f"DISAGREE   the CLI's report and its calls differ in {what}; the calls count")
     return lines
 
 

@@ -44,6 +44,8 @@ def agent_request(
     out = dict(agent)
     if resume is not None:
         out["resume"] = resume
+    if ctx is not None:
+        out["calls"] = ctx.store  # the bridge journals each model call as it finishes
     if ctx is not None and ctx.budget.spec.max_cost is not None:
         out["max_cost"] = max(0.0, ctx.budget.spec.max_cost - ctx.budget.cost)
     return out
@@ -61,12 +63,19 @@ def report_warnings(
 ) -> None:
     """Journal one ``warning`` event per number the agent's CLI reported and the runner
     refused (a negative or non-finite cost, a token count that is no count), on the success
-    and the failure path alike."""
-    if not agent_json or '"warnings"' not in agent_json:
+    and the failure path alike; and one ``warning`` (reason ``bridge``) when the harness's
+    model calls could not be bridged."""
+    if not agent_json or ('"warnings"' not in agent_json and '"bridge_off"' not in agent_json):
         return
-    warnings = json.loads(agent_json).get("warnings")
-    for message in warnings[:10] if isinstance(warnings, list) else []:
-        data = {"message": str(message), "reason": "reported_usage"}
+    facts = json.loads(agent_json)
+    warnings = facts.get("warnings")
+    said = [
+        (str(m), "reported_usage") for m in (warnings[:10] if isinstance(warnings, list) else [])
+    ]
+    if facts.get("bridge_off"):  # the harness's login cannot be bridged: said once a run
+        said.append((str(facts["bridge_off"]), "bridge"))
+    for message, reason in said:
+        data = {"message": message, "reason": reason}
         ctx.store.record_event(
             state.run_id,
             "warning",

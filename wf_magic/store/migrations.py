@@ -667,3 +667,35 @@ def m020_otel_sent(conn: sqlite3.Connection) -> None:
         ) WITHOUT ROWID;
         """,
     )
+
+
+@migration
+def m021_calls(conn: sqlite3.Connection) -> None:
+    # One row per model call an agent attempt made through the bridge (wf_magic/bridge/),
+    # journaled as each call finishes: a killed driver's calls so far stay on record.
+    _script(
+        conn,
+        """
+        CREATE TABLE calls (
+            run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+            step_id TEXT NOT NULL,
+            unit_id TEXT NOT NULL,
+            dispatch_id TEXT NOT NULL,
+            attempt INTEGER NOT NULL,
+            call INTEGER NOT NULL CHECK (call >= 1),
+            model TEXT,
+            status TEXT NOT NULL CHECK (status IN ('ok','error','refused')),
+            tokens_in INTEGER NOT NULL CHECK (tokens_in >= 0),
+            tokens_out INTEGER NOT NULL CHECK (tokens_out >= 0),
+            cache_read INTEGER NOT NULL CHECK (cache_read >= 0),
+            cache_write INTEGER NOT NULL CHECK (cache_write >= 0),
+            cost REAL,
+            price_source TEXT,
+            latency_s REAL NOT NULL,
+            started_at REAL NOT NULL,
+            error TEXT,
+            PRIMARY KEY (dispatch_id, call)
+        );
+        CREATE INDEX calls_by_run ON calls (run_id, started_at);
+        """,
+    )

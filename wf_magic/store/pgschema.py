@@ -406,6 +406,23 @@ def _otel_sent(conn: Any) -> None:
     )
 
 
+def _calls(conn: Any) -> None:
+    """One row per model call of an agent attempt through the bridge (store/calls.py)."""
+    conn.raw.execute(
+        f"CREATE TABLE calls (run_id {T} NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,"
+        f" step_id {T} NOT NULL, unit_id {T} NOT NULL, dispatch_id {T} NOT NULL,"
+        " attempt BIGINT NOT NULL, call BIGINT NOT NULL CHECK (call >= 1), model TEXT,"
+        " status TEXT NOT NULL CHECK (status IN ('ok','error','refused')),"
+        " tokens_in BIGINT NOT NULL CHECK (tokens_in >= 0),"
+        " tokens_out BIGINT NOT NULL CHECK (tokens_out >= 0),"
+        " cache_read BIGINT NOT NULL CHECK (cache_read >= 0),"
+        " cache_write BIGINT NOT NULL CHECK (cache_write >= 0), cost DOUBLE PRECISION,"
+        " price_source TEXT, latency_s DOUBLE PRECISION NOT NULL,"
+        " started_at DOUBLE PRECISION NOT NULL, error TEXT, PRIMARY KEY (dispatch_id, call))"
+    )
+    conn.raw.execute("CREATE INDEX calls_by_run ON calls (run_id, started_at)")
+
+
 def _score_phase(conn: Any) -> None:
     """Score units journal under phase ``score`` (SQLite's m019 rebuilds its table for it)."""
     conn.raw.execute(
@@ -424,6 +441,7 @@ MIGRATIONS: list[tuple[str, Migration]] = [
     ("m018_lease_fence", _lease_fence),
     ("m019_score_phase", _score_phase),
     ("m020_otel_sent", _otel_sent),
+    ("m021_calls", _calls),
 ]
 """(id, step) in ledger order; the ids are SQLite's (store/migrations.py)."""
 

@@ -32,6 +32,7 @@ from .leases import RunLease, fence, holder_of, lease_lost_of, queue_fence
 from .location import DB_FILENAME, PgLocation
 from .opening import open_state_db, schema_is_current
 from .pgopen import open_pg
+from .queries_calls import CallQueries
 from .queries_journal import JournalQueries
 from .queries_otel import OtelQueries
 from .queries_runs import RunQueries
@@ -43,7 +44,7 @@ from .scrub import Scrubber
 T = TypeVar("T")
 
 
-class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries, OtelQueries):
+class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries, OtelQueries, CallQueries):
     """Named queries and writes over ``state.db`` (opened and migrated on first use).
 
     The queries and writes themselves are inherited, grouped by concern: runs and steps

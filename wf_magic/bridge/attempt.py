@@ -1,0 +1,111 @@
+"""One agent attempt's bridge: open it, price and journal each call as it finishes, sum them."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any, Protocol
+
+from ..runners.pricing import attempt_cost
+from ..store.calls import CallRow, CallTotals
+from .server import Bridge, CallRecord
+
+
+class CallJournal(Protocol):
+    """Where calls are journaled (the Store)."""
+
+    def record_call(self, row: CallRow) -> int: ...
+
+    def call_totals(self, run_id: str, dispatch_id: str) -> CallTotals: ...
+
+
+class BridgedAttempt:
+    """The bridge of one launch, with the identity its calls are journaled under."""
+
+    def __init__(
+        self,
+        *,
+        harness: str,
+        options: Mapping[str, Any] | None,
+        identity: Mapping[str, Any],
+        journal: CallJournal | None,
+        redact: Callable[[str], str],
+    ) -> None:
+        self.harness = harness
+        self.options = options
+        self.identity = dict(identity)
+        """run_id, step_id, unit_id, dispatch_id, attempt."""
+        self.journal = journal
+        self.redact = redact
+        self.rows: list[CallRow] = []
+        self._lock = threading.Lock()
+        self.bridge: Bridge | None = None
+
+    def open(self, upstream: str, *, model: str | None) -> str:
+        """Start listening; the base URL the CLI is given.
+
+        Raises:
+            OSError: no loopback port could be bound.
+        """
+        self.bridge = Bridge.open(upstream=upstream, on_call=self.on_call, model=model)
+        return self.bridge.url
+
+    def close(self) -> None:
+        """Close the port (calls still in flight end)."""
+        if self.bridge is not None:
+            self.bridge.close()
+
+    def on_call(self, record: CallRecord) -> None:
+        """Price ``record`` and journal it (runs on an executor thread, never the loop)."""
+        cost, source = attempt_cost(
+            runner=self.harness,
+            options=self.options,
+            model=record.model,
+            tokens_in=record.tokens_in,
+            tokens_out=record.tokens_out,
+            cache_read=record.cache_read,
+            cache_write=record.cache_write,
+            provider=record.provider,
+        )
+        if record.tokens_in == 0 and record.tokens_out == 0 and cost is None:
+            cost, source = 0.0, "no tokens"
+        row = CallRow(
+            **self.identity,
+            model=record.model,
+            status=record.status,
+            tokens_in=record.tokens_in,
+            tokens_out=record.tokens_out,
+            cache_read=record.cache_read,
+            cache_write=record.cache_write,
+            cost=cost,
+            price_source=source,
+            latency_s=record.latency_s,
+            started_at=record.started_at,
+            error=self.redact(record.error) if record.error else None,
+        )
+        with self._lock:
+            if self.journal is not None:
+                number = self.journal.record_call(row)
+            else:
+                number = len(self.rows) + 1
+            self.rows.append(replace(row, call=number))
+
+    def totals(self) -> CallTotals:
+        """The sums over the attempt's calls (a reclaimed attempt's earlier launches too)."""
+        if self.journal is not None:
+            return self.journal.call_totals(self.identity["run_id"], self.identity["dispatch_id"])
+        with self._lock:
+            rows = list(self.rows)
+        unpriced = any(r.cost is None for r in rows)
+        return CallTotals(
+            calls=len(rows),
+            tokens_in=sum(r.tokens_in for r in rows),
+            tokens_out=sum(r.tokens_out for r in rows),
+            cost=None if unpriced or not rows else sum(r.cost or 0.0 for r in rows),
+        )
+
+    def sources(self) -> list[str]:
+        """The distinct price sources of this launch's calls."""
+        with self._lock:
+            return sorted({r.price_source for r in self.rows if r.price_source})

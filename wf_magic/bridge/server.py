@@ -1,0 +1,356 @@
+"""The per-attempt loopback endpoint: 127.0.0.1, a random port, a secret path; each request
+relayed to the upstream as it streams, each finished call handed to ``on_call``.
+
+All bridges share one event-loop thread (started on first use). The CLI's headers, its
+credentials among them, go upstream untouched and are never kept: a :class:`CallRecord`
+holds counts, the model, the status and a clipped error line only. A request whose path does
+not start with the attempt's secret is answered 404 and never forwarded. Bodies are bounded
+both ways (:data:`MAX_REQUEST_BYTES`, ``runners.bounded_http.MAX_BODY_BYTES``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..runners.bounded_http import MAX_BODY_BYTES
+from .usage import PROVIDERS, CallUsage, dialect_of
+
+if TYPE_CHECKING:
+    import httpx
+
+MAX_HEAD_BYTES = 65_536
+"""The longest request line plus headers read (longer: 431)."""
+MAX_REQUEST_BYTES = 32 * 1_048_576
+"""The largest request body relayed (an agent's whole conversation; larger: 413)."""
+CLOSE_S = 5.0
+_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "accept-encoding",
+        "content-encoding",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallRecord:
+    """One finished model call as the bridge saw it (no header, no body)."""
+
+    model: str | None
+    status: str
+    """``ok`` (a 2xx/3xx answer relayed whole) or ``error`` (an HTTP error, a cut stream, an
+    unreachable upstream)."""
+    http_status: int | None
+    tokens_in: int
+    tokens_out: int
+    cache_read: int
+    cache_write: int
+    latency_s: float
+    started_at: float
+    """Epoch seconds when the request arrived."""
+    error: str | None
+    provider: str | None
+    """The genai-prices provider id of its wire dialect (None: not a known dialect)."""
+
+
+OnCall = Callable[[CallRecord], None]
+
+
+class Bridge:
+    """One attempt's endpoint; :attr:`url` is the base URL the CLI is given."""
+
+    def __init__(self, *, upstream: str, on_call: OnCall, model: str | None = None) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.on_call = on_call
+        self.model = model
+        self.secret = secrets.token_urlsafe(24)
+        self.port = 0
+        self.records: list[CallRecord] = []
+        self._server: asyncio.Server | None = None
+        self._client: httpx.AsyncClient | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT/SECRET``: the CLI appends its API path to it."""
+        return f"http://127.0.0.1:{self.port}/{self.secret}"
+
+    @classmethod
+    def open(cls, *, upstream: str, on_call: OnCall, model: str | None = None) -> Bridge:
+        """A bridge listening on 127.0.0.1 (a random port), relaying to ``upstream``.
+
+        Raises:
+            OSError: the port could not be bound.
+        """
+        bridge = cls(upstream=upstream, on_call=on_call, model=model)
+        asyncio.run_coroutine_threadsafe(bridge._start(), _LOOP.running()).result(CLOSE_S)
+        return bridge
+
+    def close(self) -> None:
+        """Close the port and end the calls in flight (the attempt ended)."""
+        try:
+            asyncio.run_coroutine_threadsafe(self._stop(), _LOOP.running()).result(CLOSE_S)
+        except (TimeoutError, RuntimeError):
+            pass  # the loop is gone or stuck: the daemon thread dies with the process
+
+    async def _start(self) -> None:
+        import httpx
+
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(connect=30.0, read=600.0, write=60.0, pool=30.0),
+            follow_redirects=False,
+        )
+        self._server = await asyncio.start_server(
+            self._serve, host="127.0.0.1", port=0, limit=MAX_HEAD_BYTES
+        )
+        self.port = int(self._server.sockets[0].getsockname()[1])
+
+    async def _stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=CLOSE_S)
+        if self._server is not None:
+            await self._server.wait_closed()
+        if self._client is not None:
+            await self._client.aclose()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        try:
+            await self._one(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the CLI went away mid-request
+        finally:
+            if task is not None:
+                self._tasks.discard(task)
+            writer.close()
+
+    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 60.0)
+        except (asyncio.LimitOverrunError, ValueError):
+            await _plain(writer, 431, "request headers too large")
+            return
+        except TimeoutError:
+            return
+        method, target, headers = _parse_head(head)
+        rest = self._rest(target)
+        if rest is None or method is None:
+            await _plain(writer, 404, "not found")
+            return
+        body = await _read_body(reader, headers)
+        if body is None:
+            await _plain(writer, 413, f"request body over {MAX_REQUEST_BYTES} bytes or malformed")
+            return
+        await self._relay(writer, method, rest, headers, body)
+
+    def _rest(self, target: str) -> str | None:
+        """The path after the secret (with the query), or None without the right secret."""
+        if not target.startswith("/"):
+            return None
+        first, _, tail = target[1:].partition("/")
+        first, query_mark, query = first.partition("?")
+        if not hmac.compare_digest(first.encode(), self.secret.encode()):
+            return None
+        return "/" + tail + (query_mark + query if query_mark else "")
+
+    async def _relay(
+        self,
+        writer: asyncio.StreamWriter,
+        method: str,
+        rest: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+    ) -> None:
+        import httpx
+
+        assert self._client is not None  # started before the port was open
+        started, clock = time.time(), time.monotonic()
+        usage = CallUsage(dialect=dialect_of(rest))
+        _request_model(usage, body)
+        sent = [(k, v) for k, v in headers if k.lower() not in _HOP]
+        sent.append(("accept-encoding", "identity"))
+        status, error = None, None
+        try:
+            request = self._client.build_request(
+                method, self.upstream + rest, headers=sent, content=body
+            )
+            response = await self._client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            error = f"upstream unreachable ({type(exc).__name__})"
+            await _plain(writer, 502, error)
+        else:
+            try:
+                status = response.status_code
+                error = await _stream_back(writer, response, usage)
+            finally:
+                await response.aclose()
+        if method != "POST":
+            return  # a probe (HEAD, GET), not a model call
+        self._record(usage, status, error, started, time.monotonic() - clock)
+        loop = asyncio.get_running_loop()
+        # Journaled before the connection closes; blocking writes never run on the loop.
+        await loop.run_in_executor(None, self.on_call, self.records[-1])
+
+    def _record(
+        self, usage: CallUsage, status: int | None, error: str | None, started: float, took: float
+    ) -> None:
+        ok = status is not None and status < 400 and error is None
+        self.records.append(
+            CallRecord(
+                model=usage.model or self.model,
+                status="ok" if ok else "error",
+                http_status=status,
+                tokens_in=usage.tokens_in,
+                tokens_out=usage.output,
+                cache_read=usage.cache_read,
+                cache_write=usage.cache_write,
+                latency_s=round(took, 6),
+                started_at=started,
+                error=None if ok else (error or f"HTTP {status}")[:300],
+                provider=PROVIDERS.get(usage.dialect),
+            )
+        )
+
+
+async def _stream_back(
+    writer: asyncio.StreamWriter, response: httpx.Response, usage: CallUsage
+) -> str | None:
+    """Relay ``response`` chunk by chunk (chunked encoding); the error line, if any."""
+    head = [f"HTTP/1.1 {response.status_code} {response.reason_phrase or 'OK'}"]
+    head += [f"{k}: {v}" for k, v in response.headers.multi_items() if k.lower() not in _HOP]
+    head += ["transfer-encoding: chunked", "connection: close", "", ""]
+    writer.write("\r\n".join(head).encode("latin-1", errors="replace"))
+    streamed = "event-stream" in response.headers.get("content-type", "")
+    kept, size = bytearray(), 0
+    try:
+        async for chunk in response.aiter_bytes():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                return f"answer over the output bound of {MAX_BODY_BYTES:,} bytes; cut"
+            writer.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+            await writer.drain()
+            if streamed:
+                usage.feed(chunk)
+            else:
+                kept += chunk
+    except Exception as exc:  # noqa: BLE001 - a cut upstream is this call's error
+        return f"upstream stream cut ({type(exc).__name__})"
+    writer.write(b"0\r\n\r\n")
+    await writer.drain()
+    usage.finish(None if streamed else bytes(kept))
+    if response.status_code >= 400:
+        return f"HTTP {response.status_code}: {_first_line(bytes(kept))}"
+    return None
+
+
+def _first_line(body: bytes) -> str:
+    text = body[:400].decode("utf-8", errors="replace").strip()
+    return text.splitlines()[0][:240] if text else ""
+
+
+def _request_model(usage: CallUsage, body: bytes) -> None:
+    """The model the request named (an answer that names none keeps it)."""
+    if len(body) > MAX_REQUEST_BYTES or not body.lstrip().startswith(b"{"):
+        return
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        return
+    if isinstance(value, dict) and isinstance(value.get("model"), str):
+        usage.model = value["model"][:200]
+
+
+def _parse_head(head: bytes) -> tuple[str | None, str, list[tuple[str, str]]]:
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        return None, "", []
+    headers = []
+    for line in lines[1:]:
+        name, colon, value = line.partition(":")
+        if colon and name.strip():
+            headers.append((name.strip(), value.strip()))
+    return parts[0], parts[1], headers
+
+
+async def _read_body(reader: asyncio.StreamReader, headers: list[tuple[str, str]]) -> bytes | None:
+    """The request body (Content-Length or chunked), None past the bound or malformed."""
+    found = {k.lower(): v for k, v in headers}
+    if "chunked" in found.get("transfer-encoding", "").lower():
+        out = bytearray()
+        while True:
+            size_line = await reader.readuntil(b"\r\n")
+            try:
+                size = int(size_line.split(b";")[0].strip(), 16)
+            except ValueError:
+                return None
+            if size == 0:
+                await reader.readuntil(b"\r\n")
+                return bytes(out)
+            if len(out) + size > MAX_REQUEST_BYTES:
+                return None
+            out += await reader.readexactly(size)
+            await reader.readexactly(2)
+    try:
+        length = int(found.get("content-length", "0"))
+    except ValueError:
+        return None
+    if length < 0 or length > MAX_REQUEST_BYTES:
+        return None
+    return await reader.readexactly(length) if length else b""
+
+
+async def _plain(writer: asyncio.StreamWriter, status: int, message: str) -> None:
+    body = json.dumps({"type": "error", "error": {"type": "bridge", "message": message}}).encode()
+    writer.write(
+        f"HTTP/1.1 {status} Error\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode()
+        + body
+    )
+    try:
+        await writer.drain()
+    except ConnectionError:
+        pass
+
+
+class _Loop:
+    """The one event-loop thread every bridge runs on (a daemon, started on first use)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def running(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None or self._loop.is_closed():
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="wf-bridge", daemon=True).start()
+                self._loop = loop
+            return self._loop
+
+
+_LOOP = _Loop()

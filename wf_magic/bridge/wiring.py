@@ -1,0 +1,86 @@
+"""How each harness is pointed at its bridge, and where its calls would have gone without it.
+
+- ``claude``: ``ANTHROPIC_BASE_URL`` (upstream: the one the user passed, else the public API).
+- ``codex``: a ``-c model_providers.<id>.base_url=…`` override of the provider its config
+  names (upstream: that provider's ``base_url``); the built-in ``openai`` provider with an
+  API key gets a ``wf-bridge`` provider of the same key. A ChatGPT login (``auth.json``, no
+  key) cannot be bridged.
+- ``gemini``: ``GOOGLE_GEMINI_BASE_URL`` (upstream: the one passed, else the public API).
+- ``opencode`` and registered harnesses: not bridged (its provider sits in a config file).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ANTHROPIC_API = "https://api.anthropic.com"
+OPENAI_API = "https://api.openai.com/v1"
+GEMINI_API = "https://generativelanguage.googleapis.com"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Wiring:
+    """Where a harness's calls go, and what points the CLI at ``{url}`` instead."""
+
+    upstream: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Variables set for the launch; ``{url}`` stands for the bridge's base URL."""
+    argv: tuple[str, ...] = ()
+    """Arguments put before the harness's own (``{url}`` as above)."""
+
+    def env_for(self, url: str) -> dict[str, str]:
+        return {k: v.replace("{url}", url) for k, v in self.env.items()}
+
+    def argv_for(self, url: str) -> list[str]:
+        return [a.replace("{url}", url) for a in self.argv]
+
+
+class NotBridgeable(Exception):
+    """The harness's login cannot be bridged (the reason is the message)."""
+
+
+def wiring(harness: str, env: Mapping[str, str]) -> Wiring:
+    """The wiring of ``harness`` launched with ``env``.
+
+    Raises:
+        NotBridgeable: saying why (an unknown harness, a login the bridge cannot relay).
+    """
+    if harness == "claude":
+        upstream = env.get("ANTHROPIC_BASE_URL") or ANTHROPIC_API
+        return Wiring(upstream=upstream, env={"ANTHROPIC_BASE_URL": "{url}"})
+    if harness == "gemini":
+        upstream = env.get("GOOGLE_GEMINI_BASE_URL") or GEMINI_API
+        return Wiring(upstream=upstream, env={"GOOGLE_GEMINI_BASE_URL": "{url}"})
+    if harness == "codex":
+        return _codex(env)
+    raise NotBridgeable(f"the bridge does not know how to point {harness} at it")
+
+
+def _codex(env: Mapping[str, str]) -> Wiring:
+    home = Path(env.get("CODEX_HOME") or Path(env.get("HOME", "~")) / ".codex").expanduser()
+    config: dict[str, object] = {}
+    try:
+        config = tomllib.loads((home / "config.toml").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        pass
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise NotBridgeable(f"its config {home / 'config.toml'} cannot be read ({exc})") from exc
+    provider = str(config.get("model_provider") or "openai")
+    providers = config.get("model_providers")
+    entry = providers.get(provider) if isinstance(providers, dict) else None
+    if isinstance(entry, dict) and isinstance(entry.get("base_url"), str):
+        key = f"model_providers.{provider}.base_url"
+        return Wiring(upstream=entry["base_url"], argv=("-c", key + '="{url}"'))
+    if provider != "openai":
+        raise NotBridgeable(f"its provider {provider!r} has no base_url in {home}/config.toml")
+    if not env.get("OPENAI_API_KEY"):
+        raise NotBridgeable("it logs in without OPENAI_API_KEY (a ChatGPT login)")
+    upstream = env.get("OPENAI_BASE_URL") or OPENAI_API
+    table = '{name="wf-bridge", base_url="{url}", env_key="OPENAI_API_KEY", wire_api="responses"}'
+    return Wiring(
+        upstream=upstream,
+        argv=("-c", 'model_provider="wf-bridge"', "-c", f"model_providers.wf-bridge={table}"),
+    )

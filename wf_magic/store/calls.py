@@ -1,0 +1,142 @@
+"""The ``calls`` table: one row per model call an agent attempt made through the bridge."""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+
+import pandas as pd
+
+from .frames import _CONVERT, _Kind
+
+CALL_COLUMNS: tuple[tuple[str, _Kind], ...] = (
+    ("run", "str"),
+    ("step", "str"),
+    ("unit", "str"),
+    ("dispatch_id", "str"),
+    ("attempt", "int"),
+    ("call", "int"),
+    ("model", "str"),
+    ("status", "str"),
+    ("tokens_in", "int"),
+    ("tokens_out", "int"),
+    ("cache_read", "int"),
+    ("cache_write", "int"),
+    ("cost", "float"),
+    ("price_source", "str"),
+    ("latency_s", "float"),
+    ("started_at", "time"),
+    ("error", "str"),
+)
+"""The columns of :func:`calls_frame`, in order, with their kinds."""
+_SQL_NAMES = {"run": "run_id", "step": "step_id", "unit": "unit_id"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallRow:
+    """One journaled model call (``call`` is its number within the attempt: 1, 2, …)."""
+
+    run_id: str
+    step_id: str
+    unit_id: str
+    dispatch_id: str
+    attempt: int
+    model: str | None
+    status: str
+    tokens_in: int
+    tokens_out: int
+    cache_read: int
+    cache_write: int
+    cost: float | None
+    price_source: str | None
+    latency_s: float
+    started_at: float
+    error: str | None
+    call: int = 0
+    """Assigned when journaled (the next number of its dispatch)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallTotals:
+    """The sums over an attempt's journaled calls (``cost`` None when any call is unpriced)."""
+
+    calls: int
+    tokens_in: int
+    tokens_out: int
+    cost: float | None
+
+
+def insert_call_txn(conn: sqlite3.Connection, row: CallRow) -> int:
+    """Journal ``row`` as the next call of its dispatch; its number."""
+    found = conn.execute(
+        "SELECT COALESCE(MAX(call), 0) FROM calls WHERE dispatch_id = ?", (row.dispatch_id,)
+    ).fetchone()
+    number = int(found[0]) + 1
+    conn.execute(
+        "INSERT INTO calls (run_id, step_id, unit_id, dispatch_id, attempt, call, model, status,"
+        " tokens_in, tokens_out, cache_read, cache_write, cost, price_source, latency_s,"
+        " started_at, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            row.run_id,
+            row.step_id,
+            row.unit_id,
+            row.dispatch_id,
+            row.attempt,
+            number,
+            row.model,
+            row.status,
+            row.tokens_in,
+            row.tokens_out,
+            row.cache_read,
+            row.cache_write,
+            row.cost,
+            row.price_source,
+            row.latency_s,
+            row.started_at,
+            row.error,
+        ),
+    )
+    return number
+
+
+def call_totals_txn(conn: sqlite3.Connection, dispatch_id: str) -> CallTotals:
+    """The sums over the journaled calls of ``dispatch_id``."""
+    found = conn.execute(
+        "SELECT COUNT(*), COALESCE(SUM(tokens_in), 0), COALESCE(SUM(tokens_out), 0),"
+        " SUM(cost), SUM(CASE WHEN cost IS NULL AND tokens_in + tokens_out > 0 THEN 1 ELSE 0 END)"
+        " FROM calls WHERE dispatch_id = ?",
+        (dispatch_id,),
+    ).fetchone()
+    calls, unpriced = int(found[0]), int(found[4] or 0)
+    cost = None if unpriced or found[3] is None else float(found[3])
+    return CallTotals(
+        calls=calls, tokens_in=int(found[1]), tokens_out=int(found[2]), cost=cost if calls else None
+    )
+
+
+def calls_frame(
+    conn: sqlite3.Connection, run_id: str, *, unit_id: str | None = None
+) -> pd.DataFrame:
+    """One row per model call of ``run_id`` (of one unit), in the order they were made.
+
+    Columns (:data:`CALL_COLUMNS`): run, step, unit, dispatch_id, attempt, call (1, 2, … per
+    attempt), model, status (``ok`` / ``error``), tokens_in (the cache reads and writes
+    included), tokens_out, cache_read, cache_write, cost (<NaN> when no price is known),
+    price_source, latency_s, started_at (UTC), error.
+    """
+    names = ", ".join(_SQL_NAMES.get(name, name) for name, _ in CALL_COLUMNS)
+    where, args = "run_id = ?", [run_id]
+    if unit_id is not None:
+        where, args = where + " AND unit_id = ?", [*args, unit_id]
+    rows = conn.execute(
+        f"SELECT {names} FROM calls WHERE {where} ORDER BY started_at, dispatch_id, call",  # noqa: S608
+        args,
+    ).fetchall()
+    grid = pd.DataFrame.from_records(
+        [tuple(r) for r in rows], columns=[n for n, _ in CALL_COLUMNS]
+    ).to_numpy(dtype=object)
+    out = {
+        name: _CONVERT[kind](grid[:, i] if len(rows) else grid.reshape(0, len(CALL_COLUMNS))[:, i])
+        for i, (name, kind) in enumerate(CALL_COLUMNS)
+    }
+    return pd.DataFrame(out)

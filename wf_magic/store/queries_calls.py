@@ -1,0 +1,30 @@
+"""The Store's named reads and writes of the ``calls`` table (store/calls.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from . import calls
+from .access import StoreAccess
+from .calls import CallRow, CallTotals
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+class CallQueries(StoreAccess):
+    """Per-call rows of agent attempts made through the bridge."""
+
+    def record_call(self, row: CallRow) -> int:
+        """Journal ``row`` as the next call of its attempt (committed now); its number."""
+        row = replace(row, error=self.scrubber.text(row.run_id, row.error))
+        return self._write(lambda c: calls.insert_call_txn(c, row), row.run_id)
+
+    def call_totals(self, run_id: str, dispatch_id: str) -> CallTotals:
+        """The sums over the calls journaled for ``dispatch_id`` so far."""
+        return self._read(lambda c: calls.call_totals_txn(c, dispatch_id), run_id)
+
+    def calls_frame(self, run_id: str, *, unit_id: str | None = None) -> pd.DataFrame:
+        """One row per model call of ``run_id`` (see :func:`store.calls.calls_frame`)."""
+        return self._read(lambda c: calls.calls_frame(c, run_id, unit_id=unit_id), run_id)

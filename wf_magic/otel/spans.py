@@ -22,6 +22,7 @@ OpenTelemetry semantic conventions for generative AI, ``records.SEMCONV_VERSION`
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -287,14 +288,14 @@ class _Builder:
         facts = self.j.agent_facts.get(a.dispatch_id) or {}
         out = []
         for n, call in enumerate(self.agent_calls(a, facts)):
-            model = str(call.get("model") or a.model or a.runner)
-            start = float(call.get("started_at") or a.started_at)
+            model = str(call.get("model") or a.model or a.runner)[:200]
+            start = _seconds(call.get("started_at"), a.started_at)
             attrs: dict[str, AttrValue] = {
                 "gen_ai.operation.name": "chat",
                 "gen_ai.provider.name": str(call.get("provider") or provider_of(a.runner, model)),
                 "gen_ai.request.model": model,
-                "gen_ai.usage.input_tokens": int(call.get("input_tokens") or 0),
-                "gen_ai.usage.output_tokens": int(call.get("output_tokens") or 0),
+                "gen_ai.usage.input_tokens": _count(call.get("input_tokens")),
+                "gen_ai.usage.output_tokens": _count(call.get("output_tokens")),
             }
             out.append(
                 SpanRecord(
@@ -304,7 +305,7 @@ class _Builder:
                     parent_id=attempt_span_id(a.dispatch_id),
                     kind="client",
                     start_s=start,
-                    end_s=max(start, float(call.get("finished_at") or start)),
+                    end_s=max(start, _seconds(call.get("finished_at"), start)),
                     attributes=attrs,
                 )
             )
@@ -313,12 +314,18 @@ class _Builder:
     def _verdict(self, a: AttemptRow) -> dict[str, AttrValue]:
         out = _json(a.output_json)
         verdict = out if isinstance(out, dict) else {}
-        passed = verdict.get("complete") is True
+        said = (
+            "error"
+            if a.status == "failed"
+            else "pass"
+            if verdict.get("complete") is True
+            else "reject"
+        )
         attrs: dict[str, AttrValue] = {
-            "wf_magic.gate.verdict": "pass" if passed else "reject",
+            "wf_magic.gate.verdict": said,  # error: the judge failed, nothing was decided
             "wf_magic.gate.loop": a.loop,
             "gen_ai.evaluation.name": "gate",
-            "gen_ai.evaluation.score.label": "pass" if passed else "reject",
+            "gen_ai.evaluation.score.label": said,
         }
         if isinstance(verdict.get("judge"), str):
             attrs["wf_magic.gate.judge"] = verdict["judge"]
@@ -408,6 +415,17 @@ def provider_of(runner: str, model: str | None) -> str:
         if head.isidentifier():
             return {"google-gla": "gcp.gemini", "bedrock": "aws.bedrock"}.get(head, head)
     return runner
+
+
+def _count(value: Any) -> int:
+    """A token count a harness reported: a non-negative int, else 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _seconds(value: Any, default: float) -> float:
+    """An epoch time a harness reported: a finite non-negative number, else ``default``."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return float(value) if ok and math.isfinite(value) and value >= 0 else default
 
 
 def _score_name(unit_id: str) -> str:

@@ -1,5 +1,6 @@
 """The openai runner's server quirks (issue 22, item 4): usage always asked for in streams, the
-last usage seen kept (never a sum), and an unreported count never read as 0."""
+last usage seen kept (never a sum), and an unreported count never read as 0 nor estimated
+(issue 31, item 9: it is None)."""
 
 from __future__ import annotations
 
@@ -59,24 +60,27 @@ def test_running_usage_totals_are_not_summed(
 
 
 @pytest.mark.parametrize("streamed", [False, True])
-def test_no_usage_is_an_estimate_with_a_null_cost(
+def test_no_usage_is_unknown_with_a_null_cost(
     server: FakeChatServer, runner: OpenAIChatRunner, streamed: bool
 ) -> None:
     server.push_reply("x" * 40, prompt_tokens=None)
     result = run(runner, streamed=streamed, prompt="y" * 80)
-    assert (result.tokens_in, result.tokens_out, result.cost) == (20, 10, None)
+    assert (result.tokens_in, result.tokens_out, result.cost) == (None, None, None)
 
 
 @pytest.mark.parametrize(
     ("usage", "tokens"),
     [
-        ({"prompt_tokens": None, "completion_tokens": 5}, (20, 5)),
-        ({"prompt_tokens": 7, "completion_tokens": None}, (7, 10)),
+        ({"prompt_tokens": None, "completion_tokens": 5}, (None, 5)),
+        ({"prompt_tokens": 7, "completion_tokens": None}, (7, None)),
         ({"prompt_tokens": 0, "completion_tokens": 0}, (0, 0)),
     ],
 )
-def test_a_null_count_is_estimated_never_read_as_zero(
-    server: FakeChatServer, runner: OpenAIChatRunner, usage: dict[str, Any], tokens: tuple[int, int]
+def test_a_null_count_is_unknown_never_read_as_zero(
+    server: FakeChatServer,
+    runner: OpenAIChatRunner,
+    usage: dict[str, Any],
+    tokens: tuple[int | None, int | None],
 ) -> None:
     body = completion_body("x" * 40, prompt_tokens=None)
     body["usage"] = usage

@@ -281,7 +281,7 @@ def _signature(loops: tuple[LoopOutput, ...]) -> list[tuple[str, str, str | None
 
 
 def _paid(rows: list[AttemptRow] | None) -> int:
-    return sum(r.tokens_in + r.tokens_out for r in rows or [] if r.charged)
+    return sum((r.tokens_in or 0) + (r.tokens_out or 0) for r in rows or [] if r.charged)
 
 
 def _cost(rows: list[AttemptRow] | None) -> float | None:

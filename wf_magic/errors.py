@@ -273,8 +273,8 @@ class RunnerError(WorkflowError):
         message: str,
         *,
         transient: bool = False,
-        tokens_in: int = 0,
-        tokens_out: int = 0,
+        tokens_in: int | None = 0,
+        tokens_out: int | None = 0,
         executed: bool = True,
         detail: str | None = None,
         retry_after_s: float | None = None,
@@ -299,6 +299,7 @@ class RunnerError(WorkflowError):
         traceback (its own frames), shown by ``wf show`` and the unit panel."""
         self.tokens_in = tokens_in
         self.tokens_out = tokens_out
+        """What the failed attempt used, as reported; None: the server reported no count."""
         self.cost = cost
         """Dollars the failed attempt still cost, when the runner knows (a Claude run that
         hit ``max_turns`` reports its spend): journaled with the attempt and charged."""

@@ -40,8 +40,9 @@ class AttemptRecord:
     or the judge's input; None for attempts journaled before inputs were recorded."""
     output: Any
     failure: str | None
-    tokens_in: int
-    tokens_out: int
+    tokens_in: int | None
+    """None: the server reported no count (unknown, shown as ``?``)."""
+    tokens_out: int | None
     cost: float | None
     reused_from: str | None
     reused_from_run: str | None
@@ -166,7 +167,7 @@ def record_text(record: AttemptRecord) -> str:
     head = (
         f"{record.unit_id} attempt {record.attempt} (loop {record.loop}, {record.phase}) "
         f"{record.status} — {record.runner}{f'/{record.model}' if record.model else ''}, "
-        f"{record.tokens_in}+{record.tokens_out} tokens{cost}{took}"
+        f"{_count(record.tokens_in)}+{_count(record.tokens_out)} tokens{cost}{took}"
     )
     lines = [head]
     if record.reused_from:
@@ -298,7 +299,13 @@ def _newest_by_unit(store: Store, run_id: str, unit_id: str | None) -> dict[str,
 
 
 def _tokens(record: AttemptRecord | None) -> int:
-    return 0 if record is None else record.tokens_in + record.tokens_out
+    """The known tokens of ``record`` (an unknown count adds nothing)."""
+    return 0 if record is None else (record.tokens_in or 0) + (record.tokens_out or 0)
+
+
+def _count(tokens: int | None) -> str:
+    """A token count as shown: ``?`` when the server reported none."""
+    return "?" if tokens is None else str(tokens)
 
 
 def _label(record: AttemptRecord | None) -> str:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from ..errors import RunnerError
 from ..runners.base import UnitResult
 from ..spec.plan import PlanStep
-from ..store.journal import Finish, UnitKey
+from ..store.journal import Finish, UnitKey, known_tokens
 from ..store.records import AttemptRow, Phase
 from .agentunits import facts_json, report_warnings
 from .context import DriveContext, RunState
@@ -88,8 +88,13 @@ def finish_ok(
     output_json: str,
     *,
     defer: bool = False,
+    offer: int | None = None,
 ) -> None:
-    """Journal a succeeded attempt whose output is ``output_json`` (redacted, bounded)."""
+    """Journal a succeeded attempt whose output is ``output_json`` (redacted, bounded).
+
+    ``offer``: the tokens the run budget offered the attempt (``UnitRequest.max_tokens``),
+    charged in place of a count the server did not report (``unknown_usage_charge``).
+    """
     cost, price_source = priced(state, attempt.runner, result)
     finish_with(
         ctx,
@@ -98,8 +103,9 @@ def finish_ok(
         Finish(
             status="succeeded",
             output_json=output_json,
-            tokens_in=int(result.tokens_in),
-            tokens_out=int(result.tokens_out),
+            tokens_in=_count(result.tokens_in),
+            tokens_out=_count(result.tokens_out),
+            charged_tokens=unknown_usage_charge(result.tokens_in, result.tokens_out, offer),
             cost=cost,
             model=result.model,
             session_id=result.session_id,
@@ -111,12 +117,36 @@ def finish_ok(
     )
 
 
+def unknown_usage_charge(
+    tokens_in: int | None, tokens_out: int | None, offer: int | None
+) -> int | None:
+    """What the run budget charges an attempt whose server reported no count (None when
+    both counts are known: those are charged).
+
+    The count stays NULL in the journal; the budget charges the known count plus the tokens
+    the attempt was offered (``request.max_tokens``, the most its answer could use), so a
+    ``max_tokens`` ceiling still holds. Under no token ceiling there is no offer: nothing
+    beyond the known count is charged. The prompt's own unreported count is not bounded by
+    the offer and is not charged.
+    """
+    if tokens_in is not None and tokens_out is not None:
+        return None
+    return (tokens_in or 0) + (tokens_out or 0) + (offer or 0)
+
+
+def _count(value: int | None) -> int | None:
+    return None if value is None else int(value)
+
+
 def priced(state: RunState, runner: str, result: UnitResult) -> tuple[float | None, str | None]:
     """``result``'s cost and its source: the runner's own, else its ``prices:``/``local:``
     options, else genai-prices (``runners/pricing.py``); (None, None) when unknown."""
     if result.cost is not None:
         return result.cost, result.price_source or "runner"
-    if result.tokens_estimated or (not result.model and not state.plan.runners.get(runner)):
+    unknown = result.tokens_in is None or result.tokens_out is None
+    if unknown or result.tokens_estimated:
+        return None, None  # no price is put on an unknown count
+    if not result.model and not state.plan.runners.get(runner):
         return None, None
     from ..runners.pricing import attempt_cost
 
@@ -124,8 +154,8 @@ def priced(state: RunState, runner: str, result: UnitResult) -> tuple[float | No
         runner=runner,
         options=state.plan.runners.get(runner),
         model=result.model,
-        tokens_in=int(result.tokens_in),
-        tokens_out=int(result.tokens_out),
+        tokens_in=int(result.tokens_in or 0),
+        tokens_out=int(result.tokens_out or 0),
         cache_read=int(result.cache_read_tokens),
         cache_write=int(result.cache_write_tokens),
         provider=result.provider,
@@ -139,6 +169,7 @@ def finish_error(
     exc: RunnerError,
     *,
     defer: bool = False,
+    offer: int | None = None,
 ) -> str:
     """Journal a failed attempt; returns the (redacted) failure message.
 
@@ -170,6 +201,7 @@ def finish_error(
             transient=exc.transient,
             tokens_in=exc.tokens_in,
             tokens_out=exc.tokens_out,
+            charged_tokens=unknown_usage_charge(exc.tokens_in, exc.tokens_out, offer),
             cost=cost,
             price_source=(exc.price_source or "runner") if cost is not None else None,
             session_id=facts.get("session_id") if facts else None,
@@ -200,13 +232,13 @@ def finish_with(
         wrote = True
     else:
         wrote = ctx.store.finish_attempt(attempt, finish)
+    used = known_tokens(finish.tokens_in, finish.tokens_out)
     if wrote and attempt.charged:
-        ctx.budget.charge_usage(finish.tokens_in + finish.tokens_out, finish.cost)
+        charged = used if finish.charged_tokens is None else finish.charged_tokens
+        ctx.budget.charge_usage(charged or 0, finish.cost)
         if ctx.options.shared_budget is not None:
-            ctx.options.shared_budget.charge_usage(
-                finish.tokens_in + finish.tokens_out, finish.cost
-            )
-        if finish.cost is None and finish.tokens_in + finish.tokens_out > 0:
+            ctx.options.shared_budget.charge_usage(charged or 0, finish.cost)
+        if finish.cost is None and used is not None and used > 0:
             _warn_unpriced(ctx, state, attempt, finish)
     if wrote:
         report_warnings(ctx, state, attempt, finish.agent_json)
@@ -217,7 +249,7 @@ def finish_with(
         unit_id=attempt.unit_id,
         dispatch_id=attempt.dispatch_id,
         status=finish.status,
-        tokens=finish.tokens_in + finish.tokens_out,
+        tokens=used or 0,  # an unknown count shows as none used
         failure=finish.failure,
         phase=attempt.phase,
         loop=attempt.loop,
@@ -247,7 +279,7 @@ def _warn_unpriced(ctx: DriveContext, state: RunState, attempt: AttemptRow, fini
         model=model,
         runner=attempt.runner,
         unit_id=attempt.unit_id,
-        tokens=finish.tokens_in + finish.tokens_out,
+        tokens=known_tokens(finish.tokens_in, finish.tokens_out) or 0,
     )
     data = {"message": message, "reason": "cost_unknown", "model": model, "runner": attempt.runner}
     ctx.store.record_event(
@@ -270,7 +302,7 @@ def record_reuse(
     ctx: DriveContext, state: RunState, key: UnitKey, source: AttemptRow, *, notify: bool = True
 ) -> AttemptRow:
     """Journal ``key`` as ``reused`` from ``source`` (zero tokens charged; savings counted)."""
-    saved = source.tokens_in + source.tokens_out + source.saved_tokens
+    saved = (known_tokens(source.tokens_in, source.tokens_out) or 0) + source.saved_tokens
     origin = source.reused_from or source.dispatch_id
     row = ctx.store.record_terminal_attempt(
         key,

@@ -16,20 +16,20 @@ from queue import Empty, SimpleQueue
 from typing import Any
 
 from ..errors import MAX_RETRY_AFTER_S, BudgetExceeded, RunLockHeld, RunnerError
-from ..runners.base import UnitRequest, UnitResult
+from ..runners.base import UnitResult
 from ..runners.orphans import reap_orphan
-from ..runners.process import minimal_env
 from ..spec.kinds import KINDS
 from ..spec.plan import PlanStep
 from ..store.records import AttemptRow
 from . import attempts, outcomes, resume
-from .agentunits import agent_request, cancel_agents, prior_session
+from .agentunits import cancel_agents, prior_session
 from .children import ChildBlocked, ChildBudgetStop
 from .context import DriveContext, RunState
 from .endpoints import limiter_for, throttle_wait, throttled_too_long
 from .executors import InlineExecutor
 from .interrupts import delivered, is_real_interrupt
 from .limiter import Limiter
+from .requests import unit_request
 from .spine import LoopWork, start_loop
 from .units import UnitPlan
 
@@ -415,7 +415,7 @@ def _launch(
                 raise
             future.set_exception(exc)
         return future
-    request = _request(
+    request = unit_request(
         state,
         step,
         unit,
@@ -444,75 +444,6 @@ def _launch(
     return executor.submit(runner.run, request)
 
 
-def _request(
-    state: RunState,
-    step: PlanStep,
-    unit: UnitPlan,
-    attempt: AttemptRow,
-    job_offer: int | None,
-    *,
-    ctx: DriveContext | None = None,
-    resume_from: dict[str, Any] | None = None,
-) -> UnitRequest:
-    """The runner's request; ``ctx`` is given when the unit runs in this process, so a
-    prompt unit somebody watches gets an ``on_text`` that emits ``unit_text`` events."""
-    on_text: Callable[[str], None] | None = None
-    if ctx is not None and unit.kind in ("prompt", "agent") and ctx.bus.has_observers:
-        emit, redactor = ctx.emit, state.redactor
-
-        def on_text(text: str) -> None:
-            # Called from the worker thread; observers only poke throttles (bus.py).
-            emit(
-                "unit_text",
-                run_id=state.run_id,
-                step_id=step.id,
-                unit_id=unit.unit_id,
-                text=redactor.redact(text),
-            )
-
-    env: dict[str, str] = {}
-    if unit.kind in ("exec", "agent"):
-        item = (
-            unit.item
-            if isinstance(unit.item, str)
-            else ("" if unit.item is None else json.dumps(unit.item))
-        )
-        env = minimal_env(
-            step.pass_env,
-            {
-                "WF_RUN_ID": state.run_id,
-                "WF_STEP_ID": step.id,
-                "WF_UNIT_ID": unit.unit_id,
-                "WF_DISPATCH_ID": attempt.dispatch_id,
-                "WF_ITEM": item,
-            },
-        )
-    return UnitRequest(
-        run_id=state.run_id,
-        step_id=step.id,
-        unit_id=unit.unit_id,
-        dispatch_id=attempt.dispatch_id,
-        input_hash=unit.input_hash,
-        attempt=attempt.attempt,
-        kind=unit.kind if unit.kind in ("prompt", "exec", "python", "agent") else "prompt",  # type: ignore[arg-type]
-        prompt=unit.prompt,
-        argv=unit.argv,
-        target=unit.target,
-        kwargs=unit.kwargs,
-        target_hash=step.target_hash,
-        model=unit.model,
-        output_schema=step.output,
-        timeout_s=step.timeout_s,
-        item=unit.item,
-        index=unit.item_index,
-        max_tokens=job_offer,
-        options=step.options,
-        env=env,
-        agent=agent_request(ctx, unit, resume_from),
-        on_text=on_text,
-    )
-
-
 def _finish(
     ctx: DriveContext,
     state: RunState,
@@ -524,8 +455,8 @@ def _finish(
     jobs: deque[_Job],
 ) -> bool:
     """Journal a finished unit; returns False when it failed for good."""
-    ctx.budget.release(job.offer)
-    job.offer = None
+    offer, job.offer = job.offer, None
+    ctx.budget.release(offer)
     raised = future.exception()
     limiter, job.limiter = job.limiter, None
     if limiter is not None:
@@ -542,11 +473,11 @@ def _finish(
         except RunnerError as problem:
             raised = problem
         else:
-            attempts.finish_ok(ctx, state, attempt, result, output_json, defer=True)
+            attempts.finish_ok(ctx, state, attempt, result, output_json, defer=True, offer=offer)
             work.outputs[job.index] = output
             return True
     exc = outcomes.unit_failure(raised, redact=state.redactor.redact)
-    failure = attempts.finish_error(ctx, state, attempt, exc, defer=True)
+    failure = attempts.finish_error(ctx, state, attempt, exc, defer=True, offer=offer)
     retry = step.retry
     if exc.transient and job.tries < retry.max_attempts:
         # Jittered up to a quarter more, so units that failed together do not come back
@@ -558,6 +489,7 @@ def _finish(
         jobs.append(job)
         return True
     work.failures[job.unit.unit_id] = failure
+    work.budget_error = work.budget_error or getattr(raised, "budget_stop", None)  # the bridge
     work.executed_failure = work.executed_failure or exc.executed
     work.outputs[job.index] = None
     return False

@@ -124,7 +124,7 @@ def call_in_place(
         except BaseException:
             limiter.release(ok=True)
             raise
-        limiter.release(ok=True, tokens=result.tokens_in + result.tokens_out)
+        limiter.release(ok=True, tokens=(result.tokens_in or 0) + (result.tokens_out or 0))
         return result
 
 

@@ -68,8 +68,10 @@ def result_problem(result: UnitResult) -> str | None:
     """Why the usage fields of ``result`` cannot be journaled (None: they can)."""
     for name in ("tokens_in", "tokens_out"):
         value = getattr(result, name)
+        if value is None:
+            continue  # not reported: unknown, journaled as NULL
         if isinstance(value, bool) or not isinstance(value, int | float):
-            return f"{name} is a {type(value).__name__}, expected a whole number"
+            return f"{name} is a {type(value).__name__}, expected a whole number or None"
         if not (math.isfinite(value) and value == int(value) and 0 <= value < MAX_TOKENS):
             return f"{name} is {value!r}, expected a whole number from 0"
     cost = result.cost
@@ -244,7 +246,8 @@ def _clipped(text: str) -> str:
 
 def _int_or_none(*values: object) -> bool:
     return all(
-        isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_TOKENS for v in values
+        v is None or (isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_TOKENS)
+        for v in values
     )
 
 
@@ -258,8 +261,11 @@ def _cost_ok(cost: object) -> bool:
     )
 
 
-def _whole(value: object) -> int:
-    """A token count a failing runner reported, or 0 when it is not a usable count."""
+def _whole(value: object) -> int | None:
+    """A token count a failing runner reported, None when it reported none, or 0 when it is
+    not a usable count."""
+    if value is None:
+        return None
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
         return int(value) if 0 <= value < MAX_TOKENS else 0
     return 0

@@ -357,8 +357,8 @@ def _judge(
         # The call was answered: the failed unit keeps what the answer cost.
         spent = RunnerError(
             str(exc),
-            tokens_in=int(result.tokens_in),
-            tokens_out=int(result.tokens_out),
+            tokens_in=result.tokens_in,
+            tokens_out=result.tokens_out,
             cost=cost,
             price_source=price_source,
         )

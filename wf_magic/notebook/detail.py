@@ -120,7 +120,7 @@ def unit_loops_html(records: list[AttemptRecord], verdicts: dict[int, object]) -
             f"<b>loop {record.loop}</b> · attempt {record.attempt} · "
             f"<span style='color:{status_colour(record.status)}'>{record.status}</span> · "
             f"{html.escape(record.runner + model)} · "
-            f"{record.tokens_in + record.tokens_out:,} tokens"
+            f"{_tokens_text(record)} tokens"
             f"{_origin_html(record)}"
         )
         diff = ""
@@ -276,3 +276,10 @@ class StepDetail:
         self.unit_view.value = (
             f"<div><code>{html.escape(unit_id)}</code></div>{unit_loops_html(records, verdicts)}"
         )
+
+
+def _tokens_text(record: AttemptRecord) -> str:
+    """The attempt's tokens as shown: ``?`` when the server reported no count."""
+    if record.tokens_in is None or record.tokens_out is None:
+        return "?"
+    return f"{record.tokens_in + record.tokens_out:,}"

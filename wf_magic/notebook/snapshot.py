@@ -206,9 +206,12 @@ class SnapshotReader:
             + sum(a.status == "running" for a in latest),
             failed=sum(a.status == "failed" for a in latest),
             total=total,
-            tokens=sum(a.tokens_in + a.tokens_out for a in attempts if a.charged),
+            # An unknown count (NULL) adds nothing: sums skip it.
+            tokens=sum((a.tokens_in or 0) + (a.tokens_out or 0) for a in attempts if a.charged),
             judge_tokens=sum(
-                a.tokens_in + a.tokens_out for a in attempts if a.phase == "gate" and not a.charged
+                (a.tokens_in or 0) + (a.tokens_out or 0)
+                for a in attempts
+                if a.phase == "gate" and not a.charged
             ),
             saved_tokens=sum(a.saved_tokens for a in attempts if a.status == "reused"),
             elapsed_s=max(0.0, max(ends) - min(started) - waited) if started else None,

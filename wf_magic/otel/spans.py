@@ -259,9 +259,12 @@ class _Builder:
         attrs: dict[str, AttrValue] = {
             "gen_ai.operation.name": "chat",
             "gen_ai.provider.name": provider_of(a.runner, a.model),
-            "gen_ai.usage.input_tokens": a.tokens_in,
-            "gen_ai.usage.output_tokens": a.tokens_out,
         }
+        # A count the server did not report (NULL) is left out, never sent as 0.
+        if a.tokens_in is not None:
+            attrs["gen_ai.usage.input_tokens"] = a.tokens_in
+        if a.tokens_out is not None:
+            attrs["gen_ai.usage.output_tokens"] = a.tokens_out
         if a.model:
             attrs["gen_ai.request.model"] = a.model
         return attrs

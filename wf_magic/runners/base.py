@@ -146,9 +146,11 @@ class UnitResult:
     """A runner's answer for one attempt."""
 
     output: Any
-    tokens_in: int = 0
-    """Input tokens, cache reads and writes included."""
-    tokens_out: int = 0
+    tokens_in: int | None = 0
+    """Input tokens, cache reads and writes included; None when the server reported no count
+    (journaled as NULL: unknown, never 0 and never estimated)."""
+    tokens_out: int | None = 0
+    """Output tokens; None when the server reported no count."""
     model: str | None = None
     cost: float | None = None
     """Dollars, when the runner knows; else the drive prices the usage (runners/pricing.py)."""
@@ -163,7 +165,8 @@ class UnitResult:
     price_source: str | None = None
     """Where ``cost`` came from when the runner set it (default ``runner``)."""
     tokens_estimated: bool = False
-    """The counts are an estimate (the server reported none): never priced."""
+    """The counts are an estimate (a plugin's guess): never priced. The built-in runners
+    report an unknown count as None instead."""
     facts: Mapping[str, Any] | None = None
     """Facts about how the result came about (an agent's harness, version, turns, worktree…),
     journaled beside the attempt."""

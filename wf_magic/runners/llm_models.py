@@ -8,8 +8,8 @@ Plan options (``runners: {llm: {...}}``; none of them is a secret):
 - ``api_key_env``: the NAME of a variable holding the key (else llm's stored keys and the
   model's own variable); ``timeout_s``; ``prices``; ``local``.
 
-Usage comes from the response (llm's ``response.usage()``); a model that reports none is
-charged an estimate (4 characters a token) with a null cost. With an ``output:`` schema a
+Usage comes from the response (llm's ``response.usage()``); a count a model does not report
+is None (NULL in the journal, never estimated) and the cost null. With an ``output:`` schema a
 model that supports schemas gets it as llm's ``schema=``; another gets the schema as an
 instruction in the prompt. A model that can stream is always streamed, so its answer is read
 chunk by chunk: past the output bound (10 MB) it is refused (permanent), and a watched unit
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import gc
 import json
-import math
 import os
 import threading
 from collections.abc import Mapping
@@ -183,16 +182,15 @@ class LLMRunner:
                 transient=True,
             )
         usage = response.usage()
-        estimated = usage.input is None or usage.output is None
-        tokens_in = _estimate(prompt) if usage.input is None else int(usage.input)
-        tokens_out = _estimate(text) if usage.output is None else int(usage.output)
+        # A count the model did not report stays unknown (None, NULL in the journal).
+        tokens_in = None if usage.input is None else int(usage.input)
+        tokens_out = None if usage.output is None else int(usage.output)
         return UnitResult(
             output=_parse_json(text) if schema is not None else text,
             tokens_in=tokens_in,
             tokens_out=tokens_out,
             model=model.model_id,
             session_id=getattr(response, "id", None),
-            tokens_estimated=estimated,
         )
 
 
@@ -275,10 +273,6 @@ def _parse_json(text: str) -> Any:
         return json.loads(strip_code_fence(text))
     except ValueError:
         return text  # the engine's schema check feeds the mismatch back
-
-
-def _estimate(text: str) -> int:
-    return math.ceil(len(text) / 4)
 
 
 def _translate(exc: Exception, where: str) -> RunnerError:

@@ -30,8 +30,9 @@ stream) are transient ``RunnerError``s, other 4xx permanent ones carrying the se
 message; a body over the output bound (10 MB) is refused while it is read, permanently.
 The unit's ``dispatch_id`` goes out as
 ``Idempotency-Key`` and ``X-Request-ID`` so a server or proxy can dedupe a reclaimed
-attempt. A response without ``usage`` (or with a null count) is charged an estimate (4
-characters a token) so budgets still bind, and its cost is null: no price is put on a guess.
+attempt. A response without ``usage`` (or with a null count) leaves that count None (NULL in
+the journal: unknown, never estimated) and its cost null; a run budget's ``max_tokens``
+charges such an attempt the tokens it was offered (``drive/attempts.py``).
 
 The calls run as coroutines of ``openai.AsyncOpenAI`` on the runner's own event-loop thread
 (``AttemptLoop``), which ``close`` ends.
@@ -48,7 +49,6 @@ the model stopped (``finish_reason``) was cut off: a transient failure.
 from __future__ import annotations
 
 import json
-import math
 import os
 import threading
 import time
@@ -352,11 +352,9 @@ class OpenAIChatRunner:
         return kwargs
 
     def _result(self, reply: _Reply, request: UnitRequest, model: str) -> UnitResult:
-        reported_in, reported_out = reply.usage or (None, None)
-        # What the server did not report is estimated (budgets still bind) and costs null.
-        tokens_in = _estimate(request.prompt or "") if reported_in is None else reported_in
-        tokens_out = _estimate(reply.content or "") if reported_out is None else reported_out
-        is_reported = reported_in is not None and reported_out is not None
+        # What the server did not report stays unknown (None) and costs null.
+        tokens_in, tokens_out = reply.usage or (None, None)
+        is_reported = tokens_in is not None and tokens_out is not None
         content = reply.content
         if content is None:
             refusal = reply.refusal
@@ -379,12 +377,11 @@ class OpenAIChatRunner:
             tokens_in=tokens_in,
             tokens_out=tokens_out,
             model=model,
-            cost=found[0].cost(tokens_in, tokens_out) if found and is_reported else None,
+            cost=found[0].cost(tokens_in or 0, tokens_out or 0) if found and is_reported else None,
             price_source=f"runners.{self.name}.{found[1]}" if found and is_reported else None,
             session_id=reply.completion_id or None,
             # genai-prices prices OpenAI's own models; another server only by its URL.
             provider=self.options.base_url or "openai",
-            tokens_estimated=not is_reported,
         )
 
     def _translate(self, exc: Exception, request: UnitRequest, model: str) -> RunnerError:
@@ -524,10 +521,6 @@ def _parse_json(content: str) -> Any:
         return json.loads(text)
     except ValueError:
         return content
-
-
-def _estimate(text: str) -> int:
-    return math.ceil(len(text) / 4)
 
 
 def _server_message(exc: Any) -> str:

@@ -48,3 +48,10 @@ EVENTS_INSERT_BODY = """
             UPDATE journal_seq SET n = n + 1;"""
 """What an ``INSERT INTO events`` does instead (the body of the INSTEAD OF trigger on the
 view, both backends): append the row to ``event_log`` with the next id of ``journal_seq``."""
+
+BUDGET_TOKENS = (
+    "COALESCE(a.tokens_in + a.tokens_out,"
+    " CAST(json_extract(a.finish_data, '$.charged_tokens') AS BIGINT), 0)"
+)
+"""What attempt ``a`` charged its run budget: its tokens, or, when a count is unknown (NULL),
+what the budget charged for it (``Finish.charged_tokens``); read only for such rows."""

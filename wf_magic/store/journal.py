@@ -161,17 +161,27 @@ class Finish:
     output_json: str | None = None
     failure: str | None = None
     transient: bool | None = None
-    tokens_in: int = 0
-    tokens_out: int = 0
+    tokens_in: int | None = 0
+    """None: the server reported no count (NULL: unknown)."""
+    tokens_out: int | None = 0
     cost: float | None = None
     model: str | None = None
     session_id: str | None = None
+    charged_tokens: int | None = None
+    """What the run budget charged for an attempt whose usage is unknown (the known count
+    plus the tokens it was offered), kept in its ``unit_finished`` event so a resumed budget
+    charges it again; None when both counts are known (they are charged)."""
     agent_json: str | None = None
     """An agent attempt's facts (JSON, redacted), kept in ``agent_facts``."""
     finished_at: float | None = None
     """When the unit finished (a deferred finish commits later); None: at the write."""
     price_source: str | None = None
     """Where ``cost`` came from (``runners/pricing.py``); kept in the ``unit_finished`` event."""
+
+
+def known_tokens(tokens_in: int | None, tokens_out: int | None) -> int | None:
+    """``tokens_in + tokens_out``; None when either count is unknown."""
+    return None if tokens_in is None or tokens_out is None else tokens_in + tokens_out
 
 
 def reserve_attempts_txn(
@@ -197,7 +207,8 @@ def queue_finish_txn(conn: sqlite3.Connection, attempt: AttemptRow, finish: Fini
     data = {
         "status": finish.status,
         "attempt": attempt.attempt,
-        "tokens": finish.tokens_in + finish.tokens_out,
+        "tokens": known_tokens(finish.tokens_in, finish.tokens_out),
+        **({"charged_tokens": finish.charged_tokens} if finish.charged_tokens is not None else {}),
         "failure": finish.failure,
         "phase": attempt.phase,
         "loop": attempt.loop,

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import UsageError
+from .derived import BUDGET_TOKENS
 from .inlists import in_chunks
 from .plans import plan_of
 from .records import AttemptRow, BudgetUse, EventRow, from_row
@@ -205,7 +206,7 @@ def _newest(
 def budget_usage(conn: sqlite3.Connection, root_run_id: str) -> tuple[int, int, float]:
     """(charged attempts, their tokens, their cost) over a root run and its descendants."""
     row = conn.execute(
-        "SELECT COUNT(*), COALESCE(SUM(a.tokens_in + a.tokens_out), 0), COALESCE(SUM(a.cost), 0)"
+        f"SELECT COUNT(*), COALESCE(SUM({BUDGET_TOKENS}), 0), COALESCE(SUM(a.cost), 0)"
         " FROM attempts a JOIN runs r ON r.run_id = a.run_id"
         " WHERE r.root_run_id = ? AND a.charged = 1",
         (root_run_id,),

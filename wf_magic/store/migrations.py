@@ -699,3 +699,84 @@ def m021_calls(conn: sqlite3.Connection) -> None:
         CREATE INDEX calls_by_run ON calls (run_id, started_at);
         """,
     )
+
+
+@migration
+def m022_null_usage(conn: sqlite3.Connection) -> None:
+    # Usage a server did not report is unknown, never 0 and never estimated (issue 31): the
+    # token counts become nullable. SQLite cannot drop a NOT NULL in place, so the attempt
+    # table is rebuilt as m019 did (the documented 12-step way): the views and the trigger
+    # reading it dropped first and made again after, the rows and the AUTOINCREMENT counter
+    # kept, the index and triggers made again. Every existing row keeps its counts.
+    _script(
+        conn,
+        """
+        DROP VIEW units;
+        DROP TRIGGER events_insert;
+        DROP VIEW events;
+        CREATE TABLE attempts_m022 (
+            attempt_pk INTEGER PRIMARY KEY AUTOINCREMENT,
+            run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+            workflow TEXT NOT NULL,
+            step_id TEXT NOT NULL,
+            unit_id TEXT NOT NULL,
+            attempt INTEGER NOT NULL,
+            dispatch_id TEXT NOT NULL UNIQUE,
+            phase TEXT NOT NULL CHECK (phase IN ('work','gate','score')),
+            loop INTEGER NOT NULL,
+            item_index INTEGER,
+            runner TEXT NOT NULL,
+            model TEXT,
+            status TEXT NOT NULL CHECK (status IN ('running','succeeded','failed','reused')),
+            input_hash TEXT NOT NULL,
+            charged INTEGER NOT NULL,
+            tokens_in INTEGER DEFAULT 0,
+            tokens_out INTEGER DEFAULT 0,
+            cost REAL,
+            saved_tokens INTEGER NOT NULL DEFAULT 0,
+            reused_from TEXT,
+            session_id TEXT,
+            output_json TEXT,
+            failure TEXT,
+            transient INTEGER,
+            started_at REAL NOT NULL,
+            finished_at REAL,
+            started_seq INTEGER,
+            finished_seq INTEGER,
+            finish_data TEXT,
+            UNIQUE (run_id, unit_id, attempt)
+        );
+        INSERT INTO attempts_m022 (attempt_pk, run_id, workflow, step_id, unit_id, attempt,
+            dispatch_id, phase, loop, item_index, runner, model, status, input_hash, charged,
+            tokens_in, tokens_out, cost, saved_tokens, reused_from, session_id, output_json,
+            failure, transient, started_at, finished_at, started_seq, finished_seq, finish_data)
+            SELECT attempt_pk, run_id, workflow, step_id, unit_id, attempt, dispatch_id, phase,
+            loop, item_index, runner, model, status, input_hash, charged, tokens_in, tokens_out,
+            cost, saved_tokens, reused_from, session_id, output_json, failure, transient,
+            started_at, finished_at, started_seq, finished_seq, finish_data
+            FROM attempts ORDER BY attempt_pk;
+        INSERT INTO sqlite_sequence (name, seq)
+            SELECT 'attempts_m022', seq FROM sqlite_sequence WHERE name = 'attempts'
+            AND NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'attempts_m022');
+        UPDATE sqlite_sequence SET seq = MAX(seq,
+            COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'attempts'), 0))
+            WHERE name = 'attempts_m022';
+        DROP TABLE attempts;
+        ALTER TABLE attempts_m022 RENAME TO attempts;
+        CREATE INDEX attempts_reuse ON attempts(workflow, input_hash);
+        CREATE TRIGGER attempts_terminal_immutable BEFORE UPDATE ON attempts
+        WHEN OLD.status != 'running'
+        BEGIN SELECT RAISE(ABORT, 'attempts are append-only: a terminal attempt is never updated'); END;
+        CREATE TRIGGER attempts_no_delete_live BEFORE DELETE ON attempts
+        WHEN EXISTS (SELECT 1 FROM runs WHERE run_id = OLD.run_id AND status IN ('active','blocked'))
+        BEGIN SELECT RAISE(ABORT, 'attempts of a live run are never deleted'); END;
+        """
+        + UNIT_EVENTS_VIEW
+        + """
+        CREATE TRIGGER events_insert INSTEAD OF INSERT ON events
+        BEGIN"""
+        + EVENTS_INSERT_BODY
+        + """
+        END;
+        """,
+    )

@@ -431,6 +431,14 @@ def _score_phase(conn: Any) -> None:
     )
 
 
+def _null_usage(conn: Any) -> None:
+    """Token counts a server did not report are NULL: unknown (SQLite's m022 rebuilds)."""
+    conn.raw.execute(
+        "ALTER TABLE attempts ALTER COLUMN tokens_in DROP NOT NULL,"
+        " ALTER COLUMN tokens_out DROP NOT NULL"
+    )
+
+
 MIGRATIONS: list[tuple[str, Migration]] = [
     *((name, _initial if name == "m001_initial" else _folded) for name in _UP_TO_M012),
     ("m013_run_owner", _run_owner),
@@ -442,6 +450,7 @@ MIGRATIONS: list[tuple[str, Migration]] = [
     ("m019_score_phase", _score_phase),
     ("m020_otel_sent", _otel_sent),
     ("m021_calls", _calls),
+    ("m022_null_usage", _null_usage),
 ]
 """(id, step) in ledger order; the ids are SQLite's (store/migrations.py)."""
 

@@ -117,8 +117,9 @@ class AttemptRow:
     status: AttemptStatus
     input_hash: str
     charged: int
-    tokens_in: int
-    tokens_out: int
+    tokens_in: int | None
+    """None (NULL): the server reported no count — unknown, never 0 (m022)."""
+    tokens_out: int | None
     cost: float | None
     saved_tokens: int
     reused_from: str | None

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from .derived import BUDGET_TOKENS
 from .records import AttemptRow, from_row
 
 SweepStatus = Literal["running", "completed", "stopped", "failed"]
@@ -232,7 +233,7 @@ def _typed(row: SweepCellRow) -> SweepCellRow:
 def sweep_usage(conn: sqlite3.Connection, sweep_id: str) -> tuple[int, int, float]:
     """(charged attempts, tokens, cost) this sweep paid (its ``sweep_charges``)."""
     row = conn.execute(
-        "SELECT COUNT(*), COALESCE(SUM(a.tokens_in + a.tokens_out), 0), COALESCE(SUM(a.cost), 0)"
+        f"SELECT COUNT(*), COALESCE(SUM({BUDGET_TOKENS}), 0), COALESCE(SUM(a.cost), 0)"
         " FROM sweep_charges sc JOIN attempts a ON a.dispatch_id = sc.dispatch_id"
         " WHERE sc.sweep_id = ?",
         (sweep_id,),

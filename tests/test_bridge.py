@@ -501,3 +501,91 @@ def test_real_killed_driver_keeps_its_calls_and_a_resume_continues_the_numbering
     )
     engine.close()
     time.sleep(0.1)
+
+
+# -- budgets bind mid-agent (issue 35 item 3) ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "ceiling"),
+    # Claude also gets --max-budget-usd (the second line of defence), which stops it on its
+    # own before the bridge must refuse a max_cost call: its max_tokens case shows the bridge.
+    [("claude", "max_tokens: 100"), ("codex", "max_tokens: 100"), ("codex", "max_cost: 0.0004")],
+)
+def test_real_a_budget_stops_the_agent_at_the_call_that_would_pass_it(
+    engine: Engine,
+    repo: Path,
+    backend: Backend,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    name: str,
+    ceiling: str,
+) -> None:
+    path = real_workflow(
+        name,
+        repo,
+        backend,
+        monkeypatch,
+        tmp_path,
+        "Make [[write hello.txt]]",
+        extra="timeout: 120",
+        top=f"budget: {{{ceiling}}}\n",
+    )
+    run = engine.run(str(path))
+    calls = engine.calls(run.run_id)
+    assert len(_model_requests(backend)) == 1  # call 2 never went upstream
+    assert list(calls["status"]) == ["ok", "refused"]
+    [attempt] = work(engine, run.run_id)
+    key = ceiling.split(":")[0]
+    assert run.status == "failed"
+    said = f"step fix: Budget exceeded in run {run.run_id}: {key} used "
+    assert run.reason is not None and run.reason.startswith(said)
+    assert "call 2 of unit fix was refused by the bridge and the agent stopped" in run.reason
+    assert attempt.failure == run.reason.removeprefix("step fix: ") and not attempt.transient
+    assert (attempt.tokens_in, attempt.tokens_out) == (USAGE_IN, USAGE_OUT)  # charged once
+    facts = engine.store.agent_facts(attempt.dispatch_id)
+    assert facts is not None and facts["error_class"] == "budget"
+
+
+ALLOWANCE_CASES = [
+    # (max_tokens, max_cost, charged tokens, charged cost, attempt tokens, attempt cost, refused)
+    (100, None, 0, 0.0, 0, 0.0, None),
+    (100, None, 0, 0.0, 99, 0.0, None),
+    (100, None, 0, 0.0, 100, 0.0, "max_tokens"),
+    (100, None, 60, 0.0, 40, 0.0, "max_tokens"),  # what other attempts were charged counts
+    (None, 1.0, 0, 0.5, 0, 0.49, None),
+    (None, 1.0, 0, 0.5, 0, 0.5, "max_cost"),
+    (1000, 1.0, 0, 0.0, 2000, 0.0, "max_tokens"),
+]
+
+
+@pytest.mark.parametrize(
+    ("tokens", "cost", "used_t", "used_c", "spent_t", "spent_c", "hit"), ALLOWANCE_CASES
+)
+def test_the_call_allowance_refuses_once_the_spend_reaches_a_ceiling(
+    tokens: int | None,
+    cost: float | None,
+    used_t: int,
+    used_c: float,
+    spent_t: int,
+    spent_c: float,
+    hit: str | None,
+) -> None:
+    from wf_magic.drive.agentunits import CallAllowance
+    from wf_magic.drive.budget import Budget
+    from wf_magic.spec.models import BudgetSpec
+
+    budget = Budget(
+        root_run_id="r-1",
+        spec=BudgetSpec(max_tokens=tokens, max_cost=cost),
+        tokens=used_t,
+        cost=used_c,
+    )
+    said = CallAllowance(budget).refusal(
+        run_id="r-1", unit_id="u", tokens=spent_t, cost=spent_c, call=3
+    )
+    if hit is None:
+        assert said is None
+    else:
+        assert said is not None and said.startswith(f"Budget exceeded in run r-1: {hit} used ")
+        assert "call 3 of unit u was refused by the bridge" in said

@@ -31,6 +31,7 @@ ErrorClass = Literal[
     "permission_denied",
     "refused",
     "stopped",
+    "budget",
     "failed",
 ]
 """Why an agent attempt failed:
@@ -48,6 +49,8 @@ ErrorClass = Literal[
 - ``permission_denied``: edits were asked for but the CLI denied its tool calls: permanent.
 - ``refused``: the CLI refused the permission mode (e.g. a bypass as root): permanent.
 - ``stopped``: a Stop or an interrupt ended its process group: transient.
+- ``budget``: the bridge refused a model call at a run budget ceiling: permanent, and the
+  run stops with its ``Budget exceeded …`` line.
 - ``failed``: anything else: permanent.
 """
 MAX_DEPTH = 128
@@ -234,6 +237,7 @@ class AgentError(RunnerError):
         executed: bool = True,
         cost: float | None = None,
         price_source: str | None = None,
+        budget_stop: str | None = None,
     ):
         super().__init__(
             message,
@@ -245,6 +249,8 @@ class AgentError(RunnerError):
             price_source=price_source,
         )
         self.facts = dict(facts or {})
+        self.budget_stop = budget_stop
+        """The ``Budget exceeded …`` line when the bridge stopped the agent at a ceiling."""
 
 
 def depth_over(value: Any, limit: int) -> bool:

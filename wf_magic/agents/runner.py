@@ -278,6 +278,7 @@ class _Launch:
             },
             journal=agent.get("calls"),
             redact=self.redactor.redact,
+            allowance=agent.get("allowance"),
         )
         try:
             url = bridged.open(wired.upstream, model=request.model)
@@ -448,6 +449,9 @@ class _Launch:
         sidecars.save(
             self.runner.state_dir, self.request.run_id, self.request.dispatch_id, self.sidecar
         )
+        refusal = self.bridged.refusal if self.bridged is not None else None
+        if refusal is not None:  # the bridge refused a call: the agent stopped on the budget
+            outcome.failure = Failure(error_class="budget", message=refusal)
         failure = outcome.failure
         facts = self._facts(
             outcome, watch, code=code, error_class=failure.error_class if failure else None
@@ -460,6 +464,16 @@ class _Launch:
             facts["stream_notes"] = list(self.notes)
         if self.leftover:
             facts["leftover_group"] = f"processes left in its group were ended ({self.leftover})"
+        if failure is not None and refusal is not None:
+            raise AgentError(
+                refusal,
+                facts=facts,
+                tokens_in=outcome.tokens_in,
+                tokens_out=outcome.tokens_out,
+                cost=outcome.cost,
+                price_source=self._price_source(outcome),
+                budget_stop=refusal,
+            )
         if failure is not None:
             raise AgentError(
                 f"{self.runner.name} failed ({failure.error_class}): {failure.message}",

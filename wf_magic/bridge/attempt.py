@@ -20,6 +20,17 @@ class CallJournal(Protocol):
     def call_totals(self, run_id: str, dispatch_id: str) -> CallTotals: ...
 
 
+class Allowance(Protocol):
+    """The run's budget as a call sees it (drive/agentunits.py)."""
+
+    def refusal(
+        self, *, run_id: str, unit_id: str, tokens: int, cost: float, call: int
+    ) -> str | None:
+        """None when call number ``call`` of ``unit_id`` may go, the attempt having spent
+        ``tokens`` and ``cost`` so far; else the one-line ``Budget exceeded …`` message."""
+        ...
+
+
 class BridgedAttempt:
     """The bridge of one launch, with the identity its calls are journaled under."""
 
@@ -31,6 +42,7 @@ class BridgedAttempt:
         identity: Mapping[str, Any],
         journal: CallJournal | None,
         redact: Callable[[str], str],
+        allowance: Allowance | None = None,
     ) -> None:
         self.harness = harness
         self.options = options
@@ -41,6 +53,9 @@ class BridgedAttempt:
         self.rows: list[CallRow] = []
         self._lock = threading.Lock()
         self.bridge: Bridge | None = None
+        self.allowance = allowance
+        self.prior = CallTotals(calls=0, tokens_in=0, tokens_out=0, cost=None)
+        """The calls an earlier launch of this attempt journaled (a reclaimed attempt)."""
 
     def open(self, upstream: str, *, model: str | None) -> str:
         """Start listening; the base URL the CLI is given.
@@ -48,8 +63,33 @@ class BridgedAttempt:
         Raises:
             OSError: no loopback port could be bound.
         """
-        self.bridge = Bridge.open(upstream=upstream, on_call=self.on_call, model=model)
+        if self.journal is not None:
+            self.prior = self.totals()
+        gate = self._gate if self.allowance is not None else None
+        self.bridge = Bridge.open(upstream=upstream, on_call=self.on_call, model=model, gate=gate)
         return self.bridge.url
+
+    @property
+    def refusal(self) -> str | None:
+        """The budget refusal that stopped the agent, if one did."""
+        return self.bridge.refusal if self.bridge is not None else None
+
+    def _gate(self) -> str | None:
+        """Asked on the bridge's loop before each call: in-memory sums only, no I/O."""
+        assert self.allowance is not None  # the gate is set only with one
+        with self._lock:
+            rows = list(self.rows)
+        tokens = self.prior.tokens_in + self.prior.tokens_out
+        tokens += sum(r.tokens_in + r.tokens_out for r in rows)
+        cost = (self.prior.cost or 0.0) + sum(r.cost or 0.0 for r in rows)
+        call = self.prior.calls + len(rows) + 1
+        return self.allowance.refusal(
+            run_id=self.identity["run_id"],
+            unit_id=self.identity["unit_id"],
+            tokens=tokens,
+            cost=cost,
+            call=call,
+        )
 
     def close(self) -> None:
         """Close the port (calls still in flight end)."""

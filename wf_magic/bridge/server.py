@@ -56,8 +56,9 @@ class CallRecord:
 
     model: str | None
     status: str
-    """``ok`` (a 2xx/3xx answer relayed whole) or ``error`` (an HTTP error, a cut stream, an
-    unreachable upstream)."""
+    """- ``ok``: a 2xx/3xx answer relayed whole.
+    - ``error``: an HTTP error, a cut stream, an unreachable upstream.
+    - ``refused``: the budget gate refused it; it never went upstream."""
     http_status: int | None
     tokens_in: int
     tokens_out: int
@@ -72,15 +73,22 @@ class CallRecord:
 
 
 OnCall = Callable[[CallRecord], None]
+Gate = Callable[[], "str | None"]
+"""Asked before each call is forwarded: None lets it through, a message refuses it."""
 
 
 class Bridge:
     """One attempt's endpoint; :attr:`url` is the base URL the CLI is given."""
 
-    def __init__(self, *, upstream: str, on_call: OnCall, model: str | None = None) -> None:
+    def __init__(
+        self, *, upstream: str, on_call: OnCall, model: str | None = None, gate: Gate | None = None
+    ) -> None:
         self.upstream = upstream.rstrip("/")
         self.on_call = on_call
         self.model = model
+        self.gate = gate
+        self.refusal: str | None = None
+        """The first refusal of the gate (the attempt fails with it)."""
         self.secret = secrets.token_urlsafe(24)
         self.port = 0
         self.records: list[CallRecord] = []
@@ -94,13 +102,15 @@ class Bridge:
         return f"http://127.0.0.1:{self.port}/{self.secret}"
 
     @classmethod
-    def open(cls, *, upstream: str, on_call: OnCall, model: str | None = None) -> Bridge:
+    def open(
+        cls, *, upstream: str, on_call: OnCall, model: str | None = None, gate: Gate | None = None
+    ) -> Bridge:
         """A bridge listening on 127.0.0.1 (a random port), relaying to ``upstream``.
 
         Raises:
             OSError: the port could not be bound.
         """
-        bridge = cls(upstream=upstream, on_call=on_call, model=model)
+        bridge = cls(upstream=upstream, on_call=on_call, model=model, gate=gate)
         asyncio.run_coroutine_threadsafe(bridge._start(), _LOOP.running()).result(CLOSE_S)
         return bridge
 
@@ -191,9 +201,16 @@ class Bridge:
         started, clock = time.time(), time.monotonic()
         usage = CallUsage(dialect=dialect_of(rest))
         _request_model(usage, body)
+        refusal = self.gate() if self.gate is not None and method == "POST" else None
+        if refusal is not None:
+            self.refusal = self.refusal or refusal
+            await _refuse(writer, usage.dialect, refusal)
+            self._record(usage, 400, refusal, started, time.monotonic() - clock, refused=True)
+            await asyncio.get_running_loop().run_in_executor(None, self.on_call, self.records[-1])
+            return
         sent = [(k, v) for k, v in headers if k.lower() not in _HOP]
         sent.append(("accept-encoding", "identity"))
-        status, error = None, None
+        status, error, relayed = None, None, False
         try:
             request = self._client.build_request(
                 method, self.upstream + rest, headers=sent, content=body
@@ -205,24 +222,33 @@ class Bridge:
         else:
             try:
                 status = response.status_code
-                error = await _stream_back(writer, response, usage)
+                error, relayed = await _stream_back(writer, response, usage)
             finally:
                 await response.aclose()
-        if method != "POST":
-            return  # a probe (HEAD, GET), not a model call
-        self._record(usage, status, error, started, time.monotonic() - clock)
-        loop = asyncio.get_running_loop()
-        # Journaled before the connection closes; blocking writes never run on the loop.
-        await loop.run_in_executor(None, self.on_call, self.records[-1])
+        if method == "POST":  # else a probe (HEAD, GET), not a model call
+            self._record(usage, status, error, started, time.monotonic() - clock)
+            # Journaled before the CLI reads the answer's end (so the budget gate of its
+            # next call counts this one); blocking writes never run on the loop.
+            await asyncio.get_running_loop().run_in_executor(None, self.on_call, self.records[-1])
+        if relayed:
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
 
     def _record(
-        self, usage: CallUsage, status: int | None, error: str | None, started: float, took: float
+        self,
+        usage: CallUsage,
+        status: int | None,
+        error: str | None,
+        started: float,
+        took: float,
+        *,
+        refused: bool = False,
     ) -> None:
         ok = status is not None and status < 400 and error is None
         self.records.append(
             CallRecord(
                 model=usage.model or self.model,
-                status="ok" if ok else "error",
+                status="refused" if refused else "ok" if ok else "error",
                 http_status=status,
                 tokens_in=usage.tokens_in,
                 tokens_out=usage.output,
@@ -238,8 +264,9 @@ class Bridge:
 
 async def _stream_back(
     writer: asyncio.StreamWriter, response: httpx.Response, usage: CallUsage
-) -> str | None:
-    """Relay ``response`` chunk by chunk (chunked encoding); the error line, if any."""
+) -> tuple[str | None, bool]:
+    """Relay ``response`` chunk by chunk (chunked encoding, the closing chunk left to the
+    caller); the error line, if any, and whether the whole answer was relayed."""
     head = [f"HTTP/1.1 {response.status_code} {response.reason_phrase or 'OK'}"]
     head += [f"{k}: {v}" for k, v in response.headers.multi_items() if k.lower() not in _HOP]
     head += ["transfer-encoding: chunked", "connection: close", "", ""]
@@ -250,7 +277,7 @@ async def _stream_back(
         async for chunk in response.aiter_bytes():
             size += len(chunk)
             if size > MAX_BODY_BYTES:
-                return f"answer over the output bound of {MAX_BODY_BYTES:,} bytes; cut"
+                return f"answer over the output bound of {MAX_BODY_BYTES:,} bytes; cut", False
             writer.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
             await writer.drain()
             if streamed:
@@ -258,13 +285,11 @@ async def _stream_back(
             else:
                 kept += chunk
     except Exception as exc:  # noqa: BLE001 - a cut upstream is this call's error
-        return f"upstream stream cut ({type(exc).__name__})"
-    writer.write(b"0\r\n\r\n")
-    await writer.drain()
+        return f"upstream stream cut ({type(exc).__name__})", False
     usage.finish(None if streamed else bytes(kept))
     if response.status_code >= 400:
-        return f"HTTP {response.status_code}: {_first_line(bytes(kept))}"
-    return None
+        return f"HTTP {response.status_code}: {_first_line(bytes(kept))}", True
+    return None, True
 
 
 def _first_line(body: bytes) -> str:
@@ -322,6 +347,27 @@ async def _read_body(reader: asyncio.StreamReader, headers: list[tuple[str, str]
     if length < 0 or length > MAX_REQUEST_BYTES:
         return None
     return await reader.readexactly(length) if length else b""
+
+
+async def _refuse(writer: asyncio.StreamWriter, dialect: str, message: str) -> None:
+    """A provider-shaped 400 the CLI reports and stops on (no CLI retries a 400)."""
+    shaped: dict[str, Any]
+    if dialect == "anthropic":
+        shaped = {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
+    elif dialect == "gemini":
+        shaped = {"error": {"code": 400, "message": message, "status": "INVALID_ARGUMENT"}}
+    else:
+        shaped = {"error": {"message": message, "type": "invalid_request_error", "code": "budget"}}
+    body = json.dumps(shaped).encode()
+    writer.write(
+        f"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode()
+        + body
+    )
+    try:
+        await writer.drain()
+    except ConnectionError:
+        pass
 
 
 async def _plain(writer: asyncio.StreamWriter, status: int, message: str) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..spec.plan import PlanStep
 from ..store.records import AttemptRow
+from .budget import Budget
 from .context import DriveContext, RunState
 from .units import UnitPlan
 
@@ -46,9 +47,39 @@ def agent_request(
         out["resume"] = resume
     if ctx is not None:
         out["calls"] = ctx.store  # the bridge journals each model call as it finishes
+        if ctx.budget.spec.max_tokens is not None or ctx.budget.spec.max_cost is not None:
+            out["allowance"] = CallAllowance(ctx.budget)
     if ctx is not None and ctx.budget.spec.max_cost is not None:
         out["max_cost"] = max(0.0, ctx.budget.spec.max_cost - ctx.budget.cost)
     return out
+
+
+class CallAllowance:
+    """The run's ``max_tokens``/``max_cost`` as the bridge asks before each model call: the
+    charged totals plus what the attempt's calls spent so far (other attempts in flight are
+    charged when they finish)."""
+
+    def __init__(self, budget: Budget) -> None:
+        self.budget = budget
+
+    def refusal(
+        self, *, run_id: str, unit_id: str, tokens: int, cost: float, call: int
+    ) -> str | None:
+        """The ``Budget exceeded …`` line when the spend so far has reached a ceiling."""
+        spec, budget = self.budget.spec, self.budget
+        checks = (
+            ("max_tokens", budget.tokens + tokens, spec.max_tokens),
+            ("max_cost", budget.cost + cost, spec.max_cost),
+        )
+        for ceiling, used, limit in checks:
+            if limit is not None and used >= limit:
+                return (
+                    f"Budget exceeded in run {run_id}: {ceiling} used {used:g} of {limit:g}; "
+                    f"call {call} of unit {unit_id} was refused by the bridge and the agent "
+                    f"stopped. Raise budget.{ceiling} and start a new run (--new), or fork "
+                    "this one."
+                )
+        return None
 
 
 def facts_json(facts: Any) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 import threading
 from dataclasses import dataclass, field
 
@@ -67,7 +68,8 @@ class Budget:
         """Add a finished attempt's tokens and cost (a report never lowers a total)."""
         with self._lock:
             self.tokens += max(0, tokens)
-            self.cost += charged_cost(cost)
+            # Clamped, not overflowed: two huge finite reports must not add up to inf.
+            self.cost = min(self.cost + charged_cost(cost), sys.float_info.max)
 
     def offer(self, *, slots: int) -> int | None:
         """Reserve a share of the unspent tokens for one unit about to be dispatched.
@@ -156,4 +158,5 @@ class SharedBudget:
         """Add a finished attempt's tokens and cost (a report never lowers a total)."""
         with self._lock:
             self.tokens += max(0, tokens)
-            self.cost += charged_cost(cost)
+            # Clamped, not overflowed: two huge finite reports must not add up to inf.
+            self.cost = min(self.cost + charged_cost(cost), sys.float_info.max)

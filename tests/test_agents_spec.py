@@ -78,7 +78,7 @@ def test_the_frozen_agent_step_has_its_defaults_and_durations_parse() -> None:
     )
     assert step.agent.model_dump() == {
         "harness": "claude", "permission": "edits", "workdir": ".", "isolation": "none",
-        "session": "fresh", "max_turns": None,
+        "session": "fresh", "max_turns": None, "bridge": None,
     }  # fmt: skip
     assert step.max_loops == 1 and not step.loops_capped
     gated = _load(STEP + "    gate: {judge: expr, check: 'true', max_loops: 3}\n").plan.steps[0]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import socket
 import threading
@@ -589,3 +590,127 @@ def test_the_call_allowance_refuses_once_the_spend_reaches_a_ceiling(
     else:
         assert said is not None and said.startswith(f"Budget exceeded in run r-1: {hit} used ")
         assert "call 3 of unit u was refused by the bridge" in said
+
+
+# -- shared limits (issue 35 item 4) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", CLIS)
+def test_real_a_429_storm_is_absorbed_by_the_bridge_and_the_cli_sees_none(
+    engine: Engine,
+    repo: Path,
+    backend: Backend,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    name: str,
+) -> None:
+    backend.script.extend([Step(status=429)] * 3)
+    path = real_workflow(
+        name, repo, backend, monkeypatch, tmp_path, "Make [[write hello.txt]]", extra="timeout: 120"
+    )
+    run = engine.run(str(path))
+    assert run.status == "completed", run.reason  # its own retries are off: it saw no 429
+    [attempt] = work(engine, run.run_id)
+    assert attempt.attempt == 1
+    assert len(_model_requests(backend)) == 3 + 2  # three refusals, then the two calls
+    calls = engine.calls(run.run_id)
+    assert list(calls["status"]) == ["ok", "ok"]
+    throttled = [
+        json.loads(e.data_json or "{}")
+        for e in engine.store.events_after(run.run_id)
+        if e.kind == "throttled"
+    ]
+    assert len(throttled) == 3
+    # Claude's upstream is a pass_env value, masked like every one; Codex's is in its config.
+    upstream = "***" if name == "claude" else f"{backend.url}/v1"
+    assert [t["cause"] for t in throttled] == [
+        f"HTTP 429 from {upstream} (refusal {n})" for n in (1, 2, 3)
+    ]
+    assert {t["endpoint"] for t in throttled} == {f"bridge {name} {upstream}"}
+
+
+# -- bridge: on the step and per harness (fast: the fake CLIs) -------------------------------
+
+BRIDGE_SETTINGS = [
+    # (runners: bridge, step bridge:, bridged)
+    (None, None, True),
+    (False, None, False),
+    (True, False, False),
+    (False, True, True),
+    (None, False, False),
+]
+
+
+@pytest.mark.parametrize(("in_runners", "on_step", "bridged"), BRIDGE_SETTINGS)
+def test_the_steps_bridge_wins_over_the_harness_setting(
+    engine: Engine,
+    repo: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    in_runners: bool | None,
+    on_step: bool | None,
+    bridged: bool,
+) -> None:
+    from tests.agent_fakes.bins import make_bins
+
+    bins = make_bins(tmp_path / "bin")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", "http://127.0.0.1:9/user-given")
+    runner = f"bridge: {str(in_runners).lower()}, " if in_runners is not None else ""
+    step = f"    bridge: {str(on_step).lower()}\n" if on_step is not None else ""
+    path = repo / "wf.yaml"
+    path.write_text(
+        "name: bridged\nsteps:\n  - id: fix\n    agent: claude\n"
+        '    prompt: "[[echo-env ANTHROPIC_BASE_URL]]"\n    pass_env: [ANTHROPIC_BASE_URL]\n'
+        f"{step}runners:\n  claude: {{{runner}bin: {bins['claude']}}}\n"
+    )
+    run = engine.run(str(path))
+    assert run.status == "completed", run.reason
+    said = str(run.result)
+    if bridged:  # the CLI was given the bridge, never the user's URL
+        assert re.search(r"http://127\.0\.0\.1:\d+/[A-Za-z0-9_-]{32}", said), said
+        assert "user-given" not in said
+    else:
+        assert "user-given" in said or "***" in said  # its own (a pass_env value is masked)
+
+
+@pytest.mark.parametrize("bad", ["yes", "1", "[true]", "{a: 1}", "null-ish"])
+def test_a_bridge_option_that_is_no_boolean_is_one_line_naming_it(
+    engine: Engine, repo: Path, tmp_path: Path, bad: str
+) -> None:
+    from tests.agent_fakes.bins import make_bins
+
+    bins = make_bins(tmp_path / "bin")
+    path = repo / "wf.yaml"
+    path.write_text(
+        "name: bridged\nsteps:\n  - id: fix\n    agent: claude\n    prompt: hi\n"
+        f"runners:\n  claude: {{bridge: {bad}, bin: {bins['claude']}}}\n"
+    )
+    from wf_magic.errors import DefinitionError
+
+    with pytest.raises(DefinitionError) as caught:
+        engine.run(str(path))
+    said = str(caught.value)
+    assert said.startswith("runners.claude: runner options rejected: bridge: expected true or")
+    assert len(said.splitlines()) == 1 and "wf.yaml, line 7" in said
+
+
+def test_a_harness_that_cannot_be_bridged_runs_with_one_warning_naming_it(
+    engine: Engine, repo: Path, tmp_path: Path
+) -> None:
+    from tests.agent_fakes.bins import make_bins
+
+    bins = make_bins(tmp_path / "bin")
+    path = repo / "wf.yaml"
+    path.write_text(
+        "name: unbridged\nsteps:\n  - id: fix\n    agent: opencode\n    prompt: hi\n"
+        f"    map: '{{{{ [1, 2, 3] }}}}'\nrunners:\n  opencode: {{bin: {bins['opencode']}}}\n"
+    )
+    run = engine.run(str(path))
+    assert run.status == "completed", run.reason
+    warned = [
+        json.loads(e.data_json or "{}")
+        for e in engine.store.events_after(run.run_id)
+        if e.kind == "warning"
+    ]
+    assert [w["reason"] for w in warned] == ["bridge"]
+    assert warned[0]["message"].startswith("opencode: not bridged (")

@@ -144,6 +144,7 @@ CASES: list[tuple[tuple[Any, ...], str, str]] = [
     (("steps", 0, "isolation"), "steps[0].isolation", "not a template"),
     (("steps", 0, "session"), "steps[0].session", "not a template"),
     (("steps", 0, "max_turns"), "steps[0].max_turns", "not a template"),
+    (("steps", 0, "bridge"), "steps[0].bridge", "not a template"),
     (("steps", 0, "score", 0, "name"), "steps[0].score[0].name", "not a template"),
     (("steps", 0, "score", 0, "ignore_case"), "steps[0].score[0].ignore_case", "not a template"),
     (

@@ -256,7 +256,8 @@ class _Launch:
         """Open the attempt's bridge and point the CLI at it; the extra arguments it needs.
         A harness whose login cannot be bridged runs unbridged, with one warning."""
         runner, agent = self.runner, self.request.agent or {}
-        if not runner.bridge or agent.get("bridge") is False:
+        chosen = agent.get("bridge")  # the step's bridge: wins over the runners: setting
+        if not (runner.bridge if chosen is None else chosen):
             return []
         try:
             wired: Wiring = wiring(runner.adapter.name, self.env)
@@ -279,6 +280,7 @@ class _Launch:
             journal=agent.get("calls"),
             redact=self.redactor.redact,
             allowance=agent.get("allowance"),
+            limits=agent.get("limits"),
         )
         try:
             url = bridged.open(wired.upstream, model=request.model)

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from ..runners.pricing import attempt_cost
 from ..store.calls import CallRow, CallTotals
-from .server import Bridge, CallRecord
+from .server import Bridge, CallRecord, Limits
 
 
 class CallJournal(Protocol):
@@ -31,6 +31,15 @@ class Allowance(Protocol):
         ...
 
 
+class LimitsFor(Protocol):
+    """The drive's endpoint limiters, as an attempt's bridge asks for one."""
+
+    def limits(self, endpoint: str, identity: Mapping[str, Any]) -> Limits:
+        """The limiter of ``endpoint``; its ``throttled`` events journaled under ``identity``
+        (run_id, step_id, unit_id, dispatch_id)."""
+        ...
+
+
 class BridgedAttempt:
     """The bridge of one launch, with the identity its calls are journaled under."""
 
@@ -43,6 +52,7 @@ class BridgedAttempt:
         journal: CallJournal | None,
         redact: Callable[[str], str],
         allowance: Allowance | None = None,
+        limits: LimitsFor | None = None,
     ) -> None:
         self.harness = harness
         self.options = options
@@ -54,6 +64,7 @@ class BridgedAttempt:
         self._lock = threading.Lock()
         self.bridge: Bridge | None = None
         self.allowance = allowance
+        self.limits_for = limits
         self.prior = CallTotals(calls=0, tokens_in=0, tokens_out=0, cost=None)
         """The calls an earlier launch of this attempt journaled (a reclaimed attempt)."""
 
@@ -66,7 +77,12 @@ class BridgedAttempt:
         if self.journal is not None:
             self.prior = self.totals()
         gate = self._gate if self.allowance is not None else None
-        self.bridge = Bridge.open(upstream=upstream, on_call=self.on_call, model=model, gate=gate)
+        limits = None
+        if self.limits_for is not None:
+            limits = self.limits_for.limits(f"bridge {self.harness} {upstream}", self.identity)
+        self.bridge = Bridge.open(
+            upstream=upstream, on_call=self.on_call, model=model, gate=gate, limits=limits
+        )
         return self.bridge.url
 
     @property

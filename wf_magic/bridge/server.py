@@ -18,9 +18,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..runners.bounded_http import MAX_BODY_BYTES
+from ..runners.ratelimits import is_throttle, wait_of
 from .usage import PROVIDERS, CallUsage, dialect_of
 
 if TYPE_CHECKING:
@@ -31,6 +32,8 @@ MAX_HEAD_BYTES = 65_536
 MAX_REQUEST_BYTES = 32 * 1_048_576
 """The largest request body relayed (an agent's whole conversation; larger: 413)."""
 CLOSE_S = 5.0
+MAX_THROTTLED = 20
+"""How many refusals (429, 529) of one call the bridge waits out before relaying one."""
 _HOP = frozenset(
     {
         "connection",
@@ -77,13 +80,37 @@ Gate = Callable[[], "str | None"]
 """Asked before each call is forwarded: None lets it through, a message refuses it."""
 
 
+class Limits(Protocol):
+    """The endpoint limiter the bridge's upstream calls share with the runners' calls."""
+
+    def acquire(self) -> float:
+        """Take a call slot: 0.0 when taken, else the seconds to wait before asking again."""
+        ...
+
+    def release(self, *, ok: bool, tokens: int = 0) -> None:
+        """The call returned (``ok``: the provider did not refuse it)."""
+        ...
+
+    def throttled(self, retry_after_s: float | None, cause: str) -> float:
+        """The provider refused it: pause the endpoint, journal a ``throttled`` event (a
+        blocking write: called off the loop); the seconds to wait."""
+        ...
+
+
 class Bridge:
     """One attempt's endpoint; :attr:`url` is the base URL the CLI is given."""
 
     def __init__(
-        self, *, upstream: str, on_call: OnCall, model: str | None = None, gate: Gate | None = None
+        self,
+        *,
+        upstream: str,
+        on_call: OnCall,
+        model: str | None = None,
+        gate: Gate | None = None,
+        limits: Limits | None = None,
     ) -> None:
         self.upstream = upstream.rstrip("/")
+        self.limits = limits
         self.on_call = on_call
         self.model = model
         self.gate = gate
@@ -103,14 +130,20 @@ class Bridge:
 
     @classmethod
     def open(
-        cls, *, upstream: str, on_call: OnCall, model: str | None = None, gate: Gate | None = None
+        cls,
+        *,
+        upstream: str,
+        on_call: OnCall,
+        model: str | None = None,
+        gate: Gate | None = None,
+        limits: Limits | None = None,
     ) -> Bridge:
         """A bridge listening on 127.0.0.1 (a random port), relaying to ``upstream``.
 
         Raises:
             OSError: the port could not be bound.
         """
-        bridge = cls(upstream=upstream, on_call=on_call, model=model, gate=gate)
+        bridge = cls(upstream=upstream, on_call=on_call, model=model, gate=gate, limits=limits)
         asyncio.run_coroutine_threadsafe(bridge._start(), _LOOP.running()).result(CLOSE_S)
         return bridge
 
@@ -211,11 +244,11 @@ class Bridge:
         sent = [(k, v) for k, v in headers if k.lower() not in _HOP]
         sent.append(("accept-encoding", "identity"))
         status, error, relayed = None, None, False
+        request = self._client.build_request(
+            method, self.upstream + rest, headers=sent, content=body
+        )
         try:
-            request = self._client.build_request(
-                method, self.upstream + rest, headers=sent, content=body
-            )
-            response = await self._client.send(request, stream=True)
+            response = await self._send(request)
         except httpx.HTTPError as exc:
             error = f"upstream unreachable ({type(exc).__name__})"
             await _plain(writer, 502, error)
@@ -225,6 +258,8 @@ class Bridge:
                 error, relayed = await _stream_back(writer, response, usage)
             finally:
                 await response.aclose()
+                if self.limits is not None:
+                    self.limits.release(ok=True, tokens=usage.tokens_in + usage.output)
         if method == "POST":  # else a probe (HEAD, GET), not a model call
             self._record(usage, status, error, started, time.monotonic() - clock)
             # Journaled before the CLI reads the answer's end (so the budget gate of its
@@ -233,6 +268,35 @@ class Bridge:
         if relayed:
             writer.write(b"0\r\n\r\n")
             await writer.drain()
+
+    async def _send(self, request: httpx.Request) -> httpx.Response:
+        """Send ``request`` through the endpoint's limiter: a refusal (429, 529) is waited
+        out in the bridge and sent again — the CLI never sees it — up to
+        :data:`MAX_THROTTLED` times; the limiter's slot is held by the returned response."""
+        assert self._client is not None  # started before the port was open
+        limits, loop = self.limits, asyncio.get_running_loop()
+        if limits is None:
+            return await self._client.send(request, stream=True)
+        refusals = 0
+        while True:
+            wait_s = limits.acquire()
+            while wait_s > 0:
+                await asyncio.sleep(min(wait_s, 1.0))
+                wait_s = limits.acquire()
+            try:
+                response = await self._client.send(request, stream=True)
+            except BaseException:
+                limits.release(ok=True)
+                raise
+            if not is_throttle(response.status_code) or refusals >= MAX_THROTTLED:
+                return response
+            refusals += 1
+            after = wait_of(response.headers)
+            await response.aclose()
+            limits.release(ok=False)
+            cause = f"HTTP {response.status_code} from {self.upstream} (refusal {refusals})"
+            wait_s = await loop.run_in_executor(None, limits.throttled, after, cause)
+            await asyncio.sleep(wait_s)
 
     def _record(
         self,

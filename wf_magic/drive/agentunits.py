@@ -1,16 +1,18 @@
 """What an agent unit's request carries beyond its rendered input: the session a continued loop
-resumes (with its worktree and usage so far) and the run's remaining cost allowance."""
+resumes (with its worktree and usage so far), the run's remaining cost allowance, and what its
+bridge uses: the journal of its calls, the budget each call asks and the endpoint limiters."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..spec.plan import PlanStep
 from ..store.records import AttemptRow
 from .budget import Budget
 from .context import DriveContext, RunState
+from .limiter import LIMITERS, Limiter
 from .units import UnitPlan
 
 
@@ -47,6 +49,7 @@ def agent_request(
         out["resume"] = resume
     if ctx is not None:
         out["calls"] = ctx.store  # the bridge journals each model call as it finishes
+        out["limits"] = BridgeLimits(ctx)  # its upstream calls share the endpoint limiters
         if ctx.budget.spec.max_tokens is not None or ctx.budget.spec.max_cost is not None:
             out["allowance"] = CallAllowance(ctx.budget)
     if ctx is not None and ctx.budget.spec.max_cost is not None:
@@ -80,6 +83,55 @@ class CallAllowance:
                     "this one."
                 )
         return None
+
+
+UNLIMITED = 1024
+"""A bridged endpoint's ceiling until the provider refuses a call (drive/endpoints.py's)."""
+
+
+class BridgeLimits:
+    """The endpoint limiters as an agent's bridge uses them (``bridge/attempt.LimitsFor``)."""
+
+    def __init__(self, ctx: DriveContext) -> None:
+        self.ctx = ctx
+
+    def limits(self, endpoint: str, identity: Mapping[str, Any]) -> _EndpointLimits:
+        return _EndpointLimits(self.ctx, LIMITERS.get(endpoint, max_limit=UNLIMITED), identity)
+
+
+class _EndpointLimits:
+    """One endpoint's limiter, journaling its refusals under one attempt."""
+
+    def __init__(self, ctx: DriveContext, limiter: Limiter, identity: Mapping[str, Any]):
+        self.ctx, self.limiter, self.identity = ctx, limiter, dict(identity)
+
+    def acquire(self) -> float:
+        return self.limiter.try_acquire()
+
+    def release(self, *, ok: bool, tokens: int = 0) -> None:
+        self.limiter.release(ok=ok, tokens=tokens)
+
+    def throttled(self, retry_after_s: float | None, cause: str) -> float:
+        """Pause the endpoint and journal one ``throttled`` event (the CLI never sees it)."""
+        wait_s = self.limiter.throttle(retry_after_s)
+        data = {"endpoint": self.limiter.endpoint, "wait_s": round(wait_s, 3), "cause": cause}
+        who = self.identity
+        self.ctx.store.record_event(
+            who["run_id"],
+            "throttled",
+            step_id=who["step_id"],
+            unit_id=who["unit_id"],
+            dispatch_id=who["dispatch_id"],
+            data=data,
+        )
+        self.ctx.emit(
+            "throttled",
+            run_id=who["run_id"],
+            step_id=who["step_id"],
+            unit_id=who["unit_id"],
+            **data,
+        )
+        return wait_s
 
 
 def facts_json(facts: Any) -> str | None:

@@ -405,6 +405,7 @@ def _agent_plan(step: StepSpec, src: Source, at: Path) -> AgentPlan | None:
         isolation=step.isolation or "none",
         session=step.session or "fresh",
         max_turns=step.max_turns,
+        bridge=step.bridge,
     )
 
 

@@ -88,7 +88,8 @@ def _agent(src: UnitSource) -> UnitInput:
         "prompt": prompt,
         "output": step.output,
         "pass_env": step.pass_env,
-        **settings,
+        # Whether calls are bridged changes how they are watched, not what the agent does.
+        **{k: v for k, v in settings.items() if k != "bridge"},
     }
 
 

@@ -12,7 +12,7 @@ ID_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
 STEP_ID_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 KIND_KEYS = ("prompt", "exec", "python", "workflow", "route", "agent")
-AGENT_KEYS = ("permission", "workdir", "isolation", "session", "max_turns")
+AGENT_KEYS = ("permission", "workdir", "isolation", "session", "max_turns", "bridge")
 """Keys read only by ``agent:`` steps."""
 AGENT_TIMEOUT_S = 1800.0
 """An agent step's ``timeout`` when none is written (30 minutes)."""
@@ -202,6 +202,10 @@ class StepSpec(_Strict):
     - ``continue``: loop n+1 and a reclaimed attempt resume the previous session."""
     max_turns: int | None = Field(None, ge=1, le=10_000)
     """Agent turns before the harness stops (passed where the harness accepts it)."""
+    bridge: bool | None = None
+    """Whether the agent's model calls go through wf_magic's bridge (journaled per call,
+    budgeted, rate-limited); default: the harness's ``runners: {NAME: {bridge}}``, on where
+    its login can be bridged (docs/agents.md, "The bridge")."""
     with_: dict[str, Any] | None = Field(None, alias="with")
     """Template bindings: a child workflow's params, or a python callable's keyword arguments."""
     map: str | None = None

@@ -113,6 +113,8 @@ class AgentPlan(_Frozen):
     isolation: Literal["none", "worktree"] = "none"
     session: Literal["fresh", "continue"] = "fresh"
     max_turns: int | None = None
+    bridge: bool | None = None
+    """The step's ``bridge:`` (None: the harness's ``runners:`` setting decides)."""
 
 
 class PlanStep(_Frozen):

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from tests.conftest import run_wf
 from wf_magic import Engine
 from wf_magic.display.agent import agent_lines
-from wf_magic.store.calls import CALL_COLUMNS, CallRow
+from wf_magic.store.callframes import CALL_COLUMNS
+from wf_magic.store.calls import CallRow
 
 pytestmark = pytest.mark.backends  # the calls table on SQLite and PostgreSQL
 

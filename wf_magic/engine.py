@@ -550,7 +550,7 @@ class Engine(SweepVerbs, GcVerbs, FollowVerbs, OtelVerbs):
 
     def calls(self, run_id: RunRef, *, unit: str | None = None) -> pd.DataFrame:
         """One row per model call of the run's agent attempts, made through the bridge (see
-        :func:`wf_magic.store.calls.calls_frame`); ``unit``: only that unit's."""
+        :func:`wf_magic.store.callframes.calls_frame`); ``unit``: only that unit's."""
         return self.store.calls_frame(self.resolve_run_id(run_id), unit_id=unit)
 
     def scores(self, run_id: RunRef) -> pd.DataFrame:

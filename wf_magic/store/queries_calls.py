@@ -26,5 +26,7 @@ class CallQueries(StoreAccess):
         return self._read(lambda c: calls.call_totals_txn(c, dispatch_id), run_id)
 
     def calls_frame(self, run_id: str, *, unit_id: str | None = None) -> pd.DataFrame:
-        """One row per model call of ``run_id`` (see :func:`store.calls.calls_frame`)."""
-        return self._read(lambda c: calls.calls_frame(c, run_id, unit_id=unit_id), run_id)
+        """One row per model call of ``run_id`` (see :func:`store.callframes.calls_frame`)."""
+        from . import callframes  # pandas is imported only when a frame is asked for
+
+        return self._read(lambda c: callframes.calls_frame(c, run_id, unit_id=unit_id), run_id)

@@ -179,3 +179,16 @@ def test_wf_show_puts_the_clis_report_beside_the_calls_and_flags_a_disagreement(
         assert flagged == [
             f"DISAGREE   the CLI's report and its calls differ in {differs}; the calls count"
         ]
+
+
+def test_a_runs_calls_go_with_it_on_gc(engine: Engine, tmp_path: Path, state_dir: Path) -> None:
+    run_id = _run(engine, tmp_path)
+    engine.store.record_call(_row(run_id, "d1"))
+    engine.close()
+    gone = run_wf(state_dir, "gc", "--older-than", "0s")
+    assert gone.returncode == 0, gone.stderr
+    again = Engine(state_dir)
+    try:
+        assert again.store.call_totals(run_id, "d1").calls == 0
+    finally:
+        again.close()

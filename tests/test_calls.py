@@ -71,6 +71,11 @@ def test_calls_are_numbered_per_attempt_and_a_later_launch_continues(
     engine.store.record_call(_row(run_id, "d1", cost=None, price_source=None, started_at=1e9 + 9))
     assert engine.store.call_totals(run_id, "d1").cost is None  # one unpriced call: unknown
     assert engine.store.call_totals(run_id, "nothing").calls == 0
+    rows = engine.store.calls_of(run_id)
+    assert [(r.dispatch_id, r.call) for r in rows] == [
+        ("d1", 1), ("d1", 2), ("d1", 3), ("d1", 4), ("d2", 1)
+    ]  # fmt: skip
+    assert rows[0] == _row(run_id, "d1", started_at=1e9, call=1)
 
 
 def test_the_calls_frame_has_the_issues_columns_in_order_with_their_types(

@@ -86,3 +86,40 @@ def call_totals_txn(conn: sqlite3.Connection, dispatch_id: str) -> CallTotals:
     return CallTotals(
         calls=calls, tokens_in=int(found[1]), tokens_out=int(found[2]), cost=cost if calls else None
     )
+
+
+_ROW_COLUMNS = (
+    "run_id, step_id, unit_id, dispatch_id, attempt, call, model, status, tokens_in, tokens_out,"
+    " cache_read, cache_write, cost, price_source, latency_s, started_at, error"
+)
+
+
+def calls_of_txn(conn: sqlite3.Connection, run_id: str) -> list[CallRow]:
+    """The calls of ``run_id`` in the order they were made."""
+    rows = conn.execute(
+        f"SELECT {_ROW_COLUMNS} FROM calls WHERE run_id = ?"  # noqa: S608 - a constant
+        " ORDER BY started_at, dispatch_id, call",
+        (run_id,),
+    ).fetchall()
+    return [
+        CallRow(
+            run_id=str(r[0]),
+            step_id=str(r[1]),
+            unit_id=str(r[2]),
+            dispatch_id=str(r[3]),
+            attempt=int(r[4]),
+            call=int(r[5]),
+            model=None if r[6] is None else str(r[6]),
+            status=str(r[7]),
+            tokens_in=int(r[8]),
+            tokens_out=int(r[9]),
+            cache_read=int(r[10]),
+            cache_write=int(r[11]),
+            cost=None if r[12] is None else float(r[12]),
+            price_source=None if r[13] is None else str(r[13]),
+            latency_s=float(r[14]),
+            started_at=float(r[15]),
+            error=None if r[16] is None else str(r[16]),
+        )
+        for r in rows
+    ]

@@ -25,6 +25,11 @@ class CallQueries(StoreAccess):
         """The sums over the calls journaled for ``dispatch_id`` so far."""
         return self._read(lambda c: calls.call_totals_txn(c, dispatch_id), run_id)
 
+    def calls_of(self, run_id: str) -> list[CallRow]:
+        """The journaled calls of ``run_id``, in the order they were made (for the
+        OpenTelemetry export's ``chat`` spans under an agent attempt)."""
+        return self._read(lambda c: calls.calls_of_txn(c, run_id), run_id)
+
     def calls_frame(self, run_id: str, *, unit_id: str | None = None) -> pd.DataFrame:
         """One row per model call of ``run_id`` (see :func:`store.callframes.calls_frame`)."""
         from . import callframes  # pandas is imported only when a frame is asked for

@@ -285,7 +285,9 @@ def test_real_529_fails_transiently_and_is_retried(
         monkeypatch,
         tmp_path,
         "Fix.",
-        extra="timeout: 120\nretry: {max_attempts: 2}",
+        # Unbridged: the bridge would wait the 529 out (tests/test_bridge.py); this is the
+        # CLI's own error path.
+        extra="timeout: 120\nretry: {max_attempts: 2}\nbridge: false",
     )
     run = engine.run(str(path))
     assert run.status == "completed"

@@ -589,6 +589,12 @@ UNBOUNDED_ALLOWED = {
     ): "wf_magic's own installed modules, for the code fingerprint",
     ("runners/replay.py", "store.open()"): "opens a Store (a database), not a file",
     ("notebook/rows.py", "self.detail.open()"): "opens a widget panel",
+    ("notebook/teardown.py", "widget.open()"): "reopens a closed widget's comm, not a file",
+    ("agents/runner.py", "bridged.open(wired.upstream, model=request.model)"): "starts a bridge",
+    (
+        "bridge/attempt.py",
+        "Bridge.open(upstream=upstream, on_call=self.on_call, model=model, gate=gate, limits=limits)",
+    ): "starts a bridge server, not a file",
     (
         "library_fetch.py",
         "opener.open(request, timeout=deadline.remaining())",

@@ -11,10 +11,14 @@
 
 from __future__ import annotations
 
+import errno
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ..errors import FileRefused
+from ..reading import read_bounded_text
 
 ANTHROPIC_API = "https://api.anthropic.com"
 OPENAI_API = "https://api.openai.com/v1"
@@ -59,14 +63,22 @@ def wiring(harness: str, env: Mapping[str, str]) -> Wiring:
     raise NotBridgeable(f"the bridge does not know how to point {harness} at it")
 
 
+CONFIG_LIMIT = 1_000_000
+"""The largest Codex config.toml read (a config is a few KB)."""
+
+
 def _codex(env: Mapping[str, str]) -> Wiring:
     home = Path(env.get("CODEX_HOME") or Path(env.get("HOME", "~")) / ".codex").expanduser()
     config: dict[str, object] = {}
     try:
-        config = tomllib.loads((home / "config.toml").read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        pass
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+        text = read_bounded_text(home / "config.toml", limit=CONFIG_LIMIT)
+        config = tomllib.loads(text)
+    except FileRefused as exc:
+        if exc.reason != "os" or exc.errno != errno.ENOENT:
+            raise NotBridgeable(
+                f"its config {home / 'config.toml'} cannot be read ({exc})"
+            ) from exc
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise NotBridgeable(f"its config {home / 'config.toml'} cannot be read ({exc})") from exc
     provider = str(config.get("model_provider") or "openai")
     providers = config.get("model_providers")

@@ -571,19 +571,11 @@ def m018_lease_fence(conn: sqlite3.Connection) -> None:
     del conn
 
 
-@migration
-def m019_score_phase(conn: sqlite3.Connection) -> None:
-    # Scores (drive/scoring.py) are journaled units of their own phase, `score`. SQLite cannot
-    # widen a CHECK in place, so the attempt table is rebuilt (the documented 12-step way):
-    # the views and the trigger reading it are dropped first and made again after, the rows
-    # and the AUTOINCREMENT counter kept, the indexes and triggers made again.
-    _script(
-        conn,
-        """
+_ATTEMPTS_REBUILD = """
         DROP VIEW units;
         DROP TRIGGER events_insert;
         DROP VIEW events;
-        CREATE TABLE attempts_m019 (
+        CREATE TABLE attempts_{suffix} (
             attempt_pk INTEGER PRIMARY KEY AUTOINCREMENT,
             run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
             workflow TEXT NOT NULL,
@@ -599,8 +591,8 @@ def m019_score_phase(conn: sqlite3.Connection) -> None:
             status TEXT NOT NULL CHECK (status IN ('running','succeeded','failed','reused')),
             input_hash TEXT NOT NULL,
             charged INTEGER NOT NULL,
-            tokens_in INTEGER NOT NULL DEFAULT 0,
-            tokens_out INTEGER NOT NULL DEFAULT 0,
+            tokens_in {tokens},
+            tokens_out {tokens},
             cost REAL,
             saved_tokens INTEGER NOT NULL DEFAULT 0,
             reused_from TEXT,
@@ -615,7 +607,7 @@ def m019_score_phase(conn: sqlite3.Connection) -> None:
             finish_data TEXT,
             UNIQUE (run_id, unit_id, attempt)
         );
-        INSERT INTO attempts_m019 (attempt_pk, run_id, workflow, step_id, unit_id, attempt,
+        INSERT INTO attempts_{suffix} (attempt_pk, run_id, workflow, step_id, unit_id, attempt,
             dispatch_id, phase, loop, item_index, runner, model, status, input_hash, charged,
             tokens_in, tokens_out, cost, saved_tokens, reused_from, session_id, output_json,
             failure, transient, started_at, finished_at, started_seq, finished_seq, finish_data)
@@ -625,13 +617,13 @@ def m019_score_phase(conn: sqlite3.Connection) -> None:
             started_at, finished_at, started_seq, finished_seq, finish_data
             FROM attempts ORDER BY attempt_pk;
         INSERT INTO sqlite_sequence (name, seq)
-            SELECT 'attempts_m019', seq FROM sqlite_sequence WHERE name = 'attempts'
-            AND NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'attempts_m019');
+            SELECT 'attempts_{suffix}', seq FROM sqlite_sequence WHERE name = 'attempts'
+            AND NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'attempts_{suffix}');
         UPDATE sqlite_sequence SET seq = MAX(seq,
             COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'attempts'), 0))
-            WHERE name = 'attempts_m019';
+            WHERE name = 'attempts_{suffix}';
         DROP TABLE attempts;
-        ALTER TABLE attempts_m019 RENAME TO attempts;
+        ALTER TABLE attempts_{suffix} RENAME TO attempts;
         CREATE INDEX attempts_reuse ON attempts(workflow, input_hash);
         CREATE TRIGGER attempts_terminal_immutable BEFORE UPDATE ON attempts
         WHEN OLD.status != 'running'
@@ -639,7 +631,20 @@ def m019_score_phase(conn: sqlite3.Connection) -> None:
         CREATE TRIGGER attempts_no_delete_live BEFORE DELETE ON attempts
         WHEN EXISTS (SELECT 1 FROM runs WHERE run_id = OLD.run_id AND status IN ('active','blocked'))
         BEGIN SELECT RAISE(ABORT, 'attempts of a live run are never deleted'); END;
-        """
+"""
+"""The attempt table rebuilt as ``attempts_{suffix}`` with ``{tokens}`` token columns, its
+rows and counter copied, renamed back; the views and trigger over it follow (m019, m022)."""
+
+
+def _rebuild_attempts(conn: sqlite3.Connection, suffix: str, *, tokens: str) -> None:
+    """Rebuild the attempt table with ``tokens`` as its token columns' type (the documented
+    12-step way: SQLite cannot change a CHECK or a NOT NULL in place). The views and the
+    trigger reading it are dropped first and made again after; the rows and the
+    AUTOINCREMENT counter are kept; the index and triggers are made again."""
+    script = _ATTEMPTS_REBUILD.replace("{suffix}", suffix).replace("{tokens}", tokens)
+    _script(
+        conn,
+        script
         + UNIT_EVENTS_VIEW
         + """
         CREATE TRIGGER events_insert INSTEAD OF INSERT ON events
@@ -649,6 +654,13 @@ def m019_score_phase(conn: sqlite3.Connection) -> None:
         END;
         """,
     )
+
+
+@migration
+def m019_score_phase(conn: sqlite3.Connection) -> None:
+    # Scores (drive/scoring.py) are journaled units of their own phase, `score`. SQLite cannot
+    # widen a CHECK in place, so the attempt table is rebuilt (the documented 12-step way).
+    _rebuild_attempts(conn, "m019", tokens="INTEGER NOT NULL DEFAULT 0")
 
 
 @migration
@@ -705,78 +717,5 @@ def m021_calls(conn: sqlite3.Connection) -> None:
 def m022_null_usage(conn: sqlite3.Connection) -> None:
     # Usage a server did not report is unknown, never 0 and never estimated (issue 31): the
     # token counts become nullable. SQLite cannot drop a NOT NULL in place, so the attempt
-    # table is rebuilt as m019 did (the documented 12-step way): the views and the trigger
-    # reading it dropped first and made again after, the rows and the AUTOINCREMENT counter
-    # kept, the index and triggers made again. Every existing row keeps its counts.
-    _script(
-        conn,
-        """
-        DROP VIEW units;
-        DROP TRIGGER events_insert;
-        DROP VIEW events;
-        CREATE TABLE attempts_m022 (
-            attempt_pk INTEGER PRIMARY KEY AUTOINCREMENT,
-            run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
-            workflow TEXT NOT NULL,
-            step_id TEXT NOT NULL,
-            unit_id TEXT NOT NULL,
-            attempt INTEGER NOT NULL,
-            dispatch_id TEXT NOT NULL UNIQUE,
-            phase TEXT NOT NULL CHECK (phase IN ('work','gate','score')),
-            loop INTEGER NOT NULL,
-            item_index INTEGER,
-            runner TEXT NOT NULL,
-            model TEXT,
-            status TEXT NOT NULL CHECK (status IN ('running','succeeded','failed','reused')),
-            input_hash TEXT NOT NULL,
-            charged INTEGER NOT NULL,
-            tokens_in INTEGER DEFAULT 0,
-            tokens_out INTEGER DEFAULT 0,
-            cost REAL,
-            saved_tokens INTEGER NOT NULL DEFAULT 0,
-            reused_from TEXT,
-            session_id TEXT,
-            output_json TEXT,
-            failure TEXT,
-            transient INTEGER,
-            started_at REAL NOT NULL,
-            finished_at REAL,
-            started_seq INTEGER,
-            finished_seq INTEGER,
-            finish_data TEXT,
-            UNIQUE (run_id, unit_id, attempt)
-        );
-        INSERT INTO attempts_m022 (attempt_pk, run_id, workflow, step_id, unit_id, attempt,
-            dispatch_id, phase, loop, item_index, runner, model, status, input_hash, charged,
-            tokens_in, tokens_out, cost, saved_tokens, reused_from, session_id, output_json,
-            failure, transient, started_at, finished_at, started_seq, finished_seq, finish_data)
-            SELECT attempt_pk, run_id, workflow, step_id, unit_id, attempt, dispatch_id, phase,
-            loop, item_index, runner, model, status, input_hash, charged, tokens_in, tokens_out,
-            cost, saved_tokens, reused_from, session_id, output_json, failure, transient,
-            started_at, finished_at, started_seq, finished_seq, finish_data
-            FROM attempts ORDER BY attempt_pk;
-        INSERT INTO sqlite_sequence (name, seq)
-            SELECT 'attempts_m022', seq FROM sqlite_sequence WHERE name = 'attempts'
-            AND NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'attempts_m022');
-        UPDATE sqlite_sequence SET seq = MAX(seq,
-            COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'attempts'), 0))
-            WHERE name = 'attempts_m022';
-        DROP TABLE attempts;
-        ALTER TABLE attempts_m022 RENAME TO attempts;
-        CREATE INDEX attempts_reuse ON attempts(workflow, input_hash);
-        CREATE TRIGGER attempts_terminal_immutable BEFORE UPDATE ON attempts
-        WHEN OLD.status != 'running'
-        BEGIN SELECT RAISE(ABORT, 'attempts are append-only: a terminal attempt is never updated'); END;
-        CREATE TRIGGER attempts_no_delete_live BEFORE DELETE ON attempts
-        WHEN EXISTS (SELECT 1 FROM runs WHERE run_id = OLD.run_id AND status IN ('active','blocked'))
-        BEGIN SELECT RAISE(ABORT, 'attempts of a live run are never deleted'); END;
-        """
-        + UNIT_EVENTS_VIEW
-        + """
-        CREATE TRIGGER events_insert INSTEAD OF INSERT ON events
-        BEGIN"""
-        + EVENTS_INSERT_BODY
-        + """
-        END;
-        """,
-    )
+    # table is rebuilt as m019 did. Every existing row keeps its counts.
+    _rebuild_attempts(conn, "m022", tokens="INTEGER DEFAULT 0")

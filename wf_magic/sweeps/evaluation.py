@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import accounting, resampling, sidebyside, stats
 from .paired import Paired
@@ -14,7 +14,22 @@ from .paired import paired as paired_cells
 if TYPE_CHECKING:
     import pandas as pd
 
-    from .handle import Sweep
+    from ..store.sweeps import SweepRow
+
+
+class Sweep(Protocol):
+    """What the evaluations read of a sweep (``wf_magic.sweeps.handle.Sweep`` is one); a
+    protocol, so this module does not import the handle that calls it."""
+
+    @property
+    def row(self) -> SweepRow: ...
+
+    @property
+    def axes(self) -> list[str]: ...
+
+    def frame(self) -> pd.DataFrame: ...
+
+    def attempts(self) -> pd.DataFrame: ...
 
 
 def row_fields(sweep: Sweep) -> list[str]:

@@ -13,7 +13,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import RunnerError
-from ..runners.base import UnitRequest, UnitResult
+from ..runners.base import UnitKind, UnitRequest, UnitResult
+from ..spec.plan import PlanStep
+from ..store.journal import UnitKey
+from ..store.records import AttemptRow
+from . import outcomes
 from .context import DriveContext, RunState
 from .limiter import LIMITERS, Limiter, pacing_of
 from .units import UnitPlan
@@ -126,6 +130,36 @@ def call_in_place(
             raise
         limiter.release(ok=True, tokens=(result.tokens_in or 0) + (result.tokens_out or 0))
         return result
+
+
+def judge_in_place(
+    ctx: DriveContext,
+    state: RunState,
+    step: PlanStep,
+    key: UnitKey,
+    attempt: AttemptRow,
+    *,
+    kind: UnitKind,
+    prompt: str,
+    output_schema: Mapping[str, Any],
+) -> UnitResult:
+    """Ask a judge (a gate's verdict, an llm scorer's rating) for ``attempt`` of ``key`` in
+    this thread, through its endpoint's limiter; the result checked like a work unit's
+    (drive/outcomes.py) before anything of it is journaled."""
+    request = UnitRequest(
+        run_id=state.run_id,
+        step_id=step.id,
+        unit_id=key.unit_id,
+        dispatch_id=attempt.dispatch_id,
+        input_hash=key.input_hash,
+        attempt=attempt.attempt,
+        kind=kind,
+        prompt=prompt,
+        model=key.model,
+        output_schema=output_schema,
+        timeout_s=step.timeout_s,
+    )
+    return outcomes.checked_result(call_in_place(ctx, state, request, runner_name=key.runner))
 
 
 def throttled_too_long(started: float, wait_s: float, timeout_s: float | None) -> bool:

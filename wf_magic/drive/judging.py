@@ -24,7 +24,6 @@ from ..gates.verdict import (
     gate_unit_id,
 )
 from ..hashing import canonical_json, hash_value
-from ..runners.base import UnitRequest
 from ..runners.identity import runner_identity
 from ..sealing import InputHash
 from ..spec.models import GateSpec
@@ -34,7 +33,7 @@ from ..store.records import AttemptRow
 from ..templates import TemplateError, references
 from . import attempts, interrupts, outcomes
 from .context import DriveContext, RunState
-from .endpoints import call_in_place
+from .endpoints import judge_in_place
 from .units import template_context
 
 
@@ -383,22 +382,17 @@ def _judge_llm(
     attempt = _reclaim_or_reserve(ctx, state, key, charged=charged)
     seen = interrupts.delivered()
     try:
-        request = UnitRequest(
-            run_id=state.run_id,
-            step_id=step.id,
-            unit_id=key.unit_id,
-            dispatch_id=attempt.dispatch_id,
-            input_hash=key.input_hash,
-            attempt=attempt.attempt,
+        # Redacted before parsing: an unparsable reply is quoted, clipped, in the failure.
+        result = judge_in_place(
+            ctx,
+            state,
+            step,
+            key,
+            attempt,
             kind="judge",
             prompt=judge_prompt(label, criteria, summary),
-            model=key.model,
             output_schema=VERDICT_SCHEMA,
-            timeout_s=step.timeout_s,
         )
-        # Checked like a work unit's (drive/outcomes.py) before anything of it is journaled;
-        # redacted before parsing: an unparsable reply is quoted, clipped, in the failure.
-        result = outcomes.checked_result(call_in_place(ctx, state, request, runner_name=key.runner))
         verdict, kept = as_journaled(
             ctx, state, parse_verdict(state.redactor.redact_value(result.output))
         )

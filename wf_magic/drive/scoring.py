@@ -28,7 +28,6 @@ from ..gates.scorers import (
 )
 from ..hashing import canonical_json
 from ..runners import functions
-from ..runners.base import UnitRequest
 from ..runners.function import FunctionRunner, call_with_timeout, own_traceback
 from ..runners.identity import runner_identity
 from ..spec.plan import Plan, PlanScore, PlanStep
@@ -37,7 +36,7 @@ from ..store.records import AttemptRow
 from ..templates import TemplateError, render_text
 from . import attempts, interrupts, outcomes
 from .context import DriveContext, RunState
-from .endpoints import call_in_place
+from .endpoints import judge_in_place
 from .units import StepInputError, expand_items, template_context
 
 _DONE = ("succeeded", "reused")
@@ -330,20 +329,16 @@ def _judge(
     scale = _scale(score)
     seen = interrupts.delivered()
     try:
-        request = UnitRequest(
-            run_id=state.run_id,
-            step_id=step.id,
-            unit_id=key.unit_id,
-            dispatch_id=attempt.dispatch_id,
-            input_hash=key.input_hash,
-            attempt=attempt.attempt,
+        result = judge_in_place(
+            ctx,
+            state,
+            step,
+            key,
+            attempt,
             kind="prompt",
             prompt=rubric_prompt(label, rendered["rubric"], scale, rendered["output"]),
-            model=key.model,
             output_schema=rubric_schema(scale),
-            timeout_s=step.timeout_s,
         )
-        result = outcomes.checked_result(call_in_place(ctx, state, request, runner_name=key.runner))
     except BaseException as exc:
         # Whatever the judge did, its attempt ends failed and the run goes on.
         if interrupts.is_real_interrupt(exc, seen):

@@ -1,4 +1,5 @@
-"""Exec units outliving a killed driver (issue 12, item 18): the sidecar and the reaper.
+"""Exec and agent units outliving a killed driver (issue 12, item 18): the sidecar and the
+reaper.
 
 The crash cases run ``wf run`` in a real process, kill it with SIGKILL while its exec unit
 sleeps, and check what :func:`reap_orphan` does to the unit's process group.
@@ -12,6 +13,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+from tests.agent_fakes.bins import git_repo, make_bins
 from tests.conftest import run_wf, spawn_wf, wait_for, write_file
 from wf_magic.runners.base import UnitRequest
 from wf_magic.runners.orphans import (
@@ -158,6 +160,73 @@ def test_a_stale_sidecar_of_an_ended_group_is_removed_quietly(tmp_path: Path) ->
     assert reap_orphan(tmp_path, "d2") is None
     assert not path.exists()
     assert reap_orphan(tmp_path, "no-such-dispatch") is None
+
+
+def test_the_reapers_line_names_an_agent_unit_as_one(tmp_path: Path) -> None:
+    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        path = record_unit_process(
+            tmp_path,
+            dispatch_id="d4",
+            run_id="r-1",
+            unit_id="fix",
+            pid=sleeper.pid,
+            argv0="claude",
+            kind="agent",
+        )
+        data = json.loads(path.read_text())
+        path.write_text(json.dumps({**data, "owner_pid": 2**22 + 1}))  # a dead driver
+
+        message = reap_orphan(tmp_path, "d4", grace_s=0.5)
+
+        assert message is not None
+        assert message.startswith(
+            f"killed agent unit fix (dispatch d4, process group {sleeper.pid}) "
+            f"left running by dead driver pid {2**22 + 1} (SIGTERM"
+        )
+        assert sleeper.wait(5) == -signal.SIGTERM
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_sidecar_written_before_kinds_were_kept_reads_as_an_exec_units(tmp_path: Path) -> None:
+    path = record_unit_process(
+        tmp_path, dispatch_id="d5", run_id="r-1", unit_id="u", pid=2**22 + 2, argv0="sh"
+    )
+    data = json.loads(path.read_text())
+    assert data["kind"] == "exec"
+    del data["kind"]
+    path.write_text(json.dumps(data))
+    record = read_unit_process(tmp_path, "d5")
+    assert record is not None and record.kind == "exec"
+
+
+def test_a_running_agent_units_sidecar_says_agent_and_its_reaping_says_so(
+    tmp_path: Path, state_dir: Path
+) -> None:
+    bins = make_bins(tmp_path / "bin")
+    flow = git_repo(tmp_path / "repo") / "agent.yaml"  # the agent works in the file's folder
+    flow.write_text(
+        "name: napper\nsteps:\n  - id: fix\n    agent: claude\n"
+        "    prompt: 'Wait [[sleep 60]]'\n"
+        f"runners:\n  claude: {{bin: {bins['claude']}}}\n"
+    )
+    proc = spawn_wf(state_dir, "run", str(flow))
+    wait_for(lambda: any((state_dir / "procs").glob("*.json")), what="the agent unit to start")
+    [sidecar] = (state_dir / "procs").glob("*.json")
+    record = read_unit_process(state_dir, sidecar.stem)
+    assert record is not None
+    assert (record.kind, record.unit_id, record.argv0) == ("agent", "fix", str(bins["claude"]))
+    _kill9(proc)
+
+    message = reap_orphan(state_dir, record.dispatch_id)
+
+    assert message is not None
+    assert message.startswith(
+        f"killed agent unit fix (dispatch {record.dispatch_id}, process group {record.pgid})"
+    )
+    assert _live_members(record.pgid) == []
 
 
 def test_a_finished_exec_unit_leaves_no_sidecar(tmp_path: Path) -> None:

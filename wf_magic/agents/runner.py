@@ -353,6 +353,7 @@ class _Launch:
                 unit_id=request.unit_id,
                 pid=proc.pid,
                 argv0=runner.bin,
+                kind="agent",
             )
         except (OSError, ValueError):
             pass  # a read-only state dir: only an orphan goes unrecorded

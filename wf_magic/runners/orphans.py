@@ -1,13 +1,14 @@
-"""Exec units that outlive their driver: a sidecar file per running unit, and the reaper.
+"""Exec and agent units that outlive their driver: a sidecar file per running unit, the reaper.
 
-An ``exec`` unit's child leads its own process group (so a timeout can kill all of it).
-When the driver is killed (``kill -9``, a crashed kernel), nothing kills that group: it
-keeps running and could overlap its own reclaimed re-run under the same
-``WF_DISPATCH_ID``. So the exec runner records each unit it spawns in
-``<state dir>/procs/<dispatch_id>.json`` (process group, host, the pid of the process that
-spawned it and both processes' start times) and removes the file when the unit ends. A file
-that is still there names a unit whose owner died mid-run; :func:`reap_orphan`, called on
-reclaim before the unit is dispatched again, kills that group if it is still alive.
+An ``exec`` unit's child, like an agent unit's CLI, leads its own process group (so a
+timeout can kill all of it). When the driver is killed (``kill -9``, a crashed kernel),
+nothing kills that group: it keeps running and could overlap its own reclaimed re-run
+under the same ``WF_DISPATCH_ID``. So the exec and agent runners record each unit they
+spawn in ``<state dir>/procs/<dispatch_id>.json`` (the unit's kind, process group, host,
+the pid of the process that spawned it and both processes' start times) and remove the
+file when the unit ends. A file that is still there names a unit whose owner died mid-run;
+:func:`reap_orphan`, called on reclaim before the unit is dispatched again, kills that
+group if it is still alive.
 
 The file is written from the worker thread that runs the unit: a plain file, never the
 SQLite journal (worker threads never write the database).
@@ -44,7 +45,7 @@ _SAFE_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UnitProcess:
-    """What the sidecar of one running exec unit records."""
+    """What the sidecar of one running exec or agent unit records."""
 
     dispatch_id: str
     run_id: str
@@ -59,6 +60,9 @@ class UnitProcess:
     owner_started: str | None
     argv0: str
     started_at: float
+    kind: str = "exec"
+    """The unit's step kind, ``exec`` or ``agent`` (a sidecar written before it was kept
+    is an exec unit's)."""
 
 
 def sidecar_path(state_dir: str | Path, dispatch_id: str) -> Path:
@@ -73,10 +77,18 @@ def sidecar_path(state_dir: str | Path, dispatch_id: str) -> Path:
 
 
 def record_unit_process(
-    state_dir: str | Path, *, dispatch_id: str, run_id: str, unit_id: str, pid: int, argv0: str
+    state_dir: str | Path,
+    *,
+    dispatch_id: str,
+    run_id: str,
+    unit_id: str,
+    pid: int,
+    argv0: str,
+    kind: str = "exec",
 ) -> Path:
-    """Write the sidecar of a just-spawned exec unit (atomically); returns its path."""
+    """Write the sidecar of a just-spawned ``kind`` unit (atomically); returns its path."""
     record = UnitProcess(
+        kind=kind,
         dispatch_id=dispatch_id,
         run_id=run_id,
         unit_id=unit_id,
@@ -108,7 +120,7 @@ def read_unit_process(state_dir: str | Path, dispatch_id: str) -> UnitProcess | 
 def reap_orphan(
     state_dir: str | Path, dispatch_id: str, *, grace_s: float = TERM_GRACE_S
 ) -> str | None:
-    """Kill the process group an exec unit left behind when its driver died.
+    """Kill the process group an exec or agent unit left behind when its driver died.
 
     Call it when a ``running`` attempt is reclaimed, before the unit is dispatched again.
     On this host, when the recorded owner process is dead and the group still lives, the
@@ -122,7 +134,8 @@ def reap_orphan(
     record = read_unit_process(state_dir, dispatch_id)
     if record is None:
         return None
-    what = f"exec unit {record.unit_id} (dispatch {dispatch_id}, process group {record.pgid})"
+    unit = f"{record.kind} unit {record.unit_id}"
+    what = f"{unit} (dispatch {dispatch_id}, process group {record.pgid})"
     host = socket.gethostname()
     if record.host != host:
         return (

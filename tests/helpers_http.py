@@ -29,6 +29,8 @@ class LoopbackHTTPServer(ThreadingHTTPServer):
 
     daemon_threads = False  # server_close() joins them: no thread outlives a test
     block_on_close = True
+    request_queue_size = 1024
+    """The listen backlog: socketserver's 5 resets connections when 128 calls arrive at once."""
 
     def __init__(self, handler: type[BaseHTTPRequestHandler], *, name: str = "loopback") -> None:
         super().__init__(("127.0.0.1", 0), handler)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..errors import UsageError
 from ..store import Store
+from ..store.calls import CallRow
 from .records import RunJournal
 
 
@@ -27,6 +28,9 @@ def read_run(store: Store, run_id: str, *, content: bool = False) -> RunJournal:
             break
         after = page[-1].event_id
     has_agents = any(s.kind == "agent" for s in steps)
+    calls: dict[str, list[CallRow]] = {}
+    for call in store.calls_of(run_id) if has_agents else ():  # read after the attempts
+        calls.setdefault(call.dispatch_id, []).append(call)
     inputs = store.inputs_of({a.input_hash for a in attempts}) if content else {}
     return RunJournal(
         run=run,
@@ -36,4 +40,5 @@ def read_run(store: Store, run_id: str, *, content: bool = False) -> RunJournal:
         kinds={s.step_id: s.kind for s in steps},
         agent_facts=store.agent_facts_of_run(run_id) if has_agents else {},
         inputs=inputs,
+        calls={d: sorted(rows, key=lambda c: c.call) for d, rows in calls.items()},
     )

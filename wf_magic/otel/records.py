@@ -7,11 +7,12 @@ journal always gives the same ids.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..hashing import canonical_json, sha256_text
+from ..store.calls import CallRow
 from ..store.records import AttemptRow, EventRow, RunRow, StepRow
 
 SEMCONV_VERSION = "1.41.0"
@@ -73,17 +74,8 @@ class RunJournal:
     """Dispatch id → the agent facts journaled beside that attempt."""
     inputs: Mapping[str, str] = field(default_factory=dict)
     """Input hash → the unit's resolved input JSON (only read with content on)."""
-
-
-AgentCalls = Callable[[AttemptRow, Mapping[str, Any]], Sequence[Mapping[str, Any]]]
-"""The model calls an agent attempt made, as ``{model, provider, input_tokens,
-output_tokens, started_at, finished_at}`` dicts: each becomes a child ``chat`` span."""
-
-
-def no_agent_calls(attempt: AttemptRow, facts: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
-    """No harness bridge reports an agent's individual calls yet: the hook answers none."""
-    del attempt, facts
-    return ()
+    calls: Mapping[str, Sequence[CallRow]] = field(default_factory=dict)
+    """Dispatch id → the model calls the agent bridge journaled for that attempt, by number."""
 
 
 # -- ids ----------------------------------------------------------------------------------------
@@ -107,6 +99,12 @@ def step_span_id(run_id: str, step_id: str) -> int:
 
 def attempt_span_id(dispatch_id: str) -> int:
     return span_id_of("attempt", dispatch_id)
+
+
+def call_span_id(dispatch_id: str, call: int) -> int:
+    """The span of model call number ``call`` of an agent attempt: the number, never a
+    position, so a call journaled late (a reclaimed attempt's) leaves the others' ids be."""
+    return span_id_of("agent-call", dispatch_id, str(call))
 
 
 def _plain(attrs: Mapping[str, AttrValue]) -> dict[str, Any]:

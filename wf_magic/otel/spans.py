@@ -8,7 +8,8 @@ the same journal always gives the same spans and exporting again never duplicate
     invoke_workflow <workflow>          the run (root)
     └── step <step>                     one per step that settled
         ├── chat <model>                a prompt unit's attempt
-        ├── invoke_agent <harness>      an agent unit's attempt (└── chat: its calls, when known)
+        ├── invoke_agent <harness>      an agent unit's attempt
+        │   └── chat <model>            one per model call the agent bridge journaled
         ├── execute_tool <step>         an exec / python unit's attempt
         ├── invoke_workflow <step>      a child workflow unit's attempt
         ├── gate <step>                 a gate verdict (loop n)
@@ -22,7 +23,6 @@ OpenTelemetry semantic conventions for generative AI, ``records.SEMCONV_VERSION`
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -31,17 +31,15 @@ from ..hashing import canonical_json
 from ..redact import Redactor
 from ..sealing import SEAL_PREFIX
 from ..store.records import AttemptRow, EventRow, StepRow
+from .calls import WIRE_PROVIDERS, call_span
 from .records import (
-    AgentCalls,
     AttrValue,
     RunJournal,
     SpanEvent,
     SpanKindName,
     SpanRecord,
     attempt_span_id,
-    no_agent_calls,
     root_span_id,
-    span_id_of,
     step_span_id,
     trace_id_of,
 )
@@ -59,7 +57,6 @@ def build_spans(
     *,
     redactor: Redactor,
     content: bool = False,
-    agent_calls: AgentCalls = no_agent_calls,
 ) -> list[SpanRecord]:
     """Every span the journal holds as settled: finished attempts, settled steps, a settled run.
 
@@ -67,22 +64,18 @@ def build_spans(
         journal: the run's rows.
         redactor: the run's redactor; every text attached passes it.
         content: attach prompts and outputs (``gen_ai.input.messages`` / ``output.messages``).
-        agent_calls: the hook that lists an agent attempt's model calls.
     """
-    builder = _Builder(journal, redactor=redactor, content=content, agent_calls=agent_calls)
+    builder = _Builder(journal, redactor=redactor, content=content)
     return builder.spans()
 
 
 class _Builder:
     """Builds one run's spans; holds what every span of the run shares."""
 
-    def __init__(
-        self, journal: RunJournal, *, redactor: Redactor, content: bool, agent_calls: AgentCalls
-    ) -> None:
+    def __init__(self, journal: RunJournal, *, redactor: Redactor, content: bool) -> None:
         self.j = journal
         self.redact = redactor
         self.content = content
-        self.agent_calls = agent_calls
         self.trace_id = trace_id_of(journal.run.run_id)
         self.by_dispatch: dict[str, list[EventRow]] = {}
         for event in journal.events:
@@ -230,7 +223,7 @@ class _Builder:
             events=self._events(a, previous),
             error=self.redact.redact(a.failure or "failed") if a.status == "failed" else None,
         )
-        return [span, *self._agent_chats(a, kind)]
+        return [span, *self._agent_calls(a)]
 
     def _common(self, a: AttemptRow) -> dict[str, AttrValue]:
         attrs: dict[str, AttrValue] = {
@@ -285,34 +278,16 @@ class _Builder:
                 )
         return attrs
 
-    def _agent_chats(self, a: AttemptRow, kind: str) -> list[SpanRecord]:
-        if kind != "agent" or a.phase != "work":
+    def _agent_calls(self, a: AttemptRow) -> list[SpanRecord]:
+        calls = self.j.calls.get(a.dispatch_id, ())
+        if not calls:
             return []
-        facts = self.j.agent_facts.get(a.dispatch_id) or {}
-        out = []
-        for n, call in enumerate(self.agent_calls(a, facts)):
-            model = str(call.get("model") or a.model or a.runner)[:200]
-            start = _seconds(call.get("started_at"), a.started_at)
-            attrs: dict[str, AttrValue] = {
-                "gen_ai.operation.name": "chat",
-                "gen_ai.provider.name": str(call.get("provider") or provider_of(a.runner, model)),
-                "gen_ai.request.model": model,
-                "gen_ai.usage.input_tokens": _count(call.get("input_tokens")),
-                "gen_ai.usage.output_tokens": _count(call.get("output_tokens")),
-            }
-            out.append(
-                SpanRecord(
-                    name=f"chat {model}",
-                    trace_id=self.trace_id,
-                    span_id=span_id_of("agent-call", a.dispatch_id, str(n)),
-                    parent_id=attempt_span_id(a.dispatch_id),
-                    kind="client",
-                    start_s=start,
-                    end_s=max(start, _seconds(call.get("finished_at"), start)),
-                    attributes=attrs,
-                )
-            )
-        return out
+        harness = (self.j.agent_facts.get(a.dispatch_id) or {}).get("harness") or a.runner
+        provider = WIRE_PROVIDERS.get(str(harness)) or provider_of(a.runner, a.model)
+        return [
+            call_span(c, a, trace_id=self.trace_id, provider=provider, redactor=self.redact)
+            for c in calls
+        ]
 
     def _verdict(self, a: AttemptRow) -> dict[str, AttrValue]:
         out = _json(a.output_json)
@@ -418,17 +393,6 @@ def provider_of(runner: str, model: str | None) -> str:
         if head.isidentifier():
             return {"google-gla": "gcp.gemini", "bedrock": "aws.bedrock"}.get(head, head)
     return runner
-
-
-def _count(value: Any) -> int:
-    """A token count a harness reported: a non-negative int, else 0."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
-
-
-def _seconds(value: Any, default: float) -> float:
-    """An epoch time a harness reported: a finite non-negative number, else ``default``."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return float(value) if ok and math.isfinite(value) and value >= 0 else default
 
 
 def _score_name(unit_id: str) -> str:

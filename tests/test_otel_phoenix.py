@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from tests.helpers_http import PROXY_ENV, isolate_loopback_env
+from tests.test_otel_calls import _call
 from tests.test_otel_export import CANARY, _flow, _mix
 from wf_magic import Engine
 from wf_magic.otel.journal import read_run
@@ -116,6 +117,10 @@ def test_phoenix_stores_the_trace_once_parented_as_sent_without_the_secret(
     with Engine(tmp_path / "state") as engine:
         run = engine.run(_flow(tmp_path, agent=True), params={"api_token": CANARY})
         assert run.status == "completed"
+        a = next(a for a in engine.store.attempts_of(run.run_id) if a.step_id == "fix")
+        engine.store.record_call(_call(a, a.started_at + 0.1))  # the agent bridge's calls
+        body = f'HTTP 529: {{"message": "overloaded {CANARY}"}}'
+        engine.store.record_call(_call(a, a.started_at + 2, status="error", error=body))
         first = engine.export_otel(run.run_id, endpoint=phoenix)
         second = engine.export_otel(run.run_id, endpoint=phoenix, content=True)
         sent = build_spans(read_run(engine.store, run.run_id), redactor=engine.redactor)
@@ -136,7 +141,20 @@ def test_phoenix_stores_the_trace_once_parented_as_sent_without_the_secret(
     assert root["attributes"]["wf_magic.param.api_token"] == "***"
     agent = by_name["invoke_agent claude"]
     assert agent["attributes"]["gen_ai.operation.name"] == "invoke_agent"
-    chats = [s for s in stored if s["attributes"].get("gen_ai.operation.name") == "chat"]
+    calls = sorted(
+        (s for s in stored if s["parent_id"] == agent["context"]["span_id"]),
+        key=lambda s: s["attributes"]["wf_magic.call"],
+    )
+    assert [c["name"] for c in calls] == ["chat claude-sonnet-4-5"] * 2
+    assert calls[0]["attributes"]["gen_ai.usage.cache_read.input_tokens"] == 1000
+    assert calls[0]["attributes"]["gen_ai.provider.name"] == "anthropic"
+    assert [c["status_code"] for c in calls] == ["UNSET", "ERROR"]
+    assert calls[1]["attributes"]["error.type"] == "529"
+    chats = [
+        s
+        for s in stored
+        if s["attributes"].get("gen_ai.operation.name") == "chat" and s not in calls
+    ]
     worked = [c for c in chats if c["status_code"] != "ERROR"]
     assert {c["attributes"]["gen_ai.request.model"] for c in worked} == {"scripted-1"}
     failed = [c for c in chats if c["status_code"] == "ERROR"]

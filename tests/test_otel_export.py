@@ -646,4 +646,3 @@ def test_config_workflow_magics_otlp_endpoint_exports_a_cells_run_live(
         next(shells, None)
     assert {s.trace_id for s in receiver.spans.values()} == {f"{trace_id_of(run.run_id):032x}"}
     assert len(receiver.spans) == len(receiver.received) == 13
-

@@ -32,6 +32,7 @@ ErrorClass = Literal[
     "refused",
     "stopped",
     "budget",
+    "replay",
     "failed",
 ]
 """Why an agent attempt failed:
@@ -51,6 +52,7 @@ ErrorClass = Literal[
 - ``stopped``: a Stop or an interrupt ended its process group: transient.
 - ``budget``: the bridge refused a model call at a run budget ceiling: permanent, and the
   run stops with its ``Budget exceeded …`` line.
+- ``replay``: a replayed attempt asked for a call its recording does not have: permanent.
 - ``failed``: anything else: permanent.
 """
 MAX_DEPTH = 128

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from ..bridge.attempt import BridgedAttempt
-from ..bridge.wiring import NotBridgeable, Wiring, wiring
+from ..bridge.wiring import NotBridgeable, Wiring, replay_wiring, wiring
 from ..errors import RunnerError
 from ..redact import Redactor
 from ..runners.base import BaseRunner, RunnerContext, UnitRequest, UnitResult, strip_code_fence
 from ..runners.orphans import forget_unit_process, record_unit_process
 from ..runners.process import _kill_group
-from . import sidecars, worktrees
+from . import replaying, sidecars, worktrees
 from .facts import attempt_facts, unit_output
 from .harness import (
     AgentCall,
@@ -38,7 +38,7 @@ from .harness import (
 from .stream import StreamReader, cli_version
 
 OUTPUT_CAP_BYTES = 8 * 1_048_576
-_OPTIONS = ("bin", "args", "home", "output_cap", "bridge", "prices", "local")
+_OPTIONS = ("bin", "args", "home", "output_cap", "bridge", "prices", "local", "replay")
 
 
 class AgentRunner(BaseRunner):
@@ -57,6 +57,7 @@ class AgentRunner(BaseRunner):
         source_dir: str | None = None,
         bridge: bool = True,
         options: dict[str, Any] | None = None,
+        replay: str | None = None,
     ):
         if home not in ("isolated", "user"):
             raise ValueError(f"home: expected isolated or user (got {home!r})")
@@ -73,6 +74,8 @@ class AgentRunner(BaseRunner):
         """Whether model calls go through a per-attempt bridge (``runners: {NAME: {bridge}}``)."""
         self.options = dict(options or {})
         """The ``runners:`` section (its ``prices:``/``local:`` price the bridged calls)."""
+        self.cassette = replaying.Cassette(replay) if replay else None
+        """``runners: {NAME: {replay: PATH}}``: calls answered from this cassette, offline."""
         self._bridge_warned = False
         self._version: str | None = None
         self._live: dict[str, subprocess.Popen[bytes]] = {}
@@ -91,6 +94,7 @@ class AgentRunner(BaseRunner):
         bridge = ctx.options.get("bridge", True)
         if not isinstance(bridge, bool):
             raise ValueError(f"bridge: expected true or false (got {bridge!r})")
+        replay = replaying.option(ctx.options.get("replay"), bridge=bridge)
         return cls(
             name=name,
             adapter=adapter,
@@ -102,6 +106,7 @@ class AgentRunner(BaseRunner):
             source_dir=ctx.source_dir,
             bridge=bridge,
             options=dict(ctx.options),
+            replay=replay,
         )
 
     def close(self) -> None:
@@ -257,11 +262,15 @@ class _Launch:
         A harness whose login cannot be bridged runs unbridged, with one warning."""
         runner, agent = self.runner, self.request.agent or {}
         chosen = agent.get("bridge")  # the step's bridge: wins over the runners: setting
-        if not (runner.bridge if chosen is None else chosen):
+        replay = replaying.attempt_replay(runner.cassette, self.request, runner.name)
+        if not (runner.bridge if chosen is None else chosen) and replay is None:
             return []
         try:
-            wired: Wiring = wiring(runner.adapter.name, self.env)
+            wire = wiring if replay is None else replay_wiring
+            wired: Wiring = wire(runner.adapter.name, self.env)
         except NotBridgeable as exc:
+            if replay is not None:
+                raise AgentError(f"{runner.name}: cannot replay ({exc})", executed=False) from exc
             if not runner._bridge_warned:
                 runner._bridge_warned = True
                 self.bridge_note = f"{runner.name}: not bridged ({exc}); calls are not journaled"
@@ -281,6 +290,7 @@ class _Launch:
             redact=self.redactor.redact,
             allowance=agent.get("allowance"),
             limits=agent.get("limits"),
+            replay=replay,
         )
         try:
             url = bridged.open(wired.upstream, model=request.model)
@@ -455,6 +465,8 @@ class _Launch:
         refusal = self.bridged.refusal if self.bridged is not None else None
         if refusal is not None:  # the bridge refused a call: the agent stopped on the budget
             outcome.failure = Failure(error_class="budget", message=refusal)
+        elif self.bridged is not None and self.bridged.replay is not None:
+            replaying.check(self.bridged.replay, outcome)
         failure = outcome.failure
         facts = self._facts(
             outcome, watch, code=code, error_class=failure.error_class if failure else None
@@ -509,7 +521,7 @@ class _Launch:
     ) -> dict[str, Any]:
         worktree = None
         if self.worktree is not None and self.repo is not None:
-            worktree = _settle_worktree(self.repo, self.worktree)
+            worktree = worktrees.settle(self.repo, self.worktree)
         facts = attempt_facts(
             harness=self.runner.name,
             version=self.runner.version(env=self.env, cwd=self.call.cwd),
@@ -527,6 +539,8 @@ class _Launch:
             facts["bridge"] = bridge
         if self.bridge_note:
             facts["bridge_off"] = self.bridge_note
+        if self.bridged is not None and self.bridged.replay is not None:
+            facts.update(replaying.facts(self.bridged.replay))
         return facts
 
 
@@ -543,17 +557,6 @@ def _give_prompt(proc: subprocess.Popen[bytes], prompt: str) -> None:
             pass  # it exited or closed stdin: its exit status tells the rest
 
     threading.Thread(target=write, daemon=True).start()
-
-
-def _settle_worktree(repo: Path, path: Path) -> dict[str, Any]:
-    """Changed files and diff stat of the attempt's worktree; removed when clean."""
-    try:
-        files, stat = worktrees.changes(path)
-    except worktrees.GitError as exc:
-        return {"path": str(path), "kept": True, "error": str(exc)}
-    if not files:
-        worktrees.remove_worktree(repo, path)
-    return {"path": str(path), "kept": bool(files), "changed_files": files, "diff_stat": stat}
 
 
 def _pass_env(request: UnitRequest) -> list[str]:

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 from ..errors import FileRefused
 from ..reading import read_bounded_text
@@ -236,3 +237,14 @@ def _remove_tree(path: Path) -> None:
         path.unlink(missing_ok=True)
     else:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def settle(repo: Path, path: Path) -> dict[str, Any]:
+    """Changed files and diff stat of the attempt's worktree; removed when clean."""
+    try:
+        files, stat = changes(path)
+    except GitError as exc:
+        return {"path": str(path), "kept": True, "error": str(exc)}
+    if not files:
+        remove_worktree(repo, path)
+    return {"path": str(path), "kept": bool(files), "changed_files": files, "diff_stat": stat}

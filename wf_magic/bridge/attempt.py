@@ -8,14 +8,15 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from ..runners.pricing import attempt_cost
-from ..store.calls import CallRow, CallTotals
+from ..store.calls import CallBody, CallRow, CallTotals
 from .server import Bridge, CallRecord, Limits
+from .tape import Replay
 
 
 class CallJournal(Protocol):
     """Where calls are journaled (the Store)."""
 
-    def record_call(self, row: CallRow) -> int: ...
+    def record_call(self, row: CallRow, body: CallBody | None = None) -> int: ...
 
     def call_totals(self, run_id: str, dispatch_id: str) -> CallTotals: ...
 
@@ -53,8 +54,11 @@ class BridgedAttempt:
         redact: Callable[[str], str],
         allowance: Allowance | None = None,
         limits: LimitsFor | None = None,
+        replay: Replay | None = None,
     ) -> None:
         self.harness = harness
+        self.replay = replay
+        """Set: the calls are answered from this recording, never forwarded (``bridge/tape.py``)."""
         self.options = options
         self.identity = dict(identity)
         """run_id, step_id, unit_id, dispatch_id, attempt."""
@@ -78,10 +82,15 @@ class BridgedAttempt:
             self.prior = self.totals()
         gate = self._gate if self.allowance is not None else None
         limits = None
-        if self.limits_for is not None:
+        if self.limits_for is not None and self.replay is None:
             limits = self.limits_for.limits(f"bridge {self.harness} {upstream}", self.identity)
         self.bridge = Bridge.open(
-            upstream=upstream, on_call=self.on_call, model=model, gate=gate, limits=limits
+            upstream=upstream,
+            on_call=self.on_call,
+            model=model,
+            gate=gate,
+            limits=limits,
+            replay=self.replay,
         )
         return self.bridge.url
 
@@ -113,19 +122,11 @@ class BridgedAttempt:
             self.bridge.close()
 
     def on_call(self, record: CallRecord) -> None:
-        """Price ``record`` and journal it (runs on an executor thread, never the loop)."""
-        cost, source = attempt_cost(
-            runner=self.harness,
-            options=self.options,
-            model=record.model,
-            tokens_in=record.tokens_in,
-            tokens_out=record.tokens_out,
-            cache_read=record.cache_read,
-            cache_write=record.cache_write,
-            provider=record.provider,
-        )
-        if record.tokens_in == 0 and record.tokens_out == 0 and cost is None:
-            cost, source = 0.0, "no tokens"
+        """Price ``record`` and journal it with what it sent and got back (runs on an executor
+        thread, never the loop). A replayed call costs nothing: its source is ``replay``."""
+        cost, source = 0.0, "replay"
+        if not record.replayed:
+            cost, source = self._price(record)
         row = CallRow(
             **self.identity,
             model=record.model,
@@ -140,12 +141,28 @@ class BridgedAttempt:
             started_at=record.started_at,
             error=self.redact(record.error) if record.error else None,
         )
+        body = record.capture.body(self.redact) if record.capture is not None else None
         with self._lock:
             if self.journal is not None:
-                number = self.journal.record_call(row)
+                number = self.journal.record_call(row, body)
             else:
                 number = len(self.rows) + 1
             self.rows.append(replace(row, call=number))
+
+    def _price(self, record: CallRecord) -> tuple[float | None, str | None]:
+        cost, source = attempt_cost(
+            runner=self.harness,
+            options=self.options,
+            model=record.model,
+            tokens_in=record.tokens_in,
+            tokens_out=record.tokens_out,
+            cache_read=record.cache_read,
+            cache_write=record.cache_write,
+            provider=record.provider,
+        )
+        if record.tokens_in == 0 and record.tokens_out == 0 and cost is None:
+            return 0.0, "no tokens"
+        return cost, source
 
     def totals(self) -> CallTotals:
         """The sums over the attempt's calls (a reclaimed attempt's earlier launches too)."""

@@ -17,11 +17,12 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..runners.bounded_http import MAX_BODY_BYTES
 from ..runners.ratelimits import is_throttle, wait_of
+from .tape import Capture, Replay, play
 from .usage import PROVIDERS, CallUsage, dialect_of
 
 if TYPE_CHECKING:
@@ -73,6 +74,10 @@ class CallRecord:
     error: str | None
     provider: str | None
     """The genai-prices provider id of its wire dialect (None: not a known dialect)."""
+    capture: Capture | None = field(default=None, repr=False, compare=False)
+    """What it sent and got back (``bridge/tape.py``): journaled redacted, never logged."""
+    replayed: bool = False
+    """Answered from a recording (no upstream, nothing paid)."""
 
 
 OnCall = Callable[[CallRecord], None]
@@ -108,8 +113,11 @@ class Bridge:
         model: str | None = None,
         gate: Gate | None = None,
         limits: Limits | None = None,
+        replay: Replay | None = None,
     ) -> None:
         self.upstream = upstream.rstrip("/")
+        self.replay = replay
+        """When set, calls are answered from this recording and never forwarded."""
         self.limits = limits
         self.on_call = on_call
         self.model = model
@@ -137,13 +145,21 @@ class Bridge:
         model: str | None = None,
         gate: Gate | None = None,
         limits: Limits | None = None,
+        replay: Replay | None = None,
     ) -> Bridge:
         """A bridge listening on 127.0.0.1 (a random port), relaying to ``upstream``.
 
         Raises:
             OSError: the port could not be bound.
         """
-        bridge = cls(upstream=upstream, on_call=on_call, model=model, gate=gate, limits=limits)
+        bridge = cls(
+            upstream=upstream,
+            on_call=on_call,
+            model=model,
+            gate=gate,
+            limits=limits,
+            replay=replay,
+        )
         asyncio.run_coroutine_threadsafe(bridge._start(), _LOOP.running()).result(CLOSE_S)
         return bridge
 
@@ -234,12 +250,24 @@ class Bridge:
         started, clock = time.time(), time.monotonic()
         usage = CallUsage(dialect=dialect_of(rest))
         _request_model(usage, body)
+        capture = Capture(method=method, path=rest, request=body)
         refusal = self.gate() if self.gate is not None and method == "POST" else None
         if refusal is not None:
             self.refusal = self.refusal or refusal
             await _refuse(writer, usage.dialect, refusal)
-            self._record(usage, 400, refusal, started, time.monotonic() - clock, refused=True)
+            self._record(
+                usage,
+                400,
+                refusal,
+                started,
+                time.monotonic() - clock,
+                refused=True,
+                capture=capture,
+            )
             await asyncio.get_running_loop().run_in_executor(None, self.on_call, self.records[-1])
+            return
+        if self.replay is not None:
+            await self._replayed(writer, method, usage, capture, started, clock)
             return
         sent = [(k, v) for k, v in headers if k.lower() not in _HOP]
         sent.append(("accept-encoding", "identity"))
@@ -255,17 +283,55 @@ class Bridge:
         else:
             try:
                 status = response.status_code
-                error, relayed = await _stream_back(writer, response, usage)
+                error, relayed = await _stream_back(writer, response, usage, capture)
             finally:
                 await response.aclose()
                 if self.limits is not None:
                     self.limits.release(ok=True, tokens=usage.tokens_in + usage.output)
         if method == "POST":  # else a probe (HEAD, GET), not a model call
-            self._record(usage, status, error, started, time.monotonic() - clock)
+            self._record(usage, status, error, started, time.monotonic() - clock, capture=capture)
             # Journaled before the CLI reads the answer's end (so the budget gate of its
             # next call counts this one); blocking writes never run on the loop.
             await asyncio.get_running_loop().run_in_executor(None, self.on_call, self.records[-1])
         if relayed:
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+
+    async def _replayed(
+        self,
+        writer: asyncio.StreamWriter,
+        method: str,
+        usage: CallUsage,
+        capture: Capture,
+        started: float,
+        clock: float,
+    ) -> None:
+        """Answer a call from the recording (a probe: 404, as no provider serves one)."""
+        assert self.replay is not None  # called in replay mode only
+        if method != "POST":
+            await _plain(writer, 404, "not found (replay)")
+            return
+        recorded = self.replay.next(path=capture.path, model=usage.model, request=capture.request)
+        failure = self.replay.failure
+        if recorded is None or failure is not None or recorded.body.response is None:
+            message = failure or f"call {self.replay.served} of the recording got no answer"
+            self.replay.failure = message
+            await _refuse(writer, usage.dialect, message)
+            self._record(usage, None, message, started, time.monotonic() - clock, replayed=True)
+        else:
+            status = await play(writer, recorded.body, capture, usage)
+            error = None if status < 400 else f"HTTP {status} (replayed)"
+            self._record(
+                usage,
+                status,
+                error,
+                started,
+                time.monotonic() - clock,
+                replayed=True,
+                capture=capture,
+            )
+        await asyncio.get_running_loop().run_in_executor(None, self.on_call, self.records[-1])
+        if recorded is not None and failure is None and recorded.body.response is not None:
             writer.write(b"0\r\n\r\n")
             await writer.drain()
 
@@ -307,35 +373,43 @@ class Bridge:
         took: float,
         *,
         refused: bool = False,
+        replayed: bool = False,
+        capture: Capture | None = None,
     ) -> None:
         ok = status is not None and status < 400 and error is None
+        paid = 0 if replayed else 1  # a replayed call's tokens were paid when it was recorded
         self.records.append(
             CallRecord(
                 model=usage.model or self.model,
                 status="refused" if refused else "ok" if ok else "error",
                 http_status=status,
-                tokens_in=usage.tokens_in,
-                tokens_out=usage.output,
-                cache_read=usage.cache_read,
-                cache_write=usage.cache_write,
+                tokens_in=usage.tokens_in * paid,
+                tokens_out=usage.output * paid,
+                cache_read=usage.cache_read * paid,
+                cache_write=usage.cache_write * paid,
                 latency_s=round(took, 6),
                 started_at=started,
                 error=None if ok else (error or f"HTTP {status}")[:300],
                 provider=PROVIDERS.get(usage.dialect),
+                capture=capture,
+                replayed=replayed,
             )
         )
 
 
 async def _stream_back(
-    writer: asyncio.StreamWriter, response: httpx.Response, usage: CallUsage
+    writer: asyncio.StreamWriter, response: httpx.Response, usage: CallUsage, capture: Capture
 ) -> tuple[str | None, bool]:
     """Relay ``response`` chunk by chunk (chunked encoding, the closing chunk left to the
-    caller); the error line, if any, and whether the whole answer was relayed."""
+    caller), keeping it in ``capture``; the error line, if any, and whether the whole answer
+    was relayed."""
     head = [f"HTTP/1.1 {response.status_code} {response.reason_phrase or 'OK'}"]
     head += [f"{k}: {v}" for k, v in response.headers.multi_items() if k.lower() not in _HOP]
     head += ["transfer-encoding: chunked", "connection: close", "", ""]
     writer.write("\r\n".join(head).encode("latin-1", errors="replace"))
     streamed = "event-stream" in response.headers.get("content-type", "")
+    capture.status = response.status_code
+    capture.content_type = response.headers.get("content-type")
     kept, size = bytearray(), 0
     try:
         async for chunk in response.aiter_bytes():
@@ -344,6 +418,7 @@ async def _stream_back(
                 return f"answer over the output bound of {MAX_BODY_BYTES:,} bytes; cut", False
             writer.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
             await writer.drain()
+            capture.keep(chunk)
             if streamed:
                 usage.feed(chunk)
             else:

@@ -96,3 +96,24 @@ def _codex(env: Mapping[str, str]) -> Wiring:
         upstream=upstream,
         argv=("-c", 'model_provider="wf-bridge"', "-c", f"model_providers.wf-bridge={table}"),
     )
+
+
+REPLAY_KEY = "wf-replay-no-key"
+"""The API key a replaying CLI is given when it has none (it never leaves the machine)."""
+
+
+def replay_wiring(harness: str, env: Mapping[str, str]) -> Wiring:
+    """The wiring of ``harness`` replaying from a cassette: as :func:`wiring`, and a
+    stand-in API key where the launch has none (the bridge answers; nothing goes upstream).
+
+    Raises:
+        NotBridgeable: an unknown harness.
+    """
+    given = dict(env)
+    keys = {"claude": "ANTHROPIC_API_KEY", "codex": "OPENAI_API_KEY", "gemini": "GEMINI_API_KEY"}
+    key = keys.get(harness)
+    added = {}
+    if key and not (given.get(key) or (harness == "claude" and given.get("ANTHROPIC_AUTH_TOKEN"))):
+        added[key] = given[key] = REPLAY_KEY
+    wired = wiring(harness, given)
+    return Wiring(upstream=wired.upstream, env={**added, **wired.env}, argv=wired.argv)

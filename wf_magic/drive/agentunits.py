@@ -147,8 +147,11 @@ def report_warnings(
     """Journal one ``warning`` event per number the agent's CLI reported and the runner
     refused (a negative or non-finite cost, a token count that is no count), on the success
     and the failure path alike; and one ``warning`` (reason ``bridge``) when the harness's
-    model calls could not be bridged."""
-    if not agent_json or ('"warnings"' not in agent_json and '"bridge_off"' not in agent_json):
+    model calls could not be bridged, and one (reason ``replay``) per replayed call whose
+    request differed from the recording."""
+    if not agent_json or not any(
+        f'"{k}"' in agent_json for k in ("warnings", "bridge_off", "replay_warnings")
+    ):
         return
     facts = json.loads(agent_json)
     warnings = facts.get("warnings")
@@ -157,6 +160,8 @@ def report_warnings(
     ]
     if facts.get("bridge_off"):  # the harness's login cannot be bridged: said once a run
         said.append((str(facts["bridge_off"]), "bridge"))
+    replayed = facts.get("replay_warnings")
+    said += [(str(m), "replay") for m in (replayed[:10] if isinstance(replayed, list) else [])]
     for message, reason in said:
         data = {"message": message, "reason": reason}
         ctx.store.record_event(

@@ -24,6 +24,10 @@ the reader's benefit ``step``, ``unit``, ``runner``, ``model``, ``tokens_in``, `
 answer-changing settings (``runners/identity.py``) also carries ``content_hash``, its input
 hash without them: the ``replay`` runner hashes no settings of its own, so a replayed unit
 finds such a recording by that key.
+
+A cassette also holds one line per model call of each agent attempt (``kind: agent_call``,
+``runners/cassette_calls.py``): agent steps replay them through their bridge; this runner
+skips them.
 """
 
 from __future__ import annotations
@@ -35,20 +39,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import FileRefused, MigrationError, RunnerError, UsageError
+from ..errors import MigrationError, RunnerError, UsageError
 from ..hashing import canonical_json
-from ..reading import read_bounded
 from ..sealing import KEY_FILE_ENV
 from ..store import Store
 from ..store.db import DB_FILENAME
 from ..store.location import parse_state
 from ..store.recordings import RecordingRow
 from .base import RunnerContext, UnitRequest, UnitResult
+from .cassette_calls import MAX_CASSETTE_BYTES as MAX_CASSETTE_BYTES  # its old home
+from .cassette_calls import call_line, read_cassette
 from .pricing import PRICE_OPTIONS
 
 _OPTION_NAMES = frozenset({"cassette", "journal"}) | PRICE_OPTIONS
-MAX_CASSETTE_BYTES = 100_000_000
-"""A cassette larger than this is refused unread (about 50 000 recordings of 2 KB each)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -288,24 +291,11 @@ def load_cassette(path: Path) -> dict[tuple[str, str], Recording]:
         RunnerError: permanent, when the file is missing, unreadable, not a regular file,
             larger than ``MAX_CASSETTE_BYTES``, not UTF-8, or a line is not a recording.
     """
-    try:
-        text = read_bounded(path, limit=MAX_CASSETTE_BYTES).decode("utf-8")
-    except FileRefused as exc:
-        if exc.reason == "missing":
-            raise RunnerError(
-                f"Replay cassette {path} does not exist; write one with "
-                f"`wf export-cassette RUN > {path}` after a run against a real runner."
-            ) from None
-        raise RunnerError(f"Replay cassette {path} cannot be read: {exc.problem}.") from None
-    except UnicodeDecodeError as exc:
-        raise RunnerError(
-            f"Replay cassette {path} is not UTF-8 (byte offset {exc.start}); write it again "
-            "with `wf export-cassette RUN`."
-        ) from None
+    text = read_cassette(path)
     tape: dict[tuple[str, str], Recording] = {}
     by_content: dict[tuple[str, str], Recording] = {}
     for number, line in enumerate(text.splitlines(), start=1):
-        if line.strip():
+        if line.strip() and not _is_agent_call(line):
             rec = Recording.from_json_line(line, where=f"replay cassette {path} line {number}")
             tape[(rec.phase, rec.input_hash)] = rec
             if rec.content_hash:
@@ -315,7 +305,8 @@ def load_cassette(path: Path) -> dict[tuple[str, str], Recording]:
 
 
 def export_cassette(store: Store, run_id: str) -> Iterator[str]:
-    """Cassette lines (canonical JSON, no newline) for a run's succeeded and reused attempts.
+    """Cassette lines (canonical JSON, no newline) for a run's succeeded and reused attempts,
+    then one line per recorded model call of its agent attempts (``cassette_calls.py``).
 
     Child runs are included, so a replay covers ``workflow:`` steps too. When several
     attempts share a phase and input hash only the newest is kept (replay would pick it).
@@ -336,6 +327,20 @@ def export_cassette(store: Store, run_id: str) -> Iterator[str]:
         newest[(row.phase, row.input_hash)] = Recording.from_row(row)
     for rec in newest.values():
         yield rec.to_json_line()
+    for call in store.recorded_calls(run_id):
+        yield call_line(call)
+
+
+def _is_agent_call(line: str) -> bool:
+    """Whether a cassette line is an agent call's (``kind: agent_call``), which agent steps
+    replay and this runner skips."""
+    if '"agent_call"' not in line:
+        return False
+    try:
+        data = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and data.get("kind") == "agent_call"
 
 
 def _decode(output_json: str | None) -> Any:

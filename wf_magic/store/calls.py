@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from dataclasses import dataclass
 
@@ -40,8 +41,41 @@ class CallTotals:
     cost: float | None
 
 
-def insert_call_txn(conn: sqlite3.Connection, row: CallRow) -> int:
-    """Journal ``row`` as the next call of its dispatch; its number."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallBody:
+    """What one bridged call sent and got back (``bridge/tape.py``): redacted, capped, no
+    header. A truncated response cannot be replayed."""
+
+    method: str
+    path: str
+    """The API path after the bridge's secret (``/v1/messages?beta=true``)."""
+    tools: list[str] | None
+    """The tool names the request offered (None: not a JSON request)."""
+    request: str | None
+    request_truncated: bool
+    status: int | None
+    """The HTTP status the CLI received (None: no answer came from upstream)."""
+    content_type: str | None
+    response: str | None
+    """The answer's bytes as the CLI received them (SSE or JSON), as UTF-8 text."""
+    response_truncated: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordedCall:
+    """A journaled call with its body: a line of ``wf export-cassette``."""
+
+    step_id: str
+    unit_id: str
+    attempt: int
+    call: int
+    model: str | None
+    status: str
+    body: CallBody
+
+
+def insert_call_txn(conn: sqlite3.Connection, row: CallRow, body: CallBody | None = None) -> int:
+    """Journal ``row`` (and its ``body``) as the next call of its dispatch; its number."""
     found = conn.execute(
         "SELECT COALESCE(MAX(call), 0) FROM calls WHERE dispatch_id = ?", (row.dispatch_id,)
     ).fetchone()
@@ -70,7 +104,63 @@ def insert_call_txn(conn: sqlite3.Connection, row: CallRow) -> int:
             row.error,
         ),
     )
+    if body is not None:
+        conn.execute(
+            "INSERT INTO call_bodies (run_id, dispatch_id, call, method, path, tools, request,"
+            " request_truncated, status, content_type, response, response_truncated)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                row.run_id,
+                row.dispatch_id,
+                number,
+                body.method,
+                body.path,
+                None if body.tools is None else json.dumps(body.tools),
+                body.request,
+                int(body.request_truncated),
+                body.status,
+                body.content_type,
+                body.response,
+                int(body.response_truncated),
+            ),
+        )
     return number
+
+
+def recorded_calls_txn(conn: sqlite3.Connection, run_id: str) -> list[RecordedCall]:
+    """The calls with a body of ``run_id`` and its child runs, attempt by attempt, in call
+    order."""
+    rows = conn.execute(
+        "SELECT c.step_id, c.unit_id, c.attempt, c.call, c.model, c.status, b.method, b.path,"
+        " b.tools, b.request, b.request_truncated, b.status, b.content_type, b.response,"
+        " b.response_truncated FROM calls c JOIN call_bodies b"
+        " ON b.dispatch_id = c.dispatch_id AND b.call = c.call"
+        " WHERE c.run_id IN (SELECT run_id FROM runs WHERE run_id = ? OR root_run_id = ?)"
+        " ORDER BY c.step_id, c.unit_id, c.attempt, c.call",
+        (run_id, run_id),
+    ).fetchall()
+    return [
+        RecordedCall(
+            step_id=str(r[0]),
+            unit_id=str(r[1]),
+            attempt=int(r[2]),
+            call=int(r[3]),
+            model=None if r[4] is None else str(r[4]),
+            status=str(r[5]),
+            body=CallBody(
+                method=str(r[6]),
+                path=str(r[7]),
+                tools=None if r[8] is None else [str(t) for t in json.loads(r[8])],
+                request=None if r[9] is None else str(r[9]),
+                request_truncated=bool(r[10]),
+                status=None if r[11] is None else int(r[11]),
+                content_type=None if r[12] is None else str(r[12]),
+                response=None if r[13] is None else str(r[13]),
+                response_truncated=bool(r[14]),
+            ),
+        )
+        for r in rows
+    ]
 
 
 def call_totals_txn(conn: sqlite3.Connection, dispatch_id: str) -> CallTotals:

@@ -719,3 +719,31 @@ def m022_null_usage(conn: sqlite3.Connection) -> None:
     # token counts become nullable. SQLite cannot drop a NOT NULL in place, so the attempt
     # table is rebuilt as m019 did. Every existing row keeps its counts.
     _rebuild_attempts(conn, "m022", tokens="INTEGER DEFAULT 0")
+
+
+@migration
+def m023_call_bodies(conn: sqlite3.Connection) -> None:
+    # What each bridged model call sent and got back (wf_magic/bridge/tape.py): the request
+    # and the answer as the CLI received it, redacted and capped per call, for
+    # `wf export-cassette` and an agent step's replay. Headers are never kept.
+    _script(
+        conn,
+        """
+        CREATE TABLE call_bodies (
+            run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+            dispatch_id TEXT NOT NULL,
+            call INTEGER NOT NULL CHECK (call >= 1),
+            method TEXT NOT NULL,
+            path TEXT NOT NULL,
+            tools TEXT,
+            request TEXT,
+            request_truncated INTEGER NOT NULL CHECK (request_truncated IN (0, 1)),
+            status INTEGER,
+            content_type TEXT,
+            response TEXT,
+            response_truncated INTEGER NOT NULL CHECK (response_truncated IN (0, 1)),
+            PRIMARY KEY (dispatch_id, call)
+        );
+        CREATE INDEX call_bodies_by_run ON call_bodies (run_id);
+        """,
+    )

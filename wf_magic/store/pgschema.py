@@ -423,6 +423,20 @@ def _calls(conn: Any) -> None:
     conn.raw.execute("CREATE INDEX calls_by_run ON calls (run_id, started_at)")
 
 
+def _call_bodies(conn: Any) -> None:
+    """What each bridged call sent and got back, redacted and capped (SQLite's m023)."""
+    conn.raw.execute(
+        f"CREATE TABLE call_bodies (run_id {T} NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,"
+        f" dispatch_id {T} NOT NULL, call BIGINT NOT NULL CHECK (call >= 1), method TEXT NOT NULL,"
+        " path TEXT NOT NULL, tools TEXT, request TEXT,"
+        " request_truncated BIGINT NOT NULL CHECK (request_truncated IN (0, 1)), status BIGINT,"
+        " content_type TEXT, response TEXT,"
+        " response_truncated BIGINT NOT NULL CHECK (response_truncated IN (0, 1)),"
+        " PRIMARY KEY (dispatch_id, call))"
+    )
+    conn.raw.execute("CREATE INDEX call_bodies_by_run ON call_bodies (run_id)")
+
+
 def _score_phase(conn: Any) -> None:
     """Score units journal under phase ``score`` (SQLite's m019 rebuilds its table for it)."""
     conn.raw.execute(
@@ -451,6 +465,7 @@ MIGRATIONS: list[tuple[str, Migration]] = [
     ("m020_otel_sent", _otel_sent),
     ("m021_calls", _calls),
     ("m022_null_usage", _null_usage),
+    ("m023_call_bodies", _call_bodies),
 ]
 """(id, step) in ledger order; the ids are SQLite's (store/migrations.py)."""
 

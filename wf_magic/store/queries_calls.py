@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from . import calls
 from .access import StoreAccess
-from .calls import CallRow, CallTotals
+from .calls import CallBody, CallRow, CallTotals, RecordedCall
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -16,10 +16,22 @@ if TYPE_CHECKING:
 class CallQueries(StoreAccess):
     """Per-call rows of agent attempts made through the bridge."""
 
-    def record_call(self, row: CallRow) -> int:
-        """Journal ``row`` as the next call of its attempt (committed now); its number."""
+    def record_call(self, row: CallRow, body: CallBody | None = None) -> int:
+        """Journal ``row`` (and what it sent and got back) as the next call of its attempt
+        (committed now); its number. The run's secrets are scrubbed from the body too."""
         row = replace(row, error=self.scrubber.text(row.run_id, row.error))
-        return self._write(lambda c: calls.insert_call_txn(c, row), row.run_id)
+        if body is not None:
+            body = replace(
+                body,
+                request=self.scrubber.text(row.run_id, body.request),
+                response=self.scrubber.text(row.run_id, body.response),
+            )
+        return self._write(lambda c: calls.insert_call_txn(c, row, body), row.run_id)
+
+    def recorded_calls(self, run_id: str) -> list[RecordedCall]:
+        """The calls of ``run_id`` and its child runs with what they sent and got back, attempt
+        by attempt (for ``wf export-cassette``)."""
+        return self._read(lambda c: calls.recorded_calls_txn(c, run_id), run_id)
 
     def call_totals(self, run_id: str, dispatch_id: str) -> CallTotals:
         """The sums over the calls journaled for ``dispatch_id`` so far."""

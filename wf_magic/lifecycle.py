@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,7 @@ from .spec.plan import Plan
 from .spec.stored import version_problem
 from .spec.workflow import Workflow
 from .store import Store
+from .store.cellstarts import CellStart
 from .store.records import RunRow, ScopeChoice
 from .store.runs import LaunchKey
 from .users import current_user
@@ -110,6 +111,33 @@ def start(
     )
     started.secrets.update(sealed.vault)
     return started
+
+
+def cell_starts(
+    store: Store, wf: Workflow, cells: Sequence[tuple[int, Mapping[str, Any]]]
+) -> list[CellStart]:
+    """The fresh runs a batch of sweep cells ``(cell_index, params)`` would start, as
+    :func:`start` makes them (params resolved, secrets sealed, models rendered), written by
+    nobody yet: ``Store.start_cells`` inserts those whose scope has no run in one
+    transaction, and a cell it leaves out takes :func:`start` (continue or supersede).
+
+    Raises:
+        UsageError: a cell's params are invalid, or render an unusable model.
+    """
+    out: list[CellStart] = []
+    ids: set[str] = set()
+    for index, params in cells:
+        given = _with_secret_env(wf, params, os.environ)
+        sealed = _sealed(store, resolve_params(wf.plan, given))
+        cell_wf = workflow_for_params(wf, sealed.params)
+        run_id = new_run_id()
+        while run_id in ids:  # three random bytes a second: a batch may draw one twice
+            run_id = new_run_id()
+        ids.add(run_id)
+        scope = scope_key(cell_wf.name, sealed.params)
+        row = new_run_row(cell_wf, sealed.params, run_id=run_id, scope=scope, use_cache=True)
+        out.append(CellStart(index, row, plan_steps(cell_wf)))
+    return out
 
 
 def _start(

@@ -49,12 +49,17 @@ def drive_locked_run(
         # In the main thread, count the interrupts delivered, so a unit's own
         # KeyboardInterrupt fails its attempt while a real one stops the drive.
         with interrupts.watching(), store.run_lock(run_id):
-            run = _row(store, run_id)
+            # The run, its steps and whether it has any attempt, in one read: a run without
+            # one (a sweep cell's fresh run) has no journal to read until it writes some.
+            run, rows, has_attempts = store.drive_view(run_id)
+            if run is None:  # deleted between resolving the id and taking the lock
+                raise UsageError(f"No run {run_id!r} in {store.where}.", run_id=run_id)
             warnings = drift_warnings(run, live_source)
             drive = _Drive(
                 store, bus, options=options, redactor=redactor, namespace=namespace, runners=runners
             )
-            stats = drive.once(run)
+            with store.fresh_drive(run_id, fresh=not has_attempts):
+                stats = drive.once(run, rows)
             retries = 0
             while retries < max_retries and stats.retryable_failure and stats.stopped_by is None:
                 run = _row(store, run_id)
@@ -87,9 +92,10 @@ class _Drive:
         self.redactor, self.namespace = redactor, namespace
         self.shared_runners = runners
 
-    def once(self, run: RunRow) -> DriveStats:
+    def once(self, run: RunRow, rows: list[StepRow] | None = None) -> DriveStats:
+        """Drive ``run`` once; ``rows``: its step rows as just read under the lock."""
         plan, _ = verified_plan(self.store, self.bus, run)
-        rows = _check_step_rows(self.store, run, plan)
+        rows = _check_step_rows(self.store, run, plan, rows)
         ctx = DriveContext(
             store=self.store,
             bus=self.bus,
@@ -110,10 +116,13 @@ class _Drive:
                 ctx.runners.close()
 
 
-def _check_step_rows(store: Store, run: RunRow, plan: Plan) -> list[StepRow]:
-    """The run's step rows, refused (before anything dispatches) when edited by hand into
-    nonsense."""
-    rows = store.steps_of(run.run_id)
+def _check_step_rows(
+    store: Store, run: RunRow, plan: Plan, rows: list[StepRow] | None = None
+) -> list[StepRow]:
+    """The run's step rows (read here unless given), refused (before anything dispatches)
+    when edited by hand into nonsense."""
+    if rows is None:
+        rows = store.steps_of(run.run_id)
     have = {r.step_id for r in rows}
     missing = [s.id for s in plan.steps if s.id not in have]
     if missing:

@@ -30,3 +30,13 @@ class StoreAccess:
     def _write(self, fn: Callable[[sqlite3.Connection], T], run_id: str | None = None) -> T:
         """Run ``fn`` in one ``BEGIN IMMEDIATE`` transaction of the writer."""
         raise NotImplementedError
+
+    def _fresh(self, run_id: str) -> bool:
+        """Whether ``run_id`` is known here to have no attempt yet (a fresh run driven under
+        its lock, nothing written for it since): its journal reads answer empty unread."""
+        return False
+
+    def _fresh_stop_answer(self, run_id: str) -> bool:
+        """Whether the first stop poll of a fresh run is answered by the read that found it
+        fresh (True once; then the poll reads)."""
+        return False

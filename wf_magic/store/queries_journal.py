@@ -24,10 +24,14 @@ class JournalQueries(StoreAccess):
     # -- reads -----------------------------------------------------------------------------
     def attempts_of(self, run_id: str, step_id: str | None = None) -> list[AttemptRow]:
         """A run's attempts (optionally of one step), in journal order."""
+        if self._fresh(run_id):
+            return []
         return self._read(lambda c: journal_reads.attempts_of(c, run_id, step_id), run_id)
 
     def done_outputs(self, run_id: str, step_id: str) -> dict[str, dict[str, Any]]:
         """unit_id → input_hash → output JSON of a step's newest succeeded/reused attempts."""
+        if self._fresh(run_id):
+            return {}
         return self._read(lambda c: journal_reads.done_outputs(c, run_id, step_id), run_id)
 
     def agent_facts(self, dispatch_id: str) -> dict[str, Any] | None:
@@ -43,7 +47,7 @@ class JournalQueries(StoreAccess):
     def attempts_of_units(self, run_id: str, unit_ids: Sequence[str]) -> list[AttemptRow]:
         """The attempts of the given units of a run, in journal order."""
         ids = list(unit_ids)
-        if not ids:
+        if not ids or self._fresh(run_id):
             return []
         return self._read(lambda c: journal_reads.attempts_of_units(c, run_id, ids), run_id)
 
@@ -272,4 +276,6 @@ class JournalQueries(StoreAccess):
         self, run_id: str, unit_ids: list[str]
     ) -> dict[str, dict[str, str | None]]:
         """unit_id → input_hash → output JSON of its succeeded attempts, for a few units."""
+        if self._fresh(run_id):
+            return {}
         return self._read(lambda c: resume.done_outputs_of_units(c, run_id, unit_ids), run_id)

@@ -89,7 +89,13 @@ class RunQueries(StoreAccess):
 
     def is_stop_requested(self, run_id: str) -> bool:
         """Whether someone asked the run's driver to stop."""
+        if self._fresh_stop_answer(run_id):
+            return False
         return self._read(lambda c: runs.is_stop_requested(c, run_id), run_id)
+
+    def drive_view(self, run_id: str) -> tuple[RunRow | None, list[StepRow], bool]:
+        """(the run, its step rows, whether it has any attempt) in one read."""
+        return self._read(lambda c: runs.drive_view(c, run_id), run_id)
 
     def descendants(self, run_id: str) -> list[RunRow]:
         """Every run below ``run_id`` (children, their children, ...), oldest first."""

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from . import sweeps
+from collections.abc import Sequence
+
+from . import cellstarts, sweeps
 from .access import StoreAccess
+from .cellstarts import CellStart
 from .sweeps import CellItemsRow, CellSpec, CellStepRow, SweepCellRow, SweepRow, SweepStatus
 
 
@@ -51,6 +54,19 @@ class SweepQueries(StoreAccess):
     def create_sweep(self, row: SweepRow, cells: list[CellSpec]) -> None:
         """Insert a sweep and its cells in one transaction."""
         self._write(lambda c: sweeps.create_sweep_txn(c, row, cells))
+
+    def start_cells(self, sweep_id: str, starts: Sequence[CellStart]) -> list[int]:
+        """Insert the fresh runs of a batch of cells (those whose scope has no run) with
+        their step rows, events and cell links, in one transaction; the cells started."""
+        if not starts:
+            return []
+        return self._write(lambda c: cellstarts.start_cells_txn(c, sweep_id, starts))
+
+    def unstart_cells(self, sweep_id: str, run_ids: Sequence[str]) -> None:
+        """Delete batch-started runs of ``sweep_id`` never driven (no attempt), their cells
+        unlinked, in one transaction."""
+        if run_ids:
+            self._write(lambda c: cellstarts.unstart_cells_txn(c, sweep_id, run_ids))
 
     def set_sweep_status(
         self,

@@ -156,6 +156,29 @@ def get_run(conn: sqlite3.Connection, run_id: str) -> RunRow | None:
     return from_row(RunRow, row) if row else None
 
 
+_STEP_COLS = tuple(StepRow.__dataclass_fields__)
+
+
+def drive_view(conn: sqlite3.Connection, run_id: str) -> tuple[RunRow | None, list[StepRow], bool]:
+    """(the run, its step rows in plan order, whether it has any attempt) in one read: what
+    a drive looks at first, under the run's lock."""
+    steps = ", ".join(f"s.{c} AS step_{c}" for c in _STEP_COLS)
+    rows = conn.execute(
+        f"SELECT {_RUN_COLS}, {steps}, EXISTS (SELECT 1 FROM attempts a"
+        " WHERE a.run_id = runs.run_id) AS has_attempts FROM runs"
+        " LEFT JOIN steps s ON s.run_id = runs.run_id WHERE runs.run_id = ? ORDER BY s.position",
+        (run_id,),
+    ).fetchall()
+    if not rows:
+        return None, [], False
+    step_rows = [
+        StepRow(**{c: r[f"step_{c}"] for c in _STEP_COLS})
+        for r in rows
+        if r["step_step_id"] is not None
+    ]
+    return from_row(RunRow, rows[0]), step_rows, bool(rows[0]["has_attempts"])
+
+
 def find_run_prefix(conn: sqlite3.Connection, prefix: str, *, limit: int = 5) -> list[str]:
     """Run ids starting with ``prefix`` (for friendly lookups), oldest first."""
     escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")

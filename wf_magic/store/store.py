@@ -97,6 +97,10 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries, OtelQueries, 
         ``_check_identity``) instead of journaling into an unlinked file."""
         self._written: set[str] = set()
         """Run ids written through these connections (their rows live in that file)."""
+        self._fresh_runs: set[str] = set()
+        """Runs driven under their lock here that have no attempt yet (``fresh_drive``)."""
+        self._fresh_polls: set[str] = set()
+        """Fresh runs whose first stop poll is still to come (answered by their drive view)."""
         self._fences: dict[str, int] = {}
         """Run id → the epoch of this process's lease on it (PostgreSQL): every write of that
         run checks it first, in its own transaction (store/leases.py)."""
@@ -204,6 +208,9 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries, OtelQueries, 
         self._check_identity(run_id)
         if run_id is not None:
             self._written.add(run_id)
+            if self._fresh_runs:  # a run written to is fresh no more: its reads read
+                self._fresh_runs.discard(run_id)
+                self._fresh_polls.discard(run_id)
         try:
             with self._write_lock:
                 with immediate(self._write_conn()) as conn:
@@ -406,6 +413,34 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries, OtelQueries, 
                 self._write_conn().execute("VACUUM")
         except sqlite3.Error as exc:
             raise self._fault(exc, None) from exc
+
+    # -- fresh runs ------------------------------------------------------------------------
+    @contextmanager
+    def fresh_drive(self, run_id: str, fresh: bool = True) -> Iterator[None]:
+        """While a drive of ``run_id`` holds its lock: when ``fresh`` (its drive view, read
+        under the lock, found no attempt), its journal reads answer empty without a read
+        until something is written for it, and its first stop poll is answered by that view
+        (the drive clears a stop requested before it). Nobody else writes a run's attempts
+        while its lock is held, so there is nothing to read."""
+        if not fresh:
+            yield
+            return
+        self._fresh_runs.add(run_id)
+        self._fresh_polls.add(run_id)
+        try:
+            yield
+        finally:
+            self._fresh_runs.discard(run_id)
+            self._fresh_polls.discard(run_id)
+
+    def _fresh(self, run_id: str) -> bool:
+        return run_id in self._fresh_runs
+
+    def _fresh_stop_answer(self, run_id: str) -> bool:
+        if run_id in self._fresh_polls:
+            self._fresh_polls.discard(run_id)
+            return True
+        return False
 
     # -- group commit ----------------------------------------------------------------------
     def defer_finish(self, attempt: AttemptRow, finish: Finish) -> None:

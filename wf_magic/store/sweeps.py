@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from .cellstarts import insert_rows_txn
 from .derived import BUDGET_TOKENS
 from .records import AttemptRow, from_row
 
@@ -137,9 +138,10 @@ def create_sweep_txn(conn: sqlite3.Connection, row: SweepRow, cells: list[CellSp
         f"INSERT INTO sweeps ({_SWEEP_COLUMNS}) VALUES ({', '.join('?' * 14)})",
         tuple(getattr(row, name.strip()) for name in _SWEEP_COLUMNS.split(",")),
     )
-    conn.executemany(
+    insert_rows_txn(  # a few hundred cells per statement
+        conn,
         "INSERT INTO sweep_cells (sweep_id, cell_index, point_json, row_index, repeat,"
-        " params_json) VALUES (?, ?, ?, ?, ?, ?)",
+        " params_json)",
         [
             (row.sweep_id, c.cell_index, c.point_json, c.row_index, c.repeat, c.params_json)
             for c in cells

@@ -188,7 +188,7 @@ def differences(
             f"+{', +'.join(added)}" if added else "",
             f"-{', -'.join(missing)}" if missing else "",
         ]
-        shown = "; ".join(p for p in parts if p) or "the same names in another order"
+        shown = ", ".join(p for p in parts if p) or "the same names in another order"
         said.append(f"tools {shown}")
     return "; ".join(said)
 

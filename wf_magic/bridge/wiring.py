@@ -68,21 +68,9 @@ CONFIG_LIMIT = 1_000_000
 
 
 def _codex(env: Mapping[str, str]) -> Wiring:
-    home = Path(env.get("CODEX_HOME") or Path(env.get("HOME", "~")) / ".codex").expanduser()
-    config: dict[str, object] = {}
-    try:
-        text = read_bounded_text(home / "config.toml", limit=CONFIG_LIMIT)
-        config = tomllib.loads(text)
-    except FileRefused as exc:
-        if exc.reason != "os" or exc.errno != errno.ENOENT:
-            raise NotBridgeable(
-                f"its config {home / 'config.toml'} cannot be read ({exc})"
-            ) from exc
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise NotBridgeable(f"its config {home / 'config.toml'} cannot be read ({exc})") from exc
+    home, config = _codex_config(env)
     provider = str(config.get("model_provider") or "openai")
-    providers = config.get("model_providers")
-    entry = providers.get(provider) if isinstance(providers, dict) else None
+    entry = _codex_provider(config)
     if isinstance(entry, dict) and isinstance(entry.get("base_url"), str):
         key = f"model_providers.{provider}.base_url"
         return Wiring(upstream=entry["base_url"], argv=("-c", key + '="{url}"'))
@@ -98,6 +86,32 @@ def _codex(env: Mapping[str, str]) -> Wiring:
     )
 
 
+def _codex_provider(config: Mapping[str, object]) -> object:
+    """The entry of the provider Codex's config names (None: not in the config)."""
+    provider = str(config.get("model_provider") or "openai")
+    providers = config.get("model_providers")
+    return providers.get(provider) if isinstance(providers, dict) else None
+
+
+def _codex_config(env: Mapping[str, str]) -> tuple[Path, dict[str, object]]:
+    """Codex's home and its config.toml (empty when there is none).
+
+    Raises:
+        NotBridgeable: the config cannot be read.
+    """
+    home = Path(env.get("CODEX_HOME") or Path(env.get("HOME", "~")) / ".codex").expanduser()
+    try:
+        return home, tomllib.loads(read_bounded_text(home / "config.toml", limit=CONFIG_LIMIT))
+    except FileRefused as exc:
+        if exc.reason != "os" or exc.errno != errno.ENOENT:
+            raise NotBridgeable(
+                f"its config {home / 'config.toml'} cannot be read ({exc})"
+            ) from exc
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise NotBridgeable(f"its config {home / 'config.toml'} cannot be read ({exc})") from exc
+    return home, {}
+
+
 REPLAY_KEY = "wf-replay-no-key"
 """The API key a replaying CLI is given when it has none (it never leaves the machine)."""
 
@@ -107,11 +121,15 @@ def replay_wiring(harness: str, env: Mapping[str, str]) -> Wiring:
     stand-in API key where the launch has none (the bridge answers; nothing goes upstream).
 
     Raises:
-        NotBridgeable: an unknown harness.
+        NotBridgeable: an unknown harness, an unreadable Codex config.
     """
     given = dict(env)
     keys = {"claude": "ANTHROPIC_API_KEY", "codex": "OPENAI_API_KEY", "gemini": "GEMINI_API_KEY"}
     key = keys.get(harness)
+    if harness == "codex":  # its config's provider may read its key from another variable
+        entry = _codex_provider(_codex_config(env)[1])
+        if isinstance(entry, dict) and isinstance(entry.get("env_key"), str):
+            key = entry["env_key"]
     added = {}
     if key and not (given.get(key) or (harness == "claude" and given.get("ANTHROPIC_AUTH_TOKEN"))):
         added[key] = given[key] = REPLAY_KEY

@@ -333,6 +333,44 @@ def test_wf_export_cassette_prints_the_agent_calls(
     assert CANARY not in printed.stdout
 
 
+def test_wf_run_replay_answers_every_step_of_a_whole_run_from_the_cassette(
+    engine: Engine,
+    repo: Path,
+    claude_bin: Path,
+    upstream: Backend,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", upstream.url)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", CANARY)
+    path = repo / "whole.yaml"
+    path.write_text(
+        "name: whole\nsteps:\n  - id: plan\n    prompt: Plan the fix.\n"
+        "  - id: fix\n    agent: claude\n    prompt: 'Make [[write hello.txt]]'\n"
+        "    model: claude-sonnet-4-5\n    pass_env: [ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY]\n"
+        f"runners:\n  claude: {{bin: {claude_bin}}}\n"
+    )
+    recorded = engine.run(str(path))
+    assert recorded.status == "completed", recorded.reason
+    tape = tmp_path / "tape.jsonl"
+    tape.write_text("".join(f"{line}\n" for line in export_cassette(engine.store, recorded.run_id)))
+    _offline(upstream, repo, monkeypatch)
+    done = run_wf(engine.state_dir, "run", "--replay", str(tape), str(path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_id = done.stdout.split()[1]
+    assert engine.status(run_id).result == recorded.result == "TRIED"
+    assert (repo / "hello.txt").read_text() == "written by the agent\n"
+    rows = engine.calls(run_id)
+    assert list(rows["price_source"]) == ["replay", "replay"]
+    attempts = {a.step_id: a for a in engine.store.attempts_of(run_id)}
+    assert attempts["plan"].output_json == engine.store.attempts_of(recorded.run_id)[0].output_json
+    spent = {k: (a.tokens_in, a.tokens_out, a.cost or 0.0) for k, a in attempts.items()}
+    assert spent == {"plan": (0, 0, 0.0), "fix": (0, 0, 0.0)}
+    plan = json.loads(engine.get_run(run_id).plan_json)
+    assert plan["runners"]["scripted"] == {"type": "replay", "cassette": str(tape.resolve())}
+    assert plan["runners"]["claude"] == {"bin": str(claude_bin), "replay": str(tape.resolve())}
+
+
 # -- the capture and the request reading ---------------------------------------------------
 
 

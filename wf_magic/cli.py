@@ -154,6 +154,10 @@ def _load_run_source(engine: Engine, args: argparse.Namespace) -> Workflow:
 
 def cmd_run(engine: Engine, args: argparse.Namespace) -> int:
     wf = _load_run_source(engine, args)
+    if args.replay:
+        from .spec.replaying import replayed
+
+        wf = replayed(wf, args.replay)
     if args.dry_run:
         from .display import plan_text
 

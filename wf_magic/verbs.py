@@ -251,6 +251,12 @@ VERBS: tuple[Verb, ...] = (
                 action="store_true",
                 help="refetch the workflow library's index now (ignore its cache TTL)",
             ),
+            Option(
+                flag="--replay",
+                metavar="CASSETTE",
+                help="answer every prompt step, judge and agent call from this cassette "
+                "(`wf export-cassette RUN`): offline, at no cost",
+            ),
         ),
     ),
     Verb(

@@ -124,7 +124,8 @@ class BridgedAttempt:
     def on_call(self, record: CallRecord) -> None:
         """Price ``record`` and journal it with what it sent and got back (runs on an executor
         thread, never the loop). A replayed call costs nothing: its source is ``replay``."""
-        cost, source = 0.0, "replay"
+        cost: float | None = 0.0
+        source: str | None = "replay"
         if not record.replayed:
             cost, source = self._price(record)
         row = CallRow(

@@ -209,7 +209,9 @@ def _sync_run_status(ctx: DriveContext, state: RunState, step: PlanStep) -> None
     result_json = None
     if status == "completed":
         result_json = canonical_json(spine.run_result(state.plan, state.step_rows))
-    state.run = ctx.store.run_with_status(run, status, reason=reason, result_json=result_json)
+    state.run = ctx.store.run_with_status(
+        run, status, reason=reason, result_json=result_json, defer=spine.defers_writes(ctx)
+    )
     ctx.emit("run_status", run_id=run.run_id, status=status, reason=reason)
 
 

@@ -334,6 +334,14 @@ def _judged(step: PlanStep, *, loop: int, artifact: Any, judged: Judged) -> Step
     )
 
 
+def defers_writes(ctx: DriveContext) -> bool:
+    """Whether this drive's step and run status writes wait for its next write transaction
+    (``Store.defer_write``): a sweep cell's (a drive with a payer), so its last step, its
+    run's status and its unit's finish commit as one transaction, at the drive's end flush
+    at the latest. Every read of the run, and its next reservation, commits them first."""
+    return ctx.options.payer is not None
+
+
 def _write_step(
     ctx: DriveContext,
     state: RunState,
@@ -365,6 +373,7 @@ def _write_step(
         note=note,
         output_json=output_json,
         stops_run=stops_run,
+        defer=defers_writes(ctx),
     )
     state.step_rows[step.id] = StepRow(
         run_id=current.run_id,

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
+    from .cellstarts import Event
     from .scrub import Scrubber
 
 T = TypeVar("T")
@@ -29,6 +30,15 @@ class StoreAccess:
 
     def _write(self, fn: Callable[[sqlite3.Connection], T], run_id: str | None = None) -> T:
         """Run ``fn`` in one ``BEGIN IMMEDIATE`` transaction of the writer."""
+        raise NotImplementedError
+
+    def _defer_write(
+        self,
+        run_id: str,
+        fn: Callable[[sqlite3.Connection], object],
+        events: Sequence[Event] = (),
+    ) -> None:
+        """Run ``fn`` (then append ``events``) in the next write transaction."""
         raise NotImplementedError
 
     def _fresh(self, run_id: str) -> bool:

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from . import listing, runs, sweeps
 from .access import StoreAccess
+from .cellstarts import Event
 from .listing import RunListing
 from .records import RunRow, RunStatus, ScopeChoice, StepRow, StepStatus
 from .runs import LaunchKey
@@ -204,10 +205,30 @@ class RunQueries(StoreAccess):
         *,
         reason: str | None = None,
         result_json: str | None = None,
+        defer: bool = False,
     ) -> RunRow:
-        """``set_run_status`` of ``run``'s row; returns the row as it now reads, unread."""
+        """``set_run_status`` of ``run``'s row; returns the row as it now reads, unread.
+
+        ``defer``: written with the next write transaction, after the finishes deferred
+        before it (``Store.defer_write``): a sweep cell's last step, its run's status and
+        its unit's finish commit together.
+        """
         now = time.time()
-        reason, result_json = self._write_run_status(run.run_id, status, reason, result_json, now)
+        if defer:
+            reason = self.scrubber.text(run.run_id, reason)
+            result_json = self.scrubber.json_text(run.run_id, result_json)
+            run_id, kept_reason, kept_result = run.run_id, reason, result_json
+            self._defer_write(
+                run_id,
+                lambda c: runs.update_run_status_txn(
+                    c, run_id, status, reason=kept_reason, result_json=kept_result, now=now
+                ),
+                [Event(run_id, "run_status", now, {"status": status, "reason": reason})],
+            )
+        else:
+            reason, result_json = self._write_run_status(
+                run.run_id, status, reason, result_json, now
+            )
         return replace(
             run,
             status=status,
@@ -246,10 +267,40 @@ class RunQueries(StoreAccess):
         note: str | None,
         output_json: str | None,
         stops_run: bool = False,
+        defer: bool = False,
     ) -> None:
-        """Write a step's state (the spine is the only caller), its texts redacted."""
+        """Write a step's state (the spine is the only caller), its texts redacted.
+
+        ``defer``: with the next write transaction (``Store.defer_write``).
+        """
         note = self.scrubber.text(run_id, note)
         output_json = self.scrubber.json_text(run_id, output_json)
+        if defer:
+            now = time.time()
+            self._defer_write(
+                run_id,
+                lambda c: runs.update_step_txn(
+                    c,
+                    run_id,
+                    step_id,
+                    status=status,
+                    loop=loop,
+                    note=note,
+                    output_json=output_json,
+                    stops_run=stops_run,
+                    now=now,
+                ),
+                [
+                    Event(
+                        run_id,
+                        "step_status",
+                        now,
+                        {"status": status, "loop": loop, "note": note},
+                        step_id=step_id,
+                    )
+                ],
+            )
+            return
         self._write(
             lambda c: runs.write_step_txn(
                 c,

@@ -271,13 +271,26 @@ def set_run_status_txn(
     ``now``: the time to stamp (default: the clock now).
     """
     now = time.time() if now is None else now
+    update_run_status_txn(conn, run_id, status, reason=reason, result_json=result_json, now=now)
+    append_event_txn(conn, run_id, "run_status", data={"status": status, "reason": reason})
+
+
+def update_run_status_txn(
+    conn: sqlite3.Connection,
+    run_id: str,
+    status: str,
+    *,
+    reason: str | None,
+    result_json: str | None,
+    now: float,
+) -> None:
+    """The row's part of :func:`set_run_status_txn` (its event is the caller's)."""
     finished = now if status in FINISHED_STATUSES else None
     conn.execute(
         "UPDATE runs SET status = ?, status_reason = ?, updated_at = ?, finished_at = ?,"
         " result_json = COALESCE(?, result_json) WHERE run_id = ?",
         (status, reason, now, finished, result_json, run_id),
     )
-    append_event_txn(conn, run_id, "run_status", data={"status": status, "reason": reason})
 
 
 def steps_of(conn: sqlite3.Connection, run_id: str) -> list[StepRow]:
@@ -302,10 +315,16 @@ def write_step_txn(
     stops_run: bool = False,
 ) -> None:
     """Write a step's state (called only by the spine) with a ``step_status`` event."""
-    conn.execute(
-        "UPDATE steps SET status = ?, loop = ?, note = ?, output_json = ?, updated_at = ?,"
-        " stops_run = ? WHERE run_id = ? AND step_id = ?",
-        (status, loop, note, output_json, time.time(), int(stops_run), run_id, step_id),
+    update_step_txn(
+        conn,
+        run_id,
+        step_id,
+        status=status,
+        loop=loop,
+        note=note,
+        output_json=output_json,
+        stops_run=stops_run,
+        now=time.time(),
     )
     append_event_txn(
         conn,
@@ -313,6 +332,26 @@ def write_step_txn(
         "step_status",
         step_id=step_id,
         data={"status": status, "loop": loop, "note": note},
+    )
+
+
+def update_step_txn(
+    conn: sqlite3.Connection,
+    run_id: str,
+    step_id: str,
+    *,
+    status: str,
+    loop: int,
+    note: str | None,
+    output_json: str | None,
+    stops_run: bool,
+    now: float,
+) -> None:
+    """The row's part of :func:`write_step_txn` (its event is the caller's)."""
+    conn.execute(
+        "UPDATE steps SET status = ?, loop = ?, note = ?, output_json = ?, updated_at = ?,"
+        " stops_run = ? WHERE run_id = ? AND step_id = ?",
+        (status, loop, note, output_json, now, int(stops_run), run_id, step_id),
     )
 
 

@@ -14,7 +14,7 @@ import os
 import sqlite3
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -24,6 +24,7 @@ from ..errors import LeaseLost, StateDBError, StateDirReplaced, WorkflowError
 from ..locking import RunLock, is_locked, lock_holder_of
 from ..redact import Redactor
 from . import journal
+from .cellstarts import Event, append_events_txn
 from .checkpoint import BACKSTOP_PAGES, Checkpointer
 from .db import connect_reader, immediate
 from .faults import integrity_summary, pg_fault, state_db_fault, unreadable_row
@@ -218,8 +219,7 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries, OtelQueries, 
                         self._fence(conn, run_id)
                     deferred = self._deferred
                     if deferred:  # they commit first, in the same transaction
-                        for _, write in deferred:
-                            write(conn)
+                        _run_deferred(conn, deferred)
                     result = fn(conn)
                 # Committed: only now are the deferred writes off the queue (a rolled-back
                 # transaction keeps them for the next write or flush).
@@ -414,6 +414,27 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries, OtelQueries, 
         except sqlite3.Error as exc:
             raise self._fault(exc, None) from exc
 
+    def _defer_write(
+        self,
+        run_id: str,
+        fn: Callable[[sqlite3.Connection], object],
+        events: Sequence[Event] = (),
+    ) -> None:
+        """Queue a write of ``run_id`` (``fn``, then ``events``) behind the deferred finishes:
+        it commits with the next write transaction, or now under ``durability: full``.
+
+        Every read of the run flushes it first, as for a deferred finish; the events of
+        writes deferred one after another go in as one multi-row insert.
+        """
+        with self._write_lock:
+            if self._sync_full:
+                self._write(lambda c: (fn(c), append_events_txn(c, events)), run_id)
+                return
+            self._written.add(run_id)
+            self._fresh_runs.discard(run_id)
+            self._fresh_polls.discard(run_id)
+            self._deferred.append((run_id, _EventWrite(fn, tuple(events))))
+
     # -- fresh runs ------------------------------------------------------------------------
     @contextmanager
     def fresh_drive(self, run_id: str, fresh: bool = True) -> Iterator[None]:
@@ -493,3 +514,35 @@ def _file_identity(path: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return (stat.st_dev, stat.st_ino)
+
+
+class _EventWrite:
+    """A deferred write and the events it appends (``Store._defer_write``)."""
+
+    __slots__ = ("events", "fn")
+
+    def __init__(self, fn: Callable[[sqlite3.Connection], object], events: tuple[Event, ...]):
+        self.fn, self.events = fn, events
+
+    def __call__(self, conn: sqlite3.Connection) -> object:
+        return self.fn(conn)
+
+
+def _run_deferred(
+    conn: sqlite3.Connection, deferred: list[tuple[str, Callable[[sqlite3.Connection], object]]]
+) -> None:
+    """Run the deferred writes in order; the events of consecutive event-bearing writes are
+    appended together, before the next write that takes an event id of its own (a finish),
+    so ids keep the order the writes were deferred in."""
+    events: list[Event] = []
+    for _, write in deferred:
+        if isinstance(write, _EventWrite):
+            write(conn)
+            events.extend(write.events)
+            continue
+        if events:
+            append_events_txn(conn, events)
+            events = []
+        write(conn)
+    if events:
+        append_events_txn(conn, events)

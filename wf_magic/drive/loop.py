@@ -28,11 +28,13 @@ def drive_run(
     *,
     plan: Plan | None = None,
     step_rows: Sequence[StepRow] | None = None,
+    flush: bool = True,
 ) -> DriveStats:
     """Drive ``run`` (its lock held by the caller) until done, blocked, failed or stopped.
 
     ``step_rows``: the run's step rows as the caller just read them under the lock (read
-    here otherwise).
+    here otherwise). ``flush=False``: the writes this drive deferred are left to the next
+    write transaction; the caller keeps the run's lock until they commit.
 
     Raises:
         PlanIntegrityError: the stored plan or params were edited.
@@ -53,7 +55,8 @@ def drive_run(
         interrupted = False
         try:
             _walk(ctx, state, step_rows)
-            ctx.store.flush(state.run_id)  # nothing this drive journaled is left waiting
+            if flush:
+                ctx.store.flush(state.run_id)  # nothing this drive journaled is left waiting
         except KeyboardInterrupt:
             state.stats.stopped_by = "interrupt"
             interrupted = True

@@ -3,6 +3,7 @@ and run-level retries of a run that failed on a unit that really ran."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -32,11 +33,15 @@ def drive_locked_run(
     max_retries: int = 0,
     live_source: Workflow | None = None,
     runners: RunnerPool | None = None,
+    carry: bool = False,
 ) -> tuple[DriveStats, list[str]]:
     """Take the run's lock and drive it; returns the last drive's stats and the warnings.
 
     ``runners``: a pool shared by several drives (a sweep's cells), left open; by default
-    each drive builds its own and closes it.
+    each drive builds its own and closes it. ``carry``: the drive's last writes (a sweep
+    cell's finish, step and run status) are left to the next write transaction (the next
+    cell's reservation), and the run's lock is held until they commit
+    (``Store.release_after_flush``): nobody else drives the run before they are durable.
 
     Raises:
         RunLockHeld: another driver holds the run.
@@ -48,7 +53,9 @@ def drive_locked_run(
     try:
         # In the main thread, count the interrupts delivered, so a unit's own
         # KeyboardInterrupt fails its attempt while a real one stops the drive.
-        with interrupts.watching(), store.run_lock(run_id):
+        with interrupts.watching(), contextlib.ExitStack() as held:
+            lock = store.run_lock(run_id).acquire()
+            held.callback(lock.release)
             # The run, its steps and whether it has any attempt, in one read: a run without
             # one (a sweep cell's fresh run) has no journal to read until it writes some.
             run, rows, has_attempts = store.drive_view(run_id)
@@ -59,7 +66,7 @@ def drive_locked_run(
                 store, bus, options=options, redactor=redactor, namespace=namespace, runners=runners
             )
             with store.fresh_drive(run_id, fresh=not has_attempts):
-                stats = drive.once(run, rows)
+                stats = drive.once(run, rows, flush=not (carry and max_retries == 0))
             retries = 0
             while retries < max_retries and stats.retryable_failure and stats.stopped_by is None:
                 run = _row(store, run_id)
@@ -70,6 +77,9 @@ def drive_locked_run(
                     f"run-level retry {retries}/{max_retries} after: {run.status_reason}"
                 )
                 stats = drive.once(run)
+            if carry:
+                held.pop_all()
+                store.release_after_flush(run_id, lock.release)
     except StateDBError as exc:  # a read that named no run (a frame, a lookup): name this one
         raise exc.for_run(run_id) from exc.__cause__
     return stats, warnings
@@ -92,8 +102,11 @@ class _Drive:
         self.redactor, self.namespace = redactor, namespace
         self.shared_runners = runners
 
-    def once(self, run: RunRow, rows: list[StepRow] | None = None) -> DriveStats:
-        """Drive ``run`` once; ``rows``: its step rows as just read under the lock."""
+    def once(
+        self, run: RunRow, rows: list[StepRow] | None = None, *, flush: bool = True
+    ) -> DriveStats:
+        """Drive ``run`` once; ``rows``: its step rows as just read under the lock;
+        ``flush=False``: its deferred writes are left to the next write transaction."""
         plan, _ = verified_plan(self.store, self.bus, run)
         rows = _check_step_rows(self.store, run, plan, rows)
         ctx = DriveContext(
@@ -110,7 +123,7 @@ class _Drive:
             options=self.options,
         )
         try:
-            return drive_run(ctx, run, plan=plan, step_rows=rows)
+            return drive_run(ctx, run, plan=plan, step_rows=rows, flush=flush)
         finally:
             if ctx.runners is not self.shared_runners:
                 ctx.runners.close()

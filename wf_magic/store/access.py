@@ -24,8 +24,15 @@ class StoreAccess:
     scrubber: Scrubber
     """Redacts every text column a named write is about to write (store/scrub.py)."""
 
-    def _read(self, fn: Callable[[sqlite3.Connection], T], run_id: str | None = None) -> T:
-        """Run ``fn`` on a reader connection (``run_id``: the run named by its errors)."""
+    def _read(
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        run_id: str | None = None,
+        *,
+        flush: bool = True,
+    ) -> T:
+        """Run ``fn`` on a reader connection (``run_id``: the run named by its errors), after
+        the deferred writes it may read commit (``flush=False``: none it reads is deferred)."""
         raise NotImplementedError
 
     def _write(self, fn: Callable[[sqlite3.Connection], T], run_id: str | None = None) -> T:
@@ -40,6 +47,10 @@ class StoreAccess:
     ) -> None:
         """Run ``fn`` (then append ``events``) in the next write transaction."""
         raise NotImplementedError
+
+    def _defers_inputs(self, input_hashes: Sequence[str]) -> bool:
+        """Whether a deferred finish is of an attempt of one of ``input_hashes``."""
+        return True
 
     def _fresh(self, run_id: str) -> bool:
         """Whether ``run_id`` is known here to have no attempt yet (a fresh run driven under

@@ -18,8 +18,15 @@ from .journal import Finish, UnitKey
 from .records import AttemptRow, BudgetUse, EventRow, RunRow, StepRow
 
 
+class _SweepBounded(Exception):
+    """A reservation found its sweep's ceilings set (its transaction rolls back)."""
+
+
 class JournalQueries(StoreAccess):
     """Attempts and their inputs, events and budget use; reservations, finishes, verdicts."""
+
+    _bounded_payers: set[str]
+    """Sweeps seen with ceilings: their reservations count what fits first."""
 
     # -- reads -----------------------------------------------------------------------------
     def attempts_of(self, run_id: str, step_id: str | None = None) -> list[AttemptRow]:
@@ -77,11 +84,16 @@ class JournalQueries(StoreAccess):
     def find_reusable_many(
         self, *, workflow: str, input_hashes: Sequence[str], exclude_run_id: str
     ) -> dict[tuple[str, str], AttemptRow]:
-        """``find_reusable`` for many work units in one read: (input_hash, runner) → source."""
+        """``find_reusable`` for many work units in one read: (input_hash, runner) → source.
+
+        The deferred writes commit first only when a finish of one of these inputs is among
+        them (a sweep's last cell's is not, and stays for the next reservation).
+        """
         return self._read(
             lambda c: journal_reads.find_reusable_many(
                 c, workflow=workflow, input_hashes=input_hashes, exclude_run_id=exclude_run_id
-            )
+            ),
+            flush=self._defers_inputs(input_hashes),
         )
 
     def input_of(self, input_hash: str) -> dict[str, Any] | None:
@@ -181,6 +193,7 @@ class JournalQueries(StoreAccess):
         if not keys:
             return []
         keys = [(self.scrubber.key(key), charged) for key, charged in keys]
+        run_id = keys[0][0].run_id
 
         def txn(conn: sqlite3.Connection) -> list[AttemptRow]:
             kept = keys if payer is None else keys[: sweeps.fitting_txn(conn, payer, keys)]
@@ -189,7 +202,20 @@ class JournalQueries(StoreAccess):
                 sweeps.record_charges_txn(conn, payer, rows)
             return rows
 
-        return self._write(txn, keys[0][0].run_id)
+        def unbounded(conn: sqlite3.Connection) -> list[AttemptRow]:
+            rows = journal.reserve_attempts_txn(conn, keys)
+            if not sweeps.charge_if_unbounded_txn(conn, str(payer), rows):
+                raise _SweepBounded  # rolled back: the sweep has ceilings now
+            return rows
+
+        if payer is not None and payer not in self._bounded_payers:
+            # A sweep without ceilings reserves everything: its charges are recorded on
+            # condition that it still has none (one statement, no read of its ceilings).
+            try:
+                return self._write(unbounded, run_id)
+            except _SweepBounded:
+                self._bounded_payers.add(payer)
+        return self._write(txn, run_id)
 
     def finish_attempt(self, attempt: AttemptRow, finish: Finish) -> bool:
         """Finish a running attempt; False (nothing written) when it was already finished."""

@@ -98,6 +98,9 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries, OtelQueries, 
         ``_check_identity``) instead of journaling into an unlinked file."""
         self._written: set[str] = set()
         """Run ids written through these connections (their rows live in that file)."""
+        self._bounded_payers: set[str] = set()
+        self._after_flush: list[Callable[[], None]] = []
+        """Run locks to release once the deferred writes commit (``release_after_flush``)."""
         self._fresh_runs: set[str] = set()
         """Runs driven under their lock here that have no attempt yet (``fresh_drive``)."""
         self._fresh_polls: set[str] = set()
@@ -180,7 +183,13 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries, OtelQueries, 
                 self._readers.append(conn)
         return conn
 
-    def _read(self, fn: Callable[[sqlite3.Connection], T], run_id: str | None = None) -> T:
+    def _read(
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        run_id: str | None = None,
+        *,
+        flush: bool = True,
+    ) -> T:
         """Run ``fn`` on this thread's reader connection, after flushing deferred finishes.
 
         The flush happens on whatever thread reads, and takes the write lock to do it: so a
@@ -189,7 +198,7 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries, OtelQueries, 
         it waits for the write lock while the driver holds it.
         """
         self._check_identity(run_id)
-        if self._deferred:  # read your own writes
+        if flush and self._deferred:  # read your own writes
             self.flush(run_id)
         try:
             return fn(self._read_conn())
@@ -225,6 +234,9 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries, OtelQueries, 
                 # transaction keeps them for the next write or flush).
                 if deferred:
                     self._deferred = []
+                    released, self._after_flush = self._after_flush, []
+                    for release in released:  # their runs' writes are durable now
+                        release()
                 if self._checkpointer is not None:
                     self._checkpointer.poke()
                 return result
@@ -377,6 +389,7 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries, OtelQueries, 
                 pass  # already reported by the write that failed; the attempts stay running
             finally:  # and the next drive reclaims them, as after a crash
                 self._deferred = []
+        self._release_all()
         with self._readers_lock:
             readers, self._readers = self._readers, []
         for conn in readers:
@@ -434,6 +447,38 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries, OtelQueries, 
             self._fresh_runs.discard(run_id)
             self._fresh_polls.discard(run_id)
             self._deferred.append((run_id, _EventWrite(fn, tuple(events))))
+
+    def _defers_inputs(self, input_hashes: Sequence[str]) -> bool:
+        """Whether a deferred finish is of an attempt of one of ``input_hashes`` (a read of
+        those inputs' attempts must flush first; other deferred writes change nothing it
+        reads)."""
+        wanted = set(input_hashes)
+        with self._write_lock:
+            for _, write in self._deferred:
+                attempt = getattr(write, "keywords", {}).get("attempt")
+                if not isinstance(attempt, AttemptRow) or attempt.input_hash in wanted:
+                    if not isinstance(write, _EventWrite):
+                        return True
+        return False
+
+    def release_after_flush(self, run_id: str, release: Callable[[], None]) -> None:
+        """Call ``release`` (a run lock's) once the writes deferred for ``run_id`` commit:
+        now when there are none, or on PostgreSQL (whose lease's release is a write of its
+        own, fenced apart: the writes commit first, here)."""
+        with self._write_lock:
+            if self.pg is None and any(rid == run_id for rid, _ in self._deferred):
+                self._after_flush.append(release)
+                return
+        try:
+            self.flush(run_id)
+        finally:
+            release()
+
+    def _release_all(self) -> None:
+        """Release every lock waiting for deferred writes that will not commit here."""
+        released, self._after_flush = self._after_flush, []
+        for release in released:
+            release()
 
     # -- fresh runs ------------------------------------------------------------------------
     @contextmanager

@@ -294,6 +294,29 @@ def fitting_txn(conn: sqlite3.Connection, sweep_id: str, keys: Sequence[tuple[An
     return len(keys)
 
 
+def charge_if_unbounded_txn(
+    conn: sqlite3.Connection, sweep_id: str, attempts: list[AttemptRow]
+) -> bool:
+    """Record that ``sweep_id`` pays these charged attempts, if it has no ceilings (then any
+    reservation fits; checked by each insert in this transaction). False, with nothing
+    recorded for the rest, when it has some: the caller rolls back and counts what fits."""
+    for a in attempts:
+        if not a.charged:
+            continue
+        cur = conn.execute(
+            "INSERT OR IGNORE INTO sweep_charges (dispatch_id, sweep_id, run_id) SELECT ?, ?, ?"
+            " WHERE EXISTS (SELECT 1 FROM sweeps WHERE sweep_id = ? AND budget_json = ?)",
+            (a.dispatch_id, sweep_id, a.run_id, sweep_id, NO_CEILINGS),
+        )
+        if cur.rowcount != 1:
+            return False
+    return True
+
+
+NO_CEILINGS = "{}"
+"""The ``budget_json`` of a sweep without ceilings (``canonical_json({})``)."""
+
+
 def record_charges_txn(conn: sqlite3.Connection, sweep_id: str, attempts: list[AttemptRow]) -> None:
     """Record that ``sweep_id`` pays these charged attempts (in their reservation's
     transaction)."""

@@ -235,6 +235,7 @@ def drive_sweep(ctx: SweepDrive, sweep: SweepRow, wf: Workflow) -> SweepRow:
         if pool is not None and pool is not ctx.executor:
             pool.shutdown(wait=True)
         runners.close()
+        ctx.store.flush()  # the last cells' writes, and so their locks
     starts.take_back()
     interrupted = ctx.signal is not None and ctx.signal.is_set()
     return settle_sweep(ctx.store, sweep, shared, interrupted=interrupted)
@@ -370,6 +371,9 @@ def _drive_cell(
             redactor=ctx.redactor,
             namespace=ctx.namespace,
             runners=runners,
+            # The cell's last writes go with the next cell's reservation (its lock held
+            # until then): one transaction a cell.
+            carry=True,
         )
     except RunLockHeld as exc:
         note = f"skipped: {exc}"

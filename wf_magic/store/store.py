@@ -441,7 +441,7 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries, OtelQueries, 
         """
         with self._write_lock:
             if self._sync_full:
-                self._write(lambda c: (fn(c), append_events_txn(c, events)), run_id)
+                self._write(_EventWrite(fn, tuple(events)).with_events, run_id)
                 return
             self._written.add(run_id)
             self._fresh_runs.discard(run_id)
@@ -571,6 +571,11 @@ class _EventWrite:
 
     def __call__(self, conn: sqlite3.Connection) -> object:
         return self.fn(conn)
+
+    def with_events(self, conn: sqlite3.Connection) -> None:
+        """The write and its events, in the caller's transaction (not deferred)."""
+        self.fn(conn)
+        append_events_txn(conn, self.events)
 
 
 def _run_deferred(

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.agent_backends import USAGE_IN, USAGE_OUT, Backend, start_backend
 from tests.agent_fakes.bins import git_repo
@@ -22,7 +24,8 @@ from tests.helpers_http import isolate_loopback_env
 from tests.test_agents_real import real_workflow, work
 from wf_magic import Engine
 from wf_magic.bridge.tape import RECORD_CAP, Capture, tool_names
-from wf_magic.errors import DefinitionError
+from wf_magic.errors import DefinitionError, RunnerError
+from wf_magic.runners.cassette_calls import load_calls
 from wf_magic.runners.replay import export_cassette, load_cassette
 
 CANARY = "sk-ant-CANARY-replay-35-9f3e1d"
@@ -369,6 +372,55 @@ def test_wf_run_replay_answers_every_step_of_a_whole_run_from_the_cassette(
     plan = json.loads(engine.get_run(run_id).plan_json)
     assert plan["runners"]["scripted"] == {"type": "replay", "cassette": str(tape.resolve())}
     assert plan["runners"]["claude"] == {"bin": str(claude_bin), "replay": str(tape.resolve())}
+
+
+GOOD_CALL = {
+    "kind": "agent_call",
+    "step": "fix",
+    "unit": "fix",
+    "attempt": 1,
+    "call": 1,
+    "path": "/v1/messages",
+    "response": "{}",
+    "http_status": 200,
+}
+BAD_VALUES = st.one_of(
+    st.floats(allow_nan=True),
+    st.booleans(),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    st.integers(max_value=-1),
+)
+
+
+@given(
+    field=st.sampled_from(
+        ["step", "unit", "attempt", "call", "path", "response", "http_status", "tools", "model"]
+    ),
+    bad=BAD_VALUES,
+)
+def test_a_malformed_agent_call_line_is_one_line_naming_the_line_and_field(
+    tmp_path_factory: pytest.TempPathFactory, field: str, bad: Any
+) -> None:
+    tape = tmp_path_factory.mktemp("tape") / "tape.jsonl"
+    line = {**GOOD_CALL, field: bad}
+    tape.write_text(json.dumps(GOOD_CALL) + "\n" + json.dumps(line) + "\n")
+    with pytest.raises(RunnerError) as caught:
+        load_calls(tape)
+    said = str(caught.value)
+    assert said.startswith(f"replay cassette {tape} line 2: {field} must be ")
+    assert len(said.splitlines()) == 1
+
+
+def test_agent_call_lines_load_by_step_unit_and_attempt_in_call_order(tmp_path: Path) -> None:
+    tape = tmp_path / "tape.jsonl"
+    lines = [{**GOOD_CALL, "call": 2}, GOOD_CALL, {**GOOD_CALL, "attempt": 2}]
+    tape.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    loaded = load_calls(tape)
+    assert {k: [c.call for c in v] for k, v in loaded.items()} == {
+        ("fix", "fix", 1): [1, 2],
+        ("fix", "fix", 2): [1],
+    }
 
 
 # -- the capture and the request reading ---------------------------------------------------

@@ -374,6 +374,24 @@ def test_wf_run_replay_answers_every_step_of_a_whole_run_from_the_cassette(
     assert plan["runners"]["claude"] == {"bin": str(claude_bin), "replay": str(tape.resolve())}
 
 
+def test_wf_run_replay_of_a_missing_cassette_is_one_line(
+    engine: Engine, repo: Path, claude_bin: Path, tmp_path: Path
+) -> None:
+    missing = tmp_path / "nope.jsonl"
+    done = run_wf(
+        engine.state_dir, "run", "--replay", str(missing), str(_workflow(repo, claude_bin))
+    )
+    assert done.returncode != 0
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .endswith(
+            f"--replay {missing}: no such cassette file; write one with `wf export-cassette RUN > "
+            f"{missing}` after a run against the real runners."
+        )
+    )
+
+
 GOOD_CALL = {
     "kind": "agent_call",
     "step": "fix",

@@ -12,14 +12,25 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ..errors import UsageError
 from ..hashing import sha256_text
 from .plan import Plan
 from .workflow import Workflow
 
 
 def replayed(wf: Workflow, cassette: str | Path) -> Workflow:
-    """``wf`` with every runner answering from ``cassette`` (an absolute path is frozen)."""
-    path = str(Path(cassette).expanduser().resolve())
+    """``wf`` with every runner answering from ``cassette`` (an absolute path is frozen).
+
+    Raises:
+        UsageError: ``cassette`` is not a file.
+    """
+    found = Path(cassette).expanduser()
+    if not found.is_file():
+        raise UsageError(
+            f"--replay {cassette}: no such cassette file; write one with "
+            f"`wf export-cassette RUN > {cassette}` after a run against the real runners."
+        )
+    path = str(found.resolve())
     data = _plan(wf.plan.model_dump(mode="json"), path)
     plan = Plan.model_validate(data)
     plan_json = plan.to_json()

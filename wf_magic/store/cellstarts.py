@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .inlists import in_chunks
-from .journal import NEXT_SEQ
+from .journal import FINISHED_COUNT
 from .records import RunRow
 
 PARAMS_PER_STATEMENT = 900
@@ -51,11 +51,21 @@ class Event:
     step_id: str | None = None
 
 
-def append_events_txn(conn: sqlite3.Connection, events: Sequence[Event]) -> None:
+def append_events_txn(
+    conn: sqlite3.Connection, events: Sequence[Event], *, after_finish: str | None = None
+) -> None:
     """Append ``events`` in order, ids following ``journal_seq``, in two statements per
-    chunk (the insert, then one bump of the counter) where one each costs two."""
-    width = 5
-    per = PARAMS_PER_STATEMENT // width
+    chunk (the insert, then one bump of the counter) where one each costs two.
+
+    ``after_finish``: the dispatch id of an attempt just finished without bumping the counter
+    (``queue_finish_txn(bump=False)``): its event holds the next id when the finish wrote,
+    so these follow it, and the one bump counts it too.
+    """
+    if not events:
+        return
+    finished = "0" if after_finish is None else FINISHED_COUNT
+    lead = () if after_finish is None else (after_finish,)
+    per = PARAMS_PER_STATEMENT // 6
     for start in range(0, len(events), per):
         chunk = events[start : start + per]
         insert_rows_txn(
@@ -63,6 +73,7 @@ def append_events_txn(conn: sqlite3.Connection, events: Sequence[Event]) -> None
             "INSERT INTO event_log (event_id, run_id, at, kind, step_id, data_json)",
             [
                 (
+                    *lead,
                     e.run_id,
                     e.at,
                     e.kind,
@@ -71,9 +82,10 @@ def append_events_txn(conn: sqlite3.Connection, events: Sequence[Event]) -> None
                 )
                 for e in chunk
             ],
-            row_sql="(" + NEXT_SEQ.replace("n + 1", "n + {n}") + ", ?, ?, ?, ?, ?)",
+            row_sql=f"((SELECT n + {{n}} + {finished} FROM journal_seq), ?, ?, ?, ?, ?)",
         )
-        conn.execute("UPDATE journal_seq SET n = n + ?", (len(chunk),))
+        # After the first bump the finish is counted: FINISHED_COUNT reads 0 from then on.
+        conn.execute(f"UPDATE journal_seq SET n = n + ? + {finished}", (len(chunk), *lead))
 
 
 @dataclass(frozen=True, slots=True)

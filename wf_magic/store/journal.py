@@ -196,12 +196,15 @@ def finish_attempt_txn(conn: sqlite3.Connection, attempt: AttemptRow, finish: Fi
     return bool(queue_finish_txn(conn, attempt, finish).rowcount > 0)
 
 
-def queue_finish_txn(conn: sqlite3.Connection, attempt: AttemptRow, finish: Finish) -> Any:
+def queue_finish_txn(
+    conn: sqlite3.Connection, attempt: AttemptRow, finish: Finish, *, bump: bool = True
+) -> Any:
     """Finish a running attempt without asking whether it was (nothing is written when it
     was already finished); the cursor of the update, whose ``rowcount`` says.
 
     The attempt row carries its ``unit_finished`` event: its id (``finished_seq``) and its data
-    (``finish_data``, the JSON the event had when it was a row of its own).
+    (``finish_data``, the JSON the event had when it was a row of its own). ``bump=False``:
+    the event counter is left for the events appended next to bump (``FINISHED_COUNT``).
     """
     now = finish.finished_at or time.time()
     data = {
@@ -238,8 +241,17 @@ def queue_finish_txn(conn: sqlite3.Connection, attempt: AttemptRow, finish: Fini
             " SELECT ?, ?, ?, ?" + _FINISHED_NOW,
             (attempt.dispatch_id, attempt.run_id, harness, finish.agent_json, attempt.dispatch_id),
         )
-    conn.execute(_BUMP_SEQ + _FINISHED_NOW, (attempt.dispatch_id,))
+    if bump:
+        conn.execute(_BUMP_SEQ + _FINISHED_NOW, (attempt.dispatch_id,))
     return cur
+
+
+FINISHED_COUNT = (
+    "(SELECT COUNT(*) FROM attempts WHERE dispatch_id = ? AND finished_seq = journal_seq.n + 1)"
+)
+"""1 (SQL, bound to a dispatch id, inside a statement over ``journal_seq``) right after
+``queue_finish_txn(bump=False)`` finished that attempt: it holds the next event id, which
+the counter does not count yet; 0 otherwise (it was finished already, nothing written)."""
 
 
 def record_terminal_attempt_txn(

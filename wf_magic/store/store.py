@@ -583,16 +583,29 @@ def _run_deferred(
 ) -> None:
     """Run the deferred writes in order; the events of consecutive event-bearing writes are
     appended together, before the next write that takes an event id of its own (a finish),
-    so ids keep the order the writes were deferred in."""
+    so ids keep the order the writes were deferred in. A finish followed by such writes (a
+    sweep cell's unit, then its step and run status) leaves its bump of the event counter to
+    their events' one bump."""
     events: list[Event] = []
-    for _, write in deferred:
+    after: str | None = None
+    for i, (_, write) in enumerate(deferred):
         if isinstance(write, _EventWrite):
             write(conn)
             events.extend(write.events)
             continue
         if events:
-            append_events_txn(conn, events)
-            events = []
-        write(conn)
+            append_events_txn(conn, events, after_finish=after)
+            events, after = [], None
+        following = deferred[i + 1][1] if i + 1 < len(deferred) else None
+        if isinstance(following, _EventWrite) and following.events and _is_finish(write):
+            write(conn, bump=False)  # type: ignore[call-arg]
+            after = write.keywords["attempt"].dispatch_id  # type: ignore[attr-defined]
+        else:
+            write(conn)
     if events:
-        append_events_txn(conn, events)
+        append_events_txn(conn, events, after_finish=after)
+
+
+def _is_finish(write: Callable[[sqlite3.Connection], object]) -> bool:
+    """Whether ``write`` is a deferred finish (``Store.defer_finish``)."""
+    return isinstance(write, partial) and write.func is journal.queue_finish_txn

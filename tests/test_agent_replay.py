@@ -405,7 +405,7 @@ GOOD_CALL = {
 BAD_VALUES = st.one_of(
     st.floats(allow_nan=True),
     st.booleans(),
-    st.lists(st.integers(), max_size=2),
+    st.lists(st.integers(), min_size=1, max_size=2),
     st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
     st.integers(max_value=-1),
 )

@@ -6,20 +6,33 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ..bus import EventBus
 from ..errors import StateDBError, UsageError
+from ..locking import RunLock
 from ..redact import Redactor
 from ..spec.plan import Plan
 from ..spec.workflow import Workflow
 from ..store import Store
+from ..store.leases import RunLease
 from ..store.records import RunRow, StepRow
 from . import interrupts
 from .budget import seed_budget
 from .context import DriveContext, DriveOptions, DriveStats, RunnerPool
 from .integrity import drift_warnings, verified_plan
 from .loop import drive_run
+
+
+@dataclass(frozen=True, slots=True)
+class FreshRun:
+    """A run this driver just inserted, with its lock when taken before the insert (then
+    nobody drove it since: ``run`` and ``steps`` are as written, its journal empty)."""
+
+    run: RunRow
+    steps: list[StepRow]
+    lock: RunLock | RunLease | None = None
 
 
 def drive_locked_run(
@@ -34,6 +47,7 @@ def drive_locked_run(
     live_source: Workflow | None = None,
     runners: RunnerPool | None = None,
     carry: bool = False,
+    fresh: FreshRun | None = None,
 ) -> tuple[DriveStats, list[str]]:
     """Take the run's lock and drive it; returns the last drive's stats and the warnings.
 
@@ -42,6 +56,8 @@ def drive_locked_run(
     cell's finish, step and run status) are left to the next write transaction (the next
     cell's reservation), and the run's lock is held until they commit
     (``Store.release_after_flush``): nobody else drives the run before they are durable.
+    ``fresh``: the run as its driver inserted it; held by that driver since (``fresh.lock``),
+    it is driven without a read of its row, steps or journal.
 
     Raises:
         RunLockHeld: another driver holds the run.
@@ -54,13 +70,20 @@ def drive_locked_run(
         # In the main thread, count the interrupts delivered, so a unit's own
         # KeyboardInterrupt fails its attempt while a real one stops the drive.
         with interrupts.watching(), contextlib.ExitStack() as held:
-            lock = store.run_lock(run_id).acquire()
+            held_since_insert = fresh is not None and fresh.lock is not None
+            lock = fresh.lock if fresh is not None and fresh.lock is not None else None
+            if lock is None:
+                lock = store.run_lock(run_id).acquire()
             held.callback(lock.release)
-            # The run, its steps and whether it has any attempt, in one read: a run without
-            # one (a sweep cell's fresh run) has no journal to read until it writes some.
-            run, rows, has_attempts = store.drive_view(run_id)
-            if run is None:  # deleted between resolving the id and taking the lock
-                raise UsageError(f"No run {run_id!r} in {store.where}.", run_id=run_id)
+            if fresh is not None and held_since_insert:
+                run, rows, has_attempts = fresh.run, list(fresh.steps), False
+            else:
+                # The run, its steps and whether it has any attempt, in one read: a run
+                # without one has no journal to read until it writes some.
+                found, rows, has_attempts = store.drive_view(run_id)
+                if found is None:  # deleted between resolving the id and taking the lock
+                    raise UsageError(f"No run {run_id!r} in {store.where}.", run_id=run_id)
+                run = found
             warnings = drift_warnings(run, live_source)
             drive = _Drive(
                 store, bus, options=options, redactor=redactor, namespace=namespace, runners=runners

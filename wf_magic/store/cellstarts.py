@@ -11,10 +11,11 @@ from typing import Any
 
 from .inlists import in_chunks
 from .journal import FINISHED_COUNT
-from .records import RunRow
+from .records import RunRow, StepRow
 
-PARAMS_PER_STATEMENT = 900
-"""Host parameters bound per multi-row statement (under SQLite's oldest limit, 999)."""
+PARAMS_PER_STATEMENT = 30_000 if sqlite3.sqlite_version_info >= (3, 32, 0) else 900
+"""Host parameters bound per multi-row statement: under SQLite's limit (32 766 since 3.32,
+999 before) and PostgreSQL's (65 535)."""
 
 
 def insert_rows_txn(
@@ -96,6 +97,24 @@ class CellStart:
     cell_index: int
     run: RunRow
     steps: Sequence[tuple[str, int, str, int]]
+
+    def step_rows(self) -> list[StepRow]:
+        """The step rows as the insert writes them (all pending, loop 1)."""
+        return [
+            StepRow(
+                run_id=self.run.run_id,
+                step_id=step_id,
+                position=position,
+                kind=kind,  # type: ignore[arg-type]
+                status="pending",
+                loop=1,
+                max_loops=max_loops,
+                note=None,
+                output_json=None,
+                updated_at=self.run.created_at,
+            )
+            for step_id, position, kind, max_loops in self.steps
+        ]
 
 
 def start_cells_txn(

@@ -3,8 +3,6 @@ shared budget, at most ``max_concurrency`` cells at a time, each under its run's
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import json
 import threading
 import time
@@ -18,16 +16,16 @@ from ..bus import EventBus
 from ..drive.budget import SharedBudget
 from ..drive.context import DriveOptions, RunnerPool
 from ..drive.executors import UnitSlots, thread_executor
-from ..drive.root import drive_locked_run
+from ..drive.root import FreshRun, drive_locked_run
 from ..errors import RunLockHeld, UsageError
 from ..hashing import canonical_json
 from ..redact import Redactor
 from ..sealing import unseal
 from ..spec.workflow import Workflow
 from ..store import Store
-from ..store.records import RunRow
 from ..store.sweeps import CellSpec, SweepCellRow, SweepRow, SweepStatus
 from .expand import Definition, expand, sweep_identity
+from .starts import CellStarts
 
 CEILINGS = ("max_units", "max_tokens", "max_cost")
 """The sweep budget's keys (the same words as a workflow's ``budget:``)."""
@@ -210,7 +208,7 @@ def drive_sweep(ctx: SweepDrive, sweep: SweepRow, wf: Workflow) -> SweepRow:
         state_dir=ctx.store.state_dir, namespace=ctx.namespace, journal=ctx.store.journal_url
     )
 
-    starts = _Starts(ctx, sweep, wf, owed, shared)
+    starts = CellStarts(ctx.store, sweep, wf, owed, shared, secrets=ctx.secrets)
 
     def one(cell: SweepCellRow) -> None:
         if shared.reached or (ctx.signal is not None and ctx.signal.is_set()):
@@ -241,93 +239,6 @@ def drive_sweep(ctx: SweepDrive, sweep: SweepRow, wf: Workflow) -> SweepRow:
     return settle_sweep(ctx.store, sweep, shared, interrupted=interrupted)
 
 
-START_BATCH = 64
-"""Cells whose fresh runs one transaction starts (one at a time under a sweep ceiling)."""
-
-
-class _Starts:
-    """Starts the owed cells that have no run yet in batches, in the order they are driven:
-    one transaction inserts a batch's fresh runs (``Store.start_cells``); a cell whose scope
-    has a run already is left to a start of its own."""
-
-    def __init__(
-        self,
-        ctx: SweepDrive,
-        sweep: SweepRow,
-        wf: Workflow,
-        owed: list[SweepCellRow],
-        shared: SharedBudget,
-    ):
-        self.ctx, self.sweep, self.wf, self.shared = ctx, sweep, wf, shared
-        self.unstarted = [c for c in owed if c.run_id is None]
-        self.position = {c.cell_index: i for i, c in enumerate(self.unstarted)}
-        self.batch_of: dict[int, threading.Event] = {}
-        """Cell index → set once its batch's start has committed (or failed)."""
-        self.fresh: dict[int, RunRow] = {}
-        self.lock = threading.Lock()
-
-    def fresh_run(self, cell: SweepCellRow) -> RunRow | None:
-        """The fresh run started for ``cell`` (its batch started first when it is not yet);
-        None when the cell has a run already or is left to a start of its own."""
-        if cell.run_id is not None:
-            return None
-        with self.lock:
-            done = self.batch_of.get(cell.cell_index)
-            batch: list[SweepCellRow] = []
-            if done is None:  # this thread starts the batch; the others wait for it
-                first = self.position[cell.cell_index]
-                rest = (c for c in self.unstarted[first:] if c.cell_index not in self.batch_of)
-                batch = list(itertools.islice(rest, self._size()))
-                done = threading.Event()
-                self.batch_of.update((c.cell_index, done) for c in batch)
-        if batch:
-            try:
-                self._start_batch(batch)
-            finally:
-                done.set()
-        done.wait()
-        with self.lock:
-            return self.fresh.pop(cell.cell_index, None)
-
-    def take_back(self) -> None:
-        """Delete the started runs no cell was driven with (the sweep stopped first), each
-        under its lock (a run another driver of the sweep took is left to it)."""
-        with self.lock, contextlib.ExitStack() as held:
-            idle = []
-            for run in self.fresh.values():
-                try:
-                    held.enter_context(self.ctx.store.run_lock(run.run_id))
-                except RunLockHeld:
-                    continue
-                idle.append(run.run_id)
-            self.ctx.store.unstart_cells(self.sweep.sweep_id, idle)
-            self.fresh.clear()
-
-    def _size(self) -> int:
-        shared = self.shared
-        if (shared.max_units, shared.max_tokens, shared.max_cost) != (None, None, None):
-            # Under a ceiling each cell starts when it is driven: a sweep stopped by it
-            # leaves no run that was never driven (its owed cells stay without one).
-            return 1
-        return START_BATCH
-
-    def _start_batch(self, batch: list[SweepCellRow]) -> None:
-        sweep_id = self.sweep.sweep_id
-        planned = lifecycle.cell_starts(
-            self.ctx.store,
-            self.wf,
-            [
-                # A cell stores its secret params as seals: its run starts from the values
-                # (and seals them again, to the same seals, under the state dir's key).
-                (c.cell_index, unseal(json.loads(c.params_json), self.ctx.secrets, run_id=sweep_id))
-                for c in batch
-            ],
-        )
-        started = set(self.ctx.store.start_cells(sweep_id, planned))
-        with self.lock:
-            self.fresh.update((s.cell_index, s.run) for s in planned if s.cell_index in started)
-
-
 def _drive_cell(
     ctx: SweepDrive,
     sweep: SweepRow,
@@ -335,11 +246,11 @@ def _drive_cell(
     cell: SweepCellRow,
     options: DriveOptions,
     runners: RunnerPool,
-    fresh: RunRow | None = None,
+    fresh: FreshRun | None = None,
 ) -> None:
     run_id, status = cell.run_id, cell.run_status
     if fresh is not None:
-        run_id, status = fresh.run_id, "active"
+        run_id, status = fresh.run.run_id, "active"
     elif run_id is None:
         # A cell stores its secret params as seals: its run starts from the values (and seals
         # them again, to the same seals, under the state dir's key).
@@ -374,6 +285,7 @@ def _drive_cell(
             # The cell's last writes go with the next cell's reservation (its lock held
             # until then): one transaction a cell.
             carry=True,
+            fresh=fresh,
         )
     except RunLockHeld as exc:
         note = f"skipped: {exc}"

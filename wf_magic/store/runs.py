@@ -159,16 +159,29 @@ def get_run(conn: sqlite3.Connection, run_id: str) -> RunRow | None:
 _STEP_COLS = tuple(StepRow.__dataclass_fields__)
 
 
+_FIRST_ROW = "(s.position IS NULL OR s.position = m.first_position)"
+_DRIVE_VIEW = (
+    "SELECT "
+    + ", ".join(
+        f"CASE WHEN {_FIRST_ROW} THEN {plan_of('runs') if c == 'plan_json' else 'runs.' + c}"
+        f" END AS {c}"
+        for c in RunRow.__dataclass_fields__
+    )
+    + ", "
+    + ", ".join(f"s.{c} AS step_{c}" for c in _STEP_COLS)
+    + ", EXISTS (SELECT 1 FROM attempts a WHERE a.run_id = runs.run_id) AS has_attempts"
+    " FROM runs LEFT JOIN steps s ON s.run_id = runs.run_id"
+    " CROSS JOIN (SELECT MIN(position) AS first_position FROM steps WHERE run_id = ?) m"
+    " WHERE runs.run_id = ? ORDER BY s.position"
+)
+"""The run's columns on its first row only (a 10 000-step run's plan is not copied onto each
+of its step rows), its step rows, and whether it has an attempt."""
+
+
 def drive_view(conn: sqlite3.Connection, run_id: str) -> tuple[RunRow | None, list[StepRow], bool]:
     """(the run, its step rows in plan order, whether it has any attempt) in one read: what
     a drive looks at first, under the run's lock."""
-    steps = ", ".join(f"s.{c} AS step_{c}" for c in _STEP_COLS)
-    rows = conn.execute(
-        f"SELECT {_RUN_COLS}, {steps}, EXISTS (SELECT 1 FROM attempts a"
-        " WHERE a.run_id = runs.run_id) AS has_attempts FROM runs"
-        " LEFT JOIN steps s ON s.run_id = runs.run_id WHERE runs.run_id = ? ORDER BY s.position",
-        (run_id,),
-    ).fetchall()
+    rows = conn.execute(_DRIVE_VIEW, (run_id, run_id)).fetchall()
     if not rows:
         return None, [], False
     step_rows = [

@@ -233,8 +233,10 @@ def drive_sweep(ctx: SweepDrive, sweep: SweepRow, wf: Workflow) -> SweepRow:
         if pool is not None and pool is not ctx.executor:
             pool.shutdown(wait=True)
         runners.close()
-        ctx.store.flush()  # the last cells' writes, and so their locks
-    starts.take_back()
+        try:
+            starts.take_back()  # the runs of cells never driven, and their locks, whatever ended
+        finally:
+            ctx.store.flush()  # the last cells' writes, and so their locks
     interrupted = ctx.signal is not None and ctx.signal.is_set()
     return settle_sweep(ctx.store, sweep, shared, interrupted=interrupted)
 

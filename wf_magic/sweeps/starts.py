@@ -13,7 +13,7 @@ from typing import Any
 from .. import lifecycle
 from ..drive.budget import SharedBudget
 from ..drive.root import FreshRun
-from ..errors import RunLockHeld
+from ..errors import RunLockHeld, StateDBError
 from ..sealing import unseal
 from ..spec.workflow import Workflow
 from ..store import Store
@@ -93,7 +93,10 @@ class CellStarts:
                 held.callback(lock.release)
                 idle.append(fresh.run.run_id)
             self.fresh.clear()
-            self.store.unstart_cells(self.sweep.sweep_id, idle)
+            # A state DB that fails now leaves them as runs owed (a resume drives them); the
+            # locks go back in any case.
+            with contextlib.suppress(StateDBError):
+                self.store.unstart_cells(self.sweep.sweep_id, idle)
 
     def _size(self) -> int:
         shared = self.shared

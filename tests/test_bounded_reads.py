@@ -30,7 +30,8 @@ from wf_magic.library import Library
 from wf_magic.locking import read_holder
 from wf_magic.runners.base import RunnerContext, UnitRequest
 from wf_magic.runners.orphans import read_unit_process, sidecar_path
-from wf_magic.runners.replay import MAX_CASSETTE_BYTES, ReplayRunner
+from wf_magic.runners.cassette_calls import MAX_CASSETTE_BYTES
+from wf_magic.runners.replay import ReplayRunner
 from wf_magic.sealing import KEY_FILENAME, Sealer
 from wf_magic.spec.workflow import MAX_SOURCE_BYTES
 
@@ -314,7 +315,7 @@ def small_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every reader's bound lowered to ``LIMIT`` (a file at the bound is then cheap to make)."""
     monkeypatch.setattr("wf_magic.spec.source.MAX_SOURCE_BYTES", LIMIT)
     monkeypatch.setattr("wf_magic.library.MAX_DOCUMENT_BYTES", LIMIT)
-    monkeypatch.setattr("wf_magic.runners.replay.MAX_CASSETTE_BYTES", LIMIT)
+    monkeypatch.setattr("wf_magic.runners.cassette_calls.MAX_CASSETTE_BYTES", LIMIT)
     monkeypatch.setattr("wf_magic.sweeps.expand.MAX_ROWS_BYTES", LIMIT)
 
 
@@ -462,7 +463,7 @@ def test_each_reader_passes_its_documented_bound_to_the_helper(
         seen.append(limit)
         return real(path, limit=limit)
 
-    for module in ("wf_magic.spec.source", "wf_magic.library", "wf_magic.runners.replay"):
+    for module in ("wf_magic.spec.source", "wf_magic.library", "wf_magic.runners.cassette_calls"):
         monkeypatch.setattr(f"{module}.read_bounded", spy)
     path = tmp_path / "file"
     if reader == "source":
@@ -593,7 +594,7 @@ UNBOUNDED_ALLOWED = {
     ("agents/runner.py", "bridged.open(wired.upstream, model=request.model)"): "starts a bridge",
     (
         "bridge/attempt.py",
-        "Bridge.open(upstream=upstream, on_call=self.on_call, model=model, gate=gate, limits=limits)",
+        "Bridge.open(upstream=upstream, on_call=self.on_call, model=model, gate=gate, limits=limits, replay=self.replay)",
     ): "starts a bridge server, not a file",
     (
         "library_fetch.py",

@@ -161,6 +161,32 @@ def test_a_recorded_session_replays_offline_with_the_same_files_answer_and_no_co
     assert list(paid["tokens_out"]) == [USAGE_OUT, USAGE_OUT]
 
 
+def test_wf_show_names_a_replayed_attempt_as_a_replay_and_not_a_disagreement(
+    engine: Engine,
+    repo: Path,
+    claude_bin: Path,
+    upstream: Backend,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """The replayed calls cost nothing while the CLI reports the recording's usage: that is
+    the replay, so ``wf show`` says so instead of flagging the two as disagreeing."""
+    _, tape = _record(engine, repo, claude_bin, upstream, monkeypatch, tmp_path)
+    _offline(upstream, repo, monkeypatch)
+    replay = engine.run(str(_workflow(repo, claude_bin, replay=tape, name="replayed")))
+    assert replay.status == "completed", replay.reason
+    shown = run_wf(engine.state_dir, "show", replay.run_id, "fix")
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert "calls      2 through the bridge: 0 in / 0 out, $0.000000" in lines
+    assert any(line.startswith(f"cli report {2 * USAGE_IN} in / ") for line in lines)
+    assert [line for line in lines if line.startswith("DISAGREE")] == []
+    assert [line for line in lines if line.startswith("replayed")] == [
+        f"replayed   2 of 2 recorded call(s) from cassette {tape} (unit fix, attempt 1): "
+        "nothing was paid; the CLI's report is the recording's"
+    ]
+
+
 def test_no_credential_reaches_the_cassette_or_the_state(
     engine: Engine,
     repo: Path,

@@ -28,10 +28,16 @@ def agent_lines(facts: Mapping[str, Any], cost: float | None = None) -> list[str
         f"{facts.get('tool_uses') or 0} tool use(s), permission {facts.get('permission')}"
     )
     bridge = facts.get("bridge")
+    replay = facts.get("replay")
     if isinstance(bridge, Mapping):
-        lines.extend(_bridge_lines(bridge))
+        lines.extend(_bridge_lines(bridge, is_replayed=isinstance(replay, Mapping)))
     elif cost is not None and facts.get("cost_source"):
         lines.append(f"cost       ${cost:.6f} ({facts['cost_source']})")
+    if isinstance(replay, Mapping):
+        lines.append(
+            f"replayed   {replay.get('served')} of {replay.get('recorded')} recorded call(s) "
+            f"from {replay.get('source')}: nothing was paid; the CLI's report is the recording's"
+        )
     denials = facts.get("permission_denials") or []
     if denials:
         named = ", ".join(
@@ -58,9 +64,13 @@ def _money(value: Any) -> str:
     return f"${value:.6f}" if isinstance(value, int | float) else "cost unknown"
 
 
-def _bridge_lines(bridge: Mapping[str, Any]) -> list[str]:
+def _bridge_lines(bridge: Mapping[str, Any], *, is_replayed: bool) -> list[str]:
     """The bridge's sums over the attempt's calls, the CLI's own report beside them, and a
-    flag when the two disagree (tokens differ, or costs differ by more than 1%)."""
+    flag when the two disagree (tokens differ, or costs differ by more than 1%).
+
+    A replayed attempt is never flagged: its calls were answered from a recording at zero
+    tokens and cost by design, while the CLI still reports the recorded usage, so the two
+    differ without either being wrong (its ``replayed`` line says why)."""
     cli = bridge.get("cli_report") or {}
     calls = (
         f"calls      {bridge.get('calls')} through the bridge: {bridge.get('tokens_in')} in / "
@@ -82,7 +92,7 @@ def _bridge_lines(bridge: Mapping[str, Any]) -> list[str]:
         and isinstance(theirs, int | float)
         and abs(ours - theirs) > 0.01 * max(abs(ours), abs(theirs))
     )
-    if tokens_differ or costs_differ:
+    if (tokens_differ or costs_differ) and not is_replayed:
         what = " and ".join(w for w, d in (("tokens", tokens_differ), ("cost", costs_differ)) if d)
         lines.append(f"DISAGREE   the CLI's report and its calls differ in {what}; the calls count")
     return lines

@@ -90,10 +90,12 @@ class SideBySide:
         )
 
     def _cell_html(self, cell: dict[str, Any] | None) -> str:
+        """A variant's cell. Its values may come from a hand-made frame, so each is shown as
+        escaped text whatever its type, and a missing one (None, NaN, NA) as nothing."""
         style = "vertical-align:top;border:1px solid #ddd;padding:4px"
         if cell is None:
             return f"<td style='{style}'><i>no cell</i></td>"
-        output = cell["output"] or ""
+        output = _shown(cell.get("output"))
         if len(output) > self.clip:
             shown = (
                 f"<details><summary>{_e(output[: self.clip])}…</summary>"
@@ -101,15 +103,15 @@ class SideBySide:
             )
         else:
             shown = f"<pre style='white-space:pre-wrap;margin:0'>{_e(output)}</pre>"
-        status = "" if cell["status"] == "completed" else f"<b>{_e(cell['status'])}</b> "
+        status = _shown(cell.get("status"))
+        badge = "" if status in ("", "completed") else f"<b>{_e(status)}</b> "
         scores = " · ".join(f"{_e(s)} {_e(_text(cell.get(s)))}" for s in self.scores)
-        cost = cell["cost_paid"]
         usage = (
-            f"{_e(_text(cell['tokens_paid']))} tokens · cost {_e(_text(cost))} · "
-            f"{_e(_seconds(cell['latency_s']))}"
+            f"{_e(_text(cell.get('tokens_paid')))} tokens · cost {_e(_text(cell.get('cost_paid')))}"
+            f" · {_e(_seconds(cell.get('latency_s')))}"
         )
         return (
-            f"<td style='{style}'>{status}{shown}"
+            f"<td style='{style}'>{badge}{shown}"
             f"<div style='font-size:smaller'>{scores}</div>"
             f"<div style='font-size:smaller;color:#666'>{usage}</div></td>"
         )
@@ -186,12 +188,14 @@ def _cell(rec: dict[str, Any], names: list[str]) -> dict[str, Any]:
         None
         if plain(result) is None
         else (
-            result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, indent=1)
+            result
+            if isinstance(result, str)
+            else json.dumps(result, ensure_ascii=False, indent=1, default=str)
         )
     )
     return {
         "output": output,
-        "status": rec.get("status"),
+        "status": plain(rec.get("status")),  # NA from a hand-made frame: None, so no crash
         **{n: plain(rec.get(n)) for n in names},
         "tokens_paid": plain(rec.get("tokens_paid")),
         "cost_paid": plain(rec.get("cost_paid")),
@@ -227,11 +231,23 @@ def _text(value: Any) -> str:
         return "–"
     if isinstance(value, float):
         return f"{value:.4g}" if math.isfinite(value) else str(value)
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list | tuple | dict | int):
+        return json.dumps(value, ensure_ascii=False, default=str)
+    return str(value)  # a datetime, bytes, a Decimal: whatever a hand-made frame holds
+
+
+def _shown(value: Any) -> str:
+    """``value`` as the text of a cell's output or status ('' when missing)."""
+    return "" if plain(value) is None else _text(value)
 
 
 def _seconds(value: Any) -> str:
-    return "–" if value is None else f"{float(value):.2f} s"
+    value = plain(value)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f"{value:.2f} s"
+    return _text(value)
 
 
 def _e(text: str) -> str:

@@ -81,22 +81,7 @@ def journal(state: Path) -> tuple[dict[str, int], dict[str, int], list[tuple[str
     return runs, attempts, [tuple(r) for r in charged]
 
 
-@pytest.mark.parametrize(
-    "start",
-    [
-        "engine",
-        pytest.param(
-            "magic",
-            marks=pytest.mark.xfail(
-                raises=CellExecutionError,
-                strict=True,
-                reason="%%sweep has no --background flag: issue 32 item 5 asks that "
-                "`%%sweep --background` return at once with a live handle, as "
-                "`%%workflow --background` and `engine.sweep(background=True)` do",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("start", ["engine", "magic"])
 def test_a_background_sweep_stopped_from_the_notebook_stops_cleanly_and_resumes(
     kernel: Kernel, start: str
 ) -> None:

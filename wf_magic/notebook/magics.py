@@ -31,6 +31,7 @@ from .args import COMMANDS, cell_args, line_args, line_help
 from .drives import Drives
 
 if TYPE_CHECKING:
+    from .sweeps import SweepDrives
     from .sweepview import SweepGridView
     from .widgets import RunView
 
@@ -121,7 +122,8 @@ class WorkflowMagics(Magics):
         self.drives = Drives(lambda: self.engine)
         self.views: dict[str, RunView] = {}
         self._grids: list[SweepGridView] = []
-        """Sweep grids still clickable, settled when the next cell runs."""
+        """Sweep grids still clickable, settled when a cell runs after their sweep ended."""
+        self._sweep_drives: SweepDrives | None = None
         self._followers: list[RunView] = []
         """Older views of a run, retired by a newer one, that still follow it (see
         ``RunView.retire``); released with the rest."""
@@ -231,14 +233,27 @@ class WorkflowMagics(Magics):
             if self.views.get(view.run_id) is view:
                 del self.views[view.run_id]
 
+    @property
+    def sweep_drives(self) -> SweepDrives:
+        """This kernel's background sweeps (``%%sweep --background``)."""
+        if self._sweep_drives is None:
+            from .sweeps import SweepDrives
+
+            self._sweep_drives = SweepDrives()
+        return self._sweep_drives
+
     def settle_at_next_cell(self, view: SweepGridView) -> None:
-        """Settle a finished sweep's grid when the next cell runs (a ``pre_run_cell`` hook)."""
+        """Settle a sweep's grid when a cell runs after the sweep ended (``pre_run_cell``)."""
         self._grids.append(view)
 
-    def settle_grids(self, info: Any = None) -> None:
-        """Settle the grids of finished sweeps (see ``SweepGridView.settle``)."""
-        grids, self._grids = self._grids, []
+    def settle_grids(self, info: Any = None, *, force: bool = False) -> None:
+        """Settle the grids of finished sweeps (see ``SweepGridView.settle``); the grid of a
+        background sweep still driving stays live for a later cell, unless ``force``."""
+        grids = self._grids
+        self._grids = [g for g in grids if g.is_driving and not force]
         for grid in grids:
+            if grid.is_driving and not force:
+                continue
             try:
                 grid.settle()
             except Exception:  # a display hook must not fail every later cell
@@ -311,13 +326,15 @@ class WorkflowMagics(Magics):
             view.release()
         self.views.clear()
         self._followers.clear()
-        self.settle_grids()
+        self.settle_grids(force=True)
         with self._finished_lock:
             self._finished.clear()
 
     def close(self) -> None:
         """Stop drives and views, close the database (``%unload_ext``)."""
         self.drives.stop_all()
+        if self._sweep_drives is not None:
+            self._sweep_drives.stop_all()
         self._forget_views()
         if self._engine is not None:
             self._engine.close()
@@ -385,18 +402,43 @@ class WorkflowMagics(Magics):
         help="cells driven at once",
     )
     @argument("--key", metavar="K", help="a launch key naming this sweep")
+    @argument(
+        "--background",
+        action="store_true",
+        help="drive in a thread; the cell returns at once, the grid follows the cells",
+    )
     @argument("--as", dest="as_var", metavar="VAR", help="also store the Sweep handle in VAR")
     @cell_magic("sweep")  # type: ignore[arg-type]
     def sweep_cell(self, line: str, cell: str) -> Any:
         """Run the workflow in this cell (YAML, or a line naming a file) over a grid of params
         × dataset rows × repeats under one budget; shows the sweep's grid. Re-running the
         unchanged cell resumes (or shows) the same sweep. The cell evaluates to the ``Sweep``.
+
+        ``--background`` returns at once and the live grid follows the cells while other cells
+        run; ``%sweep stop`` (or the handle's ``stop()``) stops it after the units in flight.
+        A kernel interrupt stops the cell it lands in, not a background sweep; re-running the
+        cell while this kernel still drives its sweep starts no second driver.
         """
         from .sweeps import run_sweep_cell
 
         with _as_usage_errors(self.drives):
             ns = parse_argstring(self.sweep_cell, line)
-            return run_sweep_cell(self, ns, cell)
+            return run_sweep_cell(self, ns, cell, drives=self.sweep_drives)
+
+    @magic_arguments(name="sweep")
+    @argument("command", choices=("stop",), help="stop: stop a background sweep of this kernel")
+    @argument("sweep", nargs="?", help="a sweep id or a unique prefix (default: every one)")
+    @line_magic("sweep")  # type: ignore[arg-type]
+    def sweep_line(self, line: str) -> Any:
+        """``%sweep stop [SWEEP]``: ask this kernel's background drive of SWEEP (default: of
+        every sweep it drives in the background) to stop after the units in flight, as
+        ``%workflow stop`` asks a run's; the owed cells stay for re-running the cell or
+        ``wf sweep-resume``."""
+        from .sweeps import stop_sweeps
+
+        with _as_usage_errors(self.drives):
+            ns = parse_argstring(self.sweep_line, line)
+            stop_sweeps(self, self.sweep_drives, ns.sweep)
 
     @magic_arguments(name="workflow")
     @argument(

@@ -1,13 +1,16 @@
 """The live grid of a ``%%sweep`` cell: one small button per cell, coloured by its run's status
 and redrawn (throttled) as cells settle, the tokens paid against the sweep's ceiling above it;
 a click on a cell opens its run view below the grid once the cell ended (the kernel is busy
-until then). When another cell runs, the live grid gives way to what a saved notebook can show
-(the opened cell's static run view, or nothing: the cell's result is the sweep's static HTML
-grid) and every model it made is closed."""
+until then). When another cell runs after the sweep ended, the live grid gives way to what a
+saved notebook can show (the opened cell's static run view, or nothing: the cell's result is
+the sweep's static HTML grid; under ``--background`` the static grid itself) and every model
+it made is closed."""
 
 from __future__ import annotations
 
 import html
+import logging
+import threading
 from typing import TYPE_CHECKING, Any
 
 from ..sweeps.handle import Sweep
@@ -20,6 +23,7 @@ if TYPE_CHECKING:
 
     from ..engine import Engine
     from ..store.sweeps import SweepCellRow
+    from ..sweeps.background import BackgroundSweep
     from .widgets import RunView
 
 MAX_BUTTONS = 400
@@ -29,6 +33,8 @@ MAX_MODELS = MAX_BUTTONS + 40
 """The most widget models a live grid holds, whatever the sweep's size: one per cell button
 (they share one layout and one style; a status is a CSS class), ~20 for the rest, and one
 opened cell's run view (its own bound: see ``RunView``)."""
+
+log = logging.getLogger("wf_magic")
 
 
 class SweepGridView:
@@ -73,6 +79,13 @@ class SweepGridView:
         self.buttons: list[ipywidgets.Button] = []
         self.cells: list[SweepCellRow] = []
         self.view: RunView | None = None
+        self.in_background = False
+        """The sweep is driven on a thread while later cells run (``%%sweep --background``):
+        the cell shows no static grid, so :meth:`settle` leaves one in the live grid's place."""
+        self.is_settled = False
+        self._drive: BackgroundSweep | None = None
+        self._is_finished = False
+        self._finish_lock = threading.Lock()
         self._throttle = Throttle(self._redraw)
 
     def poke(self, done: int, total: int) -> None:
@@ -147,28 +160,76 @@ class SweepGridView:
         bundle["text/html"] = "<i>live sweep grid (shown while the sweep drives)</i>"
         self.handle = display(bundle, raw=True, display_id=True)  # type: ignore[no-untyped-call]
 
+    @property
+    def is_driving(self) -> bool:
+        """Whether the background drive this grid follows is still going (the grid must stay
+        live through later cells; :meth:`settle` waits for a cell after it ended)."""
+        return self._drive is not None and self._drive.running
+
     def finish(self) -> None:
-        """The sweep ended: one last draw; the grid stays clickable until :meth:`settle`."""
-        self._throttle.flush()
-        self._throttle.close()
+        """The sweep ended: one last draw; the grid stays clickable until :meth:`settle`.
+
+        Idempotent (a background drive's thread and the next cell may both call it); what
+        ended a background drive is said under the header, as nobody waits to raise it."""
+        with self._finish_lock:
+            if self._is_finished:
+                return
+            self._is_finished = True
+            self._throttle.flush()
+            self._throttle.close()
+            error = self._drive.error if self._drive is not None else None
+            if error is not None:
+                said = html.escape(f"the background drive stopped: {error}")
+                self.header.value += f"<div><b>{said}</b></div>"
+
+    def follow(self, drive: BackgroundSweep) -> None:
+        """Follow a background sweep: the grid draws its last state when ``drive`` ends (a
+        daemon thread waits for it), and settles at the first cell after that."""
+        self.in_background = True
+        self._drive = drive
+
+        def wait() -> None:
+            try:
+                drive.wait()
+            except BaseException:  # kept on the drive; finish() says it in the grid
+                pass
+            try:
+                self.finish()
+            except Exception:  # a thread of ours must not print a traceback into a cell
+                log.exception("the last draw of sweep %s's grid failed", drive.sweep_id)
+
+        threading.Thread(target=wait, name=f"wf-sweep-grid-{drive.sweep_id}", daemon=True).start()
 
     def settle(self) -> None:
         """Another cell runs: the live output gives way to what a saved notebook can show
         (the opened cell's static run view, else nothing: the cell's result is the static
-        grid) and every model the grid made is closed."""
+        grid; a background sweep's cell has none, so its grid) and every model the grid made
+        is closed."""
+        self.finish()
         if self.handle is not None:
             shown = self.view.static_bundle() if self.view is not None else None
+            if self.in_background:
+                shown = _static_grid(self.sweep, shown)
             self.handle.update(shown or {"text/plain": ""}, raw=True)
+        self.is_settled = True
         self.close()
 
     def close(self) -> None:
         """Stop redrawing and close every widget model of the grid."""
-        self._throttle.close()
+        with self._finish_lock:
+            self._is_finished = True  # a drive ending later draws nothing more
+            self._throttle.close()
         if self.view is not None:
             self.view.close()
         close_tree(self.widget)
         for widget in (*self.buttons, self._layout, self._style):  # shown or not
             close_tree(widget)
+
+
+def _static_grid(sweep: Sweep, run: dict[str, str] | None) -> dict[str, str]:
+    """The sweep's static grid as an output, with the opened cell's static run view below."""
+    below = run["text/html"] if run is not None else ""
+    return {"text/plain": repr(sweep), "text/html": sweep._repr_html_() + below}
 
 
 def _where(cell: SweepCellRow) -> str:

@@ -25,6 +25,7 @@ from wf_magic.sweeps.background import BackgroundSweep
 YAML = """name: bg-magic
 params:
   style: {type: string}
+  topic: {type: string, default: t}
 runner: held
 steps:
   - id: write
@@ -204,6 +205,19 @@ def test_the_live_grid_stays_live_through_later_cells_and_settles_into_the_stati
         assert shown["text/html"].count("<span title=") == 3
         assert "completed · 3 cells" in shown["text/html"]
         assert sweep._repr_html_() == shown["text/html"]
+
+
+def test_the_live_grid_of_a_sweep_with_shared_params_shows_that_sweep(
+    shell: InteractiveShell, tmp_path: Path, gate: threading.Event, held: Recorder
+) -> None:
+    """The shared params are part of the sweep's identity, so the grid must count them to
+    find its sweep (else it would say "sweep starting…" to the end)."""
+    gate.set()
+    with magics_in(shell, tmp_path / "state", widgets="on") as magics:
+        shell.run_cell(CELL.replace("--background", "--param topic=owls")).raise_error()
+        (view,) = magics._grids
+        assert view.sweep.sweep_id == shell.user_ns["s"].sweep_id
+        assert "completed · 3 cells" in view.header.value
 
 
 def test_in_a_kernel_the_saved_background_cell_keeps_the_final_static_grid(

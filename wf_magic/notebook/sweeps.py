@@ -68,15 +68,11 @@ def run_sweep_cell(
     grid, rows = parse_grid(ns.grid or ()), sweep_rows(ns.rows, ctx.user_ns)
     # Params every cell shares, as %%workflow takes them: a secret one is sealed, never an axis.
     params = _shared_params(ns, ctx.user_ns)
-    sweep_id = _sweep_id(ctx, wf, grid, rows, ns.repeat, params)
+    # Its id (the rows read once more) only for a live grid or a background drive to find.
+    needed = ctx.use_widgets or bool(drives.running())
+    sweep_id = _sweep_id(ctx, wf, grid, rows, ns.repeat, params) if needed else None
     running = drives.driving(sweep_id) if sweep_id is not None else None
     if running is not None:
-        print(
-            f"sweep {running.sweep_id} is already being driven in the background by this "
-            f"kernel; this cell started nothing and follows it (`%sweep stop "
-            f"{running.sweep_id}` stops it)",
-            file=sys.stderr,
-        )
         sweep = _followed(ctx, running)
     else:
         sweep = _driven(
@@ -96,7 +92,7 @@ def run_sweep_cell(
                 params=params,
                 background=ns.background,
             ),
-            drives=drives if ns.background else None,
+            drives=drives,
         )
     if ns.as_var:
         ctx.user_ns[ns.as_var] = sweep
@@ -108,10 +104,10 @@ def _driven(
     sweep_id: str | None,
     sweep: Callable[[threading.Event, Callable[[int, int], None] | None], Sweep],
     *,
-    drives: SweepDrives | None,
+    drives: SweepDrives,
 ) -> Sweep:
-    """Run ``sweep(stop, progress)`` under the live grid; with ``drives`` (``--background``)
-    it returns once the sweep opened, its drive kept in ``drives`` and followed by the grid."""
+    """Run ``sweep(stop, progress)`` under the live grid; a background one returns once the
+    sweep opened, its drive kept in ``drives`` and followed by the grid."""
     view = _live_view(ctx, sweep_id) if ctx.use_widgets and sweep_id is not None else None
     stop = threading.Event()
     try:
@@ -128,8 +124,7 @@ def _driven(
             view.finish()
             ctx.settle_at_next_cell(view)
         return drive
-    if drives is not None:
-        drives.add(drive)
+    drives.add(drive)
     if view is None:
         return drive
     view.follow(drive)  # it settles at the first cell after the drive ended
@@ -138,8 +133,13 @@ def _driven(
 
 
 def _followed(ctx: CommandContext, drive: BackgroundSweep) -> Sweep:
-    """A cell's handle on a background sweep an earlier cell started: a new live grid that
-    follows the same drive (the earlier cell's grid settles as this cell runs)."""
+    """A cell's handle on a background sweep an earlier cell started, said in one line: a new
+    live grid that follows the same drive (the earlier cell's grid settles as this cell runs)."""
+    print(
+        f"sweep {drive.sweep_id} is already being driven in the background by this kernel; "
+        f"this cell started nothing and follows it (`%sweep stop {drive.sweep_id}` stops it)",
+        file=sys.stderr,
+    )
     view = _live_view(ctx, drive.sweep_id) if ctx.use_widgets else None
     if view is None:
         return drive
@@ -257,7 +257,7 @@ class LiveSweep(Sweep):
     """
 
     def __init__(self, drive: BackgroundSweep, view: SweepGridView):
-        super().__init__(view.sweep._store, drive.sweep_id)
+        super().__init__(view.engine.store, drive.sweep_id)
         self.drive = drive
         self.view = view
 

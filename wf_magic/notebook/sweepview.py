@@ -13,6 +13,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
+from ..errors import WorkflowError
 from ..sweeps.handle import Sweep
 from .detail import STATUS_CSS, status_classes
 from .teardown import close_tree
@@ -191,8 +192,10 @@ class SweepGridView:
         def wait() -> None:
             try:
                 drive.wait()
-            except BaseException:  # kept on the drive; finish() says it in the grid
+            except WorkflowError:  # kept on the drive; finish() says it in the grid
                 pass
+            except BaseException:  # a bug, not a refusal: logged, as a run's drive logs it
+                log.exception("the background drive of sweep %s failed", drive.sweep_id)
             try:
                 self.finish()
             except Exception:  # a thread of ours must not print a traceback into a cell

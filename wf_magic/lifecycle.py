@@ -131,7 +131,7 @@ def cell_starts(
         sealed = _sealed(store, resolve_params(wf.plan, given))
         cell_wf = workflow_for_params(wf, sealed.params)
         run_id = new_run_id()
-        while run_id in ids:  # three random bytes a second: a batch may draw one twice
+        while run_id in ids:  # never within one process and second (new_run_id); a guard
             run_id = new_run_id()
         ids.add(run_id)
         scope = scope_key(cell_wf.name, sealed.params)

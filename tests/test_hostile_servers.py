@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -25,7 +28,7 @@ import pydantic_ai.direct
 import pytest
 
 from tests.helpers_http import isolate_loopback_env
-from tests.hostile_server import REPLY, HostileChatServer
+from tests.hostile_server import REPLY, HostileChatServer, completion, stream_events
 from wf_magic import Engine
 from wf_magic.bus import Event
 from wf_magic.store.records import AttemptRow
@@ -325,3 +328,100 @@ def test_a_cut_body_then_a_good_one_completes(server: HostileChatServer, tmp_pat
         ]
     finally:
         engine.close()
+
+
+# -- 8b: a reset before the reply is not a cut answer --------------------------------------------
+class ResettingServer:
+    """A loopback server that reads each request whole, sends ``sent`` (nothing: it resets
+    before replying; a status line, headers and half a body: mid-answer), then resets the
+    connection (``SO_LINGER`` 0: an RST), or with ``is_orderly`` closes it (a FIN)."""
+
+    def __init__(self, sent: bytes, *, is_orderly: bool = False) -> None:
+        self.sent = sent
+        self.is_orderly = is_orderly
+        self._socket = socket.create_server(("127.0.0.1", 0))
+        self._socket.settimeout(0.05)  # accept() wakes to see stop(): a close alone does not
+        self._stopping = threading.Event()
+        self.url = f"http://127.0.0.1:{self._socket.getsockname()[1]}/v1"
+        self._thread = threading.Thread(target=self._serve, name="hostile-chat-server")
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                conn, _ = self._socket.accept()
+            except TimeoutError:
+                continue
+            conn.settimeout(5.0)
+            with conn:
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    head += conn.recv(65536) or b"\r\n\r\n"
+                length = re.search(rb"(?i)content-length: *(\d+)", head)
+                body = head.split(b"\r\n\r\n", 1)[1]
+                while length and len(body) < int(length[1]):
+                    body += conn.recv(65536) or b" " * int(length[1])
+                if self.sent:
+                    conn.sendall(self.sent)
+                    time.sleep(0.2)  # the client reads the head before the reset arrives
+                if not self.is_orderly:
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(timeout=5)
+        self._socket.close()
+
+
+def half_an_answer(is_stream: bool) -> bytes:
+    """A 200's status line and headers, then half of its body (of a JSON answer, or of an
+    event stream's events)."""
+    if is_stream:
+        body = b"".join(stream_events(REPLY))
+        head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n"
+    else:
+        body = json.dumps(completion(REPLY)).encode()
+        head = (
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
+    return head.encode() + body[: len(body) // 2]
+
+
+@pytest.mark.parametrize(
+    ("mid_answer", "is_orderly", "said"),
+    [
+        (
+            False,
+            False,
+            "the server closed the connection before replying (Connection reset by peer)",
+        ),
+        (
+            False,
+            True,
+            "the server closed the connection before replying (Server disconnected without "
+            "sending a response)",
+        ),
+        (True, False, "the answer was cut off mid-way (Connection reset by peer)"),
+    ],
+)
+@pytest.mark.parametrize("watched", [False, True])
+def test_a_reset_before_the_reply_is_named_apart_from_a_reset_mid_answer(
+    tmp_path: Path, mid_answer: bool, is_orderly: bool, said: str, watched: bool
+) -> None:
+    """All are transient; only a connection lost after the reply began cut an answer off."""
+    sent = half_an_answer(watched) if mid_answer else b""
+    server = ResettingServer(sent, is_orderly=is_orderly)
+    try:
+        step = "retry: {max_attempts: 2, backoff_s: 0}"
+        status, reason, rows, _wall = drive(
+            tmp_path / "s", workflow("openai", server.url, step=step), watched=watched
+        )
+    finally:
+        server.stop()
+    assert status == "failed"
+    assert [(a.status, a.transient) for a in rows] == [("failed", 1), ("failed", 1)]
+    assert (
+        reason
+        == f"step a: unit a failed: openai runner: unit a (model m1 at {server.url}): {said}."
+    )

@@ -29,8 +29,8 @@ from wf_magic.errors import FileRefused, UsageError, WorkflowError
 from wf_magic.library import Library
 from wf_magic.locking import read_holder
 from wf_magic.runners.base import RunnerContext, UnitRequest
-from wf_magic.runners.orphans import read_unit_process, sidecar_path
 from wf_magic.runners.cassette_calls import MAX_CASSETTE_BYTES
+from wf_magic.runners.orphans import read_unit_process, sidecar_path
 from wf_magic.runners.replay import ReplayRunner
 from wf_magic.sealing import KEY_FILENAME, Sealer
 from wf_magic.spec.workflow import MAX_SOURCE_BYTES

@@ -340,41 +340,38 @@ def test_step_timeout_reaches_the_client_and_a_timeout_is_retried(
     assert "timed out after 0.3s" in (attempts[0].failure or "")
 
 
-def test_one_client_per_drive_closed_on_success_and_on_failure(
+def test_drives_of_one_endpoint_share_one_client_a_new_endpoint_gets_its_own(
     engine: Engine, server: FakeChatServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Sweep cells and runs on the model loop reuse one client (and its open connections)
+    per endpoint, timeout and key; a drive's end, even a failed one, leaves it open."""
     made: list[object] = []
-    closed: list[object] = []
     new_client = OpenAIChatRunner._new_client
-    close = OpenAIChatRunner.close
 
     def counting_new_client(self: OpenAIChatRunner) -> Any:
-        made.append(self)
-        return new_client(self)
-
-    def counting_close(self: OpenAIChatRunner) -> None:
-        if self._client is not None:
-            closed.append(self)
-        close(self)
+        client = new_client(self)
+        made.append(client)
+        return client
 
     monkeypatch.setattr(OpenAIChatRunner, "_new_client", counting_new_client)
-    monkeypatch.setattr(OpenAIChatRunner, "close", counting_close)
-    src = openai_workflow(
-        server.url,
-        """
+    steps = """
         - id: fan
           map: "{{ ['a', 'b', 'c'] }}"
           prompt: Say {{ item }}.
-        """,
-        head="execution: {max_concurrency: 3}\n",
-    )
+        """
+    head = "execution: {max_concurrency: 3}\n"
+    src = openai_workflow(server.url, steps, head=head, options=", timeout_s: 41")
 
     assert engine.run(src).status == "completed"
-    assert (len(made), len(closed)) == (1, 1)
-
     server.push(400, {"error": {"message": "no"}})
     assert engine.run(src.replace("Say", "Shout"), new=True).status == "failed"
-    assert (len(made), len(closed)) == (2, 2)
+    assert engine.run(src.replace("Say", "Sing"), new=True).status == "completed"
+    assert len(made) == 1
+    assert not made[0].is_closed()  # type: ignore[attr-defined]
+
+    other = openai_workflow(server.url, steps, head=head, options=", timeout_s: 42")
+    assert engine.run(other.replace("Say", "Hum"), new=True).status == "completed"
+    assert len(made) == 2
 
 
 # -- budget and cost --------------------------------------------------------------------------

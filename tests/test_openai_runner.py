@@ -307,12 +307,12 @@ def test_an_exhausted_token_budget_sends_nothing(
 def test_close_closes_the_client(server: FakeChatServer, make_runner: MakeRunner) -> None:
     runner = make_runner()
     runner.run(unit())
-    client = runner._client
-    assert client is not None and not client.is_closed()
+    [client] = runner._clients.all()
+    assert not client.is_closed()
     runner.close()
     runner.close()
     assert client.is_closed()
-    assert runner._client is None
+    assert runner._clients.all() == []
 
 
 def test_the_client_is_created_once_per_runner(
@@ -320,9 +320,9 @@ def test_the_client_is_created_once_per_runner(
 ) -> None:
     runner = make_runner()
     runner.run(unit())
-    client = runner._client
+    [client] = runner._clients.all()
     runner.run(unit(dispatch_id="d-2"))
-    assert runner._client is client
+    assert runner._clients.all() == [client]
 
 
 def test_the_api_key_never_appears_in_an_error_message(

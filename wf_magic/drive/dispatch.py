@@ -25,10 +25,11 @@ from . import attempts, outcomes, resume
 from .agentunits import cancel_agents, prior_session
 from .children import ChildBlocked, ChildBudgetStop
 from .context import DriveContext, RunState
-from .endpoints import limiter_for, throttle_wait, throttled_too_long
+from .endpoints import MODEL_KINDS, limiter_for, throttle_wait, throttled_too_long
 from .executors import InlineExecutor
 from .interrupts import delivered, is_real_interrupt
 from .limiter import Limiter
+from .modelloop import has_arun, submit_arun
 from .requests import unit_request
 from .spine import LoopWork, start_loop
 from .units import UnitPlan
@@ -230,7 +231,8 @@ def _schedule(
     finally:
         if slots is not None:
             slots.give(held)
-        for job, _attempt in in_flight.values():
+        for future, (job, _attempt) in in_flight.items():
+            future.cancel()  # a call on the model loop stops (a thread's runs on, abandoned)
             _drop_hold(job)  # outcomes never seen (a stop at once): the limiter forgets them
     # The last finishes stay deferred: the step's own write carries them (complete_step), or
     # the next read or write, or the flush at the end of the drive (drive_run).
@@ -342,7 +344,7 @@ def _start_batch(
                 unit_id=job.unit.unit_id,
                 dispatch_id=attempt.dispatch_id,
             )
-            # An exec unit of the dead driver may still run: stop its process group first.
+            # An exec or agent unit of the dead driver may still run: stop its process group first.
             note = reap_orphan(ctx.runners.state_dir, attempt.dispatch_id)
             if note is not None:
                 ctx.emit("warning", run_id=state.run_id, step_id=step.id, message=note)
@@ -441,6 +443,12 @@ def _launch(
             )
         )
         return failed
+    if (
+        unit.kind in MODEL_KINDS
+        and isinstance(executor, ThreadPoolExecutor | InlineExecutor)
+        and has_arun(runner)
+    ):
+        return submit_arun(runner, request)  # a coroutine on the model loop, no thread
     return executor.submit(runner.run, request)
 
 

@@ -24,11 +24,13 @@ at the deadline (``runners/function.py``), and a streamed one stops reading at i
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import os
 import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ..errors import RunnerError
 from .textsink import TextSink
@@ -143,6 +145,7 @@ class AttemptLoop:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
 
     def call(
         self,
@@ -222,8 +225,45 @@ class AttemptLoop:
             if not thread.is_alive():
                 loop.close()
 
+    def submit(self, coro: Awaitable[T]) -> concurrent.futures.Future[T]:
+        """Start ``coro`` on the loop; its future (cancelling it cancels the coroutine).
+
+        Whatever ``coro`` raises reaches the future, a ``KeyboardInterrupt`` or
+        ``SystemExit`` too (as from a worker thread): asyncio would re-raise those out of the
+        loop, which would end the loop's thread and every call on it.
+        """
+        outer: concurrent.futures.Future[T] = concurrent.futures.Future()
+        inner = asyncio.run_coroutine_threadsafe(_caught(coro), self.running())
+
+        def settle(done: concurrent.futures.Future[tuple[bool, Any]]) -> None:
+            if done.cancelled():
+                outer.cancel()
+                return
+            error = done.exception()
+            ok, value = (False, error) if error is not None else done.result()
+            if not outer.set_running_or_notify_cancel():
+                return  # cancelled meanwhile: nobody waits for it
+            if ok:
+                outer.set_result(cast(T, value))
+            else:
+                outer.set_exception(cast(BaseException, value))
+
+        def forward_cancel(done: concurrent.futures.Future[T]) -> None:
+            if done.cancelled():
+                inner.cancel()
+
+        outer.add_done_callback(forward_cancel)
+        inner.add_done_callback(settle)
+        return outer
+
+    def running(self) -> asyncio.AbstractEventLoop:
+        """The loop, its thread started on first use (again in a forked child process)."""
+        return self._running()
+
     def _running(self) -> asyncio.AbstractEventLoop:
         with self._lock:
+            if self._pid != os.getpid():  # forked: the parent's loop thread is not here
+                self._loop, self._thread, self._pid = None, None, os.getpid()
             if self._loop is None:
                 loop = asyncio.new_event_loop()
                 thread = threading.Thread(
@@ -236,6 +276,16 @@ class AttemptLoop:
 
 async def _awaited(coro: Awaitable[T]) -> T:
     return await coro
+
+
+async def _caught(coro: Awaitable[T]) -> tuple[bool, Any]:
+    """``(True, value)`` or ``(False, what it raised)``: nothing but a cancellation escapes."""
+    try:
+        return True, await coro
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - handed to the caller's future
+        return False, exc
 
 
 def _latest(texts: queue.SimpleQueue[str | None], latest: str | None) -> str | None:

@@ -10,7 +10,9 @@ the calling thread.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
+import inspect
 import threading
 import traceback
 from collections.abc import Callable, Mapping
@@ -65,6 +67,9 @@ def call_with_timeout(call: Callable[[], T], timeout_s: float | None, *, what: s
 class FunctionRunner(BaseRunner):
     """Runs ``python:`` units: ``fn(**kwargs)``; the return value must be a JSON value.
 
+    An ``async def`` target is awaited: its coroutine runs to its end on an event loop of its
+    own, in the unit's worker thread (``timeout:`` binds it like any call).
+
     ``request.timeout_s`` is enforced by abandoning the call (see the module docstring).
     """
 
@@ -101,7 +106,8 @@ class FunctionRunner(BaseRunner):
 
         def call() -> Any:
             try:
-                return fn(**kwargs)
+                value = fn(**kwargs)
+                return _awaited(value) if inspect.isawaitable(value) else value
             except Exception as exc:
                 raise RunnerError(
                     f"{target} raised {type(exc).__name__}: {_described(exc)}",
@@ -111,6 +117,33 @@ class FunctionRunner(BaseRunner):
         # What it returns is checked by the driver, like every runner's output, before it is
         # journaled (drive/outcomes.py): valid UTF-8 text, JSON, finite, bounded.
         return UnitResult(output=call_with_timeout(call, request.timeout_s, what=target))
+
+
+def _awaited(value: Any) -> Any:
+    """What an ``async def`` target's coroutine returns, run to its end on a loop of its own
+    (on another thread when this one already runs a loop, as a notebook kernel's does)."""
+
+    async def wait() -> Any:
+        return await value
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(wait())
+    outcome: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            outcome["value"] = asyncio.run(wait())
+        except BaseException as exc:  # handed to the caller, who decides
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=work, name="wf-call async target", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def _described(exc: Exception) -> str:

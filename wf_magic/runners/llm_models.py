@@ -33,11 +33,15 @@ retries stay on (llm gives no way to turn them off).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
+import inspect
 import json
 import os
 import threading
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RunnerError
@@ -64,6 +68,8 @@ _OPTION_NAMES = frozenset(
 )
 _TRANSIENT_NAMES = ("Timeout", "TimedOut", "Connection", "Connect", "RateLimit", "Overloaded")
 _MESSAGE_CAP = 500
+SYNC_THREADS = 256
+"""Worker threads for the calls of models without an async version (``arun``)."""
 
 
 class LLMRunner:
@@ -77,6 +83,8 @@ class LLMRunner:
         self.options = dict(options)
         self._lock = threading.Lock()
         self._models: dict[str | None, llm.Model] = {}
+        self._async_models: dict[str | None, llm.AsyncModel | None] = {}
+        self._threads: ThreadPoolExecutor | None = None
 
     @classmethod
     def from_context(cls, ctx: RunnerContext) -> LLMRunner:
@@ -90,7 +98,7 @@ class LLMRunner:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_lock=None, _models={})
+        state.update(_lock=None, _models={}, _async_models={}, _threads=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -130,10 +138,81 @@ class LLMRunner:
         finally:
             stop.set()  # an abandoned streamed call stops reading at its next chunk
 
+    async def arun(self, request: UnitRequest) -> UnitResult:
+        """:meth:`run` as a coroutine: through the model's async version (llm's
+        ``get_async_model``) where its plugin has one, cancelled at the deadline; else ``run``
+        on one of the runner's own worker threads.
+
+        Raises:
+            RunnerError: as :meth:`run` classifies it.
+        """
+        where = f"{self.name} runner: unit {request.unit_id}"
+        if request.kind not in ("prompt", "judge") or request.prompt is None:
+            raise RunnerError(f"{where} is a {request.kind} unit; this runner only runs prompts.")
+        name = request.model or self.options.get("model")
+        model = self._model(name, where)  # its errors, and the name shown, as run() gives them
+        amodel = self._async_model(name)
+        if amodel is None:
+            return await asyncio.wrap_future(self._pool().submit(self.run, request))
+        where = f"{where} (model {model.model_id})"
+        timeout_s = float(request.timeout_s or self.options.get("timeout_s", DEFAULT_TIMEOUT_S))
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await self._aprompt(amodel, request)
+        except TimeoutError as exc:
+            raise RunnerError(
+                f"{where} call timed out after {timeout_s:g}s; the call was cancelled",
+                transient=True,
+            ) from exc
+        except BodyOverBound as exc:
+            raise RunnerError(f"{where}: {exc}.") from exc
+        except RunnerError as exc:
+            raise RunnerError(f"{where}: {exc}.", transient=exc.transient) from exc
+        except Exception as exc:
+            raise _translate(exc, where) from exc
+
     def close(self) -> None:
-        """Forget the resolved models (llm keeps no connection of ours)."""
+        """Forget the resolved models (llm keeps no connection of ours) and end the worker
+        threads of sync-only models (a call still running is abandoned, not waited for)."""
         with self._lock:
-            self._models = {}
+            self._models, self._async_models = {}, {}
+            threads, self._threads = self._threads, None
+        if threads is not None:
+            threads.shutdown(wait=False, cancel_futures=True)
+
+    def _pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._threads is None:
+                self._threads = ThreadPoolExecutor(
+                    max_workers=SYNC_THREADS, thread_name_prefix=f"wf-{self.name}"
+                )
+            return self._threads
+
+    def _async_model(self, name: str | None) -> llm.AsyncModel | None:
+        """The async version of model ``name``, None when its plugin has none."""
+        import llm
+
+        with self._lock:
+            if name not in self._async_models:
+                try:
+                    self._async_models[name] = llm.get_async_model(name)
+                except llm.UnknownModelError:
+                    self._async_models[name] = None
+            return self._async_models[name]
+
+    async def _aprompt(self, model: llm.AsyncModel, request: UnitRequest) -> UnitResult:
+        schema = _schema_of(request)
+        prompt, kwargs = self._arguments(model, request, schema)
+        response = model.prompt(prompt, stream=bool(model.can_stream), **kwargs)
+        sink = None if request.on_text is None else TextSink(request.on_text)
+        text = await _aread(response, sink)
+        if _is_cut_stream(response):
+            raise RunnerError(
+                "the answer was cut off mid-way: the stream ended before the model said it "
+                "had finished",
+                transient=True,
+            )
+        return self._result(text, schema, await response.usage(), model, response)
 
     def _model(self, name: str | None, where: str) -> llm.Model:
         with self._lock:
@@ -157,6 +236,21 @@ class LLMRunner:
         self, model: llm.Model, request: UnitRequest, where: str, stop: threading.Event
     ) -> UnitResult:
         schema = _schema_of(request)
+        prompt, kwargs = self._arguments(model, request, schema)
+        response = model.prompt(prompt, stream=bool(model.can_stream), **kwargs)
+        text = _read(response, None if request.on_text is None else TextSink(request.on_text), stop)
+        if _is_cut_stream(response):
+            raise RunnerError(
+                "the answer was cut off mid-way: the stream ended before the model said it "
+                "had finished",
+                transient=True,
+            )
+        return self._result(text, schema, response.usage(), model, response)
+
+    def _arguments(
+        self, model: Any, request: UnitRequest, schema: dict[str, Any] | None
+    ) -> tuple[str, dict[str, Any]]:
+        """The prompt and the keyword arguments of ``model.prompt`` for ``request``."""
         prompt = request.prompt or ""
         kwargs: dict[str, Any] = {"options": dict(self.options.get("options") or {})}
         if request.max_tokens is not None and "max_tokens" in _option_fields(model):
@@ -173,15 +267,12 @@ class LLMRunner:
         key_env = self.options.get("api_key_env")
         if key_env:
             kwargs["key"] = os.environ.get(key_env) or None
-        response = model.prompt(prompt, stream=bool(model.can_stream), **kwargs)
-        text = _read(response, None if request.on_text is None else TextSink(request.on_text), stop)
-        if _is_cut_stream(response):
-            raise RunnerError(
-                "the answer was cut off mid-way: the stream ended before the model said it "
-                "had finished",
-                transient=True,
-            )
-        usage = response.usage()
+        return prompt, kwargs
+
+    @staticmethod
+    def _result(
+        text: str, schema: dict[str, Any] | None, usage: Any, model: Any, response: Any
+    ) -> UnitResult:
         # A count the model did not report stays unknown (None, NULL in the journal).
         tokens_in = None if usage.input is None else int(usage.input)
         tokens_out = None if usage.output is None else int(usage.output)
@@ -227,6 +318,54 @@ def _read(response: Any, sink: TextSink | None, stop: threading.Event) -> str:
     if sink is not None:
         sink.offer(text, final=True)
     return text
+
+
+async def _aread(response: Any, sink: TextSink | None) -> str:
+    """:func:`_read` for an async response (cancelled at the deadline by the caller)."""
+    parts: list[str] = []
+    size = 0
+    try:
+        async for chunk in response:
+            parts.append(chunk)
+            size += len(chunk.encode("utf-8", "surrogatepass"))
+            if size > MAX_BODY_BYTES:
+                raise BodyOverBound()
+            if sink is not None and sink.is_due:
+                sink.offer("".join(parts))
+    except BaseException:
+        await _close_abandoned(response)
+        raise
+    text = "".join(parts)
+    if sink is not None:
+        sink.offer(text, final=True)
+    return text
+
+
+async def _close_abandoned(response: Any) -> None:
+    """Close what an async response cut short (the bound, the deadline) holds open.
+
+    llm's public stream has no close: its plugin's generator (``_generator``) is closed, and
+    the clients and streams that generator held (llm's OpenAI plugin makes an
+    ``AsyncOpenAI`` per call and never closes it) are closed on this loop. Without that the
+    socket stays open and unread until the process ends, and a server writing a long answer
+    blocks on it.
+    """
+    generator = getattr(response, "_generator", None)
+    frame = getattr(generator, "ag_frame", None)
+    held = list(frame.f_locals.values()) if frame is not None else []
+    aclose = getattr(generator, "aclose", None)
+    if aclose is not None:
+        with contextlib.suppress(Exception):
+            await aclose()
+    for value in held:
+        close = getattr(value, "close", None)
+        if close is None or not type(value).__module__.startswith(("openai", "httpx")):
+            continue
+        with contextlib.suppress(Exception):
+            closing = close()
+            if inspect.isawaitable(closing):
+                await closing
+    gc.collect()
 
 
 def _is_cut_stream(response: Any) -> bool:

@@ -34,8 +34,9 @@ attempt. A response without ``usage`` (or with a null count) leaves that count N
 the journal: unknown, never estimated) and its cost null; a run budget's ``max_tokens``
 charges such an attempt the tokens it was offered (``drive/attempts.py``).
 
-The calls run as coroutines of ``openai.AsyncOpenAI`` on the runner's own event-loop thread
-(``AttemptLoop``), which ``close`` ends.
+The calls run as coroutines of ``openai.AsyncOpenAI``: ``arun`` on the caller's loop (the
+drive's model loop, ``drive/modelloop.py``), ``run`` on the runner's own event-loop thread
+(``AttemptLoop``), which ``close`` ends; one client per loop (``runners/asyncpath.py``).
 
 A request with ``on_text`` (somebody watches the unit live) is streamed (``stream=True``,
 always with ``stream_options={"include_usage": True}``; the last usage seen wins, as servers
@@ -48,6 +49,7 @@ the model stopped (``finish_reason``) was cut off: a transient failure.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
@@ -58,6 +60,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import RunnerError
 from ..redact import Redactor, mask_url
+from .asyncpath import LoopClients, SharedClients, within
 from .base import RunnerContext, UnitRequest, UnitResult, check_limits, strip_code_fence
 from .bounded_http import AttemptLoop, bounded_hooks, is_cut_off, over_bound
 from .pricing import PRICE_OPTIONS, PriceTable
@@ -74,6 +77,10 @@ PutText = Callable[[str], None]
 DEFAULT_TIMEOUT_S = 120.0
 TRANSIENT_STATUS = frozenset({408, 409, 425, 429})
 _MESSAGE_CAP = 500
+_SHARED: SharedClients[AsyncOpenAI] = SharedClients(lambda client: client.close())
+"""The model loop's clients, shared by runners of the same endpoint, timeout and key."""
+_REPLIED = "wf_magic.replied"
+"""The request extension :func:`_hooks` sets once the reply's status line has arrived."""
 _OPTION_NAMES = frozenset(
     {"base_url", "api_key_env", "model", "timeout_s", "json_mode", "max_tokens_param", "limits"}
     | PRICE_OPTIONS
@@ -191,21 +198,23 @@ class OpenAIChatRunner:
         self.options = options
         self.name = name
         self._lock = threading.Lock()
-        self._client: AsyncOpenAI | None = None
+        self._clients: LoopClients[AsyncOpenAI] = LoopClients(lambda: self._new_client())
         self._loop = AttemptLoop(name)
         self._redactor = Redactor()
+        self._keyed = False
         self._no_json_mode: set[str] = set()
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickled for executors such as Dask: ship the settings, never the client or lock;
         # the worker builds its own client on first use.
         state = dict(self.__dict__)
-        state.update(_lock=None, _client=None, _loop=None)
+        state.update(_lock=None, _clients=None, _loop=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        self._clients = LoopClients(lambda: self._new_client())
         self._loop = AttemptLoop(self.name)
 
     @classmethod
@@ -238,27 +247,45 @@ class OpenAIChatRunner:
         """
         started = time.monotonic()  # the deadline counts from here: importing and connecting too
         model = self._check(request)
-        client = self._open()
+        client = self._clients.get(self._loop.running())
         timeout_s = request.timeout_s or self.options.timeout_s
-        on_text = request.on_text
-        # What is shown live is redacted like what is journaled: the key never reaches a view.
-        shown = None if on_text is None else (lambda text: on_text(self._redactor.redact(text)))
         try:
             reply = self._loop.call(
                 lambda put: self._complete(client, request, model, put),
                 timeout_s=timeout_s - (time.monotonic() - started),
-                on_text=shown,
+                on_text=self._shown(request),
+            )
+        except Exception as exc:
+            raise self._translate(exc, request, model) from exc
+        return self._result(reply, request, model)
+
+    async def arun(self, request: UnitRequest) -> UnitResult:
+        """:meth:`run` as a coroutine on the caller's event loop (the drive's model loop):
+        the same request, deadline, streaming, errors and result; no thread is held."""
+        started = time.monotonic()
+        model = self._check(request)
+        client = self._shared_client(asyncio.get_running_loop())
+        timeout_s = request.timeout_s or self.options.timeout_s
+        try:
+            reply = await within(
+                lambda put: self._complete(client, request, model, put),
+                timeout_s=timeout_s - (time.monotonic() - started),
+                on_text=self._shown(request),
             )
         except Exception as exc:
             raise self._translate(exc, request, model) from exc
         return self._result(reply, request, model)
 
     def close(self) -> None:
-        """Close the HTTP client and end the runner's loop thread (a later unit would open
-        new ones)."""
-        with self._lock:
-            client, self._client = self._client, None
-        self._loop.close(client.close if client is not None else None)
+        """Close the HTTP clients (one per event loop the runner ran on) and end the
+        runner's loop thread (a later unit would open new ones)."""
+        self._clients.close_all(lambda client: client.close())
+        self._loop.close()
+
+    def _shown(self, request: UnitRequest) -> Callable[[str], None] | None:
+        # What is shown live is redacted like what is journaled: the key never reaches a view.
+        on_text = request.on_text
+        return None if on_text is None else (lambda text: on_text(self._redactor.redact(text)))
 
     def _check(self, request: UnitRequest) -> str:
         where = f"{self.name} runner: unit {request.unit_id}"
@@ -276,11 +303,14 @@ class OpenAIChatRunner:
             )
         return model
 
-    def _open(self) -> AsyncOpenAI:
-        with self._lock:
-            if self._client is None:
-                self._client = self._new_client()
-            return self._client
+    def _shared_client(self, loop: asyncio.AbstractEventLoop) -> AsyncOpenAI:
+        """The client every runner of these settings shares on ``loop`` (the model loop):
+        sweep cells reuse its connections. Its key's redactor is this runner's."""
+        key = os.environ.get(self.options.api_key_env, "")
+        if key and not self._keyed:
+            self._redactor, self._keyed = Redactor([key]), True
+        settings = (self.options.base_url, self.options.timeout_s, key_digest(key))
+        return _SHARED.get(loop, settings, self._new_client)
 
     def _new_client(self) -> AsyncOpenAI:
         try:
@@ -302,7 +332,7 @@ class OpenAIChatRunner:
             timeout=self.options.timeout_s,
             max_retries=0,
             # Every body is counted while it is read and refused past the output bound.
-            http_client=openai.DefaultAsyncHttpxClient(event_hooks=bounded_hooks()),
+            http_client=openai.DefaultAsyncHttpxClient(event_hooks=_hooks()),
         )
 
     async def _complete(
@@ -397,8 +427,12 @@ class OpenAIChatRunner:
         elif isinstance(exc, RunnerError):
             message, transient = f"{where}: {exc}.", exc.transient
         elif is_cut_off(exc):
-            cause = _clip(str(exc.__cause__ or exc)) or type(exc).__name__
-            message, transient = f"{where}: the answer was cut off mid-way ({cause}).", True
+            said = (
+                "the answer was cut off mid-way"
+                if _has_reply(exc)
+                else "the server closed the connection before replying"
+            )
+            message, transient = f"{where}: {said} ({_cut_cause(exc)}).", True
         elif not isinstance(exc, openai.OpenAIError):
             message, transient = f"{where} failed: {type(exc).__name__}: {_clip(str(exc))}", False
         elif isinstance(exc, openai.APIConnectionError):
@@ -544,6 +578,42 @@ def _retry_after_s(exc: Any) -> float | None:
         return max(0.0, float(value)) if value else None
     except ValueError:
         return None  # an HTTP date: the step's own backoff applies
+
+
+def _hooks() -> dict[str, list[Callable[[Any], Any]]]:
+    """The bounded hooks, and a mark on each request whose reply's status line and headers
+    arrived: a connection lost before them is closed before replying, after them it cut
+    the answer off mid-way (the two fail alike, transient, but say different things)."""
+    hooks = bounded_hooks()
+
+    async def on_reply(response: Any) -> None:
+        response.request.extensions[_REPLIED] = True
+
+    hooks["response"].insert(0, on_reply)
+    return hooks
+
+
+def _has_reply(exc: BaseException) -> bool:
+    """Whether the reply had begun (its status line arrived) to the request that ``exc``, the
+    SDK's error or httpx's, failed."""
+    try:
+        request = getattr(exc, "request", None)  # httpx's raises when it has none
+    except RuntimeError:
+        return False
+    return bool(getattr(request, "extensions", {}).get(_REPLIED))
+
+
+def _cut_cause(exc: BaseException) -> str:
+    """The innermost cause's words (``Connection reset by peer``), else the error's name."""
+    link: BaseException | None = exc
+    said = ""
+    for _ in range(20):
+        if link is None:
+            break
+        text = link.strerror if isinstance(link, OSError) and link.strerror else str(link)
+        said = text or said
+        link = link.__cause__ or link.__context__
+    return _clip(said.rstrip(".")) or type(exc).__name__
 
 
 def _clip(text: str, cap: int = _MESSAGE_CAP) -> str:

@@ -22,20 +22,24 @@ retries are off: the engine retries transient errors (408, 409, 425, 429, 5xx, 5
 timeouts, connection failures, a body cut mid-way, honouring ``retry_after``); others are
 permanent. Each provider SDK gets an HTTP client of ours (``runners/bounded_http.py``) that
 refuses a body past the output bound (10 MB) while reading it; the calls run on the runner's
-own event-loop thread under the attempt's deadline.
+own event-loop thread under the attempt's deadline (``run``), or on the caller's loop
+(``arun``: the drive's model loop), with one set of SDK clients per loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RunnerError
 from ..redact import mask_url
+from .asyncpath import LoopClients, within
 from .base import (
     RunnerContext,
     UnitRequest,
@@ -97,8 +101,7 @@ class PydanticAIRunner:
         self.options = dict(options)
         self.prices = PriceTable.parse(options, where=f"runners.{name}")
         self._lock = threading.Lock()
-        self._models: dict[str, Model] = {}
-        self._clients: list[Any] = []
+        self._kits: LoopClients[_Kit] = LoopClients(_Kit)
         self._loop = AttemptLoop(name)
 
     @classmethod
@@ -113,12 +116,13 @@ class PydanticAIRunner:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_lock=None, _models={}, _clients=[], _loop=None)
+        state.update(_lock=None, _kits=None, _loop=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        self._kits = LoopClients(_Kit)
         self._loop = AttemptLoop(self.name)
 
     def limit_key(self, model: str | None) -> str:
@@ -138,13 +142,11 @@ class PydanticAIRunner:
         """
         started = time.monotonic()  # the deadline counts from here: importing and connecting too
         name = self._model_name(request)
-        model = self._model(name)
+        model = self._model(name, self._loop.running())
         # Imported here, not on the loop: an import there would hold the loop past deadlines.
         import pydantic_ai.direct  # noqa: F401
-        from pydantic_ai.exceptions import AgentRunError, UserError
 
         timeout_s = float(request.timeout_s or self.options.get("timeout_s", DEFAULT_TIMEOUT_S))
-        where = self._where(request, name)
         try:
             response = self._loop.call(
                 lambda put: self._request(model, request, put, timeout_s),
@@ -152,33 +154,39 @@ class PydanticAIRunner:
                 on_text=request.on_text,
             )
         except Exception as exc:
-            too_big = over_bound(exc)
-            if too_big is not None:
-                raise RunnerError(f"{where}: {too_big}.") from exc
-            if isinstance(exc, RunnerError):
-                raise RunnerError(f"{where}: {exc}.", transient=exc.transient) from exc
-            if isinstance(exc, TimeoutError):
-                raise RunnerError(
-                    f"{where} timed out after {timeout_s:g}s.", transient=True
-                ) from exc
-            if isinstance(exc, AgentRunError | UserError) and not is_cut_off(exc):
-                raise _translate(exc, where) from exc
-            if is_cut_off(exc):
-                message = f"{where}: the answer was cut off mid-way ({_clip(str(exc))})."
-                raise RunnerError(message, transient=True) from exc
-            raise
+            failure = _failure(exc, self._where(request, name), timeout_s)
+            if failure is exc:
+                raise
+            raise failure from exc
+        return self._result(response, request, name)
+
+    async def arun(self, request: UnitRequest) -> UnitResult:
+        """:meth:`run` as a coroutine on the caller's event loop (the drive's model loop):
+        the same request, deadline, streaming, errors and result; no thread is held."""
+        started = time.monotonic()
+        name = self._model_name(request)
+        model = self._model(name, asyncio.get_running_loop())
+        import pydantic_ai.direct  # noqa: F401  # once per process; the loop waits that once
+
+        timeout_s = float(request.timeout_s or self.options.get("timeout_s", DEFAULT_TIMEOUT_S))
+        try:
+            response = await within(
+                lambda put: self._request(model, request, put, timeout_s),
+                timeout_s=timeout_s - (time.monotonic() - started),
+                on_text=request.on_text,
+            )
+        except Exception as exc:
+            failure = _failure(exc, self._where(request, name), timeout_s)
+            if failure is exc:
+                raise
+            raise failure from exc
         return self._result(response, request, name)
 
     def close(self) -> None:
-        """Close the HTTP clients and stop the event loop thread (a later unit starts anew)."""
-        with self._lock:
-            clients, self._clients, self._models = self._clients, [], {}
-
-        async def close_clients() -> None:
-            for client in clients:
-                await client.aclose()
-
-        self._loop.close(close_clients)
+        """Close the HTTP clients (each on the loop it ran on) and stop the runner's event
+        loop thread (a later unit starts anew)."""
+        self._kits.close_all(_Kit.aclose)
+        self._loop.close()
 
     # -- the call --------------------------------------------------------------------------------
     def _model_name(self, request: UnitRequest) -> str:
@@ -195,9 +203,11 @@ class PydanticAIRunner:
             )
         return name
 
-    def _model(self, name: str) -> Model:
+    def _model(self, name: str, loop: asyncio.AbstractEventLoop) -> Model:
+        """The model ``name`` for calls on ``loop`` (its SDK clients belong to that loop)."""
+        kit = self._kits.get(loop)
         with self._lock:
-            if name not in self._models:
+            if name not in kit.models:
                 try:
                     from pydantic_ai.models import infer_model
                 except ImportError as exc:
@@ -206,14 +216,16 @@ class PydanticAIRunner:
                         "pip install 'wf_magic[pydantic-ai]'."
                     ) from exc
                 try:
-                    self._models[name] = infer_model(name, provider_factory=self._provider)
+                    kit.models[name] = infer_model(
+                        name, provider_factory=lambda provider: self._provider(provider, kit)
+                    )
                 except Exception as exc:  # a missing key, an unknown provider, an SDK missing
                     raise RunnerError(
                         f"{self.name} runner cannot make model {name}: {_clip(str(exc))}"
                     ) from exc
-            return self._models[name]
+            return kit.models[name]
 
-    def _provider(self, provider: str) -> Any:
+    def _provider(self, provider: str, kit: _Kit) -> Any:
         import importlib
         import inspect
 
@@ -229,7 +241,7 @@ class PydanticAIRunner:
             module = importlib.import_module(module_name)
             # The SDK's own client class (httpx or httpx2, whichever it is built on).
             http = module.DefaultAsyncHttpxClient(event_hooks=bounded_hooks())
-            self._clients.append(http)
+            kit.https.append(http)
             made = getattr(module, client)(
                 api_key=key, base_url=base_url, max_retries=0, http_client=http
             )
@@ -241,7 +253,7 @@ class PydanticAIRunner:
         if "http_client" not in accepted:
             return cls(**kwargs) if kwargs else infer_provider(provider)
         kwargs["http_client"] = bounded_client(timeout=DEFAULT_TIMEOUT_S * 5)  # the deadline binds
-        self._clients.append(kwargs["http_client"])
+        kit.https.append(kwargs["http_client"])
         return cls(**kwargs)
 
     async def _request(
@@ -346,6 +358,37 @@ class PydanticAIRunner:
 
     def _where(self, request: UnitRequest, name: str) -> str:
         return f"{self.name} runner: unit {request.unit_id} (model {name})"
+
+
+@dataclass(slots=True)
+class _Kit:
+    """The models made for one event loop and the HTTP clients they hold."""
+
+    models: dict[str, Model] = field(default_factory=dict)
+    https: list[Any] = field(default_factory=list)
+
+    async def aclose(self) -> None:
+        for client in self.https:
+            await client.aclose()
+
+
+def _failure(exc: Exception, where: str, timeout_s: float) -> BaseException:
+    """The ``RunnerError`` a failed call becomes (the exception itself when it is unknown)."""
+    from pydantic_ai.exceptions import AgentRunError, UserError
+
+    too_big = over_bound(exc)
+    if too_big is not None:
+        return RunnerError(f"{where}: {too_big}.")
+    if isinstance(exc, RunnerError):
+        return RunnerError(f"{where}: {exc}.", transient=exc.transient)
+    if isinstance(exc, TimeoutError):
+        return RunnerError(f"{where} timed out after {timeout_s:g}s.", transient=True)
+    if isinstance(exc, AgentRunError | UserError) and not is_cut_off(exc):
+        return _translate(exc, where)
+    if is_cut_off(exc):
+        message = f"{where}: the answer was cut off mid-way ({_clip(str(exc))})."
+        return RunnerError(message, transient=True)
+    return exc
 
 
 def _check_options(options: Mapping[str, Any], where: str) -> None:

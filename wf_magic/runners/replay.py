@@ -32,6 +32,7 @@ skips them.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections.abc import Iterator
@@ -224,6 +225,12 @@ class ReplayRunner:
             cost=0.0,
             price_source="replay",
         )
+
+    async def arun(self, request: UnitRequest) -> UnitResult:
+        """:meth:`run` on the model loop: a cassette's answer is in memory once read; the
+        journal's lookups and the cassette's first read go to a worker thread (a store read
+        may wait on a lock or a network)."""
+        return await asyncio.to_thread(self.run, request)
 
     def close(self) -> None:
         """Close the journal's store, if one was opened."""

@@ -41,6 +41,7 @@ characters (fewer with alternatives or optional parts); a longer prompt fails th
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -293,6 +294,11 @@ class ScriptedRunner(BaseRunner):
         self.rules = [*exact, *parsed]
         self.fn = fn
         self.model = model
+        if fn is not None:
+            # A reply function is the caller's Python: it may block, raise KeyboardInterrupt
+            # or count on the drive's thread, so it runs where run() always ran it (the drive
+            # thread for a lone unit, a worker thread in a map), not on the model loop.
+            vars(self)["arun"] = None
 
     @classmethod
     def from_context(cls, ctx: RunnerContext) -> ScriptedRunner:
@@ -331,11 +337,33 @@ class ScriptedRunner(BaseRunner):
             lambda: self._answer(request), request.timeout_s, what="scripted reply"
         )
 
+    async def arun(self, request: UnitRequest) -> UnitResult:
+        """:meth:`run` as a coroutine: a rule's ``sleep_s`` is awaited (no thread is held),
+        cut at ``request.timeout_s`` like ``run`` cuts it. A runner with a reply function has
+        none (``arun`` is None on it: the drive calls ``run``)."""
+        text = _text_of(request)
+        rule, found = self._find(text, request)
+        if rule is not None and rule.sleep_s:
+            timeout_s = request.timeout_s
+            if timeout_s is not None and rule.sleep_s > timeout_s:
+                await asyncio.sleep(timeout_s)
+                raise RunnerError(
+                    f"scripted reply timed out after {timeout_s:g}s; the call was cancelled",
+                    transient=True,
+                )
+            await asyncio.sleep(rule.sleep_s)
+        return self._reply(text, rule, found, request)
+
     def _answer(self, request: UnitRequest) -> UnitResult:
-        text = request.prompt if request.prompt is not None else " ".join(request.argv or ())
+        text = _text_of(request)
         rule, found = self._find(text, request)
         if rule is not None and rule.sleep_s:
             time.sleep(rule.sleep_s)
+        return self._reply(text, rule, found, request)
+
+    def _reply(
+        self, text: str, rule: Rule | None, found: re.Match[str] | None, request: UnitRequest
+    ) -> UnitResult:
         if rule is not None and rule.error:
             raise RunnerError(
                 f"scripted {rule.error} error (rule /{rule.match.pattern}/)",
@@ -386,6 +414,10 @@ class ScriptedRunner(BaseRunner):
             if found:
                 return rule, found
         return None, None
+
+
+def _text_of(request: UnitRequest) -> str:
+    return request.prompt if request.prompt is not None else " ".join(request.argv or ())
 
 
 def _render_reply(reply: Any, text: str, request: UnitRequest, found: re.Match[str] | None) -> Any:

@@ -425,3 +425,28 @@ def test_a_reset_before_the_reply_is_named_apart_from_a_reset_mid_answer(
         reason
         == f"step a: unit a failed: openai runner: unit a (model m1 at {server.url}): {said}."
     )
+
+
+@pytest.mark.parametrize(
+    ("mid_answer", "said"),
+    [
+        (False, "the server closed the connection before replying (Connection reset by peer)"),
+        (True, "the answer was cut off mid-way (Connection reset by peer)"),
+    ],
+)
+def test_pydantic_ai_names_a_reset_before_the_reply_apart_from_one_mid_answer(
+    tmp_path: Path, mid_answer: bool, said: str
+) -> None:
+    """The reply mark is set by the bounded hooks every bounded client has, not by one runner."""
+    sent = half_an_answer(False) if mid_answer else b""
+    server = ResettingServer(sent, is_orderly=False)
+    try:
+        status, reason, rows, _wall = drive(
+            tmp_path / "s", workflow("pydantic-ai", server.url, step="retry: {max_attempts: 1}")
+        )
+    finally:
+        server.stop()
+    assert status == "failed"
+    assert [(a.status, a.transient) for a in rows] == [("failed", 1)]
+    assert reason is not None and reason.startswith("step a: unit a failed: pydantic-ai runner")
+    assert reason.endswith(f": {said}."), reason

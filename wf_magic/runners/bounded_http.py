@@ -59,14 +59,21 @@ class BodyOverBound(RunnerError):
         )
 
 
+REPLIED = "wf_magic.replied"
+"""The request extension :func:`bounded_hooks` sets once the reply's status line arrived."""
+
+
 def bounded_hooks(cap: int = MAX_BODY_BYTES) -> dict[str, list[Callable[[Any], Any]]]:
     """``event_hooks`` for an ``httpx.AsyncClient``: identity encoding asked for, every
-    response body read through a counter that stops at ``cap`` bytes."""
+    response body read through a counter that stops at ``cap`` bytes, and each request whose
+    reply began marked (:func:`cut_words` tells a connection lost before the reply from a
+    body cut mid-way)."""
 
     async def on_request(request: httpx.Request) -> None:
         request.headers["Accept-Encoding"] = "identity"
 
     async def on_response(response: httpx.Response) -> None:
+        response.request.extensions[REPLIED] = True  # the status line and headers arrived
         length = response.headers.get("content-length", "")
         if length.isdigit() and int(length) > cap:
             await response.aclose()
@@ -125,6 +132,38 @@ def is_cut_off(exc: BaseException) -> bool:
         if any(name in type(link).__name__ for name in _CUT_OFF_NAMES):
             return True
     return False
+
+
+def had_reply(exc: BaseException) -> bool:
+    """Whether the reply had begun (its status line arrived, :func:`bounded_hooks` marked
+    it) to the request that ``exc``, or an error it wraps, failed."""
+    for link in _chain(exc):
+        try:
+            request = getattr(link, "request", None)  # httpx's raises when it has none
+        except RuntimeError:
+            continue
+        if getattr(request, "extensions", {}).get(REPLIED):
+            return True
+    return False
+
+
+def cut_words(exc: BaseException, *, cap: int = 500) -> str:
+    """What a cut connection did, with its innermost cause: ``the answer was cut off mid-way
+    (Connection reset by peer)`` or ``the server closed the connection before replying
+    (…)``. Both are transient; the words tell a user where it broke."""
+    said = ""
+    for link in _chain(exc):
+        text = link.strerror if isinstance(link, OSError) and link.strerror else str(link)
+        said = text or said
+    cause = said.rstrip(".") or type(exc).__name__
+    if len(cause) > cap:
+        cause = cause[: cap - 1] + "…"
+    what = (
+        "the answer was cut off mid-way"
+        if had_reply(exc)
+        else "the server closed the connection before replying"
+    )
+    return f"{what} ({cause})"
 
 
 def _chain(exc: BaseException) -> list[BaseException]:

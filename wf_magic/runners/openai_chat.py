@@ -62,7 +62,7 @@ from ..errors import RunnerError
 from ..redact import Redactor, mask_url
 from .asyncpath import LoopClients, SharedClients, within
 from .base import RunnerContext, UnitRequest, UnitResult, check_limits, strip_code_fence
-from .bounded_http import AttemptLoop, bounded_hooks, is_cut_off, over_bound
+from .bounded_http import AttemptLoop, bounded_hooks, cut_words, is_cut_off, over_bound
 from .pricing import PRICE_OPTIONS, PriceTable
 from .ratelimits import is_throttle, key_digest, wait_of
 from .sampling import SAMPLING_OPTIONS, check_sampling, offered_tokens, sampling_of
@@ -79,8 +79,6 @@ TRANSIENT_STATUS = frozenset({408, 409, 425, 429})
 _MESSAGE_CAP = 500
 _SHARED: SharedClients[AsyncOpenAI] = SharedClients(lambda client: client.close())
 """The model loop's clients, shared by runners of the same endpoint, timeout and key."""
-_REPLIED = "wf_magic.replied"
-"""The request extension :func:`_hooks` sets once the reply's status line has arrived."""
 _OPTION_NAMES = frozenset(
     {"base_url", "api_key_env", "model", "timeout_s", "json_mode", "max_tokens_param", "limits"}
     | PRICE_OPTIONS
@@ -332,7 +330,7 @@ class OpenAIChatRunner:
             timeout=self.options.timeout_s,
             max_retries=0,
             # Every body is counted while it is read and refused past the output bound.
-            http_client=openai.DefaultAsyncHttpxClient(event_hooks=_hooks()),
+            http_client=openai.DefaultAsyncHttpxClient(event_hooks=bounded_hooks()),
         )
 
     async def _complete(
@@ -427,12 +425,7 @@ class OpenAIChatRunner:
         elif isinstance(exc, RunnerError):
             message, transient = f"{where}: {exc}.", exc.transient
         elif is_cut_off(exc):
-            said = (
-                "the answer was cut off mid-way"
-                if _has_reply(exc)
-                else "the server closed the connection before replying"
-            )
-            message, transient = f"{where}: {said} ({_cut_cause(exc)}).", True
+            message, transient = f"{where}: {cut_words(exc, cap=_MESSAGE_CAP)}.", True
         elif not isinstance(exc, openai.OpenAIError):
             message, transient = f"{where} failed: {type(exc).__name__}: {_clip(str(exc))}", False
         elif isinstance(exc, openai.APIConnectionError):
@@ -578,42 +571,6 @@ def _retry_after_s(exc: Any) -> float | None:
         return max(0.0, float(value)) if value else None
     except ValueError:
         return None  # an HTTP date: the step's own backoff applies
-
-
-def _hooks() -> dict[str, list[Callable[[Any], Any]]]:
-    """The bounded hooks, and a mark on each request whose reply's status line and headers
-    arrived: a connection lost before them is closed before replying, after them it cut
-    the answer off mid-way (the two fail alike, transient, but say different things)."""
-    hooks = bounded_hooks()
-
-    async def on_reply(response: Any) -> None:
-        response.request.extensions[_REPLIED] = True
-
-    hooks["response"].insert(0, on_reply)
-    return hooks
-
-
-def _has_reply(exc: BaseException) -> bool:
-    """Whether the reply had begun (its status line arrived) to the request that ``exc``, the
-    SDK's error or httpx's, failed."""
-    try:
-        request = getattr(exc, "request", None)  # httpx's raises when it has none
-    except RuntimeError:
-        return False
-    return bool(getattr(request, "extensions", {}).get(_REPLIED))
-
-
-def _cut_cause(exc: BaseException) -> str:
-    """The innermost cause's words (``Connection reset by peer``), else the error's name."""
-    link: BaseException | None = exc
-    said = ""
-    for _ in range(20):
-        if link is None:
-            break
-        text = link.strerror if isinstance(link, OSError) and link.strerror else str(link)
-        said = text or said
-        link = link.__cause__ or link.__context__
-    return _clip(said.rstrip(".")) or type(exc).__name__
 
 
 def _clip(text: str, cap: int = _MESSAGE_CAP) -> str:

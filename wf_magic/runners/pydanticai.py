@@ -47,7 +47,14 @@ from .base import (
     check_option_shapes,
     strip_code_fence,
 )
-from .bounded_http import AttemptLoop, bounded_client, bounded_hooks, is_cut_off, over_bound
+from .bounded_http import (
+    AttemptLoop,
+    bounded_client,
+    bounded_hooks,
+    cut_words,
+    is_cut_off,
+    over_bound,
+)
 from .pricing import PRICE_OPTIONS, PriceTable, attempt_cost
 from .ratelimits import is_throttle, key_digest, wait_of
 from .sampling import SAMPLING_OPTIONS, check_sampling, offered_tokens, sampling_of
@@ -386,7 +393,7 @@ def _failure(exc: Exception, where: str, timeout_s: float) -> BaseException:
     if isinstance(exc, AgentRunError | UserError) and not is_cut_off(exc):
         return _translate(exc, where)
     if is_cut_off(exc):
-        message = f"{where}: the answer was cut off mid-way ({_clip(str(exc))})."
+        message = f"{where}: {cut_words(exc)}."
         return RunnerError(message, transient=True)
     return exc
 

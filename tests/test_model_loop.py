@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -134,10 +133,8 @@ def test_128_calls_in_flight_hold_one_loop_thread_not_128_workers(
     if path == "threads":
         monkeypatch.setattr("wf_magic.drive.dispatch.has_arun", lambda runner: False)
     before = threading.active_count()
-    started = time.monotonic()
     with _ThreadCounter() as counter:
         run = engine.run(WIDE, new=True)
-    elapsed = time.monotonic() - started
     assert run.status == "completed"
     assert engine.status(run.run_id).result == [f"out {i}" for i in range(128)]
     extra = counter.most - before
@@ -145,7 +142,6 @@ def test_128_calls_in_flight_hold_one_loop_thread_not_128_workers(
         assert extra <= 4, extra  # the counter, a drive helper or two; no worker per call
     else:
         assert extra >= 64, extra  # the same plan through run(): a thread per call in flight
-    assert elapsed < 0.3 * 128 / 4  # all in flight together, not one after another
 
 
 class _OwnRun(ScriptedRunner):

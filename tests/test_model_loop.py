@@ -299,3 +299,35 @@ def test_whatever_a_call_raises_reaches_its_future_and_the_loop_lives_on(
         return "still here"
 
     assert MODEL_LOOP.submit(after()).result(5) == "still here"
+
+
+def test_shared_clients_are_one_per_settings_and_loop_and_the_oldest_is_closed_later() -> None:
+    from wf_magic.runners.asyncpath import SharedClients
+
+    closed: list[str] = []
+
+    async def close(client: str) -> None:
+        closed.append(client)
+
+    shared: SharedClients[str] = SharedClients(close, most=2, grace_s=0.0)
+    made = iter(f"client-{i}" for i in range(10))
+
+    async def clients() -> list[str]:
+        loop = asyncio.get_running_loop()
+        got = [
+            shared.get(loop, "a", lambda: next(made)),
+            shared.get(loop, "a", lambda: next(made)),  # the same settings: the same client
+            shared.get(loop, "b", lambda: next(made)),
+            shared.get(loop, "c", lambda: next(made)),  # a third: the oldest goes
+        ]
+        for _ in range(5):
+            await asyncio.sleep(0)
+        return got
+
+    assert MODEL_LOOP.submit(clients()).result(5) == [
+        "client-0",
+        "client-0",
+        "client-1",
+        "client-2",
+    ]
+    assert closed == ["client-0"]

@@ -113,8 +113,10 @@ class SharedClients(Generic[C]):
             while len(self._clients) > self._most:
                 old_key = next(iter(self._clients))
                 old = self._clients.pop(old_key)
-                if not old_key[0].is_closed():
-                    old_key[0].call_later(self._grace_s, self._closing, old)
+                if not old_key[0].is_closed():  # its loop may be another thread's
+                    old_key[0].call_soon_threadsafe(
+                        old_key[0].call_later, self._grace_s, self._closing, old
+                    )
         if client is not made:  # another call made one first
             loop.create_task(_quietly(self._close(made)))
         return client

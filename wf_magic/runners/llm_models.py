@@ -292,19 +292,13 @@ def _read(response: Any, sink: TextSink | None, stop: threading.Event) -> str:
         BodyOverBound: the text passed the bound.
         RunnerError: transient, when ``stop`` was set (the unit gave up on the call).
     """
-    parts: list[str] = []
-    size = 0
+    text = _Gathered(sink)
     chunks = iter(response)
     try:
         for chunk in chunks:
             if stop.is_set():
                 raise RunnerError("the call was abandoned at its deadline", transient=True)
-            parts.append(chunk)
-            size += len(chunk.encode("utf-8", "surrogatepass"))
-            if size > MAX_BODY_BYTES:
-                raise BodyOverBound()
-            if sink is not None and sink.is_due:
-                sink.offer("".join(parts))
+            text.add(chunk)
     except BaseException:
         # Cut short: close the plugin's generators now. The openai SDK's sync stream then
         # sits in a reference cycle whose finalizer closes the HTTP response, so collect it
@@ -314,31 +308,45 @@ def _read(response: Any, sink: TextSink | None, stop: threading.Event) -> str:
             close()
         gc.collect()
         raise
-    text = "".join(parts)
-    if sink is not None:
-        sink.offer(text, final=True)
-    return text
+    return text.whole()
 
 
 async def _aread(response: Any, sink: TextSink | None) -> str:
     """:func:`_read` for an async response (cancelled at the deadline by the caller)."""
-    parts: list[str] = []
-    size = 0
+    text = _Gathered(sink)
     try:
         async for chunk in response:
-            parts.append(chunk)
-            size += len(chunk.encode("utf-8", "surrogatepass"))
-            if size > MAX_BODY_BYTES:
-                raise BodyOverBound()
-            if sink is not None and sink.is_due:
-                sink.offer("".join(parts))
+            text.add(chunk)
     except BaseException:
         await _close_abandoned(response)
         raise
-    text = "".join(parts)
-    if sink is not None:
-        sink.offer(text, final=True)
-    return text
+    return text.whole()
+
+
+class _Gathered:
+    """A response's text chunk by chunk: refused past :data:`MAX_BODY_BYTES`, handed to
+    ``sink`` when it is due and once more, whole, at the end."""
+
+    def __init__(self, sink: TextSink | None) -> None:
+        self.sink = sink
+        self.parts: list[str] = []
+        self.size = 0
+
+    def add(self, chunk: str) -> None:
+        """Keep ``chunk``; raises ``BodyOverBound`` once the text passes the bound."""
+        self.parts.append(chunk)
+        self.size += len(chunk.encode("utf-8", "surrogatepass"))
+        if self.size > MAX_BODY_BYTES:
+            raise BodyOverBound()
+        if self.sink is not None and self.sink.is_due:
+            self.sink.offer("".join(self.parts))
+
+    def whole(self) -> str:
+        """The text, offered to the sink whole."""
+        text = "".join(self.parts)
+        if self.sink is not None:
+            self.sink.offer(text, final=True)
+        return text
 
 
 async def _close_abandoned(response: Any) -> None:

@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..errors import RunnerError
 from ..redact import mask_url
@@ -161,10 +161,7 @@ class PydanticAIRunner:
                 on_text=request.on_text,
             )
         except Exception as exc:
-            failure = _failure(exc, self._where(request, name), timeout_s)
-            if failure is exc:
-                raise
-            raise failure from exc
+            self._raise_failure(exc, request, name, timeout_s)
         return self._result(response, request, name)
 
     async def arun(self, request: UnitRequest) -> UnitResult:
@@ -183,11 +180,17 @@ class PydanticAIRunner:
                 on_text=request.on_text,
             )
         except Exception as exc:
-            failure = _failure(exc, self._where(request, name), timeout_s)
-            if failure is exc:
-                raise
-            raise failure from exc
+            self._raise_failure(exc, request, name, timeout_s)
         return self._result(response, request, name)
+
+    def _raise_failure(
+        self, exc: Exception, request: UnitRequest, name: str, timeout_s: float
+    ) -> NoReturn:
+        """Raise the ``RunnerError`` a failed call becomes (``exc`` itself when unknown)."""
+        failure = _failure(exc, self._where(request, name), timeout_s)
+        if failure is exc:
+            raise exc
+        raise failure from exc
 
     def close(self) -> None:
         """Close the HTTP clients (each on the loop it ran on) and stop the runner's event

@@ -152,6 +152,10 @@ class _OwnRun(ScriptedRunner):
         return UnitResult(output=f"[{threading.current_thread().name}] {result.output}")
 
 
+SLEEPY = [{"match": "x", "reply": "y", "sleep_s": 0.1}]
+"""A rule with a latency: a scripted runner with one waits on the model loop."""
+
+
 class _Both(ScriptedRunner):
     def run(self, request: UnitRequest) -> UnitResult:
         return super().run(request)
@@ -171,15 +175,16 @@ class _NotACoroutine(_SyncOnly):
 
 
 def test_has_arun_takes_the_coroutine_only_where_it_is_runs_twin() -> None:
-    assert has_arun(ScriptedRunner())
-    assert has_arun(_Both())
-    assert not has_arun(_OwnRun())
+    assert has_arun(ScriptedRunner(SLEEPY))
+    assert has_arun(_Both(SLEEPY))
+    assert not has_arun(ScriptedRunner())  # replies that take no time: nothing to wait for
+    assert not has_arun(_OwnRun(SLEEPY))
     assert not has_arun(_SyncOnly())
     assert not has_arun(_NotACoroutine())
-    patched = ScriptedRunner()
+    patched = ScriptedRunner(SLEEPY)
     patched.run = lambda request: UnitResult(output="patched")  # type: ignore[method-assign]
     assert not has_arun(patched)
-    assert not has_arun(ScriptedRunner(fn=lambda request: "a reply function's runner"))
+    assert not has_arun(ScriptedRunner(SLEEPY, fn=lambda request: "a reply function's runner"))
 
 
 @pytest.fixture

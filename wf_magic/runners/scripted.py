@@ -294,10 +294,12 @@ class ScriptedRunner(BaseRunner):
         self.rules = [*exact, *parsed]
         self.fn = fn
         self.model = model
-        if fn is not None:
+        if fn is not None or not any(rule.sleep_s for rule in self.rules):
             # A reply function is the caller's Python: it may block, raise KeyboardInterrupt
-            # or count on the drive's thread, so it runs where run() always ran it (the drive
-            # thread for a lone unit, a worker thread in a map), not on the model loop.
+            # or count on the drive's thread; replies that take no time have nothing to wait
+            # for (a hop to the model loop and back would cost a no-op unit 1.7x). Both run
+            # where run() always ran them (the drive thread for a lone unit, a worker thread
+            # in a map); only rules with a sleep_s, a model's latency, wait on the loop.
             vars(self)["arun"] = None
 
     @classmethod
@@ -339,8 +341,8 @@ class ScriptedRunner(BaseRunner):
 
     async def arun(self, request: UnitRequest) -> UnitResult:
         """:meth:`run` as a coroutine: a rule's ``sleep_s`` is awaited (no thread is held),
-        cut at ``request.timeout_s`` like ``run`` cuts it. A runner with a reply function has
-        none (``arun`` is None on it: the drive calls ``run``)."""
+        cut at ``request.timeout_s`` like ``run`` cuts it. A runner with a reply function, or
+        whose rules never sleep, has none (``arun`` is None on it: the drive calls ``run``)."""
         text = _text_of(request)
         rule, found = self._find(text, request)
         if rule is not None and rule.sleep_s:

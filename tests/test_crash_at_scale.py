@@ -71,12 +71,21 @@ class Holding:
     seen: int = 0
     held: int = 0
     peak: int = 0
+    held_keys: set[str] = field(default_factory=set)
+    quick_keys: set[str] = field(default_factory=set)
     cond: threading.Condition = field(default_factory=threading.Condition)
 
     def __call__(self, request: RecordedRequest) -> ScriptedResponse:
         with self.cond:
             self.seen += 1
             hold = self.seen > QUICK and not self.release.is_set()
+            key = request.headers["idempotency-key"]
+            # Which calls were held is decided here, under this lock: the server's request
+            # list is appended under its own lock first, so its order can differ.
+            if hold:
+                self.held_keys.add(key)
+            elif not self.release.is_set():  # answered before the kill, not by the resume
+                self.quick_keys.add(key)
             if hold:
                 self.held += 1
                 self.peak = max(self.peak, self.held)
@@ -224,9 +233,11 @@ def check_recovery(
 
     # Re-sent after the kill: exactly the attempts the kill left running, same ids.
     running_at_kill = before.with_status("running")
-    held_at_kill = {r.headers["idempotency-key"] for r in before_kill[QUICK:]}
-    delivered = {r.headers["idempotency-key"] for r in before_kill[:QUICK]}
+    before_kill_keys = {r.headers["idempotency-key"] for r in before_kill}
+    held_at_kill = holding.held_keys & before_kill_keys
+    delivered = holding.quick_keys & before_kill_keys
     assert len(held_at_kill) == IN_FLIGHT
+    assert len(delivered) == QUICK
     assert held_at_kill <= running_at_kill  # reserved before sent: a held call is owed
     resent = {key for key, n in sent.items() if n > 1}
     assert resent == running_at_kill

@@ -132,6 +132,7 @@ def cmd_sweep(engine: Engine, args: argparse.Namespace) -> int:
             progress=_progress(args),
             values_from_strings=True,
             params=parse_params(args.param or ()),
+            workers=args.workers,
         )
 
     sweep = _driving(go)
@@ -162,6 +163,7 @@ def cmd_sweep_resume(engine: Engine, args: argparse.Namespace) -> int:
             progress=_progress(args),
             params=parse_params(args.param or ()),
             params_from_strings=True,
+            workers=args.workers,
         )
 
     sweep = _driving(go)

@@ -138,6 +138,13 @@ FORMAT = Option(
 )
 
 SWEEP = Option(flag="sweep", help="a sweep id, or a unique prefix of one")
+WORKERS = Option(
+    flag="--workers",
+    type=count_at_least(1, 64),
+    metavar="N",
+    help="spread the cells over N processes (default $WF_MAGIC_SWEEP_WORKERS, else 1)",
+    faces=CLI,
+)
 SWEEP_CEILINGS = (
     Option(flag="--max-tokens", type=count_at_least(0), metavar="N", help="sweep token ceiling"),
     Option(flag="--max-cost", type=number_in(0), metavar="X", help="sweep cost ceiling"),
@@ -167,6 +174,7 @@ SWEEP_VERBS: tuple[Verb, ...] = (
             *SWEEP_CEILINGS,
             Option(flag="--key", metavar="K", help="a launch key naming this sweep"),
             MAX_CONCURRENCY,
+            WORKERS,
             QUIET,
         ),
     ),
@@ -180,6 +188,7 @@ SWEEP_VERBS: tuple[Verb, ...] = (
             SWEEP,
             *SWEEP_CEILINGS,
             MAX_CONCURRENCY,
+            WORKERS,
             QUIET,
             replace(RESUPPLY_PARAM, help="a secret param of the sweep again (never stored)"),
         ),

@@ -51,6 +51,9 @@ class SweepDrive:
     secrets: dict[str, Any] = field(default_factory=dict, repr=False)
     """Seal → value of the sweep's secret params (kept in memory only; every cell's drive
     gets them, as a run's drive gets its own)."""
+    share: tuple[int, int] = (0, 1)
+    """``(k, n)``: drive only the cells whose index is ``k`` modulo ``n`` (one worker's share of
+    a sweep spread over ``n`` processes; ``(0, 1)``: every cell)."""
 
 
 def check_budget(budget: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -181,9 +184,25 @@ def drive_sweep(ctx: SweepDrive, sweep: SweepRow, wf: Workflow) -> SweepRow:
     A cell's run is recorded before it is driven, so a killed sweep finds it again; a run
     another process drives is skipped (and listed in ``ctx.skipped``), never raced.
     """
+    shared = drive_cells(ctx, sweep, wf)
+    interrupted = ctx.signal is not None and ctx.signal.is_set()
+    return settle_sweep(ctx.store, sweep, shared, interrupted=interrupted)
+
+
+def owed_cells(
+    store: Store, sweep_id: str, share: tuple[int, int] = (0, 1)
+) -> tuple[list[SweepCellRow], list[SweepCellRow]]:
+    """(the sweep's cells of this share, those of them still owed something)."""
+    k, n = share
+    cells = [c for c in store.sweep_cells(sweep_id) if c.cell_index % n == k]
+    return cells, [c for c in cells if c.run_status not in SETTLED]
+
+
+def drive_cells(ctx: SweepDrive, sweep: SweepRow, wf: Workflow) -> SharedBudget:
+    """Drive the owed cells of ``ctx.share`` (the sweep's status is left to the caller);
+    returns the budget this drive counted."""
     shared = seed_shared_budget(ctx.store, sweep)
-    cells = ctx.store.sweep_cells(sweep.sweep_id)
-    owed = [c for c in cells if c.run_status not in SETTLED]
+    cells, owed = owed_cells(ctx.store, sweep.sweep_id, ctx.share)
     settled = [len(cells) - len(owed)]
     lock = threading.Lock()
     pool = ctx.executor or (
@@ -237,8 +256,7 @@ def drive_sweep(ctx: SweepDrive, sweep: SweepRow, wf: Workflow) -> SweepRow:
             starts.take_back()  # the runs of cells never driven, and their locks, whatever ended
         finally:
             ctx.store.flush()  # the last cells' writes, and so their locks
-    interrupted = ctx.signal is not None and ctx.signal.is_set()
-    return settle_sweep(ctx.store, sweep, shared, interrupted=interrupted)
+    return shared
 
 
 def _drive_cell(

@@ -12,12 +12,14 @@ from ..bus import EventBus
 from ..errors import UsageError, WorkflowError
 from ..redact import Redactor
 from ..store import Store
+from ..store.location import PgLocation
 from ..store.sweeps import SweepRow
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from ..spec.workflow import Workflow
+    from .driver import SweepDrive
     from .handle import Sweep
 
 _AMBIGUOUS_SHOWN = 8
@@ -41,6 +43,10 @@ class SweepVerbs:
     executor: Executor | None
     db_path: Path
     where: str
+    location: PgLocation | None
+    state_dir: Path
+    durability: str
+    library: dict[str, str]
 
     _secrets: dict[str, Any]
 
@@ -66,6 +72,7 @@ class SweepVerbs:
         values_from_strings: bool = False,
         params: Mapping[str, Any] | None = None,
         background: bool = False,
+        workers: int | None = None,
     ) -> Sweep:
         """Run ``source`` over every cell of ``grid`` × ``rows`` × ``repeat``, under one
         ``budget`` (``max_units`` / ``max_tokens`` / ``max_cost``) over the whole sweep.
@@ -76,6 +83,10 @@ class SweepVerbs:
 
         ``params`` are the same in every cell (a secret param's value, an API key, goes
         here or in ``WF_PARAM_<NAME>``: it is stored only as its seal, never as an axis).
+
+        ``workers=N`` (default ``$WF_MAGIC_SWEEP_WORKERS``, else 1) spreads the cells over N
+        processes, this one included, ``max_concurrency`` split between them; the budget
+        stays exact across them (see :mod:`wf_magic.sweeps.workers`).
 
         The same definition again resumes (or shows) its sweep; a changed one is a new sweep
         whose unchanged cells find their completed runs. See docs/sweeps.md.
@@ -93,6 +104,7 @@ class SweepVerbs:
 
         at_least(max_concurrency=(max_concurrency, 1))
         wf = source if isinstance(source, Workflow) else self.load(source)
+        spread = self._workers(wf, workers)
         fixed = fixed_params(
             self.store.state_dir, wf.plan, params, from_strings=values_from_strings
         )
@@ -114,6 +126,7 @@ class SweepVerbs:
             progress,
             secrets=fixed.vault,
             background=background,
+            workers=spread,
         )
 
     def sweep_resume(
@@ -127,9 +140,14 @@ class SweepVerbs:
         params: Mapping[str, Any] | None = None,
         params_from_strings: bool = False,
         background: bool = False,
+        workers: int | None = None,
+        share: tuple[int, int] | None = None,
     ) -> Sweep:
         """Drive a sweep's owed cells again; ``budget`` sets new ceilings (the keys given
-        replace the stored ones), else the stored ones hold.
+        replace the stored ones), else the stored ones hold. ``workers`` as for
+        :meth:`sweep`; ``share=(k, n)`` drives only the cells whose index is ``k`` modulo
+        ``n`` and leaves the sweep's status to whoever drives the rest (what a worker
+        process does).
 
         The sweep's secret params are stored only as seals, so their values come from
         ``params`` (checked against the seals), from this engine if it started the sweep, from
@@ -152,6 +170,7 @@ class SweepVerbs:
                 f"sweep {row.sweep_id}: its stored source now freezes into another plan "
                 "(a python target or library workflow changed); start a new sweep instead"
             )
+        spread = 1 if share is not None else self._workers(wf, workers)
         secrets = resupplied(
             self.store.state_dir,
             row.sweep_id,
@@ -170,6 +189,8 @@ class SweepVerbs:
             progress,
             secrets=secrets,
             background=background,
+            workers=spread,
+            share=share,
         )
 
     def _stored_workflow(self, row: SweepRow) -> Workflow:
@@ -199,8 +220,10 @@ class SweepVerbs:
         *,
         secrets: Mapping[str, Any],
         background: bool = False,
+        workers: int = 1,
+        share: tuple[int, int] | None = None,
     ) -> Sweep:
-        from .driver import SweepDrive, drive_sweep, sweep_row
+        from .driver import SweepDrive, drive_cells, drive_sweep, sweep_row
         from .handle import Sweep
 
         if background and signal is None:
@@ -215,17 +238,57 @@ class SweepVerbs:
             signal=signal,
             progress=progress,
             secrets=dict(secrets),
+            share=share or (0, 1),
         )
+
+        def drive() -> list[str]:
+            row = sweep_row(self.store, sweep_id)
+            if share is not None:
+                drive_cells(ctx, row, wf)  # a worker's share: the sweep's driver settles it
+            elif workers > 1:
+                self._drive_spread(ctx, row, wf, workers)
+            else:
+                drive_sweep(ctx, row, wf)
+            return list(ctx.skipped)
+
         if background and signal is not None:
             from .background import BackgroundSweep
 
-            def drive() -> list[str]:
-                drive_sweep(ctx, sweep_row(self.store, sweep_id), wf)
-                return list(ctx.skipped)
-
             return BackgroundSweep(self.store, sweep_id, drive=drive, signal=signal)
-        drive_sweep(ctx, sweep_row(self.store, sweep_id), wf)
+        drive()
         return Sweep(self.store, sweep_id, skipped=ctx.skipped)
+
+    def _workers(self, wf: Workflow, workers: int | None) -> int:
+        """How many processes drive ``wf``'s sweep: ``workers``, else the environment's
+        default; refused when another process could not drive its cells."""
+        from .workers import check_workers, default_workers, refuse_unspreadable
+
+        count = default_workers() if workers is None else check_workers(workers)
+        if count > 1:
+            refuse_unspreadable(wf, has_executor=self.executor is not None)
+        return count
+
+    def _drive_spread(self, ctx: SweepDrive, row: SweepRow, wf: Workflow, workers: int) -> None:
+        import os
+
+        from .driver import source_path_of
+        from .workers import WorkerOrder, drive_spread, secret_params, state_of
+
+        path = source_path_of(row)
+        order = WorkerOrder(
+            sweep_id=row.sweep_id,
+            share=0,
+            shares=workers,
+            max_concurrency=ctx.max_concurrency,
+            state=state_of(self.location, self.state_dir),
+            durability=self.durability,
+            library=dict(self.library),
+            params=secret_params(row, ctx.secrets),
+            import_dirs=[]
+            if path is None or "://" in path
+            else [os.path.dirname(os.path.realpath(path))],
+        )
+        drive_spread(ctx, row, wf, workers=workers, order=order)
 
     def sweep_handle(self, sweep_id: str) -> Sweep:
         """A handle on a sweep by id (or a unique prefix of one).

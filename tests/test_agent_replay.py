@@ -8,6 +8,7 @@ the real tier drives the real Claude Code and Codex CLIs the same way."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +24,14 @@ from tests.conftest import run_wf
 from tests.helpers_http import isolate_loopback_env
 from tests.test_agents_real import real_workflow, work
 from wf_magic import Engine
-from wf_magic.bridge.tape import RECORD_CAP, Capture, tool_names
+from wf_magic.bridge.tape import (
+    RECORD_CAP,
+    WORKDIR_MARK,
+    Capture,
+    mark_workdir,
+    tool_names,
+    unmark_workdir,
+)
 from wf_magic.errors import DefinitionError, RunnerError
 from wf_magic.runners.cassette_calls import load_calls
 from wf_magic.runners.replay import export_cassette, load_cassette
@@ -111,6 +119,64 @@ def _warnings(engine: Engine, run_id: str) -> list[dict[str, Any]]:
         for e in engine.store.events_after(run_id)
         if e.kind == "warning"
     ]
+
+
+def test_a_cassette_recorded_in_one_folder_replays_into_another(
+    engine: Engine,
+    repo: Path,
+    claude_bin: Path,
+    upstream: Backend,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """The recording's folder is kept as a mark (the cassette names no local path), and the
+    replaying agent's ``Write`` lands in its own folder: a classroom's checkout, not the
+    recorder's."""
+    recorded, tape = _record(engine, repo, claude_bin, upstream, monkeypatch, tmp_path)
+    text = tape.read_text()
+    assert str(repo) not in text and str(repo.resolve()) not in text
+    assert WORKDIR_MARK in text
+    stored = engine.store.recorded_calls(recorded.run_id)
+    assert len(stored) == 2
+    assert all(str(repo) not in f"{c.body.request}{c.body.response}" for c in stored)
+    _offline(upstream, repo, monkeypatch)
+
+    elsewhere = git_repo(tmp_path / "classroom" / "checkout")
+    replay = engine.run(str(_workflow(elsewhere, claude_bin, replay=tape, name="moved")))
+    assert replay.status == "completed", replay.reason
+    assert (elsewhere / "hello.txt").read_text() == "written by the agent\n"
+    assert not (repo / "hello.txt").exists()  # nothing written where it was recorded
+    [attempt] = work(engine, replay.run_id)
+    facts = engine.store.agent_facts(attempt.dispatch_id)
+    assert facts is not None and "replay_warnings" not in facts
+
+
+_PATH_PART = st.text(alphabet="abcXYZ019_-. ", min_size=1, max_size=8).filter(
+    lambda p: p not in (".", "..")
+)
+
+
+@given(
+    recorded=st.lists(_PATH_PART, min_size=1, max_size=4),
+    replayed=st.lists(_PATH_PART, min_size=1, max_size=4),
+    name=_PATH_PART,
+    before=st.sampled_from(['"', " ", "'", "(", "path: ", "\n", "<path>"]),
+    after=st.sampled_from(['"', "/", " ", ".", ",", ")", "", "\n"]),
+)
+def test_the_agents_folder_is_kept_as_a_mark_and_written_back_as_the_replays(
+    recorded: list[str], replayed: list[str], name: str, before: str, after: str
+) -> None:
+    old = "/" + "/".join(recorded)
+    new = "/srv/" + "/".join(replayed)
+    body = json.dumps({"file_path": f"{old}/{name}", "note": f"{before}{old}{after}"})
+    kept = mark_workdir(body, old)
+    assert json.loads(kept)["file_path"] == f"{WORKDIR_MARK}/{name}"
+    back = json.loads(unmark_workdir(kept, new, json_text=True))
+    assert back["file_path"] == f"{new}/{name}"
+    assert back["note"] == f"{before}{new}{after}"
+    # A sibling that only starts like the folder is not the folder.
+    sibling = json.dumps({"p": f"{old}x/{name}"})
+    assert mark_workdir(sibling, old) == sibling
 
 
 @pytest.mark.backends
@@ -554,3 +620,41 @@ def test_real_a_recorded_session_replays_offline_with_the_same_cli(
     assert rows["cost"].sum() == 0 and rows["tokens_in"].sum() == 0
     [attempt] = work(engine, replay.run_id)
     assert (attempt.tokens_in, attempt.tokens_out, attempt.cost) == (0, 0, 0.0)
+
+
+@pytest.mark.parametrize("name", ["claude", "codex"])
+def test_real_a_cassette_replays_into_another_checkout(
+    engine: Engine,
+    repo: Path,
+    upstream: Backend,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    name: str,
+) -> None:
+    """Recorded in one checkout, replayed by the same CLI in another (a classroom's): the
+    agent's file lands in the replaying checkout; the cassette names neither folder."""
+    path = real_workflow(
+        name, repo, upstream, monkeypatch, tmp_path, "Make [[write hello.txt]]", "timeout: 120"
+    )
+    recorded = engine.run(str(path))
+    assert recorded.status == "completed", recorded.reason
+    tape = tmp_path / "tape.jsonl"
+    tape.write_text("".join(f"{line}\n" for line in export_cassette(engine.store, recorded.run_id)))
+    text = tape.read_text()
+    assert str(repo) not in text, re.findall(".{120}" + re.escape(str(repo)) + ".{60}", text)
+    upstream.stop()
+    (repo / "hello.txt").unlink()
+    for key in ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "FAKE_OPENAI_KEY"):
+        monkeypatch.delenv(key, raising=False)
+    elsewhere = git_repo(tmp_path / "classroom")
+    moved = elsewhere / path.name
+    moved.write_text(
+        path.read_text()
+        .replace(f"name: real{name}", f"name: moved{name}")
+        .replace("{bin: ", f"{{replay: {json.dumps(str(tape))}, bin: ")
+    )
+    replay = engine.run(str(moved))
+    assert replay.status == "completed", replay.reason
+    assert replay.result == recorded.result
+    assert (elsewhere / "hello.txt").read_text() == "written by the agent\n"
+    assert not (repo / "hello.txt").exists()

@@ -291,6 +291,7 @@ class _Launch:
             allowance=agent.get("allowance"),
             limits=agent.get("limits"),
             replay=replay,
+            workdir=str(self.call.cwd),
         )
         try:
             url = bridged.open(wired.upstream, model=request.model)

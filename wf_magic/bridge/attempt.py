@@ -55,9 +55,14 @@ class BridgedAttempt:
         allowance: Allowance | None = None,
         limits: LimitsFor | None = None,
         replay: Replay | None = None,
+        workdir: str | None = None,
     ) -> None:
         self.harness = harness
         self.replay = replay
+        self.workdir = workdir
+        """The agent's folder: recorded bodies keep it as a mark, a replay writes it back."""
+        if replay is not None:
+            replay.workdir = workdir
         """Set: the calls are answered from this recording, never forwarded (``bridge/tape.py``)."""
         self.options = options
         self.identity = dict(identity)
@@ -142,7 +147,11 @@ class BridgedAttempt:
             started_at=record.started_at,
             error=self.redact(record.error) if record.error else None,
         )
-        body = record.capture.body(self.redact) if record.capture is not None else None
+        body = (
+            record.capture.body(self.redact, workdir=self.workdir)
+            if record.capture is not None
+            else None
+        )
         with self._lock:
             if self.journal is not None:
                 number = self.journal.record_call(row, body)

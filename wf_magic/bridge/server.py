@@ -319,7 +319,7 @@ class Bridge:
             await _refuse(writer, usage.dialect, message)
             self._record(usage, None, message, started, time.monotonic() - clock, replayed=True)
         else:
-            status = await play(writer, recorded.body, capture, usage)
+            status = await play(writer, recorded.body, capture, usage, workdir=self.replay.workdir)
             error = None if status < 400 else f"HTTP {status} (replayed)"
             self._record(
                 usage,

@@ -7,6 +7,11 @@ bytes as the CLI received them (the SSE stream or the JSON body), each up to
 body past the cap is kept clipped and marked truncated: a truncated answer cannot be
 replayed (its call fails the replayed attempt, naming the cap).
 
+The agent's working folder is kept as :data:`WORKDIR_MARK` wherever it appears in a body
+(a Claude Code ``Write`` names its file by absolute path; the system prompt names the folder),
+and replay writes the replaying attempt's own folder in its place: a cassette recorded in
+one checkout, worktree or machine replays in another, and carries no local path.
+
 Replay answers call n of an attempt with recorded call n of the same step, unit and attempt
 number: the status, the content type, and the body (an SSE stream event by event, each its
 own HTTP chunk). A request that differs from the recorded one (the API path, the model, the
@@ -27,6 +32,8 @@ from dataclasses import dataclass, field
 from ..store.calls import CallBody, RecordedCall
 from .usage import CallUsage
 
+WORKDIR_MARK = "<wf_magic:workdir>"
+"""Stands for the agent's working folder in a recorded body (see the module docstring)."""
 RECORD_CAP = 1_048_576
 """The most bytes of a call's request body, and of its answer, kept (1 MiB each)."""
 _SSE_EVENT = re.compile(rb"(?<=\n\n)|(?<=\r\n\r\n)")
@@ -53,23 +60,61 @@ class Capture:
         if room > 0:
             self.answer += chunk[:room]
 
-    def body(self, redact: Callable[[str], str]) -> CallBody:
-        """What is journaled: both bodies as redacted text, the tool names offered."""
+    def body(self, redact: Callable[[str], str], *, workdir: str | None = None) -> CallBody:
+        """What is journaled: both bodies as redacted text (``workdir`` kept as
+        :data:`WORKDIR_MARK`), the tool names offered."""
         request = self.request[:RECORD_CAP].decode("utf-8", errors="replace")
         answered = self.status is not None
+
+        def kept(text: str) -> str:
+            return redact(mark_workdir(text, workdir))
+
         return CallBody(
             method=self.method,
             path=self.path,
             tools=tool_names(self.request),
-            request=redact(request) if request else None,
+            request=kept(request) if request else None,
             request_truncated=len(self.request) > RECORD_CAP,
             status=self.status,
             content_type=self.content_type,
-            response=redact(bytes(self.answer).decode("utf-8", errors="replace"))
+            response=kept(bytes(self.answer).decode("utf-8", errors="replace"))
             if answered
             else None,
             response_truncated=self.cut,
         )
+
+
+def _spellings(workdir: str) -> list[str]:
+    """How ``workdir`` may be written in a body: as given and resolved, raw and as a JSON
+    string's content; longest first (``/a/b/c`` before ``/a/b``), never the root alone."""
+    import os
+
+    paths = {workdir.rstrip("/"), os.path.realpath(workdir).rstrip("/")}
+    found = {p for p in paths if len(p) > 1} | {json.dumps(p)[1:-1] for p in paths if len(p) > 1}
+    return sorted(found, key=len, reverse=True)
+
+
+def mark_workdir(text: str, workdir: str | None) -> str:
+    """``text`` with the agent's folder ``workdir`` written as :data:`WORKDIR_MARK`, where it
+    stands as a path of its own (after a quote, a space, a bracket, a tag or an escaped newline;
+    before a separator or the end), never inside a longer one (``/a/bc``, ``/x/a/b``)."""
+    if not workdir:
+        return text
+    for spelling in _spellings(workdir):
+        text = re.sub(_PATH_START + re.escape(spelling) + _PATH_END, WORKDIR_MARK, text)
+    return text
+
+
+_PATH_START = r"(?:(?<=^)|(?<=[\s\"'`(\[{:=,;|>])|(?<=\\n)|(?<=\\t)|(?<=\\r))"
+_PATH_END = r"(?=$|[/\\\"'`\s<>:,;.)\]}])"
+
+
+def unmark_workdir(text: str, workdir: str | None, *, json_text: bool) -> str:
+    """``text`` with :data:`WORKDIR_MARK` written as ``workdir`` (JSON-escaped in a JSON or
+    SSE body); unchanged without a folder."""
+    if not workdir or WORKDIR_MARK not in text:
+        return text
+    return text.replace(WORKDIR_MARK, json.dumps(workdir)[1:-1] if json_text else workdir)
 
 
 def tool_names(request: bytes) -> list[str] | None:
@@ -108,17 +153,24 @@ def sse_pieces(text: str) -> list[bytes]:
 
 
 async def play(
-    writer: asyncio.StreamWriter, body: CallBody, capture: Capture, usage: CallUsage
+    writer: asyncio.StreamWriter,
+    body: CallBody,
+    capture: Capture,
+    usage: CallUsage,
+    *,
+    workdir: str | None = None,
 ) -> int:
     """Write the recorded answer ``body`` to the CLI (chunked; an SSE stream event by event,
-    the closing chunk left to the caller), reading its usage as it passes; its status."""
+    the closing chunk left to the caller), reading its usage as it passes; its status. The
+    recording's folder mark becomes ``workdir``, the replaying agent's folder."""
     status = body.status or 200
     capture.status, capture.content_type = status, body.content_type
     head = f"HTTP/1.1 {status} {'OK' if status < 400 else 'Error'}\r\n"
     head += f"content-type: {body.content_type or 'application/json'}\r\n"
     writer.write((head + "transfer-encoding: chunked\r\nconnection: close\r\n\r\n").encode())
     streamed = "event-stream" in (body.content_type or "")
-    text = body.response or ""
+    json_text = streamed or "json" in (body.content_type or "application/json")
+    text = unmark_workdir(body.response or "", workdir, json_text=json_text)
     for piece in sse_pieces(text) if streamed else [text.encode("utf-8")]:
         capture.keep(piece)
         if streamed:
@@ -137,6 +189,8 @@ class Replay:
         self.where = where
         """What the recording is (``cassette tape.jsonl, unit fix attempt 1``), for messages."""
         self.served = 0
+        self.workdir: str | None = None
+        """The replaying agent's folder, written where the recording has its own."""
         self.warnings: list[str] = []
         self.failure: str | None = None
         """Why the attempt fails (the recording ran out, or an answer was truncated)."""

@@ -82,6 +82,8 @@ def execute(path: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="wf-nbval-") as tmp:
         work = Path(tmp) / "notebooks"
         work.mkdir()
+        for companion in NOTEBOOKS.glob("*.jsonl"):  # a tour's cassette travels with it
+            shutil.copy(companion, work / companion.name)
         client = NotebookClient(
             nb,
             kernel_name="python3",

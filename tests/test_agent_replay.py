@@ -25,12 +25,13 @@ from tests.helpers_http import isolate_loopback_env
 from tests.test_agents_real import real_workflow, work
 from wf_magic import Engine
 from wf_magic.bridge.tape import (
+    HOME_MARK,
     RECORD_CAP,
     WORKDIR_MARK,
     Capture,
-    mark_workdir,
+    mark_folders,
     tool_names,
-    unmark_workdir,
+    unmark_folders,
 )
 from wf_magic.errors import DefinitionError, RunnerError
 from wf_magic.runners.cassette_calls import load_calls
@@ -169,14 +170,21 @@ def test_the_agents_folder_is_kept_as_a_mark_and_written_back_as_the_replays(
     old = "/" + "/".join(recorded)
     new = "/srv/" + "/".join(replayed)
     body = json.dumps({"file_path": f"{old}/{name}", "note": f"{before}{old}{after}"})
-    kept = mark_workdir(body, old)
+    kept = mark_folders(body, {WORKDIR_MARK: old})
     assert json.loads(kept)["file_path"] == f"{WORKDIR_MARK}/{name}"
-    back = json.loads(unmark_workdir(kept, new, json_text=True))
+    back = json.loads(unmark_folders(kept, {WORKDIR_MARK: new}, json_text=True))
     assert back["file_path"] == f"{new}/{name}"
     assert back["note"] == f"{before}{new}{after}"
     # A sibling that only starts like the folder is not the folder.
     sibling = json.dumps({"p": f"{old}x/{name}"})
-    assert mark_workdir(sibling, old) == sibling
+    assert mark_folders(sibling, {WORKDIR_MARK: old}) == sibling
+    # A folder inside another keeps its own mark (the longer path is marked first).
+    nested = json.dumps({"home": f"{old}/home/.claude", "cwd": old})
+    marks = {WORKDIR_MARK: old, HOME_MARK: f"{old}/home"}
+    assert json.loads(mark_folders(nested, marks)) == {
+        "home": f"{HOME_MARK}/.claude",
+        "cwd": WORKDIR_MARK,
+    }
 
 
 @pytest.mark.backends

@@ -15,6 +15,15 @@ REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 
 
+def with_companions(folder: Path) -> Path:
+    """``folder`` holding the tours' companion files (06's cassette), as notebooks/ does."""
+    import shutil
+
+    for companion in (REPO / "notebooks").glob("*.jsonl"):
+        shutil.copy(companion, folder / companion.name)
+    return folder
+
+
 def outputs_text(nb: nbformat.NotebookNode) -> str:
     """Every text/plain and stream output of ``nb``, joined."""
     parts = []
@@ -43,7 +52,7 @@ def test_the_demo_notebooks_exist() -> None:
 def test_a_demo_notebook_runs_without_errors(path: Path, tmp_path: Path) -> None:
     nb = nbformat.read(path, as_version=4)
     started = time.monotonic()
-    execute_notebook(nb, tmp_path)
+    execute_notebook(nb, with_companions(tmp_path))
     assert time.monotonic() - started < 120
     text = outputs_text(nb)
     assert "Traceback" not in text
@@ -86,7 +95,7 @@ def test_run_all_twice_in_one_kernel_runs_cleanly(path: Path, tmp_path: Path) ->
     nb = nbformat.read(path, as_version=4)
     first = len(nb.cells)
     nb.cells = nb.cells + copy.deepcopy(nb.cells)
-    execute_notebook(nb, tmp_path)
+    execute_notebook(nb, with_companions(tmp_path))
     second = nbformat.v4.new_notebook(cells=nb.cells[first:])
     text = outputs_text(second)
     assert "Traceback" not in text
@@ -133,10 +142,33 @@ def test_run_all_twice_tells_the_same_story(path: Path, tmp_path: Path) -> None:
     nb = nbformat.read(path, as_version=4)
     first = len(nb.cells)
     nb.cells = nb.cells + copy.deepcopy(nb.cells)
-    execute_notebook(nb, tmp_path)
+    execute_notebook(nb, with_companions(tmp_path))
     once, twice = told(nb.cells[:first]), told(nb.cells[first:])
     for index, (a, b) in enumerate(zip(once, twice, strict=True)):
         assert a == b, f"code cell {index} told another story on the second Run All"
     if path.name == "05_sweeps.ipynb":
         stops = [c for c in once + twice if any("max_units reached" in line for line in c)]
         assert len(stops) >= 2  # the budget stop, in both passes
+
+
+def test_the_agent_tours_cassette_is_a_bridge_recording_that_names_no_folder_or_key() -> None:
+    """notebooks/agent_fix.cassette.jsonl (scripts/record_agent_tour.py): the real Claude Code's
+    four calls of the tour's two loops, with the agent's folders as marks, never a local path
+    of the recording or a key."""
+    import json
+
+    from wf_magic.bridge.tape import HOME_MARK, WORKDIR_MARK
+
+    path = REPO / "notebooks" / "agent_fix.cassette.jsonl"
+    text = path.read_text()
+    lines = [json.loads(line) for line in text.splitlines()]
+    assert [(c["kind"], c["attempt"], c["call"]) for c in lines] == [
+        ("agent_call", 1, 1),
+        ("agent_call", 2, 1),
+        ("agent_call", 2, 2),
+        ("agent_call", 2, 3),
+    ]
+    assert {c["model"] for c in lines} == {"claude-sonnet-4-5"}
+    assert f"{WORKDIR_MARK}/calc.py" in text and HOME_MARK in text
+    assert "/tmp/" not in text  # the recording's checkout, worktree and HOME were temporary
+    assert "sk-ant" not in text and "x-api-key" not in text

@@ -64,6 +64,8 @@ def _setup(path: Path, tmp_path: Path) -> None:
     work.mkdir()
     shutil.copy(path, work / path.name)
     shutil.copy(SANITIZE, work / SANITIZE.name)
+    for companion in REPO.joinpath("notebooks").glob("*.jsonl"):  # a tour's cassette
+        shutil.copy(companion, work / companion.name)
     (tmp_path / "tmp").mkdir()
     profile = tmp_path / "ipython" / "profile_default"
     profile.mkdir(parents=True)

@@ -267,6 +267,11 @@ class Run:
         value and its failure as explanation); see docs/evaluations.md, "Scores"."""
         return self.store.scores_frame([self.run_id])
 
+    def calls(self, *, unit: str | None = None) -> pd.DataFrame:
+        """One row per model call its agent attempts made through the bridge (``unit``: only
+        that unit's); the same frame as ``engine.calls(run)`` and ``wf calls RUN``."""
+        return self.store.calls_frame(self.run_id, unit_id=unit)
+
     def journal(self, *, inputs: bool = False) -> pd.DataFrame:
         """One row per attempt of this run; ``inputs=True`` adds what each was sent.
 

@@ -104,7 +104,8 @@ def test_run_all_twice_in_one_kernel_on_every_tour(tmp_path: Path) -> None:
     assert len(TOURS) >= 6
     started = time.monotonic()
     sizes: dict[str, list[tuple[int, int]]] = {}
-    with jupyter_lab(TOURS[0], TOURS[1:]) as url:  # each tour's state folder next to it
+    companions = sorted((HERE.parent.parent / "notebooks").glob("*.jsonl"))  # 06's cassette
+    with jupyter_lab(TOURS[0], [*TOURS[1:], *companions]) as url:  # state folders beside them
         timings = check_run_all_twice(
             url, [p.name for p in TOURS], tmp_path, timeout_s=120, sizes=sizes, reopen=True
         )

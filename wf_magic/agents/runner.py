@@ -292,6 +292,7 @@ class _Launch:
             limits=agent.get("limits"),
             replay=replay,
             workdir=str(self.call.cwd),
+            home=str(self.call.home) if self.call.home else None,
         )
         try:
             url = bridged.open(wired.upstream, model=request.model)

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 from ..runners.pricing import attempt_cost
 from ..store.calls import CallBody, CallRow, CallTotals
 from .server import Bridge, CallRecord, Limits
-from .tape import Replay
+from .tape import HOME_MARK, WORKDIR_MARK, Replay
 
 
 class CallJournal(Protocol):
@@ -56,13 +56,15 @@ class BridgedAttempt:
         limits: LimitsFor | None = None,
         replay: Replay | None = None,
         workdir: str | None = None,
+        home: str | None = None,
     ) -> None:
         self.harness = harness
         self.replay = replay
-        self.workdir = workdir
-        """The agent's folder: recorded bodies keep it as a mark, a replay writes it back."""
+        self.folders: dict[str, str | None] = {WORKDIR_MARK: workdir, HOME_MARK: home}
+        """The agent's folder and HOME: recorded bodies keep them as marks, a replay writes
+        this attempt's back (``bridge/tape.py``)."""
         if replay is not None:
-            replay.workdir = workdir
+            replay.folders = dict(self.folders)
         """Set: the calls are answered from this recording, never forwarded (``bridge/tape.py``)."""
         self.options = options
         self.identity = dict(identity)
@@ -148,7 +150,7 @@ class BridgedAttempt:
             error=self.redact(record.error) if record.error else None,
         )
         body = (
-            record.capture.body(self.redact, workdir=self.workdir)
+            record.capture.body(self.redact, folders=self.folders)
             if record.capture is not None
             else None
         )

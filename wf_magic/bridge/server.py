@@ -319,7 +319,7 @@ class Bridge:
             await _refuse(writer, usage.dialect, message)
             self._record(usage, None, message, started, time.monotonic() - clock, replayed=True)
         else:
-            status = await play(writer, recorded.body, capture, usage, workdir=self.replay.workdir)
+            status = await play(writer, recorded.body, capture, usage, folders=self.replay.folders)
             error = None if status < 400 else f"HTTP {status} (replayed)"
             self._record(
                 usage,

@@ -9,8 +9,9 @@ replayed (its call fails the replayed attempt, naming the cap).
 
 The agent's working folder is kept as :data:`WORKDIR_MARK` wherever it appears in a body
 (a Claude Code ``Write`` names its file by absolute path; the system prompt names the folder),
-and replay writes the replaying attempt's own folder in its place: a cassette recorded in
-one checkout, worktree or machine replays in another, and carries no local path.
+its HOME as :data:`HOME_MARK`, and replay writes the replaying attempt's own folders in
+their place: a cassette recorded in one checkout, worktree or machine replays in another,
+and names neither folder.
 
 Replay answers call n of an attempt with recorded call n of the same step, unit and attempt
 number: the status, the content type, and the body (an SSE stream event by event, each its
@@ -26,7 +27,7 @@ import asyncio
 import json
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..store.calls import CallBody, RecordedCall
@@ -34,6 +35,8 @@ from .usage import CallUsage
 
 WORKDIR_MARK = "<wf_magic:workdir>"
 """Stands for the agent's working folder in a recorded body (see the module docstring)."""
+HOME_MARK = "<wf_magic:home>"
+"""Stands for the agent's HOME (its own, under the state dir) in a recorded body."""
 RECORD_CAP = 1_048_576
 """The most bytes of a call's request body, and of its answer, kept (1 MiB each)."""
 _SSE_EVENT = re.compile(rb"(?<=\n\n)|(?<=\r\n\r\n)")
@@ -60,14 +63,16 @@ class Capture:
         if room > 0:
             self.answer += chunk[:room]
 
-    def body(self, redact: Callable[[str], str], *, workdir: str | None = None) -> CallBody:
-        """What is journaled: both bodies as redacted text (``workdir`` kept as
-        :data:`WORKDIR_MARK`), the tool names offered."""
+    def body(
+        self, redact: Callable[[str], str], *, folders: Mapping[str, str | None] | None = None
+    ) -> CallBody:
+        """What is journaled: both bodies as redacted text (each of ``folders``, mark → path,
+        kept as its mark), the tool names offered."""
         request = self.request[:RECORD_CAP].decode("utf-8", errors="replace")
         answered = self.status is not None
 
         def kept(text: str) -> str:
-            return redact(mark_workdir(text, workdir))
+            return redact(mark_folders(text, folders or {}))
 
         return CallBody(
             method=self.method,
@@ -84,24 +89,24 @@ class Capture:
         )
 
 
-def _spellings(workdir: str) -> list[str]:
-    """How ``workdir`` may be written in a body: as given and resolved, raw and as a JSON
-    string's content; longest first (``/a/b/c`` before ``/a/b``), never the root alone."""
+def _spellings(folder: str) -> list[str]:
+    """How ``folder`` may be written in a body: as given and resolved, raw and as a JSON
+    string's content; never the root alone."""
     import os
 
-    paths = {workdir.rstrip("/"), os.path.realpath(workdir).rstrip("/")}
+    paths = {folder.rstrip("/"), os.path.realpath(folder).rstrip("/")}
     found = {p for p in paths if len(p) > 1} | {json.dumps(p)[1:-1] for p in paths if len(p) > 1}
-    return sorted(found, key=len, reverse=True)
+    return sorted(found)
 
 
-def mark_workdir(text: str, workdir: str | None) -> str:
-    """``text`` with the agent's folder ``workdir`` written as :data:`WORKDIR_MARK`, where it
-    stands as a path of its own (after a quote, a space, a bracket, a tag or an escaped newline;
-    before a separator or the end), never inside a longer one (``/a/bc``, ``/x/a/b``)."""
-    if not workdir:
-        return text
-    for spelling in _spellings(workdir):
-        text = re.sub(_PATH_START + re.escape(spelling) + _PATH_END, WORKDIR_MARK, text)
+def mark_folders(text: str, folders: Mapping[str, str | None]) -> str:
+    """``text`` with each folder of ``folders`` (mark → path) written as its mark, where it
+    stands as a path of its own (after a quote, a space, a bracket, a tag or an escaped
+    newline; before a separator or the end), never inside a longer one (``/a/bc``,
+    ``/x/a/b``); the longest first, so a folder inside another keeps its own mark."""
+    pairs = [(s, mark) for mark, path in folders.items() if path for s in _spellings(path)]
+    for spelling, mark in sorted(pairs, key=lambda pair: len(pair[0]), reverse=True):
+        text = re.sub(_PATH_START + re.escape(spelling) + _PATH_END, mark, text)
     return text
 
 
@@ -109,12 +114,13 @@ _PATH_START = r"(?:(?<=^)|(?<=[\s\"'`(\[{:=,;|>])|(?<=\\n)|(?<=\\t)|(?<=\\r))"
 _PATH_END = r"(?=$|[/\\\"'`\s<>:,;.)\]}])"
 
 
-def unmark_workdir(text: str, workdir: str | None, *, json_text: bool) -> str:
-    """``text`` with :data:`WORKDIR_MARK` written as ``workdir`` (JSON-escaped in a JSON or
-    SSE body); unchanged without a folder."""
-    if not workdir or WORKDIR_MARK not in text:
-        return text
-    return text.replace(WORKDIR_MARK, json.dumps(workdir)[1:-1] if json_text else workdir)
+def unmark_folders(text: str, folders: Mapping[str, str | None], *, json_text: bool) -> str:
+    """``text`` with each mark of ``folders`` written as its path (JSON-escaped in a JSON or
+    SSE body); a mark without a path stays."""
+    for mark, path in folders.items():
+        if path and mark in text:
+            text = text.replace(mark, json.dumps(path)[1:-1] if json_text else path)
+    return text
 
 
 def tool_names(request: bytes) -> list[str] | None:
@@ -158,11 +164,11 @@ async def play(
     capture: Capture,
     usage: CallUsage,
     *,
-    workdir: str | None = None,
+    folders: Mapping[str, str | None] | None = None,
 ) -> int:
     """Write the recorded answer ``body`` to the CLI (chunked; an SSE stream event by event,
     the closing chunk left to the caller), reading its usage as it passes; its status. The
-    recording's folder mark becomes ``workdir``, the replaying agent's folder."""
+    recording's folder marks become ``folders``' paths, the replaying agent's folders."""
     status = body.status or 200
     capture.status, capture.content_type = status, body.content_type
     head = f"HTTP/1.1 {status} {'OK' if status < 400 else 'Error'}\r\n"
@@ -170,7 +176,7 @@ async def play(
     writer.write((head + "transfer-encoding: chunked\r\nconnection: close\r\n\r\n").encode())
     streamed = "event-stream" in (body.content_type or "")
     json_text = streamed or "json" in (body.content_type or "application/json")
-    text = unmark_workdir(body.response or "", workdir, json_text=json_text)
+    text = unmark_folders(body.response or "", folders or {}, json_text=json_text)
     for piece in sse_pieces(text) if streamed else [text.encode("utf-8")]:
         capture.keep(piece)
         if streamed:
@@ -189,8 +195,8 @@ class Replay:
         self.where = where
         """What the recording is (``cassette tape.jsonl, unit fix attempt 1``), for messages."""
         self.served = 0
-        self.workdir: str | None = None
-        """The replaying agent's folder, written where the recording has its own."""
+        self.folders: dict[str, str | None] = {}
+        """Mark → the replaying agent's folder, written where the recording has its own."""
         self.warnings: list[str] = []
         self.failure: str | None = None
         """Why the attempt fails (the recording ran out, or an answer was truncated)."""

@@ -217,6 +217,8 @@ def test_a_recorded_session_replays_offline_with_the_same_files_answer_and_no_co
     assert (repo / "hello.txt").read_text() == "written by the agent\n"
     assert len(upstream.requests) == served  # nothing went upstream
     rows = engine.calls(replay.run_id)
+    assert rows.equals(replay.calls())  # the Run handle's frame is the engine's
+    assert replay.calls(unit="other").empty
     assert list(rows["call"]) == [1, 2]
     assert list(rows["status"]) == ["ok", "ok"]
     assert list(rows["price_source"]) == ["replay", "replay"]

@@ -6,218 +6,44 @@ argparse parsers from :data:`VERBS` with :func:`add_verb_parsers` and route the 
 ``command`` to their own functions. The value parsers they share (``k=v`` params, counts,
 durations, argv that is not UTF-8) are ``arg_values.py``'s.
 
-This module sits between the faces and the engine: it imports only the stdlib and
-``wf_magic.arg_values``.
+This module sits between the faces and the engine: it imports only the stdlib,
+``wf_magic.arg_values`` and the table's parts (``verb_table.py``: the shape and the shared
+options; ``sweep_verbs.py``: the sweep verbs).
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
 
 from .arg_values import SECONDS_MAX, count_at_least, duration_s, number_in
-
-Face = Literal["cli", "notebook"]
-"""Where a verb or option exists:
-
-- ``cli``: the ``wf`` command.
-- ``notebook``: the ``%workflow`` line magic.
-"""
-CLI: frozenset[Face] = frozenset({"cli"})
-NOTEBOOK: frozenset[Face] = frozenset({"notebook"})
-BOTH: frozenset[Face] = CLI | NOTEBOOK
-
-TOKENS_BY: tuple[str, ...] = ("step", "model", "runner", "loop", "run", "phase")
-"""The keys ``tokens --by`` groups by; the same keys ``store.frames.tokens_frame`` accepts."""
-FORMATS: tuple[str, ...] = ("table", "csv", "json")
-"""How the ``wf`` command prints a frame (``--format``)."""
-
-
-# -- the table's shape --------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Option:
-    """One positional argument (``flag`` without dashes) or ``--option`` of a verb."""
-
-    flag: str
-    """``run`` (a positional) or ``--max-steps`` (an option)."""
-    help: str | None = None
-    type: Callable[[str], object] | None = None
-    """Turns the text into the value (argparse ``type``); argparse reports its errors."""
-    choices: tuple[str, ...] | None = None
-    default: object = None
-    action: Literal["store_true", "append"] | None = None
-    nargs: Literal["?", "+"] | None = None
-    const: object = None
-    """The value of a bare ``--option`` when ``nargs`` is ``?``."""
-    dest: str | None = None
-    """The attribute the value lands on (default: argparse's, from ``flag``)."""
-    metavar: str | None = None
-    required: bool = False
-    faces: frozenset[Face] = BOTH
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OneOf:
-    """Options that exclude each other (one of them is required when ``required``)."""
-
-    options: tuple[Option, ...]
-    required: bool = True
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Verb:
-    """One sub-command: ``wf NAME ...`` and/or ``%workflow NAME ...``."""
-
-    name: str
-    help: str
-    options: tuple[Option | OneOf, ...] = ()
-    faces: frozenset[Face] = BOTH
-
+from .sweep_verbs import SWEEP_VERBS
+from .verb_table import (
+    BACKGROUND,
+    CLI,
+    FEEDBACK,
+    FORMAT,
+    IDLE_S,
+    LOOP,
+    MAX_CONCURRENCY,
+    MAX_RETRIES,
+    MAX_STEPS,
+    NOTEBOOK,
+    QUIET,
+    RESUPPLY_PARAM,
+    RUN,
+    SKIP_IF_LOCKED,
+    STEP,
+    TOKENS_BY,
+    Face,
+    OneOf,
+    Option,
+    Verb,
+)
 
 # -- the table ----------------------------------------------------------------------------------
-IDLE_S = number_in(0, 30 * 86400.0)
-"""``--idle S``: seconds without a driver, from 0 to 30 days (a finite wait: ``nan`` never ends)."""
-CONCURRENCY_MAX = 10_000
-"""``--max-concurrency``'s ceiling: more units in flight than threads a process can start."""
-
-RUN = Option(flag="run", help="a run id, or a unique prefix of one")
-STEP = Option(flag="step", help="a step id of the run")
-MAX_STEPS = Option(
-    flag="--max-steps", type=count_at_least(1), metavar="N", help="stop after N finished steps"
-)
-MAX_CONCURRENCY = Option(
-    flag="--max-concurrency",
-    type=count_at_least(1, CONCURRENCY_MAX),
-    metavar="N",
-    help="cap on units in flight",
-    faces=CLI,
-)
-QUIET = Option(
-    flag="--quiet",
-    action="store_true",
-    help="no progress lines while driving (the summary is still printed)",
-    faces=CLI,
-)
-MAX_RETRIES = Option(
-    flag="--max-retries",
-    type=count_at_least(0),
-    default=0,
-    metavar="N",
-    help="re-open the run up to N times after a unit failure",
-    faces=CLI,
-)
-RESUPPLY_PARAM = Option(
-    flag="--param",
-    action="append",
-    metavar="K=V",
-    help="a secret param of the run again (its value is never stored; repeatable)",
-    faces=CLI,
-)
-SKIP_IF_LOCKED = Option(
-    flag="--skip-if-locked",
-    action="store_true",
-    help="when another driver holds the run, say who and exit 0 instead of 75 (for cron)",
-)
-BACKGROUND = Option(
-    flag="--background",
-    action="store_true",
-    help="drive in a thread; the notebook stays usable",
-    faces=NOTEBOOK,
-)
-FEEDBACK = Option(flag="--feedback", metavar="TEXT", help="what the step should change")
-LOOP = Option(
-    flag="--loop",
-    type=count_at_least(1),
-    metavar="N",
-    help="the loop you are deciding (refused if stale)",
-)
-FORMAT = Option(
-    flag="--format", choices=FORMATS, default="table", help="how to print the frame", faces=CLI
-)
-
-SWEEP = Option(flag="sweep", help="a sweep id, or a unique prefix of one")
-WORKERS = Option(
-    flag="--workers",
-    type=count_at_least(1, 64),
-    metavar="N",
-    help="spread the cells over N processes (default $WF_MAGIC_SWEEP_WORKERS, else 1)",
-    faces=CLI,
-)
-SWEEP_CEILINGS = (
-    Option(flag="--max-tokens", type=count_at_least(0), metavar="N", help="sweep token ceiling"),
-    Option(flag="--max-cost", type=number_in(0), metavar="X", help="sweep cost ceiling"),
-    Option(flag="--max-units", type=count_at_least(0), metavar="N", help="sweep unit ceiling"),
-)
-SWEEP_VERBS: tuple[Verb, ...] = (
-    Verb(
-        name="sweep",
-        help="run a workflow over a grid of params × dataset rows × repeats, under one budget",
-        faces=CLI,
-        options=(
-            Option(flag="file", metavar="FILE", help="the workflow's YAML file"),
-            Option(
-                flag="--grid",
-                action="append",
-                metavar="K=V1,V2",
-                help="a grid axis: a declared param and its values (repeatable)",
-            ),
-            Option(flag="--rows", metavar="FILE", help="dataset rows: a .csv or .jsonl file"),
-            Option(
-                flag="--param",
-                action="append",
-                metavar="K=V",
-                help="a param every cell shares, e.g. a secret (stored only sealed; repeatable)",
-            ),
-            Option(flag="--repeat", type=count_at_least(1), default=1, metavar="N"),
-            *SWEEP_CEILINGS,
-            Option(flag="--key", metavar="K", help="a launch key naming this sweep"),
-            MAX_CONCURRENCY,
-            WORKERS,
-            QUIET,
-        ),
-    ),
-    Verb(name="sweeps", help="list sweeps", faces=CLI),
-    Verb(name="sweep-status", help="show a sweep's cells by status", faces=CLI, options=(SWEEP,)),
-    Verb(
-        name="sweep-resume",
-        help="drive a sweep's owed cells; a ceiling option sets a new ceiling",
-        faces=CLI,
-        options=(
-            SWEEP,
-            *SWEEP_CEILINGS,
-            MAX_CONCURRENCY,
-            WORKERS,
-            QUIET,
-            replace(RESUPPLY_PARAM, help="a secret param of the sweep again (never stored)"),
-        ),
-    ),
-    Verb(
-        name="sweep-frame",
-        help="print a sweep's frame: one row per cell",
-        faces=CLI,
-        options=(SWEEP, FORMAT),
-    ),
-    Verb(
-        name="sweep-summary",
-        help="print a sweep's metrics: per group and score, mean with its 95 % interval",
-        faces=CLI,
-        options=(
-            SWEEP,
-            Option(
-                flag="--by",
-                action="append",
-                metavar="AXIS",
-                help="group by this axis or row field (repeatable; default: one group)",
-            ),
-            FORMAT,
-        ),
-    ),
-)
-"""The sweep verbs (docs/sweeps.md, docs/evaluations.md); their handlers are in
-``wf_magic.sweep_cli``."""
-
 GLOBAL_OPTIONS: tuple[Option, ...] = (
     Option(flag="--db", help="state dir (default $WF_MAGIC_HOME or ./.wf_magic)", faces=CLI),
     Option(flag="--debug", action="store_true", help="show tracebacks", faces=CLI),

@@ -12,7 +12,8 @@ from typing import Any, NoReturn
 
 from ..arg_values import parse_params
 from ..errors import UsageError
-from ..verbs import VERBS, OneOf, Option, add_verb_parsers, verb_names
+from ..verb_table import OneOf, Option
+from ..verbs import VERBS, add_verb_parsers, verb_names
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 

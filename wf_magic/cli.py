@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal as signals
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn, Protocol, TextIO, cast
+from typing import TYPE_CHECKING, NoReturn
 
 from .arg_values import argv_problem, parse_params
 from .cli_errors import (
@@ -24,43 +23,34 @@ from .cli_errors import (
     show_warning,
     unreadable_text,
 )
+from .cli_reads import (
+    RunLister,
+    cmd_calls,
+    cmd_compare,
+    cmd_diff,
+    cmd_events,
+    cmd_export_cassette,
+    cmd_export_otel,
+    cmd_journal,
+    cmd_list,
+    cmd_show,
+    cmd_status,
+    cmd_tokens,
+    cmd_watch,
+    print_run,
+    say,
+    warn,
+)
 from .errors import RunAbandoned, RunLockHeld, WorkflowError, clip_message, unexpected_text
 from .exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from .sweep_cli import SWEEP_HANDLERS
 from .verbs import add_global_options, add_verb_parsers
-from .visible import visible
 
 # The engine, the plan models (pydantic), Jinja and pandas are imported inside the verbs
 # that use them, not here, for start-up time: `wf --help` and `wf list` never load them.
 if TYPE_CHECKING:
     from .engine import Engine
-    from .run import Run
     from .spec.workflow import Workflow
-    from .store.store import Store
-
-
-class _RunLister(Protocol):
-    """What ``wf list`` needs: the Engine, or just its Store (no engine import); the listing
-    itself reads the Store (the Engine's ``store``)."""
-
-    db_path: Path
-    where: str
-    """The state's location as shown to people (the SQLite file, or the PostgreSQL schema)."""
-
-
-def _say(text: str, *, file: TextIO | None = None) -> None:
-    """Print text that may hold a model's words: its control characters made visible."""
-    print(visible(text), file=file)
-
-
-def _warn(warnings: Iterable[str]) -> None:
-    for warning in warnings:
-        _say(f"warning: {warning}", file=sys.stderr)
-
-
-def _print_run(run: Run, out: Callable[[str], None]) -> int:
-    out(repr(run))  # ends with the result of a completed run
-    return run.exit_code
 
 
 def _tty() -> bool:
@@ -112,8 +102,8 @@ def _drive(
         if unsubscribe is not None and printer is not None:
             unsubscribe()
             printer.close()
-    _warn(run.warnings)
-    code = _print_run(run, _say)
+    warn(run.warnings)
+    code = print_run(run, say)
     return EXIT_INTERRUPTED if run.stopped_by == "signal" and run.status == "active" else code
 
 
@@ -143,7 +133,7 @@ def _load_run_source(engine: Engine, args: argparse.Namespace) -> Workflow:
             return engine.load(target)
         found = library.find(args.file)
         if not getattr(args, "quiet", False):
-            _say(f"workflow {found.name}: {found.origin_text}", file=sys.stderr)
+            say(f"workflow {found.name}: {found.origin_text}", file=sys.stderr)
         if found.path is not None:
             _importable(found.path.parent)
             return engine.load(found.path)
@@ -162,7 +152,7 @@ def cmd_run(engine: Engine, args: argparse.Namespace) -> int:
         from .display import plan_text
 
         wf = engine.preview(wf, params=parse_params(args.param or ()), params_from_strings=True)
-        _say(plan_text(wf.plan, plan_hash=wf.plan_hash))
+        say(plan_text(wf.plan, plan_hash=wf.plan_hash))
         return EXIT_OK
     started = engine.start(
         wf,
@@ -173,7 +163,7 @@ def cmd_run(engine: Engine, args: argparse.Namespace) -> int:
         key=args.key,
     )
     for w in started.warnings:
-        _say(f"warning: {w}", file=sys.stderr)
+        say(f"warning: {w}", file=sys.stderr)
     print(f"run {started.run_id} ({'new' if started.created else 'existing'})", flush=True)
     return _drive(engine, started.run_id, args, live_source=wf)
 
@@ -188,126 +178,13 @@ def cmd_resume(engine: Engine, args: argparse.Namespace) -> int:
     return _drive(engine, args.run, args)
 
 
-def cmd_status(engine: Engine, args: argparse.Namespace) -> int:
-    if args.run is None:
-        return cmd_list(engine, args)
-    from .store.runs import params_text
-
-    run = engine.status(args.run)
-    _warn(run.warnings)  # why its plan cannot be driven: once, on stderr, not in the summary
-    run.warnings.clear()
-    header, *rest = repr(run).split("\n")
-    shown = params_text(run.row.params_json)  # tells two scopes of one workflow apart
-    origin = run.row.source_path or ""
-    fetched = (  # a library workflow fetched from a URL: where from, and what was verified
-        [f"  source: {origin} (sha256 {run.row.source_hash})"] if "://" in origin else []
-    )
-    _say("\n".join([header, *([f"  params: {shown}"] if shown else []), *fetched, *rest]))
-    from .display.children import child_tree, children_lines
-
-    for line in children_lines(child_tree(engine.store, run.run_id)):
-        _say(line)
-    return run.exit_code
-
-
-def cmd_list(engine: _RunLister, args: argparse.Namespace) -> int:
-    """The newest runs, one line each (a sweep's cells as one line per sweep), then how many
-    were left out (``--all``: every run; ``--sweep``: one sweep's cells): the lines of
-    ``display.listing``, shared with ``%workflow list``."""
-    from .display.listing import listing_lines, runs_listing
-    from .users import current_user
-
-    store = cast("Store", getattr(engine, "store", engine))  # a Store or the Engine
-    mine = current_user() if getattr(args, "mine", False) else None
-    every, sweep = bool(getattr(args, "all", False)), getattr(args, "sweep", None)
-    listing = runs_listing(
-        store, limit=getattr(args, "limit", None), every=every, sweep=sweep, owner=mine
-    )
-    if not listing.entries:
-        print(f"no runs {f'of {mine} ' if mine else ''}in {engine.where}")
-    from .spec.stored import plan_warning
-    from .store.listing import CellEntry
-    from .store.records import RunRow
-
-    shown = [e.run if isinstance(e, CellEntry) else e for e in listing.entries]
-    runs = [r for r in shown if isinstance(r, RunRow)]  # no sweep, no cell without a run
-    _warn(filter(None, map(plan_warning, runs)))
-    for line in listing_lines(
-        listing, every=every, cells=sweep is not None, successor_of=store.superseded_by
-    ):
-        _say(line)
-    return EXIT_OK
-
-
-def _frame_out(frame: object, fmt: str) -> None:
-    import pandas as pd
-
-    from .display.spreadsheet import write_csv_frame
-
-    assert isinstance(frame, pd.DataFrame)
-    if fmt == "csv":
-        write_csv_frame(frame, sys.stdout)  # formula-like text escaped; JSON keeps it raw
-    elif fmt == "json":
-        print(frame.to_json(orient="records", date_format="iso"))
-    else:
-        with pd.option_context("display.max_rows", None, "display.width", 200):
-            _say(frame.to_string(index=False))
-
-
-def cmd_journal(engine: Engine, args: argparse.Namespace) -> int:
-    frame = engine.journal(args.run)
-    if args.format == "table" and not args.all:
-        from .store.frames import JOURNAL_COMPACT
-
-        frame = frame[list(JOURNAL_COMPACT)]
-        blanks = ("model", "session_id", "reused_from_run", "reused_from_unit", "failure")
-        frame = frame.drop(columns=[c for c in blanks if frame[c].isna().all()])
-    _frame_out(frame, args.format)
-    return EXIT_OK
-
-
-def cmd_tokens(engine: Engine, args: argparse.Namespace) -> int:
-    _frame_out(engine.tokens(args.run, by=args.by), args.format)
-    return EXIT_OK
-
-
-def cmd_calls(engine: Engine, args: argparse.Namespace) -> int:
-    _frame_out(engine.calls(args.run, unit=args.unit), args.format)
-    return EXIT_OK
-
-
-def cmd_events(engine: Engine, args: argparse.Namespace) -> int:
-    """A frame of the run's events, or (``--since``, ``--follow``, ``--format json``) one line
-    per event, its cursor first, then ``cursor: N`` on stderr (wf_magic.tail)."""
-    if args.since is None and not args.follow and args.format != "json":
-        _frame_out(engine.events(args.run), args.format)
-        return EXIT_OK
-    from .tail import print_events
-
-    return print_events(
-        engine,
-        args.run,
-        since=args.since or 0,
-        follow=args.follow,
-        idle_s=args.idle_s,
-        fmt=args.format,
-    )
-
-
-def cmd_watch(engine: Engine, args: argparse.Namespace) -> int:
-    """``wf watch RUN``: ``wf events RUN --follow`` under the name ``%workflow watch`` has."""
-    from .tail import print_events
-
-    return print_events(engine, args.run, since=0, follow=True, idle_s=args.idle_s, fmt="table")
-
-
 def cmd_check(args: argparse.Namespace) -> int:
     """``FILE: ok PLAN_HASH`` or ``FILE:LINE: error: ...`` per file (wf_magic.spec.authoring)."""
     from .spec.authoring import check_file
 
     checks = [check_file(path) for path in args.files]
     for check in checks:
-        _say(check.text())
+        say(check.text())
     return EXIT_OK if all(c.ok for c in checks) else EXIT_USAGE
 
 
@@ -320,7 +197,7 @@ def cmd_new(args: argparse.Namespace) -> int:
 
 
 def cmd_abandon(engine: Engine, args: argparse.Namespace) -> int:
-    _warn(engine.handle(args.run).warnings)  # abandoning never decodes the plan
+    warn(engine.handle(args.run).warnings)  # abandoning never decodes the plan
     rid = engine.resolve_run_id(args.run)
     done = engine.abandon(rid)
     below = ", ".join(r for r in done if r != rid)
@@ -378,7 +255,7 @@ def cmd_gc(engine: Engine, args: argparse.Namespace) -> int:
     statuses = args.statuses or ("completed", "failed", "abandoned")
 
     def kept(run_id: str, why: str) -> None:
-        _say(f"kept {run_id}: {why}", file=sys.stderr)
+        say(f"kept {run_id}: {why}", file=sys.stderr)
 
     deleted = engine.gc(
         older_than_s=seconds,
@@ -394,59 +271,6 @@ def cmd_gc(engine: Engine, args: argparse.Namespace) -> int:
     else:
         vacuumed = "; vacuumed" if args.vacuum else ""
         print(f"deleted {len(deleted)} finished run(s), receipts kept{vacuumed}")
-    return EXIT_OK
-
-
-def cmd_show(engine: Engine, args: argparse.Namespace) -> int:
-    from .inspection import record_text
-
-    handle = engine.handle(args.run)
-    _warn(handle.warnings)
-    record = handle.attempt(args.unit, args.attempt)
-    if args.format == "json":
-        print(json.dumps(record.to_json(), indent=2, default=str))
-    else:
-        _say(record_text(record))
-    return EXIT_OK
-
-
-def cmd_diff(engine: Engine, args: argparse.Namespace) -> int:
-    from .inspection import changes_text, run_changes
-
-    run_a, run_b = engine.resolve_run_id(args.run), engine.resolve_run_id(args.other)
-    _say(changes_text(run_a, run_b, run_changes(engine.store, run_a, run_b, unit_id=args.unit)))
-    return EXIT_OK
-
-
-def cmd_compare(engine: Engine, args: argparse.Namespace) -> int:
-    comparison = engine.compare(args.run, args.other, show_all=args.all)
-    if args.format == "json":
-        print(comparison.frame().to_json(orient="records"))
-    else:
-        _say(comparison.text())
-    return EXIT_OK
-
-
-def cmd_export_cassette(engine: Engine, args: argparse.Namespace) -> int:
-    from .runners.replay import export_cassette
-
-    run_id = engine.resolve_run_id(args.run)
-    for line in export_cassette(engine.store, run_id):
-        print(line)
-    return EXIT_OK
-
-
-def cmd_export_otel(engine: Engine, args: argparse.Namespace) -> int:
-    headers = [pair for group in args.headers or () for pair in group]
-    for run in args.run:
-        report = engine.export_otel(
-            run,
-            endpoint=args.endpoint,
-            headers=headers,
-            content=args.content,
-            timeout_s=args.timeout,
-        )
-        _say(f"{report.run_id}: {report.sent} spans sent, trace {report.trace_id}")
     return EXIT_OK
 
 
@@ -553,7 +377,7 @@ def _main(args: argparse.Namespace, words: list[str]) -> int:
     from .store import Store
     from .store.db import default_state, store_target
 
-    target: _RunLister
+    target: RunLister
     try:
         if args.fn is cmd_list or (args.fn is cmd_status and args.run is None):
             # Listing runs needs only the Store: the engine is never imported (start-up time).
@@ -597,7 +421,7 @@ def _main(args: argparse.Namespace, words: list[str]) -> int:
             if is_state_db_fault(exc)
             else unexpected_text(exc, command=command_text(args))
         )
-        _say(f"error: {clip_message(masked(text, store, args))}", file=sys.stderr)
+        say(f"error: {clip_message(masked(text, store, args))}", file=sys.stderr)
         return EXIT_FAILED
     finally:
         store.close()
@@ -616,7 +440,7 @@ def _authoring(args: argparse.Namespace) -> int:
         if args.debug:
             raise
         text = unexpected_text(exc, command=command_text(args))
-        _say(f"error: {clip_message(redactor(args).redact(text))}", file=sys.stderr)
+        say(f"error: {clip_message(redactor(args).redact(text))}", file=sys.stderr)
         return EXIT_FAILED
 
 

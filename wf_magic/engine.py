@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from .bus import EventBus, Observer
 from .errors import RunAbandoned, RunLockHeld, UsageError
 from .follow import FollowVerbs
+from .frame_verbs import FrameVerbs
 from .gc import GcVerbs
 from .otel.verbs import OtelVerbs
 from .redact import Redactor, secret_strings
@@ -34,10 +35,7 @@ from .users import check_owner, current_user
 if TYPE_CHECKING:
     from concurrent.futures import Executor
 
-    import pandas as pd
-
     from . import lifecycle
-    from .comparison import RunComparison
     from .spec.workflow import Workflow
 
 _AMBIGUOUS_SHOWN = 8
@@ -57,13 +55,14 @@ class Adoption:
     """The run ids whose owner changed: the run first, then the runs below it."""
 
 
-class Engine(SweepVerbs, GcVerbs, FollowVerbs, OtelVerbs):
+class Engine(FrameVerbs, SweepVerbs, GcVerbs, FollowVerbs, OtelVerbs):
     """Everything wf_magic does, as plain Python; the CLI and the magics are thin shells.
 
     The sweep verbs (``sweep``, ``sweep_resume``, ``sweep_handle``, ``sweeps``) come from
     :class:`wf_magic.sweeps.verbs.SweepVerbs`, ``gc`` from :class:`wf_magic.gc.GcVerbs`, and
     the event cursors (``events_after``, ``follow_events``) from
-    :class:`wf_magic.follow.FollowVerbs`.
+    :class:`wf_magic.follow.FollowVerbs`, the frames (``journal``, ``calls``, ``tokens``,
+    ``budget``, ``compare``, …) from :class:`wf_magic.frame_verbs.FrameVerbs`.
 
     Args:
         state_dir: where ``state.db`` and the run locks live (default ``$WF_MAGIC_HOME`` or
@@ -537,60 +536,6 @@ class Engine(SweepVerbs, GcVerbs, FollowVerbs, OtelVerbs):
         """Whether a driver holds the run now."""
 
         return self.store.is_driven_now(run_ref(run_id))
-
-    # -- frames (pandas is imported when one is asked for) ----------------------------------
-    def runs(self, *, include_deleted: bool = False) -> pd.DataFrame:
-        """All runs; ``include_deleted`` adds gc receipts and journal totals per run (see
-        :func:`wf_magic.store.frames.runs_frame`)."""
-        return self.store.runs_frame(include_deleted=include_deleted)
-
-    def journal(self, run_id: RunRef | None = None) -> pd.DataFrame:
-        """One row per attempt (see :func:`wf_magic.store.frames.journal_frame`)."""
-        return self.store.journal_frame(self.resolve_run_id(run_id) if run_id else None)
-
-    def calls(self, run_id: RunRef, *, unit: str | None = None) -> pd.DataFrame:
-        """One row per model call of the run's agent attempts, made through the bridge (see
-        :func:`wf_magic.store.callframes.calls_frame`); ``unit``: only that unit's."""
-        return self.store.calls_frame(self.resolve_run_id(run_id), unit_id=unit)
-
-    def scores(self, run_id: RunRef) -> pd.DataFrame:
-        """One row per score of the run (see :meth:`wf_magic.Run.scores`)."""
-        return self.store.scores_frame([self.resolve_run_id(run_id)])
-
-    def tokens(self, run_id: RunRef | None = None, *, by: str = "step") -> pd.DataFrame:
-        """Token accounting grouped ``by`` step/model/runner/loop/run/phase."""
-        return self.store.tokens_frame(self.resolve_run_id(run_id) if run_id else None, by=by)
-
-    def events(self, run_id: RunRef) -> pd.DataFrame:
-        """The run's events (see :func:`wf_magic.store.frames.events_frame`)."""
-        return self.store.events_frame(self.resolve_run_id(run_id))
-
-    def budget(self, run_id: RunRef) -> pd.DataFrame:
-        """Used vs limit per ceiling (the root run's), what reuse saved, and what LLM judges
-        spent outside the budget: on the ``tokens`` row ``used``, ``saved`` and ``judge`` are
-        the run's paid, reused and judge tokens, as every view of it reads them."""
-        return self.store.budget_frame(self.resolve_run_id(run_id))
-
-    def limits(self) -> pd.DataFrame:
-        """The model endpoints this process calls, one row each (drive/limiter.py): current
-        and maximum calls in flight, calls, throttles, seconds waited, known rpm/tpm."""
-        from .drive.limiter import LIMITERS, limits_frame
-
-        return limits_frame(LIMITERS.states())
-
-    def compare(self, run_a: RunRef, run_b: RunRef, *, show_all: bool = False) -> RunComparison:
-        """Two runs unit by unit: both outputs (every loop), what changed, token/cost deltas.
-
-        ``run_a`` is the earlier run, ``run_b`` the later one. The result prints as text,
-        renders as HTML in a notebook and has a ``frame()`` (one row per unit).
-
-        Raises:
-            UsageError: either run does not exist.
-        """
-        from .comparison import compare_runs
-
-        a, b = self.resolve_run_id(run_a), self.resolve_run_id(run_b)
-        return compare_runs(self.store, a, b, show_all=show_all)
 
     # -- helpers ----------------------------------------------------------------------------
     def _know(self, secrets: Mapping[str, Any]) -> None:

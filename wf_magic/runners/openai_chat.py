@@ -54,25 +54,23 @@ import json
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from ..errors import RunnerError
 from ..redact import Redactor, mask_url
 from .asyncpath import LoopClients, SharedClients, within
 from .base import RunnerContext, UnitRequest, UnitResult, check_limits, strip_code_fence
 from .bounded_http import AttemptLoop, bounded_hooks, cut_words, is_cut_off, over_bound
+from .openai_reply import PutText, Reply, create_reply
 from .pricing import PRICE_OPTIONS, PriceTable
 from .ratelimits import is_throttle, key_digest, wait_of
 from .sampling import SAMPLING_OPTIONS, check_sampling, offered_tokens, sampling_of
-from .textsink import TEXT_EVERY_S
 
 if TYPE_CHECKING:
-    from openai import AsyncOpenAI, AsyncStream
-    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+    from openai import AsyncOpenAI
 
-PutText = Callable[[str], None]
 
 DEFAULT_TIMEOUT_S = 120.0
 TRANSIENT_STATUS = frozenset({408, 409, 425, 429})
@@ -84,31 +82,6 @@ _OPTION_NAMES = frozenset(
     | PRICE_OPTIONS
     | set(SAMPLING_OPTIONS)
 )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Reply:
-    """What the runner keeps of a completion, streamed or not."""
-
-    content: str | None
-    refusal: str | None = None
-    usage: tuple[int | None, int | None] | None = None
-    """(prompt tokens, completion tokens) as the server reported them; None where it did not
-    (a field missing or null is unknown, never 0)."""
-    model: str | None = None
-    completion_id: str | None = None
-
-    @classmethod
-    def of(cls, completion: ChatCompletion) -> _Reply:
-        message = completion.choices[0].message if completion.choices else None
-        usage = completion.usage
-        return cls(
-            content=message.content if message is not None else None,
-            refusal=getattr(message, "refusal", None) if message is not None else None,
-            usage=_usage(usage),
-            model=completion.model,
-            completion_id=completion.id,
-        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -335,21 +308,21 @@ class OpenAIChatRunner:
 
     async def _complete(
         self, client: AsyncOpenAI, request: UnitRequest, model: str, put_text: PutText | None
-    ) -> _Reply:
+    ) -> Reply:
         import openai
 
         kwargs = self._kwargs(request, model)
         json_mode = self.options.json_mode and model not in self._no_json_mode
         if not (json_mode and _wants_json(request)):
-            return await _create(client, kwargs, put_text)
+            return await create_reply(client, kwargs, put_text)
         try:
             json_kwargs = {**kwargs, "response_format": {"type": "json_object"}}
-            return await _create(client, json_kwargs, put_text)
+            return await create_reply(client, json_kwargs, put_text)
         except (openai.BadRequestError, openai.UnprocessableEntityError):
             pass  # the server may not do JSON mode: the instruction in the prompt must do
         # A fresh key: a server that remembers keys must not answer with the cached 400.
         headers = {**kwargs["extra_headers"], "Idempotency-Key": f"{request.dispatch_id}-nojson"}
-        reply = await _create(client, {**kwargs, "extra_headers": headers}, put_text)
+        reply = await create_reply(client, {**kwargs, "extra_headers": headers}, put_text)
         self._no_json_mode.add(model)
         return reply
 
@@ -379,7 +352,7 @@ class OpenAIChatRunner:
             kwargs[self.options.max_tokens_param] = max_tokens
         return kwargs
 
-    def _result(self, reply: _Reply, request: UnitRequest, model: str) -> UnitResult:
+    def _result(self, reply: Reply, request: UnitRequest, model: str) -> UnitResult:
         # What the server did not report stays unknown (None) and costs null.
         tokens_in, tokens_out = reply.usage or (None, None)
         is_reported = tokens_in is not None and tokens_out is not None
@@ -446,86 +419,6 @@ class OpenAIChatRunner:
         return RunnerError(
             self._redactor.redact(message), transient=transient, retry_after_s=_retry_after_s(exc)
         )
-
-
-async def _create(client: AsyncOpenAI, kwargs: dict[str, Any], put_text: PutText | None) -> _Reply:
-    # The overloads (stream or not) collapse to Any under **kwargs.
-    create = cast("Callable[..., Awaitable[Any]]", client.chat.completions.create)
-    if put_text is None:
-        return _Reply.of(cast("ChatCompletion", await create(**kwargs)))
-    stream = cast(
-        "AsyncStream[ChatCompletionChunk]",
-        await create(**kwargs, stream=True, stream_options={"include_usage": True}),
-    )
-    async with stream:
-        return await _read_stream(stream, put_text)
-
-
-async def _read_stream(stream: AsyncStream[ChatCompletionChunk], put_text: PutText) -> _Reply:
-    """The reply assembled from a stream's chunks; usage comes with the last one.
-
-    Raises:
-        RunnerError: transient, when the stream ended before a chunk gave a finish reason.
-    """
-    from openai.types.chat import ChatCompletion
-
-    response = stream.response
-    if "json" in response.headers.get("content-type", ""):
-        # The server ignored ``stream``: its answer is an ordinary completion.
-        await response.aread()
-        return _Reply.of(ChatCompletion.model_validate(response.json()))
-    parts: list[str] = []
-    refusal: list[str] = []
-    usage: tuple[int | None, int | None] | None = None
-    model = completion_id = None
-    has_content = is_finished = False
-    shown_at = float("-inf")
-    async for chunk in stream:
-        model, completion_id = chunk.model or model, chunk.id or completion_id
-        is_finished = is_finished or any(c.finish_reason for c in chunk.choices or ())
-        if chunk.usage is not None:
-            # The last usage seen wins, never a sum: vLLM's continuous usage and Gemini's
-            # compatible endpoint send running totals in every chunk.
-            usage = _usage(chunk.usage) or usage
-        delta = chunk.choices[0].delta if chunk.choices else None
-        if delta is None:
-            continue
-        if delta.content is not None:
-            has_content = True
-            parts.append(delta.content)
-            if time.monotonic() - shown_at >= TEXT_EVERY_S / 2:  # joining is not free
-                shown_at = time.monotonic()
-                put_text("".join(parts))
-        if getattr(delta, "refusal", None):
-            refusal.append(str(delta.refusal))
-    if not is_finished:
-        raise RunnerError(
-            "the answer was cut off mid-way: the stream ended before the model said it had "
-            f"finished ({len(parts)} text chunks read)",
-            transient=True,
-        )
-    text = "".join(parts)
-    put_text(text)
-    return _Reply(
-        content=text if has_content else None,
-        refusal="".join(refusal) or None,
-        usage=usage,
-        model=model,
-        completion_id=completion_id,
-    )
-
-
-def _usage(usage: Any) -> tuple[int | None, int | None] | None:
-    """(prompt, completion) tokens of a usage object; None for no usage at all."""
-    if usage is None:
-        return None
-    counts = (getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None))
-    if counts == (None, None):
-        return None
-    return (
-        None if counts[0] is None else int(counts[0]),
-        None if counts[1] is None else int(counts[1]),
-    )
 
 
 def _wants_json(request: UnitRequest) -> bool:

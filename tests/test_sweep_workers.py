@@ -278,6 +278,19 @@ def test_workers_from_python_and_the_environment_default(
         assert sorted(again.frame()["result"].tolist()) == ["done"] * 6
 
 
+def test_more_workers_than_the_cap_on_units_in_flight_says_how_many_ran(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    flow, rows = workflow(tmp_path, SLOW), rows_file(tmp_path, 8)
+    done = run_wf(state_dir, "sweep", str(flow), "--rows", str(rows), "--workers", "3")
+    assert done.returncode == 0, done.stderr
+    assert "completed · 8 cells · 8 units" in done.stdout
+    assert (
+        "warning: workers: 1 of the 3 asked for drive this sweep: max_concurrency 1 is split "
+        "between them and none runs with 0; raise it (`--max-concurrency 24`) to use 3"
+    ) in done.stderr
+
+
 @pytest.mark.parametrize("text", ["0", "65", "two", "-1", "1.5"])
 def test_a_bad_workers_setting_is_refused_in_one_line(
     state_dir: Path, tmp_path: Path, text: str, monkeypatch: pytest.MonkeyPatch

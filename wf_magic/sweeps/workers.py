@@ -327,6 +327,12 @@ def drive_spread(
 
     _, owed = owed_cells(ctx.store, sweep.sweep_id)
     caps = concurrency_shares(ctx.max_concurrency, min(workers, max(1, len(owed))))
+    if len(caps) < workers and ctx.max_concurrency < min(workers, len(owed)):
+        ctx.skipped.append(
+            f"workers: {len(caps)} of the {workers} asked for drive this sweep: "
+            f"max_concurrency {ctx.max_concurrency} is split between them and none runs "
+            f"with 0; raise it (`--max-concurrency {workers * 8}`) to use {workers}"
+        )
     if len(caps) == 1:
         from .driver import drive_sweep
 

@@ -106,7 +106,14 @@ def mark_folders(text: str, folders: Mapping[str, str | None]) -> str:
     ``/x/a/b``); the longest first, so a folder inside another keeps its own mark."""
     pairs = [(s, mark) for mark, path in folders.items() if path for s in _spellings(path)]
     for spelling, mark in sorted(pairs, key=lambda pair: len(pair[0]), reverse=True):
-        text = re.sub(_PATH_START + re.escape(spelling) + _PATH_END, mark, text)
+        parts, last, edge = [], 0, -1
+        for found in re.finditer(_PATH_START + re.escape(spelling) + _PATH_END, text):
+            inside = found.start() == edge  # right after the folder: a name inside it
+            edge = found.end()
+            if not inside:
+                parts += [text[last : found.start()], mark]
+                last = found.end()
+        text = "".join(parts) + text[last:]
     return text
 
 

@@ -333,3 +333,31 @@ def test_the_cap_on_units_in_flight_is_split_between_shares(
     cap: int, workers: int, shares: list[int]
 ) -> None:
     assert concurrency_shares(cap, workers) == shares
+
+
+def test_a_worker_that_cannot_start_leaves_its_cells_owed_and_says_why(
+    state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that dies before driving anything (here: its interpreter cannot start) is one
+    warning line naming it and its exit code; its cells stay owed for a resume."""
+    import wf_magic.sweeps.workers as workers
+
+    monkeypatch.setattr(workers, "WORKER_MODULE", "wf_magic.no_such_worker_module")
+    with Engine(state_dir) as engine:
+        sweep = engine.sweep(
+            workflow(tmp_path, SLOW),
+            rows=[{"i": i} for i in range(6)],
+            workers=2,
+            max_concurrency=2,
+        )
+        assert sweep.status == "running", sweep.status_reason
+        [line] = sweep.skipped
+        assert line.startswith("worker 1/2 exited with code 1: ")
+        assert "No module named wf_magic.no_such_worker_module" in line
+        assert line.endswith(f"`wf sweep-resume {sweep.sweep_id}` drives them")
+        assert sorted(sweep.frame()["status"]) == ["completed"] * 3 + ["pending"] * 3
+    monkeypatch.undo()
+    with Engine(state_dir) as engine:
+        assert engine.sweep_resume(sweep.sweep_id, workers=2, max_concurrency=2).status == (
+            "completed"
+        )

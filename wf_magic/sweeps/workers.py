@@ -211,6 +211,10 @@ class Worker:
         self.tail: deque[str] = deque(maxlen=STDERR_KEPT)
         env = dict(os.environ)
         env.pop(WORKERS_ENV, None)  # a worker drives its share itself, never spreads it again
+        # The worker imports this very wf_magic, wherever this process found it.
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (_package_root(), env.get("PYTHONPATH")) if p
+        )
         self.proc = subprocess.Popen(
             [sys.executable, "-m", WORKER_MODULE],
             stdin=subprocess.PIPE,
@@ -250,13 +254,18 @@ class Worker:
         self._reader.join(5)
         if self.proc.stderr is not None:
             self.proc.stderr.close()
-        if code in (0, 1, 130):  # done; cells failed or a budget stop (the sweep says); stopped
+        if code == 0:  # its share driven, or stopped: the journal says how each cell ended
             return None
         last = self.tail[-1] if self.tail else "no output"
         return (
             f"worker {self.order.share}/{self.order.shares} exited with code {code}: {last}; "
             f"its cells stay owed: `wf sweep-resume {self.order.sweep_id}` drives them"
         )
+
+
+def _package_root() -> str:
+    """The folder this process imported ``wf_magic`` from (``<it>/wf_magic/sweeps/``)."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def start_workers(template: WorkerOrder, caps: list[int]) -> list[Worker]:

@@ -110,6 +110,23 @@ def test_an_interrupt_stops_the_sweep_between_cells_with_one_line_and_no_traceba
     assert len(calls) == 4
 
 
+def test_sweep_cell_spreads_its_cells_over_worker_processes(
+    shell: InteractiveShell, magics: WorkflowMagics
+) -> None:
+    shell.user_ns["topics"] = [{"topic": t} for t in ("cats", "owls", "rain", "snow")]
+    result = shell.run_cell(
+        "%%sweep --grid style=terse,long --rows topics --workers 2 --max-concurrency 4 --as w\n"
+        + YAML
+    )
+    result.raise_error()
+    sweep = shell.user_ns["w"]
+    assert sweep.status == "completed", sweep.status_reason
+    assert sweep.totals() == {"units": 8, "tokens": 40, "cost": 0.0}
+    assert sweep.skipped == []
+    refused = shell.run_cell("%%sweep --rows topics --grid style=a --workers 0\n" + YAML)
+    assert "--workers" in str(refused.error_in_exec)
+
+
 def test_sweep_cell_errors_are_one_line_usage_errors(
     shell: InteractiveShell, magics: WorkflowMagics, capsys: pytest.CaptureFixture[str]
 ) -> None:

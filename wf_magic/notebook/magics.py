@@ -401,6 +401,12 @@ class WorkflowMagics(Magics):
         metavar="N",
         help="cells driven at once",
     )
+    @argument(
+        "--workers",
+        type=count_at_least(1, 64),
+        metavar="N",
+        help="spread the cells over N processes (python targets must be module:function)",
+    )
     @argument("--key", metavar="K", help="a launch key naming this sweep")
     @argument(
         "--background",

@@ -91,6 +91,7 @@ def run_sweep_cell(
                 values_from_strings=True,
                 params=params,
                 background=ns.background,
+                workers=ns.workers,
             ),
             drives=drives,
         )

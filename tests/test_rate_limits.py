@@ -214,7 +214,12 @@ def limited_server() -> Iterator[tuple[str, Bucket]]:
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002
             return
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    class Server(ThreadingHTTPServer):
+        # socketserver's listen backlog of 5 resets connections when 16 calls (each on a
+        # connection of its own: HTTP/1.0) arrive at once; a provider's does not.
+        request_queue_size = 1024
+
+    server = Server(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

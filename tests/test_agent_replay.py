@@ -585,15 +585,16 @@ def test_a_request_that_is_no_json_object_offers_no_known_tools(raw: bytes) -> N
 # -- the real CLIs ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["claude", "codex"])
-def test_real_a_recorded_session_replays_offline_with_the_same_cli(
+def _record_real(
     engine: Engine,
     repo: Path,
     upstream: Backend,
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
     name: str,
-) -> None:
+) -> tuple[Path, Any, Path]:
+    """Record the real CLI ``name`` writing hello.txt, export the cassette, then go offline:
+    the upstream stopped, every key gone, the agent's file removed. (workflow, run, tape)"""
     path = real_workflow(
         name,
         repo,
@@ -607,19 +608,34 @@ def test_real_a_recorded_session_replays_offline_with_the_same_cli(
     assert recorded.status == "completed", recorded.reason
     tape = tmp_path / "tape.jsonl"
     tape.write_text("".join(f"{line}\n" for line in export_cassette(engine.store, recorded.run_id)))
-    calls = [line for line in _lines(tape) if line.get("kind") == "agent_call"]
-    assert len(calls) == 2
     upstream.stop()
-    served = len(upstream.requests)
     (repo / "hello.txt").unlink()
     for key in ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "FAKE_OPENAI_KEY"):  # no key at all
         monkeypatch.delenv(key, raising=False)
-    text = path.read_text()
-    path.write_text(
-        text.replace(f"name: real{name}", f"name: replay{name}").replace(
-            "{bin: ", f"{{replay: {json.dumps(str(tape))}, bin: "
-        )
+    return path, recorded, tape
+
+
+def _replaying(text: str, name: str, tape: Path, renamed: str) -> str:
+    """The recorded workflow's text, renamed, its harness answering from ``tape``."""
+    return text.replace(f"name: real{name}", f"name: {renamed}{name}").replace(
+        "{bin: ", f"{{replay: {json.dumps(str(tape))}, bin: "
     )
+
+
+@pytest.mark.parametrize("name", ["claude", "codex"])
+def test_real_a_recorded_session_replays_offline_with_the_same_cli(
+    engine: Engine,
+    repo: Path,
+    upstream: Backend,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    name: str,
+) -> None:
+    path, recorded, tape = _record_real(engine, repo, upstream, monkeypatch, tmp_path, name)
+    calls = [line for line in _lines(tape) if line.get("kind") == "agent_call"]
+    assert len(calls) == 2
+    served = len(upstream.requests)
+    path.write_text(_replaying(path.read_text(), name, tape, "replay"))
     replay = engine.run(str(path))
     assert replay.status == "completed", replay.reason
     assert replay.result == recorded.result
@@ -643,26 +659,12 @@ def test_real_a_cassette_replays_into_another_checkout(
 ) -> None:
     """Recorded in one checkout, replayed by the same CLI in another (a classroom's): the
     agent's file lands in the replaying checkout; the cassette names neither folder."""
-    path = real_workflow(
-        name, repo, upstream, monkeypatch, tmp_path, "Make [[write hello.txt]]", "timeout: 120"
-    )
-    recorded = engine.run(str(path))
-    assert recorded.status == "completed", recorded.reason
-    tape = tmp_path / "tape.jsonl"
-    tape.write_text("".join(f"{line}\n" for line in export_cassette(engine.store, recorded.run_id)))
+    path, recorded, tape = _record_real(engine, repo, upstream, monkeypatch, tmp_path, name)
     text = tape.read_text()
     assert str(repo) not in text, re.findall(".{120}" + re.escape(str(repo)) + ".{60}", text)
-    upstream.stop()
-    (repo / "hello.txt").unlink()
-    for key in ("ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "FAKE_OPENAI_KEY"):
-        monkeypatch.delenv(key, raising=False)
     elsewhere = git_repo(tmp_path / "classroom")
     moved = elsewhere / path.name
-    moved.write_text(
-        path.read_text()
-        .replace(f"name: real{name}", f"name: moved{name}")
-        .replace("{bin: ", f"{{replay: {json.dumps(str(tape))}, bin: ")
-    )
+    moved.write_text(_replaying(path.read_text(), name, tape, "moved"))
     replay = engine.run(str(moved))
     assert replay.status == "completed", replay.reason
     assert replay.result == recorded.result

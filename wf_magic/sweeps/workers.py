@@ -25,7 +25,7 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
@@ -145,20 +145,7 @@ class WorkerOrder:
     parent_pid: int = 0
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "sweep_id": self.sweep_id,
-                "share": self.share,
-                "shares": self.shares,
-                "max_concurrency": self.max_concurrency,
-                "state": self.state,
-                "durability": self.durability,
-                "library": self.library,
-                "params": self.params,
-                "import_dirs": self.import_dirs,
-                "parent_pid": self.parent_pid,
-            }
-        )
+        return json.dumps(asdict(self))
 
     @classmethod
     def from_json(cls, text: str) -> WorkerOrder:

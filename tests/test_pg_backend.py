@@ -184,6 +184,52 @@ def test_a_divergent_ledger_is_refused_on_postgresql_too(tmp_path: Path) -> None
         engine.run("name: x\nsteps:\n  - id: a\n    prompt: hi\n")
 
 
+@needs_server
+def test_a_first_opener_waits_for_the_writers_lock_before_it_touches_the_schema(
+    tmp_path: Path,
+) -> None:
+    # Two `wf` processes opening one fresh schema at once: the one that loses the writers'
+    # lock must not create the schema meanwhile (CREATE SCHEMA IF NOT EXISTS is not safe
+    # against a concurrent one: it fails on pg_namespace's key, which CI saw as a `wf sweep`
+    # exiting 1 with "UniqueViolation"). Here the winner is held mid-migration, its schema
+    # created and not committed, until the loser has had time to run ahead.
+    import threading
+    import time
+
+    import psycopg
+
+    from wf_magic.store import pgopen
+
+    server = pg_server()
+    assert server is not None
+    state = PgState(server, tmp_path / "s")
+    location = parse_state(state.url)
+    assert isinstance(location, PgLocation)
+    errors: list[BaseException] = []
+    with psycopg.connect(server, autocommit=True) as winner:
+        winner.execute("BEGIN")
+        winner.execute(f"SELECT pg_advisory_xact_lock({location.lock_key})")
+        winner.execute(f'CREATE SCHEMA "{location.schema}"')
+
+        def open_it() -> None:
+            try:
+                with Engine(state) as engine:
+                    engine.list_runs()
+            except BaseException as exc:  # noqa: BLE001 - the test reports it
+                errors.append(exc)
+
+        pgopen._migrated.discard(location.where)
+        loser = threading.Thread(target=open_it)
+        loser.start()
+        time.sleep(1.0)
+        assert loser.is_alive()  # it waits for the lock, having written nothing
+        winner.execute("COMMIT")
+        loser.join(30)
+    assert errors == []
+    ledger = state.rows("SELECT id FROM schema_migrations ORDER BY position")
+    assert [r[0] for r in ledger] == migrations.migration_ids()
+
+
 def test_import_wf_magic_does_not_import_psycopg() -> None:
     code = "import sys, wf_magic; print('psycopg' in sys.modules)"
     done = subprocess.run(

@@ -71,7 +71,7 @@ def test_two_wf_sweep_processes_of_one_definition_share_max_units_exactly(
     assert [code for code, _, _ in results] == [1, 1], results
     assert _paid(state_dir) == (ceiling, ceiling)
     for _, out, _ in results:
-        assert f"sweep budget max_units reached (used {ceiling} of {ceiling})" in out, out
+        assert f"sweep budget max_units reached (used {ceiling} of {ceiling})" in out, results
 
 
 def test_a_sweep_and_its_sweep_resume_share_the_ceiling_exactly(

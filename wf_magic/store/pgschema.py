@@ -497,13 +497,17 @@ def apply_migrations(conn: Any, schema: str) -> list[str]:
     known = migration_ids()
     conn.execute("BEGIN IMMEDIATE")
     try:
-        # CREATE SCHEMA IF NOT EXISTS needs CREATE on the database even when the schema is
-        # there: a role an owner gave just its own schema could then never open it.
+        # Through ``conn``, never ``conn.raw``: the BEGIN and its advisory lock wait in its
+        # queue and go out with the next statement, so a raw one would run before the lock,
+        # and two first openers would race CREATE SCHEMA IF NOT EXISTS, which is not safe
+        # against a concurrent one (the loser fails on pg_namespace's key).
+        # It needs CREATE on the database even when the schema is there: a role an owner
+        # gave just its own schema could then never open it, hence the look first.
         if (
-            conn.raw.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone()
+            conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = ?", (schema,)).fetchone()
             is None
         ):
-            conn.raw.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+            conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
         conn.execute(
             "CREATE TABLE IF NOT EXISTS schema_migrations ("
             " id TEXT PRIMARY KEY, position BIGINT NOT NULL,"
@@ -532,5 +536,5 @@ def apply_migrations(conn: Any, schema: str) -> list[str]:
         return applied
     except BaseException:
         if conn.in_transaction:
-            conn.raw.execute("ROLLBACK")
+            conn.execute("ROLLBACK")  # a BEGIN still queued is dropped, not sent
         raise

@@ -24,9 +24,10 @@ from ..errors import LeaseLost, StateDBError, StateDirReplaced, WorkflowError
 from ..locking import RunLock, is_locked, lock_holder_of
 from ..redact import Redactor
 from . import journal
-from .cellstarts import Event, append_events_txn
+from .cellstarts import Event
 from .checkpoint import BACKSTOP_PAGES, Checkpointer
 from .db import connect_reader, immediate
+from .deferred import EventWrite, run_deferred
 from .faults import integrity_summary, pg_fault, state_db_fault, unreadable_row
 from .journal import Finish
 from .leases import RunLease, fence, holder_of, lease_lost_of, queue_fence
@@ -228,7 +229,7 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries, OtelQueries, 
                         self._fence(conn, run_id)
                     deferred = self._deferred
                     if deferred:  # they commit first, in the same transaction
-                        _run_deferred(conn, deferred)
+                        run_deferred(conn, deferred)
                     result = fn(conn)
                 # Committed: only now are the deferred writes off the queue (a rolled-back
                 # transaction keeps them for the next write or flush).
@@ -441,12 +442,12 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries, OtelQueries, 
         """
         with self._write_lock:
             if self._sync_full:
-                self._write(_EventWrite(fn, tuple(events)).with_events, run_id)
+                self._write(EventWrite(fn, tuple(events)).with_events, run_id)
                 return
             self._written.add(run_id)
             self._fresh_runs.discard(run_id)
             self._fresh_polls.discard(run_id)
-            self._deferred.append((run_id, _EventWrite(fn, tuple(events))))
+            self._deferred.append((run_id, EventWrite(fn, tuple(events))))
 
     def _defers_inputs(self, input_hashes: Sequence[str]) -> bool:
         """Whether a deferred finish is of an attempt of one of ``input_hashes`` (a read of
@@ -457,7 +458,7 @@ class Store(RunQueries, JournalQueries, ViewQueries, SweepQueries, OtelQueries, 
             for _, write in self._deferred:
                 attempt = getattr(write, "keywords", {}).get("attempt")
                 if not isinstance(attempt, AttemptRow) or attempt.input_hash in wanted:
-                    if not isinstance(write, _EventWrite):
+                    if not isinstance(write, EventWrite):
                         return True
         return False
 
@@ -559,53 +560,3 @@ def _file_identity(path: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return (stat.st_dev, stat.st_ino)
-
-
-class _EventWrite:
-    """A deferred write and the events it appends (``Store._defer_write``)."""
-
-    __slots__ = ("events", "fn")
-
-    def __init__(self, fn: Callable[[sqlite3.Connection], object], events: tuple[Event, ...]):
-        self.fn, self.events = fn, events
-
-    def __call__(self, conn: sqlite3.Connection) -> object:
-        return self.fn(conn)
-
-    def with_events(self, conn: sqlite3.Connection) -> None:
-        """The write and its events, in the caller's transaction (not deferred)."""
-        self.fn(conn)
-        append_events_txn(conn, self.events)
-
-
-def _run_deferred(
-    conn: sqlite3.Connection, deferred: list[tuple[str, Callable[[sqlite3.Connection], object]]]
-) -> None:
-    """Run the deferred writes in order; the events of consecutive event-bearing writes are
-    appended together, before the next write that takes an event id of its own (a finish),
-    so ids keep the order the writes were deferred in. A finish followed by such writes (a
-    sweep cell's unit, then its step and run status) leaves its bump of the event counter to
-    their events' one bump."""
-    events: list[Event] = []
-    after: str | None = None
-    for i, (_, write) in enumerate(deferred):
-        if isinstance(write, _EventWrite):
-            write(conn)
-            events.extend(write.events)
-            continue
-        if events:
-            append_events_txn(conn, events, after_finish=after)
-            events, after = [], None
-        following = deferred[i + 1][1] if i + 1 < len(deferred) else None
-        if isinstance(following, _EventWrite) and following.events and _is_finish(write):
-            write(conn, bump=False)  # type: ignore[call-arg]
-            after = write.keywords["attempt"].dispatch_id  # type: ignore[attr-defined]
-        else:
-            write(conn)
-    if events:
-        append_events_txn(conn, events, after_finish=after)
-
-
-def _is_finish(write: Callable[[sqlite3.Connection], object]) -> bool:
-    """Whether ``write`` is a deferred finish (``Store.defer_finish``)."""
-    return isinstance(write, partial) and write.func is journal.queue_finish_txn

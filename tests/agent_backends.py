@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 import threading
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
@@ -39,6 +38,8 @@ class Backend:
     requests: list[dict[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     server: LoopbackHTTPServer | None = None
+    stopping: threading.Event = field(default_factory=threading.Event)
+    """Set by :meth:`stop`: a delayed answer still waiting gives up (stop joins it)."""
 
     @property
     def url(self) -> str:
@@ -50,6 +51,7 @@ class Backend:
             return self.script.popleft() if self.script else Step()
 
     def stop(self) -> None:
+        self.stopping.set()
         if self.server is not None:
             self.server.stop()
 
@@ -335,8 +337,8 @@ def start_backend() -> Backend:
                     }
                 )
             step = backend.next_step()
-            if step.delay_s:
-                time.sleep(step.delay_s)
+            if step.delay_s and backend.stopping.wait(step.delay_s):
+                return  # the test is over: no answer (the client gave up long ago)
             anthropic = self.path.startswith("/v1/messages")
             if step.status is not None:
                 body_err = _ANTHROPIC_ERRORS.get(step.status) if anthropic else None

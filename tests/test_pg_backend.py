@@ -230,6 +230,68 @@ def test_a_first_opener_waits_for_the_writers_lock_before_it_touches_the_schema(
     assert [r[0] for r in ledger] == migrations.migration_ids()
 
 
+def _tables_wf_magic_creates() -> list[str]:
+    import inspect
+    import re
+
+    text = inspect.getsource(pgschema) + inspect.getsource(migrations)
+    return sorted(set(re.findall(r"CREATE TABLE (?:IF NOT EXISTS )?(\w+)", text)))
+
+
+@needs_server
+@settings(max_examples=8, deadline=None)
+@given(
+    table=st.sampled_from(_tables_wf_magic_creates()),
+    column=st.sampled_from(["x int", "id text", "run_id bigint", "data jsonb"]),
+)
+def test_a_schema_holding_a_table_wf_magic_did_not_create_is_one_line_naming_it(
+    table: str, column: str
+) -> None:
+    # Another tool's table of the same name in the schema: the migration cannot create its
+    # own, and says so in one line naming the state, the table and what to do (it used to
+    # reach the user as "DuplicateTable … not a fault of the state database").
+    import tempfile
+
+    import psycopg
+
+    from wf_magic.errors import MigrationError
+
+    server = pg_server()
+    assert server is not None
+    state = PgState(server, Path(tempfile.mkdtemp()))
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{state.schema}"')
+        conn.execute(f'CREATE TABLE "{state.schema}"."{table}" ({column})')
+    with Engine(state) as engine, pytest.raises(MigrationError) as caught:
+        engine.list_runs()
+    text = str(caught.value)
+    assert "\n" not in text
+    assert f'relation "{table}" already exists' in text or table in text
+    assert f"schema {state.schema!r}" in text and "?schema=NAME" in text
+    # Nothing was half-made: the ledger's transaction rolled back whole.
+    assert state.rows(
+        "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = current_schema()"
+    ) == [(1,)]
+
+
+@needs_server
+def test_the_cli_says_a_schema_holding_another_tools_table_in_one_line(tmp_path: Path) -> None:
+    server = pg_server()
+    assert server is not None
+    state = PgState(server, tmp_path / "s")
+    import psycopg
+
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{state.schema}"')
+        conn.execute(f'CREATE TABLE "{state.schema}".runs (x int)')
+    done = run_wf(state, "list")  # type: ignore[arg-type]
+    assert done.returncode == 1
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"error: State {server}") or "the schema" in line
+    assert 'relation "runs" already exists' in line and "?schema=NAME" in line
+    assert "not a fault" not in line
+
+
 def test_import_wf_magic_does_not_import_psycopg() -> None:
     code = "import sys, wf_magic; print('psycopg' in sys.modules)"
     done = subprocess.run(

@@ -7,12 +7,13 @@ every SQLite state never import it (the ``wf_magic[postgresql]`` extra installs 
 from __future__ import annotations
 
 import os
+import sqlite3
 import threading
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from ..arg_values import env_number, number_in
-from ..errors import StateDBError, UsageError
+from ..errors import MigrationError, StateDBError, UsageError, WorkflowError
 from .location import PgLocation
 from .pgconn import PgConnection, wrap_error
 from .pgschema import apply_migrations
@@ -98,8 +99,35 @@ def _migrate(conn: PgConnection, raw: Any, location: PgLocation) -> None:
             conn.close()
             if error is not None:
                 raise error from None
+            said = _migration_failure(exc, location)
+            if said is not None:
+                raise said from None
             raise
         _migrated.add(location.where)
+
+
+def _migration_failure(exc: BaseException, location: PgLocation) -> WorkflowError | None:
+    """What a server error while migrating means for the user (None: not a server error).
+
+    A connection lost meanwhile is the server being unreachable; any other refusal (a table
+    of the same name already there, made by something else) means the schema is not one
+    wf_magic can bring to this version: said in one line naming it and what to do.
+    """
+    import psycopg
+
+    if not isinstance(exc, psycopg.Error | sqlite3.Error):  # raw, or wrapped by PgConnection
+        return None
+    detail = _unsaid(" ".join(str(exc).split()), location)
+    if isinstance(
+        exc, psycopg.OperationalError | psycopg.InterfaceError | sqlite3.OperationalError
+    ):
+        return StateDBError("unreachable", detail=detail, db_path=location.where)
+    return MigrationError(
+        f"State {location.where}: the schema {location.schema!r} could not be brought to this "
+        f"wf_magic version's tables ({detail}); it holds tables wf_magic did not create, or "
+        "ones changed by hand. Choose another ?schema=NAME (a new or empty one), or remove "
+        "what is in the way."
+    )
 
 
 _migrated: set[str] = set()

@@ -17,6 +17,7 @@ false for text that is not JSON, never an error).
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Callable
 from typing import Any
@@ -513,7 +514,14 @@ def apply_migrations(conn: Any, schema: str) -> list[str]:
             " id TEXT PRIMARY KEY, position BIGINT NOT NULL,"
             " applied_at DOUBLE PRECISION NOT NULL)"
         )
-        ledger = _ledger(conn) or []
+        try:
+            ledger = _ledger(conn) or []
+        except sqlite3.Error as exc:  # another tool's table of that name (PgConnection's)
+            raise MigrationError(
+                f"The table schema_migrations in the schema {schema!r} is not a wf_magic "
+                f"migration ledger ({' '.join(str(exc).split())}). Choose another "
+                "?schema=NAME (a new or empty one), or remove what is in the way."
+            ) from None
         applied: list[str] = []
         if ledger[: len(known)] != known:
             if ledger != known[: len(ledger)]:

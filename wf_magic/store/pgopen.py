@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from ..arg_values import env_number, number_in
-from ..errors import MigrationError, StateDBError, UsageError, WorkflowError
+from ..errors import StateDBError, UsageError, WorkflowError
 from .location import PgLocation
 from .pgconn import PgConnection, wrap_error
 from .pgschema import apply_migrations
@@ -122,11 +122,11 @@ def _migration_failure(exc: BaseException, location: PgLocation) -> WorkflowErro
         exc, psycopg.OperationalError | psycopg.InterfaceError | sqlite3.OperationalError
     ):
         return StateDBError("unreachable", detail=detail, db_path=location.where)
-    return MigrationError(
-        f"State {location.where}: the schema {location.schema!r} could not be brought to this "
-        f"wf_magic version's tables ({detail}); it holds tables wf_magic did not create, or "
-        "ones changed by hand. Choose another ?schema=NAME (a new or empty one), or remove "
-        "what is in the way."
+    # A usage error, as a SQLite file that is no wf_magic database is (store/opening.py).
+    return UsageError(
+        f"State {location.where}: the schema {location.schema!r} is not a usable wf_magic "
+        f"state ({detail}); it holds tables wf_magic did not create, or ones changed by hand. "
+        "Choose another ?schema=NAME (a new or empty one), or remove what is in the way."
     )
 
 

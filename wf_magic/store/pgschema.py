@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import MigrationError
+from ..errors import MigrationError, UsageError
 from .derived import EVENTS_INSERT_BODY, UNIT_EVENTS_VIEW
 
 T = 'TEXT COLLATE "C"'
@@ -517,7 +517,7 @@ def apply_migrations(conn: Any, schema: str) -> list[str]:
         try:
             ledger = _ledger(conn) or []
         except sqlite3.Error as exc:  # another tool's table of that name (PgConnection's)
-            raise MigrationError(
+            raise UsageError(  # as a SQLite file that is no wf_magic database is
                 f"The table schema_migrations in the schema {schema!r} is not a wf_magic "
                 f"migration ledger ({' '.join(str(exc).split())}). Choose another "
                 "?schema=NAME (a new or empty one), or remove what is in the way."

@@ -266,6 +266,7 @@ def test_a_schema_holding_a_table_wf_magic_did_not_create_is_one_line_naming_it(
     assert "\n" not in text
     assert f'relation "{table}" already exists' in text or table in text
     assert f"schema {state.schema!r}" in text and "?schema=NAME" in text
+    assert text.startswith("State postgresql://")
     # Nothing was half-made: the ledger's transaction rolled back whole.
     assert state.rows(
         "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = current_schema()"

@@ -99,6 +99,8 @@ def _migrate(conn: PgConnection, raw: Any, location: PgLocation) -> None:
             conn.close()
             if error is not None:
                 raise error from None
+            if isinstance(exc, UsageError):  # the schema's own problem: which state it is
+                raise UsageError(f"State {location.where}: {exc}") from None
             said = _migration_failure(exc, location)
             if said is not None:
                 raise said from None

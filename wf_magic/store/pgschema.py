@@ -518,7 +518,7 @@ def apply_migrations(conn: Any, schema: str) -> list[str]:
             ledger = _ledger(conn) or []
         except sqlite3.Error as exc:  # another tool's table of that name (PgConnection's)
             raise UsageError(  # as a SQLite file that is no wf_magic database is
-                f"The table schema_migrations in the schema {schema!r} is not a wf_magic "
+                f"the table schema_migrations in the schema {schema!r} is not a wf_magic "
                 f"migration ledger ({' '.join(str(exc).split())}). Choose another "
                 "?schema=NAME (a new or empty one), or remove what is in the way."
             ) from None

@@ -467,6 +467,63 @@ def test_a_slow_collector_never_slows_a_drive(tmp_path: Path, receiver: OtlpRece
     assert len(receiver.spans) == 13
 
 
+EXEC_FLOW = """
+name: tools
+steps:
+  - id: a
+    exec: [python, -c, "print('a')"]
+  - id: b
+    exec: [python, -c, "print('b')"]
+"""
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.6])
+def test_wf_run_with_live_export_sends_every_span_before_it_exits(
+    tmp_path: Path, receiver: OtlpReceiver, delay_s: float
+) -> None:
+    # The run's root span settles last: the verb must give the exporter its last seconds.
+    receiver.delay_s = delay_s
+    source = tmp_path / "tools.yaml"
+    source.write_text(EXEC_FLOW)
+    done = _wf(
+        "run",
+        str(source),
+        "--quiet",
+        state=tmp_path / "state",
+        env={"WF_MAGIC_OTLP_ENDPOINT": receiver.endpoint},
+    )
+    assert done.returncode == 0, done.stderr
+    names = sorted(s.name for s in receiver.spans.values())
+    assert names == [
+        "execute_tool a",
+        "execute_tool b",
+        "invoke_workflow tools",
+        "step a",
+        "step b",
+    ], names
+    assert done.stderr == ""
+
+
+def test_wf_run_to_a_dead_collector_says_one_warning_line_and_succeeds(tmp_path: Path) -> None:
+    dead = OtlpReceiver().start()
+    dead.stop()
+    source = tmp_path / "tools.yaml"
+    source.write_text(EXEC_FLOW)
+    done = _wf(
+        "run",
+        str(source),
+        "--quiet",
+        state=tmp_path / "state",
+        env={"WF_MAGIC_OTLP_ENDPOINT": dead.endpoint + "?api_key=" + CANARY},
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("wf_magic: warning: OpenTelemetry export of run "), lines[0]
+    assert "?api_key=***" in lines[0]
+    assert CANARY not in done.stderr
+
+
 def test_spans_a_dead_collector_missed_go_with_the_next_drive(
     tmp_path: Path, receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:

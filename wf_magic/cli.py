@@ -378,6 +378,7 @@ def _main(args: argparse.Namespace, words: list[str]) -> int:
     from .store.db import default_state, store_target
 
     target: RunLister
+    engine = None
     try:
         if args.fn is cmd_list or (args.fn is cmd_status and args.run is None):
             # Listing runs needs only the Store: the engine is never imported (start-up time).
@@ -424,7 +425,12 @@ def _main(args: argparse.Namespace, words: list[str]) -> int:
         say(f"error: {clip_message(masked(text, store, args))}", file=sys.stderr)
         return EXIT_FAILED
     finally:
-        store.close()
+        # The engine's close gives a live OpenTelemetry export its last seconds (the run's
+        # root span settles last) and says a failing collector's one warning line.
+        if engine is not None:
+            engine.close()
+        else:
+            store.close()
 
 
 def _authoring(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -136,6 +137,9 @@ def _sdk() -> _Sdk:
 
 
 def _load_sdk() -> _Sdk:
+    # The exporter's requests imports urllib3's SOCKS support, which warns on import when
+    # PySocks is absent (nobody asked for a SOCKS proxy): not a line for a user's stderr.
+    warnings.filterwarnings("ignore", message="SOCKS support in urllib3", module="urllib3")
     try:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource

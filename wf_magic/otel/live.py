@@ -93,10 +93,15 @@ class LiveExporter:
         return self._idle.wait(timeout_s)
 
     def close(self, wait_s: float = 5.0) -> None:
-        """Give the owed exports ``wait_s`` to finish (none while the collector is failing),
-        then stop: what is left goes with the next drive or export."""
-        if self._healthy:
-            self.wait_idle(wait_s)
+        """Give the owed exports ``wait_s`` to finish — none once a try has failed (a dead
+        collector costs no wait: the first refused try ends it) — then stop: what is left
+        goes with the next drive or export."""
+        end = time.monotonic() + wait_s
+        failures = self.failures
+        while self._healthy and self.failures == failures:
+            left = end - time.monotonic()
+            if left <= 0 or self.wait_idle(min(left, 0.05)):
+                break
         with self._lock:
             self._closing = True
         self._wake.set()

@@ -166,6 +166,9 @@ def test_wf_sweep_summary_formats_and_exit_codes(
     out = capsys.readouterr().out
     assert out.splitlines()[0].split()[:3] == ["model", "question", "score"]
     assert out.splitlines()[-1].startswith("interval: cluster bootstrap")
+    for spelled in (["--by", "model", "question"], ["--by", "model,question"]):
+        assert run_cli(state, "sweep-summary", sweep_id, *spelled) == 0
+        assert capsys.readouterr().out == out, spelled
     assert run_cli(state, "sweep-summary", sweep_id, "--by", "question", "--format", "csv") == 0
     cells = [r["question"] for r in csv.DictReader(io.StringIO(capsys.readouterr().out))]
     assert "'=2+2?" in cells  # a formula-like cell is escaped (display/spreadsheet.py)

@@ -223,7 +223,8 @@ def cmd_sweep_summary(engine: Engine, args: argparse.Namespace) -> int:
 
     from .display.spreadsheet import write_csv_frame
 
-    frame = engine.sweep_handle(args.sweep).summary(by=args.by or ())
+    by = [name.strip() for given in args.by or () for name in given.split(",") if name.strip()]
+    frame = engine.sweep_handle(args.sweep).summary(by=by)
     if args.format == "csv":
         write_csv_frame(frame, sys.stdout)
     elif args.format == "json":

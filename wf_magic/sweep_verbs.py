@@ -78,9 +78,13 @@ SWEEP_VERBS: tuple[Verb, ...] = (
             SWEEP,
             Option(
                 flag="--by",
-                action="append",
+                action="extend",
+                nargs="+",
                 metavar="AXIS",
-                help="group by this axis or row field (repeatable; default: one group)",
+                help=(
+                    "group by these axes or row fields (`--by model style`, `--by model,style` "
+                    "or `--by model --by style`; default: one group)"
+                ),
             ),
             FORMAT,
         ),

@@ -38,7 +38,7 @@ class Option:
     """Turns the text into the value (argparse ``type``); argparse reports its errors."""
     choices: tuple[str, ...] | None = None
     default: object = None
-    action: Literal["store_true", "append"] | None = None
+    action: Literal["store_true", "append", "extend"] | None = None
     nargs: Literal["?", "+"] | None = None
     const: object = None
     """The value of a bare ``--option`` when ``nargs`` is ``?``."""

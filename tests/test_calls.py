@@ -24,8 +24,8 @@ pytestmark = pytest.mark.backends  # the calls table on SQLite and PostgreSQL
 
 COLUMNS = [
     "run", "step", "unit", "dispatch_id", "attempt", "call", "model", "status", "tokens_in",
-    "tokens_out", "cache_read", "cache_write", "cost", "price_source", "latency_s",
-    "started_at", "error",
+    "tokens_out", "cache_read", "cache_write", "cost", "latency_s", "started_at", "error",
+    "price_source",
 ]  # fmt: skip
 
 

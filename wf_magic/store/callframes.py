@@ -22,10 +22,10 @@ CALL_COLUMNS: tuple[tuple[str, _Kind], ...] = (
     ("cache_read", "int"),
     ("cache_write", "int"),
     ("cost", "float"),
-    ("price_source", "str"),
     ("latency_s", "float"),
     ("started_at", "time"),
     ("error", "str"),
+    ("price_source", "str"),
 )
 """The columns of :func:`calls_frame`, in order, with their kinds."""
 _SQL_NAMES = {"run": "run_id", "step": "step_id", "unit": "unit_id"}
@@ -39,7 +39,7 @@ def calls_frame(
     Columns (:data:`CALL_COLUMNS`): run, step, unit, dispatch_id, attempt, call (1, 2, … per
     attempt), model, status (``ok`` / ``error``), tokens_in (the cache reads and writes
     included), tokens_out, cache_read, cache_write, cost (<NaN> when no price is known),
-    price_source, latency_s, started_at (UTC), error.
+    latency_s, started_at (UTC), error, and last price_source (where the cost came from).
     """
     names = ", ".join(_SQL_NAMES.get(name, name) for name, _ in CALL_COLUMNS)
     where, args = "run_id = ?", [run_id]

@@ -250,12 +250,23 @@ class _Launch:
         )
 
     def execute(self) -> UnitResult:
+        started = time.time()
         extra = self._open_bridge()
         try:
             return self._execute(extra)
         finally:
             if self.bridged is not None:
                 self.bridged.close()  # the port closes with the attempt
+            self._scrub_home(started)
+
+    def _scrub_home(self, since: float) -> None:
+        """Mask the run's secrets in what the CLI wrote to the run's isolated HOME (its
+        session transcripts): nothing under the state dir keeps a secret at rest. A resumed
+        session then reads ``***`` where its history held one."""
+        redact = self.request.redact
+        if self.runner.home != "isolated" or redact is None or not self.call.home:
+            return
+        sidecars.scrub_home(Path(self.call.home), redact, since=since)
 
     def _open_bridge(self) -> list[str]:
         """Open the attempt's bridge and point the CLI at it; the extra arguments it needs.

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,69 @@ def isolated_home(state_dir: str | Path, run_id: str) -> Path:
     home.mkdir(mode=0o700, exist_ok=True)
     os.chmod(home, 0o700)
     return home
+
+
+SCRUB_FILE_BYTES = 32 * 1024 * 1024
+"""Files of the isolated HOME larger than this are left as they are (no transcript is)."""
+
+
+def scrub_home(home: Path, redact: Callable[[Any], Any], *, since: float) -> list[str]:
+    """Mask the run's secrets in what the agent CLI wrote under its isolated ``home`` since
+    ``since`` (a ``time.time()``): its session transcripts hold the prompt, secret params and
+    all. JSON Lines and JSON files are masked value by value (they stay valid for the CLI's
+    resume); other UTF-8 text as text; binary files are left alone. Returns the files changed,
+    relative to ``home``; a file that cannot be read or replaced is skipped (the next
+    attempt's scrub tries it again)."""
+    changed: list[str] = []
+    for path in sorted(home.rglob("*")):
+        try:
+            info = path.lstat()
+            if not path.is_file() or path.is_symlink() or info.st_mtime < since - 1.0:
+                continue
+            if info.st_size > SCRUB_FILE_BYTES:
+                continue
+            raw = path.read_bytes()
+            masked = _masked(raw, path.suffix, redact)
+            if masked is None or masked == raw:
+                continue
+            spare = path.with_name(f".{path.name}.wf-scrub")
+            spare.write_bytes(masked)
+            os.chmod(spare, info.st_mode & 0o777)
+            os.replace(spare, path)
+            changed.append(str(path.relative_to(home)))
+        except OSError:
+            continue
+    return changed
+
+
+def _masked(raw: bytes, suffix: str, redact: Callable[[Any], Any]) -> bytes | None:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if suffix == ".jsonl":
+        return "".join(_masked_json_line(line, redact) for line in text.splitlines(True)).encode()
+    if suffix == ".json":
+        try:
+            value = json.loads(text)
+        except ValueError:
+            pass
+        else:
+            masked = redact(value)
+            return raw if masked == value else json.dumps(masked, ensure_ascii=False).encode()
+    return str(redact(text)).encode()
+
+
+def _masked_json_line(line: str, redact: Callable[[Any], Any]) -> str:
+    """One JSON Lines line masked value by value; a line with nothing to mask is kept as
+    it was, byte for byte."""
+    body = line.rstrip("\r\n")
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return str(redact(line))
+    masked = redact(value)
+    return line if masked == value else json.dumps(masked, ensure_ascii=False) + line[len(body) :]
 
 
 def scratch(state_dir: str | Path, run_id: str, dispatch_id: str) -> Path:

@@ -81,4 +81,5 @@ def unit_request(
         env=env,
         agent=agent_request(ctx, unit, resume_from),
         on_text=on_text,
+        redact=state.redactor.redact_value if unit.kind == "agent" else None,
     )

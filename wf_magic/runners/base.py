@@ -139,6 +139,10 @@ class UnitRequest:
     """Set when somebody watches the unit live: a runner that can stream calls it with the
     text so far (at most ~10 times a second); one that cannot ignores it. Not part of the
     unit's identity: never hashed, compared or journaled."""
+    redact: Callable[[Any], Any] | None = field(default=None, compare=False, repr=False)
+    """The run's redaction of a text or JSON value (its secret params, credential shapes),
+    given to agent units: the agent runner masks what the CLI wrote in the run's isolated HOME
+    (its session transcripts) with it when the attempt ends. Never hashed or journaled."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

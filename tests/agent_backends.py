@@ -1,5 +1,6 @@
-"""Loopback fake model backends for the real agent CLIs: Anthropic Messages and OpenAI
-Responses, both streamed (SSE), on 127.0.0.1.
+"""Loopback fake model backends for the real agent CLIs: Anthropic Messages, OpenAI
+Responses and Chat Completions (opencode), streamed (SSE), and Gemini generateContent, on
+127.0.0.1.
 
 What they answer comes from the request: ``FIXED`` when the conversation carries a gate
 feedback block, else ``TRIED``; a ``[[write NAME]]`` directive in the first user message
@@ -250,15 +251,27 @@ def _chat_chunks(body: dict[str, Any]) -> list[dict[str, Any]]:
     conversation = _texts(messages)
     model = body.get("model") or "fake-model"
     head = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": model}
-    text = _answer(conversation)
+    cwd = re.search(r"[Ww]orking directory: ([^\s\\\"]+)", json.dumps(messages))
+    write = re.search(r"\[\[write (\S+)\]\]", conversation)
+    has_result = any(isinstance(m, dict) and m.get("role") == "tool" for m in messages)
+    if write and cwd and not has_result:  # opencode's ``write`` tool, by absolute path
+        arguments = {
+            "filePath": f"{cwd.group(1)}/{write.group(1)}",
+            "content": "written by the agent\n",
+        }
+        call = {
+            "index": 0,
+            "id": "call_fake1",
+            "type": "function",
+            "function": {"name": "write", "arguments": json.dumps(arguments)},
+        }
+        delta: dict[str, Any] = {"role": "assistant", "tool_calls": [call]}
+        finish = "tool_calls"
+    else:
+        delta, finish = {"role": "assistant", "content": _answer(conversation)}, "stop"
     return [
-        {
-            **head,
-            "choices": [
-                {"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": None}
-            ],
-        },
-        {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
+        {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]},
         {
             **head,
             "choices": [],

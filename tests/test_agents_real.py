@@ -422,7 +422,9 @@ def _opencode_workflow(
     path.write_text(
         "name: realopencode\nsteps:\n  - id: fix\n    agent: opencode\n    prompt: Fix it.\n"
         "    model: fake/fake-model\n    pass_env: [OPENCODE_CONFIG, NPM_CONFIG_REGISTRY]\n"
-        f"{body}runners:\n  opencode: {{bin: {cli}}}\n"
+        # bridged: the calls are priced from the runner's table, the model's configured cost
+        f"{body}runners:\n  opencode: {{bin: {cli}, "
+        "prices: {fake-model: {input_per_mtok: 3, output_per_mtok: 15}}}\n"
     )
     return path
 
@@ -442,10 +444,14 @@ def test_real_opencode_gate_loop_continues_its_session_with_usage_and_cost(
     first, second = work(engine, run.run_id)
     assert first.session_id and first.session_id.startswith("ses_")
     assert second.session_id == first.session_id
-    # cost from the provider model's configured price: 120 * 3 + 8 * 15 per million tokens
+    # one bridged call each, priced 120 * 3 + 8 * 15 per million tokens; opencode's own sum
+    # (from the provider model's configured cost) agrees beside it
     for attempt in (first, second):
         assert (attempt.tokens_in, attempt.tokens_out) == (USAGE_IN, USAGE_OUT)
         assert attempt.cost == pytest.approx(0.00048)
+        facts = engine.store.agent_facts(attempt.dispatch_id)
+        assert facts is not None and facts["bridge"]["calls"] == 1
+        assert facts["bridge"]["cli_report"]["cost"] == pytest.approx(0.00048)
 
 
 def test_real_opencode_401_fails_permanently(

@@ -278,7 +278,9 @@ class _Launch:
             return []
         try:
             wire = wiring if replay is None else replay_wiring
-            wired: Wiring = wire(runner.adapter.name, self.env)
+            wired: Wiring = wire(
+                runner.adapter.name, self.env, model=self.call.model, cwd=self.call.cwd
+            )
         except NotBridgeable as exc:
             if replay is not None:
                 raise AgentError(f"{runner.name}: cannot replay ({exc})", executed=False) from exc

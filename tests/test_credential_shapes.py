@@ -10,6 +10,7 @@ next shape of the class is found here, not by a user.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 
 from tests.helpers_secrets import files_holding, wf
 from wf_magic import Engine
-from wf_magic.redact import MASK, Redactor
+from wf_magic.redact import MASK, Redactor, mask_url
 
 SHAPES = Redactor()
 """No known secrets: only the credential shapes can mask anything."""
@@ -86,28 +87,68 @@ NESTINGS: dict[str, Callable[[str], str]] = {
 }
 
 
+SHORT_VALUES = st.from_regex(r"Q[a-z0-9._~+/=!@$%^*-]{0,4}", fullmatch=True)
+"""Values under six characters (``pass1``, ``abc``): masked at any length. Each starts with
+``Q``, which no name or nesting holds, so ``"Q" not in redacted`` says the value is gone."""
+LABELS = frozenset({":", ": ", " : ", "%3a"})
+"""Separators that label (``name: value``) rather than assign (``name=value``)."""
+FOLLOWED_BY_WORDS = frozenset({"prose"})
+"""Nestings that put more words after the pair on its line."""
+
+
+STRONG = re.compile(r"(?i)(?:password|passwd|passphrase|pwd|secret|credentials?)\b")
+"""Names whose label is always followed by a value (redact._STRONG_NAME)."""
+
+
+def reads_as_prose(value: str, *, name: str, sep: str, quote: str, nesting: str) -> bool:
+    """The rule of redact._is_value, stated for the generator: after a key or token label
+    (``name:``) an unquoted word of letters alone followed by another word on its line starts
+    a sentence (an error's prose: ``params.api_key: unknown JSON Schema keyword(s)``) and is
+    kept; after a password, passphrase, secret or credential label it is a value; every
+    other value, at any length, is masked."""
+    return (
+        sep in LABELS
+        and not quote
+        and value.rstrip(".!?:").isalpha()
+        and nesting in FOLLOWED_BY_WORDS
+        and STRONG.search(name) is None
+    )
+
+
 @st.composite
 def credential_texts(draw: st.DrawFn) -> tuple[str, str, str]:
     """A text holding one credential, its value, and the name that labels it."""
-    name = draw(st.sampled_from(NAMES))
-    value = draw(SECRET_VALUES)
+    text, value, name, _masked = draw(credential_cases())
+    return text, value, name
+
+
+@st.composite
+def credential_cases(draw: st.DrawFn) -> tuple[str, str, str, bool]:
+    """A text holding one credential, its value, its name, and whether it must be masked."""
+    name = draw(st.sampled_from([*NAMES, "passphrase", "X-Amz-Signature", "signature"]))
+    value = draw(SECRET_VALUES | SHORT_VALUES)
     sep = draw(st.sampled_from(SEPARATORS))
     quote = draw(st.sampled_from(QUOTES))
     key_quote = draw(st.sampled_from(["", quote])) if quote else ""
     scheme = draw(st.sampled_from(SCHEMES)) if name.lower() in ("authorization", "auth") else ""
     pair = f"{key_quote}{name}{key_quote}{sep}{quote}{scheme}{value}{quote}"
     nesting = draw(st.sampled_from(sorted(NESTINGS)))
-    return NESTINGS[nesting](pair), value, name
+    masked = not reads_as_prose(value, name=name, sep=sep, quote=quote, nesting=nesting)
+    return NESTINGS[nesting](pair), value, name, masked
 
 
-@settings(max_examples=400)
-@given(case=credential_texts())
+@settings(max_examples=600)
+@given(case=credential_cases())
 def test_a_value_named_by_a_secret_word_is_masked_however_it_is_separated_quoted_and_nested(
-    case: tuple[str, str, str],
+    case: tuple[str, str, str, bool],
 ) -> None:
-    text, value, name = case
+    text, value, name, masked = case
     redacted = SHAPES.redact(text)
-    assert value not in redacted, (text, redacted)
+    if not masked:  # the first word of a sentence after a label: prose, kept
+        assert redacted is text
+        return
+    gone = "Q" if value.startswith("Q") else value
+    assert gone not in redacted, (text, redacted)
     assert MASK in redacted
     assert name in redacted  # the label stays: a redacted message still says what was there
 
@@ -128,7 +169,8 @@ def test_masking_is_idempotent_and_keeps_json_valid(case: tuple[str, str, str]) 
 @settings(max_examples=200)
 @given(
     name=st.sampled_from(["--password", "--api-key", "--token", "--db-password", "--auth"]),
-    value=SECRET_VALUES.filter(lambda v: not v.startswith("-")),
+    # ``--password =x`` reads as an assignment (``password =x``)
+    value=SECRET_VALUES.filter(lambda v: not v.startswith(("-", "="))),
     before=st.sampled_from(["", "wf run flow.yaml ", "error: mycli "]),
     after=st.sampled_from(["", " --verbose", " and more"]),
 )
@@ -173,6 +215,139 @@ def test_a_command_line_option_naming_a_secret_has_its_value_masked(
     ],
 )
 def test_the_shapes_the_issue_names(text: str, expected: str) -> None:
+    assert SHAPES.redact(text) == expected
+
+
+URL_PARAM_NAMES = [
+    "key",
+    "sig",
+    "X-Amz-Signature",
+    "X-Goog-Signature",
+    "signature",
+    "api_key",
+    "access_token",
+    "passphrase",
+]
+URL_SHAPES: dict[str, Callable[[str], str]] = {
+    "connect error": lambda url: f"openai runner: unit a (model m at {url}) could not connect",
+    "quoted": lambda url: f"fetching '{url}' failed",
+    "json": lambda url: json.dumps({"url": url, "n": 1}),
+    "angle": lambda url: f"see <{url}> for details",
+    "line end": lambda url: f"base_url = {url}\nretries = 3",
+}
+
+
+@settings(max_examples=400)
+@given(
+    name=st.sampled_from(URL_PARAM_NAMES),
+    value=SHORT_VALUES | SECRET_VALUES.map(lambda v: "Q" + v.replace("=", "")),
+    scheme=st.sampled_from(["http", "https", "postgresql"]),
+    before=st.sampled_from(["", "page=2&", "a=1;"]),
+    after=st.sampled_from(["", "&limit=5", "#top"]),
+    shape=st.sampled_from(sorted(URL_SHAPES)),
+)
+def test_a_urls_credential_parameters_are_masked_in_free_text_as_mask_url_masks_them(
+    name: str, value: str, scheme: str, before: str, after: str, shape: str
+) -> None:
+    url = f"{scheme}://127.0.0.1:1/v1?{before}{name}={value}{after}"
+    text = URL_SHAPES[shape](url)
+    redacted = SHAPES.redact(text)
+    assert "Q" not in redacted, (text, redacted)
+    assert "Q" not in mask_url(url)
+    assert "127.0.0.1:1/v1?" in redacted and f"{name}={MASK}" in redacted
+
+
+@settings(max_examples=200)
+@given(
+    tag=st.sampled_from(["password", "db_password", "secret", "api_key", "token", "passphrase"]),
+    prefix=st.sampled_from(["", "ns:"]),
+    attrs=st.sampled_from(["", ' type="string"', "\tid='1'"]),
+    value=SHORT_VALUES | st.from_regex(r"Q[a-z0-9 .,!?-]{0,30}", fullmatch=True),
+    nesting=st.sampled_from(["bare", "prose", "json string"]),
+)
+def test_an_xml_element_named_by_a_secret_word_has_its_text_masked(
+    tag: str, prefix: str, attrs: str, value: str, nesting: str
+) -> None:
+    text = NESTINGS[nesting](f"<{prefix}{tag}{attrs}>{value}</{prefix}{tag}>")
+    redacted = SHAPES.redact(text)
+    assert "Q" not in redacted and f"{MASK}</{prefix}{tag}>" in redacted, (text, redacted)
+
+
+FIELD_NAMES = ["params.api_key", "api_key", "token", "params.gh_token", "X-Auth-Token"]
+"""Key and token names: error lines use them as field names. A password, passphrase, secret
+or credential label is always followed by a value (see the next test)."""
+SENTENCES = st.tuples(
+    st.from_regex(r"[A-Za-z]{1,12}", fullmatch=True),
+    st.from_regex(r"( [A-Za-z0-9()'.,-]{1,10}){1,5}", fullmatch=True),
+).map("".join)
+"""An error's prose: a first word of letters, then at least one more word (of anything)."""
+
+
+@settings(max_examples=300)
+@given(
+    field=st.sampled_from(FIELD_NAMES),
+    sentence=SENTENCES,
+    before=st.sampled_from(["", "error: ", "usage: param ", "  - "]),
+    after=st.sampled_from(["", "\n", "; see docs/params.md", " (line 4)"]),
+)
+def test_prose_after_a_field_name_in_an_error_line_is_not_masked(
+    field: str, sentence: str, before: str, after: str
+) -> None:
+    text = f"{before}{field}: {sentence}{after}"
+    assert SHAPES.redact(text) is text
+
+
+@settings(max_examples=200)
+@given(
+    field=st.sampled_from(["password", "db_password", "secret", "passphrase", "credentials"]),
+    sentence=SENTENCES,
+    before=st.sampled_from(["", "error: ", "feedback: my ", "  - "]),
+)
+def test_a_password_label_masks_its_first_word_even_before_more_words(
+    field: str, sentence: str, before: str
+) -> None:
+    first = sentence.split(" ", 1)[0]
+    text = f"{before}{field}: {sentence}"
+    redacted = SHAPES.redact(text)
+    if first.lower() in ("null", "none", "true", "false", "nil", "undefined"):
+        assert redacted == text
+    else:
+        assert redacted == f"{before}{field}: {MASK}{sentence[len(first) :]}", text
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # short values, URL params, tags and the space case the audit found
+        ("password=pass1", "password=***"),
+        ("https://h/x?token=abc", "https://h/x?token=***"),
+        ("retry with token=abc", "retry with token=***"),
+        ("http://h/v1?key=abcdef12&sig=Zx9", "http://h/v1?key=***&sig=***"),
+        ("GET /o?X-Amz-Signature=f00d&X-Amz-Date=1", "GET /o?X-Amz-Signature=***&X-Amz-Date=1"),
+        ("passphrase=xyz", "passphrase=***"),
+        ("<password>x</password>", "<password>***</password>"),
+        # on a line of its own an assigned value runs over spaces, to the next pair or option
+        ("password=hun ter22", "password=***"),
+        ("  export DB_PASSWORD=hun ter22\nx=1", "  export DB_PASSWORD=***\nx=1"),
+        ("password=hun ter22 user=ada", "password=*** user=ada"),
+        ("--password=hun ter22 --verbose", "--password=*** --verbose"),
+        # in running text a value ends at a blank: the message goes on
+        ("at http://h/v1?key=Qz9 could not connect", "at http://h/v1?key=*** could not connect"),
+        ("retry, token=abc and go", "retry, token=*** and go"),
+        # a labelled value: a word that is no prose word, or one that ends its line
+        ("password: pass1 was refused", "password: *** was refused"),
+        ("password: hunter", "password: ***"),
+        ("token: abc,\nnext: 1", "token: ***,\nnext: 1"),
+        ("--token abc", "--token ***"),
+        # an error's prose after a field name stays
+        (
+            "params.api_key: unknown JSON Schema keyword(s) at line 3",
+            "params.api_key: unknown JSON Schema keyword(s) at line 3",
+        ),
+        ("--token is required", "--token is required"),
+    ],
+)
+def test_short_values_and_the_audits_shapes(text: str, expected: str) -> None:
     assert SHAPES.redact(text) == expected
 
 
@@ -279,11 +454,13 @@ FEEDBACK_SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("shape", FEEDBACK_SHAPES)
+@pytest.mark.parametrize(
+    ("shape", "canary"),
+    [*((shape, "c4nary7Xq9Zw2Lm5") for shape in FEEDBACK_SHAPES), ("retry, token={c}", "Qz9")],
+)
 def test_a_persons_feedback_is_masked_before_it_is_journaled_or_shown(
-    tmp_path: Path, shape: str
+    tmp_path: Path, shape: str, canary: str
 ) -> None:
-    canary = "c4nary7Xq9Zw2Lm5"
     state = tmp_path / "state"
     flow = tmp_path / "gated.yaml"
     flow.write_text(GATED, encoding="utf-8")

@@ -37,14 +37,19 @@ letters.
 _CUT_MARKS = ("…", "...", "\\u2026")
 """The ellipses as text may hold them: as is, as three dots, JSON-escaped (``\\u2026``)."""
 
-_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
+_SECRET_NAME = re.compile(
+    r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|AUTH", re.IGNORECASE
+)
 # Stricter, for keys inside JSON values (model outputs): the name must *end* in a secret
 # word, so ``keywords``, ``author`` or ``max_tokens`` keep their values.
 _SECRET_WORD = (
     r"(?:api[_-]?key|apikey|(?:access|private|secret)[_-]?key|secret|token|password|passwd|pwd"
-    r"|credentials?|auth|authorization)"
+    r"|passphrase|credentials?|auth|authorization)"
 )
 _SECRET_KEY = re.compile(rf"(?i){_SECRET_WORD}$")
+_TEXT_WORD = _SECRET_WORD[:-1] + "|signature)"
+"""The secret words of free text: a JSON key's, and ``signature`` (``X-Amz-Signature=``)."""
+_TEXT_KEY = re.compile(rf"(?i){_TEXT_WORD}$")
 
 
 _UNQUOTED = r"[^\s\"'`\\&,;<>{}]"
@@ -54,21 +59,66 @@ _BLANK = r"(?:[ \t]++|\\++t)*+"
 """Blanks around a separator: spaces and tabs, a tab JSON-escaped once or more (``\\t``)."""
 _NAMED_VALUE = "".join(
     (
-        _SECRET_WORD,
+        _TEXT_WORD,
         r"(?:\\*+[\"'`])?",  # the name's closing quote (``"``, ``\\"`` in JSON inside JSON)
-        _BLANK + r"(?:=>?+|:=?+|%3[ad])" + _BLANK,  # the separator, maybe URL-encoded
+        # the separator, maybe URL-encoded: an assignment (``=``) or a label (``:``)
+        _BLANK + r"(?:(?P<eq>=>?+|:=|%3d)|:|%3a)" + _BLANK,
         r"(?:\\*+(?:(?P<dq>\")|(?P<sq>['`])))?",  # the value's opening quote, if any
         r"(?:(?:bearer|basic|token|digest)(?:[ \t]|\\++t)" + _BLANK + ")?+",  # a scheme, kept
         # A quoted value runs to its closing quote, spaces included (inside single quotes a
-        # double one ends it too: JSON around it stays JSON); an unquoted one runs to a
-        # delimiter, and only from six characters (``token: null`` reads as written).
+        # double one ends it too: JSON around it stays JSON); an unquoted one to a delimiter
+        # (_LINE_VALUE takes the rest of a ``NAME=value with spaces`` line). After a label
+        # (``:``) _is_value tells a value from the prose of a message.
         r"(?P<secret>(?(dq)(?:[^\"\\\r\n]++|\\++(?!\"))+"
-        r"|(?(sq)(?:(?!(?P=sq))[^\"\\\r\n]|\\++(?![\"'`]))+|" + _UNQUOTED + "{6,})))",
+        r"|(?(sq)(?:(?!(?P=sq))[^\"\\\r\n]|\\++(?![\"'`]))+"
+        r"|" + _UNQUOTED + r"++)))",
     )
 )
 """A value named by a secret word, wherever the name ends: the word need not start a name
 (``db_password``, ``?api_key=``), and the separator may be quoted, escaped or URL-encoded.
-Linear: every quantifier is possessive or followed by nothing that could make it give back."""
+Masked at any length. Linear: every quantifier is possessive or followed by nothing that
+could make it give back."""
+_LINE_VALUE = "".join(
+    (
+        r"(?m)^[ \t]*+(?:export[ \t]++)?[a-z0-9_.\-]*?",
+        _TEXT_WORD,
+        r"[ \t]*+=[ \t]*+",
+        rf"(?P<secret>{_UNQUOTED}++(?:[ \t]++(?!--|[^\s=:\"'`]*+[=:]){_UNQUOTED}++)*+)",
+    )
+)
+"""An unquoted value with spaces where its ``NAME=`` starts the line (a ``.env`` or config
+line: ``PASSWORD=hun ter22``): to the end of the line, a delimiter, or the next ``name=``
+pair or ``--option`` on it. In running text a value ends at a blank (a message goes on after it:
+``… at http://h/v1?key=*** could not connect``); quote one that holds spaces."""
+_LITERALS = frozenset({"null", "none", "true", "false", "nil", "undefined"})
+"""Unquoted words after ``name:`` that say there is no secret (``"token": null``)."""
+_PROSE_NEXT = re.compile(r"[ \t]++[^\s]")
+_STRONG_NAME = re.compile(r"(?i)(?:password|passwd|passphrase|pwd|secret|credentials?)\b")
+"""Names whose label is always followed by a value, never by prose (``password: hunter
+and more`` masks ``hunter``): the prose rule is for ``key`` and ``token`` names, which error
+messages use as field names (``params.api_key: unknown …``)."""
+
+
+def _is_value(found: re.Match[str]) -> bool:
+    """Whether the unquoted word after ``name:`` (or ``--name``) is a value, not prose.
+
+    The rule: a word holding anything but letters (``pass1``, ``ya29.a0``, ``s3-cr3t``) is a
+    value; so is a word of letters alone that ends its line or field (``token: abc,``), and
+    any word after a password, passphrase, secret or credential label. After a key or token
+    label, a word of letters followed by another word on its line starts a sentence, an
+    error's prose (``params.api_key: unknown JSON Schema keyword(s)``, ``Token: see below``),
+    and is kept; so are ``null``, ``true``, ``false``. An assigned (``name=value``) or quoted
+    value is always a value.
+    """
+    groups = found.groupdict()
+    if groups.get("eq") is not None or groups.get("dq") or groups.get("sq"):
+        return True
+    word = found.group("secret")
+    if word.lower() in _LITERALS:
+        return False
+    if not word.rstrip(".!?:").isalpha() or _STRONG_NAME.match(found.group(0)):
+        return True
+    return _PROSE_NEXT.match(found.string, found.end("secret")) is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +174,17 @@ class _Rule:
 
 # Credential-looking strings, whoever they belong to. Each keeps a recognisable label
 # (``Bearer``, ``api_key=``, ``sk-``) so a redacted message still says what was there.
-_WORD_TRIGGERS = ("key", "secret", "token", "passw", "pwd", "credential", "auth")
+_WORD_TRIGGERS = (
+    "key",
+    "secret",
+    "token",
+    "passw",
+    "passphrase",
+    "pwd",
+    "credential",
+    "auth",
+    "signature",
+)
 _RULES: tuple[_Rule, ...] = (
     # "Bearer abc…", "Basic abc…": long and with a digit, so "Basic understanding" stays.
     _Rule.of(
@@ -135,14 +195,33 @@ _RULES: tuple[_Rule, ...] = (
     # name=value, name: value, "name": "value" wherever the name ends in a secret word, as
     # a word of its own or inside one (``https://h/x?api_key=``, ``"config": "password=``,
     # ``url=…&private_token=``, ``{\"token\": \"…``): see _NAMED_VALUE.
-    _Rule.of(_NAMED_VALUE, _WORD_TRIGGERS, lowered=True),
-    # --password VALUE: a command line echoed into a message (``--password=VALUE`` is above).
+    _Rule.of(_NAMED_VALUE, _WORD_TRIGGERS, lowered=True, check=_is_value),
+    _Rule.of(_LINE_VALUE, _WORD_TRIGGERS, lowered=True),
+    # <password>value</password>, <db:secret a="1">value</db:secret>: an XML-ish element.
+    _Rule.of(
+        r"<(?P<name>[a-z0-9_.:\-]++)(?:(?:\s|\\++[tnr])[^<>]*+)?>(?P<secret>[^<]++)</",
+        _WORD_TRIGGERS,
+        lowered=True,
+        check=lambda found: _TEXT_KEY.search(found.group("name")) is not None,
+    ),
+    # ?key=…, &sig=…, &X-Amz-Signature=…: a query parameter that carries a credential though
+    # its name is no secret word (mask_url's rule, wherever a URL or query string is quoted).
+    _Rule.of(
+        r"[?&;#](?:key|sig|x-goog-signature)=(?P<secret>[^&;#\s\"'`<>\\]++)",
+        ("key=", "sig=", "signature="),
+        lowered=True,
+    ),
+    # --password VALUE: a command line echoed into a message (``--password=VALUE`` is above),
+    # at any length unless a short word of letters starts prose (``--token is required``).
     # The name is taken whole (possessive, from its start): linear however many dashes.
     _Rule.of(
-        r"(?<![\w-])(?P<name>--[a-z0-9_.\-]++)[ \t]++(?!-)(?P<secret>" + _UNQUOTED + "{6,})",
+        r"(?<![\w-])(?P<name>--[a-z0-9_.\-]++)[ \t]++(?!-)(?P<secret>" + _UNQUOTED + "++)",
         ("--",),  # every name it masks holds a word trigger too: _ANY_TRIGGER stays lean
         lowered=True,
-        check=lambda found: _SECRET_KEY.search(found.group("name")) is not None,
+        check=lambda found: (
+            _SECRET_KEY.search(found.group("name")) is not None
+            and (len(found.group("secret")) >= 6 or _is_value(found))
+        ),
     ),
     # scheme://user:password@host — to the last ``@`` before the path (a password may hold
     # one), the user may be empty (``redis://:password@host``).
@@ -452,6 +531,13 @@ def mask_url(url: str) -> str:
     if cut >= 0:
         url = url[:cut] + _URL_PARAM.sub(param, url[cut:])
     return _SHAPES.redact(url)
+
+
+def mask_text(text: str) -> str:
+    """``text`` with the credential shapes masked (no known secret values): each URL's
+    password and credential parameters as :func:`mask_url` masks them, ``token=…``,
+    ``Bearer …`` and the rest. For messages built from what a library or server said."""
+    return _SHAPES.redact(text)
 
 
 def secret_strings(value: Any, *, secret: bool = False) -> list[str]:

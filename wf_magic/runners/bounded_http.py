@@ -33,6 +33,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ..errors import RunnerError
+from ..redact import mask_text
 from .textsink import TextSink
 
 if TYPE_CHECKING:
@@ -155,7 +156,7 @@ def cut_words(exc: BaseException, *, cap: int = 500) -> str:
     for link in _chain(exc):
         text = link.strerror if isinstance(link, OSError) and link.strerror else str(link)
         said = text or said
-    cause = said.rstrip(".") or type(exc).__name__
+    cause = mask_text(said).rstrip(".") or type(exc).__name__
     if len(cause) > cap:
         cause = cause[: cap - 1] + "…"
     what = (

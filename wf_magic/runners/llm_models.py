@@ -45,6 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RunnerError
+from ..redact import mask_text
 from .base import (
     RunnerContext,
     UnitRequest,
@@ -464,4 +465,7 @@ def _server_message(exc: Exception) -> str:
 
 
 def _clip(text: str, cap: int = _MESSAGE_CAP) -> str:
+    """``text`` (an exception's or a server's words) for a message: its credentials (a URL's
+    key, its password) masked before it is cut, so no cut leaves a piece of one."""
+    text = mask_text(text)
     return text if len(text) <= cap else text[: cap - 1] + "…"

@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RunnerError
-from ..redact import Redactor, mask_url
+from ..redact import Redactor, mask_text, mask_url
 from .asyncpath import LoopClients, SharedClients, within
 from .base import RunnerContext, UnitRequest, UnitResult, check_limits, strip_code_fence
 from .bounded_http import AttemptLoop, bounded_hooks, cut_words, is_cut_off, over_bound
@@ -206,7 +206,7 @@ class OpenAIChatRunner:
     @property
     def endpoint(self) -> str:
         """The base URL in use, for messages (credentials in it are masked)."""
-        return self._redactor.redact(self.options.base_url or "https://api.openai.com/v1")
+        return self._redactor.redact(mask_url(self.options.base_url or "https://api.openai.com/v1"))
 
     def run(self, request: UnitRequest) -> UnitResult:
         """Send the unit's prompt as one user message and return the reply.
@@ -382,7 +382,7 @@ class OpenAIChatRunner:
             price_source=f"runners.{self.name}.{found[1]}" if found and is_reported else None,
             session_id=reply.completion_id or None,
             # genai-prices prices OpenAI's own models; another server only by its URL.
-            provider=self.options.base_url or "openai",
+            provider=mask_url(self.options.base_url) if self.options.base_url else "openai",
         )
 
     def _translate(self, exc: Exception, request: UnitRequest, model: str) -> RunnerError:
@@ -467,6 +467,9 @@ def _retry_after_s(exc: Any) -> float | None:
 
 
 def _clip(text: str, cap: int = _MESSAGE_CAP) -> str:
+    """``text`` (an exception's or a server's words) for a message: its credentials (a URL's
+    key, its password) masked before it is cut, so no cut leaves a piece of one."""
+    text = mask_text(text)
     return text if len(text) <= cap else text[: cap - 1] + "…"
 
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..errors import RunnerError
-from ..redact import mask_url
+from ..redact import mask_text, mask_url
 from .asyncpath import LoopClients, within
 from .base import (
     RunnerContext,
@@ -535,4 +535,7 @@ def _provider_message(exc: Exception) -> str:
 
 
 def _clip(text: str, cap: int = _MESSAGE_CAP) -> str:
+    """``text`` (an exception's or a server's words) for a message: its credentials (a URL's
+    key, its password) masked before it is cut, so no cut leaves a piece of one."""
+    text = mask_text(text)
     return text if len(text) <= cap else text[: cap - 1] + "…"

@@ -115,24 +115,7 @@ def resolve_params(
             raise UsageError(
                 f"param {name!r} of workflow {plan.name!r} is required; pass --param {name}=VALUE"
             )
-        problem = _text_problem(value)
-        if problem is not None:
-            raise UsageError(f"param {name}: {problem}")
-        try:
-            json.dumps(value, allow_nan=False)
-        except (TypeError, ValueError):
-            got = _unechoed(name, value) or clip(_without_secrets(repr(value), value), 200)
-            raise UsageError(
-                f"param {name}: expected a JSON value with finite numbers (got {got})"
-            ) from None
-        value = normalise(value)
-        problem = _schema_problem(value, schema)
-        if problem is not None:
-            hidden = _unechoed(name, value)
-            if hidden is not None:  # a schema message quotes the value: say less
-                problem = f"does not match its schema {_schema_text(schema)} (got {hidden})"
-            raise UsageError(f"param {name}: {clip(_without_secrets(problem, value), 600)}")
-        out[name] = value
+        out[name] = check_param(schema, value, name=name)
     if sweep is not None:
         out[SWEEP_PARAM] = {"repeat": sweep["repeat"]}
     return out
@@ -176,6 +159,33 @@ def coerce_param(schema: Mapping[str, Any], text: str, *, name: str) -> Any:
         raise UsageError(
             f"param {name}: expected type {schema.get('type')} (got {hidden})"
         ) from None
+
+
+def check_param(schema: Mapping[str, Any], value: Any, *, name: str) -> Any:
+    """``value`` checked against the param ``name``'s schema, normalised (``3.0`` → ``3``).
+
+    Raises:
+        UsageError: ``param NAME: …`` — text a prompt cannot hold, a value that is no JSON
+            (NaN, inf), or one the schema refuses; a secret param's value is never echoed.
+    """
+    problem = _text_problem(value)
+    if problem is not None:
+        raise UsageError(f"param {name}: {problem}")
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        got = _unechoed(name, value) or clip(_without_secrets(repr(value), value), 200)
+        raise UsageError(
+            f"param {name}: expected a JSON value with finite numbers (got {got})"
+        ) from None
+    value = normalise(value)
+    problem = _schema_problem(value, schema)
+    if problem is not None:
+        hidden = _unechoed(name, value)
+        if hidden is not None:  # a schema message quotes the value: say less
+            problem = f"does not match its schema {_schema_text(schema)} (got {hidden})"
+        raise UsageError(f"param {name}: {clip(_without_secrets(problem, value), 600)}")
+    return value
 
 
 def _unechoed(name: str, value: Any) -> str | None:

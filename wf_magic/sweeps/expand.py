@@ -17,7 +17,7 @@ from ..errors import FileRefused, UsageError
 from ..hashing import canonical_json, hash_value
 from ..reading import read_bounded
 from ..sealing import unseal
-from ..spec.params import SWEEP_PARAM, coerce_param, normalise, resolve_params
+from ..spec.params import SWEEP_PARAM, check_param, coerce_param, normalise, resolve_params
 from ..spec.plan import Plan
 from .secrets import holds_secret, not_an_axis
 
@@ -116,15 +116,53 @@ def definition(
     table = None if rows is None else load_rows(rows)
     if table is not None:
         _check_columns(plan, table, axes, declared, fixed=params or {})
-        table = [{k: normalise(_coerced(plan, k, v)) for k, v in row.items()} for row in table]
+        table = [
+            {k: _row_param(plan, table, i, k, v) for k, v in row.items()}
+            for i, row in enumerate(table)
+        ]
     return Definition(grid=axes, rows=table, repeat=repeat, params=dict(params or {}))
 
 
-def _coerced(plan: Plan, name: str, value: Any) -> Any:
-    """A CSV cell is text: coerce it to the param's declared type (JSON rows keep theirs)."""
-    if isinstance(value, str) and plan.params[name].get("type") not in (None, "string"):
-        return coerce_param(plan.params[name], value, name=name)
-    return value
+def _row_param(plan: Plan, table: list[dict[str, Any]], i: int, name: str, value: Any) -> Any:
+    """A row's cell as the param ``name``: a text cell coerced to the declared type (a CSV
+    cell is text; JSON rows keep theirs), then checked against the param's schema — here,
+    so that a bad cell is refused naming the file, row, line and column, not the first run.
+
+    Raises:
+        UsageError: ``sweep rows: FILE row I (line N), column 'n': expected a number (got
+            'NaN'); …`` — the cell is not a value of the param.
+    """
+    schema = plan.params[name]
+    try:
+        if isinstance(value, str) and schema.get("type") not in (None, "string"):
+            value = coerce_param(schema, value, name=name)
+        return check_param(schema, value, name=name)
+    except UsageError as exc:
+        problem = str(exc).removeprefix(f"param {name}: ")
+        raise UsageError(
+            f"{_where_row(table, i)}, column {name!r}: {problem}; fix the cell, or drop the "
+            "column so the param's default applies to every row"
+        ) from None
+
+
+def _where_row(table: list[dict[str, Any]], i: int) -> str:
+    """``sweep rows: FILE row I (line N)`` where a file's reader remembered the lines, else
+    ``sweep rows: row I``."""
+    source = getattr(table, "source", None)
+    lines = getattr(table, "lines", None)
+    if source is None:
+        return f"sweep rows: row {i}"
+    line = f" (line {lines[i]})" if lines is not None and i < len(lines) else ""
+    return f"sweep rows: {source} row {i}{line}"
+
+
+class RowsTable(list[dict[str, Any]]):
+    """A rows file's rows, remembering the file and each row's first line (for messages)."""
+
+    def __init__(self, rows: Iterable[dict[str, Any]] = (), *, source: str) -> None:
+        super().__init__(rows)
+        self.source = source
+        self.lines: list[int] = []
 
 
 def _check_columns(
@@ -163,10 +201,13 @@ def load_rows(rows: Any) -> list[dict[str, Any]]:
             a DataFrame's column names repeat, a value is missing (NaN, a pandas NA) or not a
             finite number, or there are no rows.
     """
+    table: list[Any]
     if isinstance(rows, (str, Path)):
         table = read_rows_file(Path(rows))
     elif hasattr(rows, "to_dict") and hasattr(rows, "columns"):  # a pandas DataFrame
         table = _frame_rows(rows)
+    elif isinstance(rows, RowsTable):
+        table = rows
     elif isinstance(rows, Iterable) and not isinstance(rows, Mapping):
         table = list(rows)
     else:
@@ -182,7 +223,12 @@ def load_rows(rows: Any) -> list[dict[str, Any]]:
                 raise _missing_value("sweep rows:", i, column, value)
     if not table:
         raise UsageError("sweep rows: no rows; give at least one or leave rows out")
-    return [{str(k): v for k, v in row.items()} for row in table]
+    out = [{str(k): v for k, v in row.items()} for row in table]
+    if isinstance(table, RowsTable):  # a file's rows keep where they came from
+        kept = RowsTable(out, source=table.source)
+        kept.lines = table.lines
+        return kept
+    return out
 
 
 def _frame_rows(frame: Any) -> list[dict[str, Any]]:
@@ -224,7 +270,7 @@ def _missing_value(where: str, row: int, column: Any, value: Any) -> UsageError:
     )
 
 
-def read_rows_file(path: Path) -> list[dict[str, Any]]:
+def read_rows_file(path: Path) -> RowsTable:
     """The rows of a ``.csv`` or ``.jsonl`` file, read bounded (``MAX_ROWS_BYTES``).
 
     A UTF-8 byte order mark (what a spreadsheet writes) is skipped. A CSV's empty field is a
@@ -247,11 +293,11 @@ def read_rows_file(path: Path) -> list[dict[str, Any]]:
     return table
 
 
-def _csv_rows(path: Path, text: str) -> list[dict[str, Any]]:
+def _csv_rows(path: Path, text: str) -> RowsTable:
     """The rows of a CSV text: a header of unique names, then records of as many fields."""
     lines = _Lines(text)
     reader = csv.reader(lines)
-    out: list[dict[str, Any]] = []
+    out = RowsTable(source=str(path))
     header: list[str] | None = None
     try:
         header = next(reader, None)
@@ -276,6 +322,7 @@ def _csv_rows(path: Path, text: str) -> list[dict[str, Any]]:
                 if value == "":
                     raise _missing_value(f"sweep rows: {path}", i, column, value)
             out.append(dict(zip(header, record, strict=True)))
+            out.lines.append(lines.record_start)
     except csv.Error as exc:
         row = "the header" if header is None else f"row {len(out)}"
         column = _long_column(lines.record, header=header)
@@ -328,9 +375,9 @@ def _long_column(record: str, *, header: list[str] | None) -> str:
     return ""
 
 
-def _jsonl_rows(path: Path, text: str) -> list[dict[str, Any]]:
+def _jsonl_rows(path: Path, text: str) -> RowsTable:
     """The objects of a JSONL text, one per non-blank line; a key twice is refused."""
-    out: list[dict[str, Any]] = []
+    out = RowsTable(source=str(path))
     for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -349,6 +396,7 @@ def _jsonl_rows(path: Path, text: str) -> list[dict[str, Any]]:
                 f"(got {type(value).__name__})"
             )
         out.append(value)
+        out.lines.append(n)
     return out
 
 

@@ -22,13 +22,22 @@ class CallJournal(Protocol):
 
 
 class Allowance(Protocol):
-    """The run's budget as a call sees it (drive/agentunits.py)."""
+    """The run's (and its sweep's) budget as a call sees it (drive/agentunits.py)."""
 
-    def refusal(
-        self, *, run_id: str, unit_id: str, tokens: int, cost: float, call: int
-    ) -> str | None:
-        """None when call number ``call`` of ``unit_id`` may go, the attempt having spent
-        ``tokens`` and ``cost`` so far; else the one-line ``Budget exceeded …`` message."""
+    def admit(
+        self, *, run_id: str, unit_id: str, dispatch_id: str, tokens: int, cost: float, call: int
+    ) -> str | bool:
+        """May call number ``call`` of ``unit_id`` go now, the attempt having spent ``tokens``
+        and ``cost`` so far? True: it goes (in flight until :meth:`left`); False: calls in
+        flight may spend what is left, ask again; else the one-line ``Budget exceeded …``."""
+        ...
+
+    def spent(self, *, dispatch_id: str, tokens: int, cost: float | None, ok: bool) -> None:
+        """A call finished: its spend counts against the ceilings until the attempt's charge."""
+        ...
+
+    def left(self) -> None:
+        """A call :meth:`admit` let go ended (its spend, if any, was handed to :meth:`spent`)."""
         ...
 
 
@@ -87,7 +96,7 @@ class BridgedAttempt:
         """
         if self.journal is not None:
             self.prior = self.totals()
-        gate = self._gate if self.allowance is not None else None
+        gate = self if self.allowance is not None else None
         limits = None
         if self.limits_for is not None and self.replay is None:
             limits = self.limits_for.limits(f"bridge {self.harness} {upstream}", self.identity)
@@ -106,22 +115,29 @@ class BridgedAttempt:
         """The budget refusal that stopped the agent, if one did."""
         return self.bridge.refusal if self.bridge is not None else None
 
-    def _gate(self) -> str | None:
-        """Asked on the bridge's loop before each call: in-memory sums only, no I/O."""
-        assert self.allowance is not None  # the gate is set only with one
+    def enter(self) -> str | bool:
+        """The bridge's gate, asked on its loop before each call: in-memory sums only, no I/O
+        (see :meth:`Allowance.admit`)."""
+        if self.allowance is None:
+            return True
         with self._lock:
             rows = list(self.rows)
         tokens = self.prior.tokens_in + self.prior.tokens_out
         tokens += sum(r.tokens_in + r.tokens_out for r in rows)
         cost = (self.prior.cost or 0.0) + sum(r.cost or 0.0 for r in rows)
-        call = self.prior.calls + len(rows) + 1
-        return self.allowance.refusal(
+        return self.allowance.admit(
             run_id=self.identity["run_id"],
             unit_id=self.identity["unit_id"],
+            dispatch_id=self.identity["dispatch_id"],
             tokens=tokens,
             cost=cost,
-            call=call,
+            call=self.prior.calls + len(rows) + 1,
         )
+
+    def leave(self) -> None:
+        """A call the gate let through ended."""
+        if self.allowance is not None:
+            self.allowance.left()
 
     def close(self) -> None:
         """Close the port (calls still in flight end)."""
@@ -154,6 +170,13 @@ class BridgedAttempt:
             if record.capture is not None
             else None
         )
+        if self.allowance is not None:  # counted for every other agent's next call at once
+            self.allowance.spent(
+                dispatch_id=self.identity["dispatch_id"],
+                tokens=row.tokens_in + row.tokens_out,
+                cost=row.cost,
+                ok=row.status == "ok",
+            )
         with self._lock:
             if self.journal is not None:
                 number = self.journal.record_call(row, body)

@@ -81,8 +81,21 @@ class CallRecord:
 
 
 OnCall = Callable[[CallRecord], None]
-Gate = Callable[[], "str | None"]
-"""Asked before each call is forwarded: None lets it through, a message refuses it."""
+GATE_WAIT_S = 0.02
+"""How often a call the gate holds back asks again (the bridges' loop is never blocked)."""
+
+
+class Gate(Protocol):
+    """The budget each model call asks before it is forwarded (``bridge/attempt.py``)."""
+
+    def enter(self) -> str | bool:
+        """True: forward it; False: hold it and ask again (calls in flight may spend what is
+        left); a message: refuse it."""
+        ...
+
+    def leave(self) -> None:
+        """A call :meth:`enter` let through ended (``on_call`` has seen it, if it finished)."""
+        ...
 
 
 class Limits(Protocol):
@@ -244,14 +257,12 @@ class Bridge:
         headers: list[tuple[str, str]],
         body: bytes,
     ) -> None:
-        import httpx
-
-        assert self._client is not None  # started before the port was open
         started, clock = time.time(), time.monotonic()
         usage = CallUsage(dialect=dialect_of(rest))
         _request_model(usage, body)
         capture = Capture(method=method, path=rest, request=body)
-        refusal = self.gate() if self.gate is not None and method == "POST" else None
+        gated = self.gate is not None and method == "POST"
+        refusal = await self._admit() if gated else None
         if refusal is not None:
             self.refusal = self.refusal or refusal
             await _refuse(writer, usage.dialect, refusal)
@@ -266,6 +277,40 @@ class Bridge:
             )
             await asyncio.get_running_loop().run_in_executor(None, self.on_call, self.records[-1])
             return
+        try:
+            await self._forward(writer, method, rest, headers, body, usage, capture, started, clock)
+        finally:
+            if gated and self.gate is not None:
+                self.gate.leave()
+
+    async def _admit(self) -> str | None:
+        """Ask the gate until it lets the call through (None) or refuses it (its message)."""
+        assert self.gate is not None  # asked only with one
+        while True:
+            said = self.gate.enter()
+            if isinstance(said, str):
+                return said
+            if said:
+                return None
+            await asyncio.sleep(GATE_WAIT_S)
+
+    async def _forward(
+        self,
+        writer: asyncio.StreamWriter,
+        method: str,
+        rest: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        usage: CallUsage,
+        capture: Capture,
+        started: float,
+        clock: float,
+    ) -> None:
+        """Relay one call upstream (or answer it from the recording) and hand it to
+        ``on_call``."""
+        import httpx
+
+        assert self._client is not None  # started before the port was open
         if self.replay is not None:
             await self._replayed(writer, method, usage, capture, started, clock)
             return

@@ -1,6 +1,7 @@
 """What an agent unit's request carries beyond its rendered input: the session a continued loop
 resumes (with its worktree and usage so far), the run's remaining cost allowance, and what its
-bridge uses: the journal of its calls, the budget each call asks and the endpoint limiters."""
+bridge uses: the journal of its calls, the budgets each call asks (the run's and its sweep's)
+and the endpoint limiters."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 from ..spec.plan import PlanStep
 from ..store.records import AttemptRow
-from .budget import Budget
+from .budget import BridgedCeilings, Budget, CallAsk, SharedBudget
 from .context import DriveContext, RunState
 from .limiter import LIMITERS, Limiter
 from .units import UnitPlan
@@ -50,39 +51,116 @@ def agent_request(
     if ctx is not None:
         out["calls"] = ctx.store  # the bridge journals each model call as it finishes
         out["limits"] = BridgeLimits(ctx)  # its upstream calls share the endpoint limiters
-        if ctx.budget.spec.max_tokens is not None or ctx.budget.spec.max_cost is not None:
-            out["allowance"] = CallAllowance(ctx.budget)
-    if ctx is not None and ctx.budget.spec.max_cost is not None:
-        out["max_cost"] = max(0.0, ctx.budget.spec.max_cost - ctx.budget.cost)
+        shared = ctx.options.shared_budget
+        if _binds(ctx.budget) or (shared is not None and _binds(shared)):
+            out["allowance"] = CallAllowance(ctx.budget, shared, sweep_id=ctx.options.payer)
+        left = [
+            limit - used
+            for limit, used in (
+                (ctx.budget.spec.max_cost, ctx.budget.cost),
+                (shared.max_cost if shared else None, shared.cost if shared else 0.0),
+            )
+            if limit is not None
+        ]
+        if left:  # Claude's own cap: the second line of defence
+            out["max_cost"] = max(0.0, min(left))
     return out
 
 
-class CallAllowance:
-    """The run's ``max_tokens``/``max_cost`` as the bridge asks before each model call: the
-    charged totals plus what the attempt's calls spent so far (other attempts in flight are
-    charged when they finish)."""
+def _binds(budget: BridgedCeilings) -> bool:
+    return any(limit is not None for limit in budget.ceilings())
 
-    def __init__(self, budget: Budget) -> None:
+
+class CallAllowance:
+    """The run's (and its sweep's) ``max_tokens``/``max_cost`` as the bridge asks before each
+    model call: the charged totals plus what every agent's bridged calls spent and the drive
+    has not charged yet (this attempt's own included); a call waits while the calls in flight
+    may spend what is left (``drive/budget.BridgedCeilings``).
+
+    Asked on the bridges' event-loop thread (in-memory sums under each budget's lock, no
+    I/O); spends are added from the journal's executor threads and settled by the drive.
+    """
+
+    def __init__(
+        self, budget: Budget, shared: SharedBudget | None = None, *, sweep_id: str | None = None
+    ) -> None:
         self.budget = budget
+        self.shared = shared
+        self.sweep_id = sweep_id
+
+    def _budgets(self) -> list[BridgedCeilings]:
+        return [self.budget] if self.shared is None else [self.budget, self.shared]
+
+    def admit(
+        self, *, run_id: str, unit_id: str, dispatch_id: str, tokens: int, cost: float, call: int
+    ) -> str | bool:
+        """May call number ``call`` of attempt ``dispatch_id`` go upstream now, the attempt
+        having spent ``tokens`` and ``cost`` so far? True: it goes (counted in flight until
+        :meth:`left`); False: wait and ask again; else the one-line ``Budget exceeded …``."""
+        asks = [b.ask_call(dispatch_id, tokens=tokens, cost=cost) for b in self._budgets()]
+        for budget, ask in zip(self._budgets(), asks, strict=True):
+            if ask.verdict == "refuse":
+                return self._refused(budget, ask, run_id=run_id, unit_id=unit_id, call=call)
+        if any(ask.verdict == "wait" for ask in asks):
+            return False
+        for budget in self._budgets():
+            budget.forward_call()
+        return True
 
     def refusal(
-        self, *, run_id: str, unit_id: str, tokens: int, cost: float, call: int
+        self,
+        *,
+        run_id: str,
+        unit_id: str,
+        tokens: int,
+        cost: float,
+        call: int,
+        dispatch_id: str = "",
     ) -> str | None:
-        """The ``Budget exceeded …`` line when the spend so far has reached a ceiling."""
-        spec, budget = self.budget.spec, self.budget
-        checks = (
-            ("max_tokens", budget.tokens + tokens, spec.max_tokens),
-            ("max_cost", budget.cost + cost, spec.max_cost),
-        )
-        for ceiling, used, limit in checks:
-            if limit is not None and used >= limit:
-                return (
-                    f"Budget exceeded in run {run_id}: {ceiling} used {used:g} of {limit:g}; "
-                    f"call {call} of unit {unit_id} was refused by the bridge and the agent "
-                    f"stopped. Raise budget.{ceiling} and start a new run (--new), or fork "
-                    "this one."
-                )
+        """The ``Budget exceeded …`` line when the spend so far has reached a ceiling (None:
+        none reached; nothing is counted)."""
+        for budget in self._budgets():
+            ask = budget.ask_call(dispatch_id, tokens=tokens, cost=cost)
+            if ask.verdict == "refuse":
+                return self._refused(budget, ask, run_id=run_id, unit_id=unit_id, call=call)
         return None
+
+    def spent(self, *, dispatch_id: str, tokens: int, cost: float | None, ok: bool) -> None:
+        """A call of ``dispatch_id`` finished: its spend counts until the attempt is charged."""
+        for budget in self._budgets():
+            budget.call_spent(dispatch_id, tokens=tokens, cost=cost, ok=ok)
+
+    def left(self) -> None:
+        """A call :meth:`admit` let go ended."""
+        for budget in self._budgets():
+            budget.call_left()
+
+    def _refused(
+        self, budget: BridgedCeilings, ask: CallAsk, *, run_id: str, unit_id: str, call: int
+    ) -> str:
+        ceiling = ask.ceiling or "max_tokens"
+        said = f"{ceiling} used {ask.used:g} of {ask.limit:g}; call {call} of unit {unit_id} "
+        said += "was refused by the bridge and the agent stopped."
+        if budget is self.budget:
+            return (
+                f"Budget exceeded in run {run_id}: {said} Raise budget.{ceiling} and start a "
+                "new run (--new), or fork this one."
+            )
+        if self.shared is not None:  # the sweep's ceiling: its settle names it
+            self.shared.reach(ceiling)
+        sweep = self.sweep_id or "its sweep"
+        return (
+            f"Budget exceeded in sweep {sweep}: {said} `wf sweep-resume {sweep} "
+            f"--{ceiling.replace('_', '-')} N` sets a new ceiling."
+        )
+
+
+def settle_bridged(ctx: DriveContext, dispatch_id: str) -> None:
+    """An attempt's finish charged its calls: they stop counting as bridged spend (so nothing
+    is counted twice)."""
+    ctx.budget.settle(dispatch_id)
+    if ctx.options.shared_budget is not None:
+        ctx.options.shared_budget.settle(dispatch_id)
 
 
 UNLIMITED = 1024
@@ -144,11 +222,13 @@ def facts_json(facts: Any) -> str | None:
 def report_warnings(
     ctx: DriveContext, state: RunState, attempt: AttemptRow, agent_json: str | None
 ) -> None:
-    """Journal one ``warning`` event per number the agent's CLI reported and the runner
-    refused (a negative or non-finite cost, a token count that is no count), on the success
-    and the failure path alike; and one ``warning`` (reason ``bridge``) when the harness's
-    model calls could not be bridged, and one (reason ``replay``) per replayed call whose
-    request differed from the recording."""
+    """After an attempt's finish was written (and charged): settle its bridged spend
+    (:func:`settle_bridged`), then journal one ``warning`` event per number the agent's CLI
+    reported and the runner refused (a negative or non-finite cost, a token count that is no
+    count), on the success and the failure path alike; and one ``warning`` (reason
+    ``bridge``) when the harness's model calls could not be bridged, and one (reason
+    ``replay``) per replayed call whose request differed from the recording."""
+    settle_bridged(ctx, attempt.dispatch_id)
     if not agent_json or not any(
         f'"{k}"' in agent_json for k in ("warnings", "bridge_off", "replay_warnings")
     ):

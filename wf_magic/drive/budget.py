@@ -1,4 +1,5 @@
-"""Per-run budget ceilings, seeded from the journal so a resumed run does not restart at zero."""
+"""Per-run budget ceilings, seeded from the journal so a resumed run does not restart at zero,
+and the spend of agents' bridged model calls not charged yet, which every call's check counts."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import math
 import sys
 import threading
 from dataclasses import dataclass, field
+from typing import Literal
 
 from ..errors import BudgetExceeded
 from ..spec.models import BudgetSpec
@@ -14,8 +16,123 @@ from ..store import Store
 from ..store.records import RunRow
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallAsk:
+    """A budget's answer to one model call an agent's bridge would forward."""
+
+    verdict: Literal["go", "wait", "refuse"]
+    """- ``go``: forward it (count it with ``forward_call`` once every budget said go).
+    - ``wait``: the calls in flight may spend what is left; ask again when one ended.
+    - ``refuse``: the spend has reached ``ceiling``."""
+    ceiling: str | None = None
+    used: float = 0.0
+    limit: float = 0.0
+
+
+GO = CallAsk(verdict="go")
+WAIT = CallAsk(verdict="wait")
+
+
 @dataclass(slots=True)
-class Budget:
+class BridgedSpend:
+    """What agents' bridges spent that the drive has not charged yet: each attempt's finished
+    model calls (by dispatch id) until its finish charges them, and the calls forwarded now.
+    Guarded by its budget's lock."""
+
+    by_attempt: dict[str, tuple[int, float]] = field(default_factory=dict)
+    forwarding: int = 0
+    """Calls forwarded upstream whose spend is not known yet."""
+    largest: tuple[int, float] | None = None
+    """The largest finished call's tokens and cost: what each call in flight is assumed to
+    spend (None before a call finished: then a call waits for those in flight)."""
+
+    def others(self, dispatch_id: str) -> tuple[int, float]:
+        """The spend of every attempt but ``dispatch_id`` (whose caller counts its own)."""
+        tokens, cost = 0, 0.0
+        for other, (t, c) in self.by_attempt.items():
+            if other != dispatch_id:
+                tokens, cost = tokens + t, cost + c
+        return tokens, cost
+
+
+class BridgedCeilings:
+    """The per-call check of a budget with ``max_tokens``/``max_cost`` ceilings, shared by the
+    run's :class:`Budget` and the sweep's :class:`SharedBudget`.
+
+    A call is refused once the charged totals plus every attempt's uncharged bridged calls
+    (``bridged``) have reached a ceiling; while other calls are in flight it goes only when
+    they, each counted at the size of the largest call so far, leave room for it, else it
+    waits. So with calls of one size a ceiling is passed by less than one call however many
+    agents spend at once.
+    """
+
+    __slots__ = ()
+    _lock: threading.Lock
+    bridged: BridgedSpend
+    tokens: int
+    cost: float
+
+    def ceilings(self) -> tuple[int | None, float | None]:
+        """(max_tokens, max_cost)."""
+        raise NotImplementedError
+
+    def ask_call(self, dispatch_id: str, *, tokens: int, cost: float) -> CallAsk:
+        """May one more call of attempt ``dispatch_id`` go, the attempt having spent ``tokens``
+        and ``cost`` so far (its calls not charged yet)? Nothing is counted."""
+        max_tokens, max_cost = self.ceilings()
+        if max_tokens is None and max_cost is None:
+            return GO
+        with self._lock:
+            spend = self.bridged
+            other_t, other_c = spend.others(dispatch_id)
+            used_t = self.tokens + other_t + max(0, tokens)
+            used_c = self.cost + other_c + charged_cost(cost)
+            for ceiling, used, limit in (
+                ("max_tokens", used_t, max_tokens),
+                ("max_cost", used_c, max_cost),
+            ):
+                if limit is not None and used >= limit:
+                    return CallAsk(verdict="refuse", ceiling=ceiling, used=used, limit=limit)
+            if spend.forwarding == 0:
+                return GO
+            if spend.largest is None:
+                return WAIT
+            each_t, each_c = spend.largest
+            if max_tokens is not None and used_t + spend.forwarding * each_t >= max_tokens:
+                return WAIT
+            if max_cost is not None and used_c + spend.forwarding * each_c >= max_cost:
+                return WAIT
+            return GO
+
+    def forward_call(self) -> None:
+        """A call every budget let go is forwarded: counted in flight until ``call_left``."""
+        with self._lock:
+            self.bridged.forwarding += 1
+
+    def call_left(self) -> None:
+        """A forwarded call ended (its spend handed to ``call_spent`` first, if it had any)."""
+        with self._lock:
+            self.bridged.forwarding = max(0, self.bridged.forwarding - 1)
+
+    def call_spent(self, dispatch_id: str, *, tokens: int, cost: float | None, ok: bool) -> None:
+        """Add a finished call's spend to its attempt's, until ``settle`` (its charge)."""
+        spent_t, spent_c = max(0, tokens), charged_cost(cost)
+        with self._lock:
+            spend = self.bridged
+            t, c = spend.by_attempt.get(dispatch_id, (0, 0.0))
+            spend.by_attempt[dispatch_id] = (t + spent_t, min(c + spent_c, sys.float_info.max))
+            if ok:
+                t0, c0 = spend.largest or (0, 0.0)
+                spend.largest = (max(t0, spent_t), max(c0, spent_c))
+
+    def settle(self, dispatch_id: str) -> None:
+        """Forget an attempt's bridged spend: its finish has just charged it."""
+        with self._lock:
+            self.bridged.by_attempt.pop(dispatch_id, None)
+
+
+@dataclass(slots=True)
+class Budget(BridgedCeilings):
     """Running totals of charged attempts against a root run's ceilings."""
 
     root_run_id: str
@@ -26,6 +143,10 @@ class Budget:
     _offered: int = field(default=0, repr=False, compare=False)
     _unpriced: set[str] = field(default_factory=set, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    bridged: BridgedSpend = field(default_factory=BridgedSpend, repr=False, compare=False)
+
+    def ceilings(self) -> tuple[int | None, float | None]:
+        return self.spec.max_tokens, self.spec.max_cost
 
     def first_unpriced(self, model: str) -> bool:
         """Whether ``model`` (``runner:model``) is met unpriced for the first time in this
@@ -115,7 +236,7 @@ def seed_budget(store: Store, run: RunRow, plan: Plan) -> Budget:
 
 
 @dataclass(slots=True)
-class SharedBudget:
+class SharedBudget(BridgedCeilings):
     """Ceilings over several runs driven at once (a sweep's cells), checked before each
     charged dispatch of any of them; seeded by the caller from the journal.
 
@@ -133,6 +254,10 @@ class SharedBudget:
     reached: str | None = None
     """The first ceiling that refused a dispatch (``max_units`` / ``max_tokens`` / ``max_cost``)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    bridged: BridgedSpend = field(default_factory=BridgedSpend, repr=False, compare=False)
+
+    def ceilings(self) -> tuple[int | None, float | None]:
+        return self.max_tokens, self.max_cost
 
     def try_charge(self) -> bool:
         """Count one more charged dispatch if it fits every ceiling; False (and ``reached``
@@ -144,6 +269,11 @@ class SharedBudget:
                 return False
             self.units += 1
             return True
+
+    def reach(self, ceiling: str) -> None:
+        """Note that ``ceiling`` stopped a charged attempt (an agent's call refused mid-agent)."""
+        with self._lock:
+            self.reached = self.reached or ceiling
 
     def _passed(self) -> str | None:
         if self.max_units is not None and self.units + 1 > self.max_units:

@@ -1,7 +1,8 @@
 """Gate panels are complete: an exhausted human gate offers Approve / Abandon / Fork from here
 like an exhausted LLM gate, and a button that does nothing says why in the panel itself; a
 panel without a live kernel says the decision needs one and names ``wf approve`` /
-``wf reject``, with its controls hidden by CSS once no tick re-arms it."""
+``wf reject``, and its CSS shows no control unless a tick of a live kernel re-arms it: a
+reopened notebook's panel shows none from its first paint."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from tests.helpers_notebook import drives_of, engine_at, view_of
 from wf_magic import Engine
 from wf_magic.notebook.drives import Drives
-from wf_magic.notebook.review import STALE_AFTER_S
+from wf_magic.notebook.review import LIVE_STEP, STALE_AFTER_S, live_controls_html
 
 HUMAN_TWO_LOOPS = """\
 name: reviewed
@@ -101,7 +102,7 @@ def test_reject_with_an_empty_box_says_why_nothing_happened_in_the_panel(
     view.close()
 
 
-def test_a_panel_without_a_ticking_kernel_names_the_cli_and_hides_its_controls(
+def test_a_panel_without_a_ticking_kernel_names_the_cli_and_shows_no_control(
     engine: Engine,
 ) -> None:
     run_id = engine.run(HUMAN_TWO_LOOPS).run_id
@@ -111,19 +112,40 @@ def test_a_panel_without_a_ticking_kernel_names_the_cli_and_hides_its_controls(
     assert "needs a running kernel" in note
     assert f"wf approve {run_id} review" in note
     assert f"wf reject {run_id} review --feedback TEXT" in note
-    view.review.tick(1)
+    # Drawn, before any tick: the line's CSS already hides the controls (what a panel saved
+    # at once and reopened shows).
     first = view.review.kernel_line.value
-    view.review.tick(2)
+    assert first == live_controls_html(note, css_class=view.review.css_class, ticks=0)
+    view.review.tick(1)
     second = view.review.kernel_line.value
-    # Each tick renders a new animation name (restarting it); without ticks, after
-    # STALE_AFTER_S seconds the buttons and box hide and the note shows.
-    assert first != second
-    for line in (first, second):
-        assert f"{STALE_AFTER_S}s forwards" in line
-        assert ".widget-button" in line and ".widget-textarea" in line
-        assert "visibility:hidden" in line and "needs a running kernel" in line
+    view.review.tick(2)
+    third = view.review.kernel_line.value
+    panel = f".{view.review.css_class}"
+    for ticks, line in enumerate((first, second, third)):
+        target = ticks * LIVE_STEP
+        # Controls show only while --wf-live still transitions to this tick's target: at
+        # rest (a first paint, or STALE_AFTER_S after the last tick) they are not there.
+        assert f"{panel}{{--wf-live:{target};transition:--wf-live {STALE_AFTER_S}s linear;" in line
+        assert f"--wf-on:clamp(0,calc({target} - var(--wf-live) + 1 - var(--wf-reg,0)),1)" in line
+        assert f"{panel} .widget-button,{panel} .widget-textarea" in line
+        assert "{opacity:var(--wf-on);transform:scale(var(--wf-on))}" in line
+        assert "@property --wf-live{syntax:'<number>';inherits:true;initial-value:0}" in line
+        assert "animation" not in line  # an animation would start on a first paint too
+        assert "needs a running kernel" in line and f"wf approve {run_id} review" in line
     assert f"wf-review-{run_id}" in view.review._dom_classes
+    assert view.review.css_class in view.review._dom_classes
     view.close()
+
+
+def test_two_panels_of_one_run_never_restyle_each_other(engine: Engine) -> None:
+    run_id = engine.run(HUMAN_TWO_LOOPS).run_id
+    first, second = view_of(engine, run_id), view_of(engine, run_id)
+    for view in (first, second):
+        view.flush()
+    assert first.review.css_class != second.review.css_class
+    assert f".{first.review.css_class}" not in second.review.kernel_line.value
+    first.close()
+    second.close()
 
 
 def test_the_saved_decision_output_reads_without_a_widget_manager(

@@ -168,10 +168,11 @@ def test_in_a_kernel_the_live_grid_goes_when_the_sweep_ends_and_its_static_grid_
     ]
     execute_notebook(nb, tmp_path)
     kinds = [o["output_type"] for o in nb.cells[1].outputs]
-    assert kinds == ["display_data", "execute_result"]
+    assert kinds == ["display_data", "display_data"]
     live, final = nb.cells[1].outputs
     # The live grid's output was emptied at the end (a reopened notebook has no widget
-    # to miss); the cell's result is the static grid.
+    # to miss); below it, the static grid (an output that follows the sweep: no
+    # execute_result, which could never be updated).
     assert live["data"] == {"text/plain": ""}
     html = final["data"]["text/html"]
     assert html.count("<span title=") == 6 and "completed · 6 cells" in html

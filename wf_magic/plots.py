@@ -61,7 +61,7 @@ def timeline(run: RunFrames | pd.DataFrame) -> Figure:
     Raises:
         UsageError: matplotlib is not installed.
     """
-    figure_cls = _figure_class()
+    figure_cls = figure_class()
     journal = run if isinstance(run, pd.DataFrame) else run.journal()
     rows, units = pd.factorize(journal["unit"])  # one row per unit, in order of first attempt
     left, width = _bar_extents(journal)
@@ -113,7 +113,7 @@ def token_chart(run: RunFrames | pd.DataFrame, by: str = "step") -> Figure:
         UsageError: matplotlib is not installed, ``by`` is not a known key, or a given frame
             has no ``by`` column.
     """
-    figure_cls = _figure_class()
+    figure_cls = figure_class()
     tokens = _tokens(run, by)
     labels = [str(key) for key in tokens[by].astype("string").fillna("(none)")]
     paid, judge, reused = (
@@ -166,8 +166,15 @@ def _subject(run: RunFrames | pd.DataFrame, frame: pd.DataFrame) -> str:
     return f"Run {runs[0]}: " if len(runs) == 1 else ""
 
 
-def _figure_class() -> type[Figure]:
-    """Import matplotlib lazily: it is an optional extra."""
+def figure_class() -> type[Figure]:
+    """The Figure class every plot of the package builds (``timeline``, ``token_chart``,
+    ``Sweep.heatmap``): matplotlib's, imported lazily (an optional extra), with a PNG
+    representation of its own, so a figure shows as an image as a cell's last expression
+    whether or not ``%matplotlib inline`` ran or the extension is loaded.
+
+    Raises:
+        UsageError: matplotlib is not installed.
+    """
     try:
         from matplotlib.figure import Figure
     except ImportError as exc:

@@ -345,12 +345,17 @@ def shut_down_kernels(url):
         server_api(url, f"kernels/{kernel['id']}", method="DELETE")
 
 
-def check_saved_views(url, texts, screenshot, timeout_s, *, interrupt_when):
+def check_saved_views(
+    url, texts, screenshot, timeout_s, *, interrupt_when, reopened_texts=None, panel_text=None
+):
     """Run all cells; once one output shows every text of `interrupt_when` (the last cell's
     run name and its "driving…", so an earlier cell's passing "driving…" never triggers an
     interrupt that would cancel the cells still queued), interrupt the kernel; wait for every text of
-    `texts`; save, shut the kernel down, reopen: every text must show again, with no widget
-    error. Returns the outputs' texts of the reopened notebook."""
+    `texts`; save, shut the kernel down, reopen: every text of `reopened_texts` (default
+    `texts`) must show, with no widget error. With `panel_text` (a gate panel's title), from
+    the moment that panel paints in the reopened notebook and for the next 2 s, no button or
+    text box may be visible in its output. Returns the outputs' texts of the reopened
+    notebook."""
     with (
         sync_playwright() as pw,
         tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile,
@@ -382,7 +387,12 @@ def check_saved_views(url, texts, screenshot, timeout_s, *, interrupt_when):
                 "#jp-main-statusbar .jp-StatusBar-TextItem", has_text=re.compile(r"No Kernel")
             ).or_(page.locator("#jp-main-statusbar", has_text="Unknown")).first.wait_for()
             page.goto(url + "&reset")
-            for text in texts:
+            if panel_text is not None:
+                step = f"see the saved gate panel {panel_text!r} paint with no control"
+                panel = outputs.filter(has_text=panel_text)
+                panel.first.wait_for()
+                assert_no_control(page, panel, for_ms=2000)
+            for text in reopened_texts or texts:
                 step = f"see {text!r} in the reopened notebook"
                 outputs.get_by_text(text).first.wait_for()
             page.wait_for_timeout(1500)  # let any widget output try (and fail) to render
@@ -402,6 +412,21 @@ def check_saved_views(url, texts, screenshot, timeout_s, *, interrupt_when):
             with contextlib.suppress(PlaywrightError):
                 page.screenshot(path=str(screenshot), full_page=True)
             browser.close()
+
+
+def assert_no_control(page, outputs, *, for_ms):
+    """No button or text box is visible in `outputs` now and for the next `for_ms` ms
+    (sampled every 100 ms): a saved view must not look clickable from its first paint."""
+    controls = outputs.locator("button, textarea, .widget-button, .widget-textarea")
+    for _ in range(max(1, for_ms // 100)):
+        shown = [
+            clip(controls.nth(i).evaluate("e => e.outerHTML"), 160)
+            for i in range(controls.count())
+            if controls.nth(i).is_visible()
+        ]
+        if shown:
+            raise CheckFailed(f"the saved view shows controls that look clickable: {shown}")
+        page.wait_for_timeout(100)
 
 
 def failure(exc, step, outputs, errors):

@@ -64,26 +64,32 @@ def test_approve_in_the_browser_completes_a_blocked_human_gate_run(tmp_path: Pat
 
 def test_every_saved_run_view_reads_without_a_kernel(tmp_path: Path) -> None:
     """Completed, blocked, stopped, superseded and interrupted runs: saved, the kernel shut
-    down and the notebook reopened, each view shows its run and none says "model not found"."""
+    down and the notebook reopened, each view shows its run and none says "model not found";
+    the blocked gate's panel (its widget state saved) shows no button or text box from its
+    first paint, and says the decision needs a running kernel, naming the `wf` commands."""
     from .jupyter_browser_check import check_saved_views, jupyter_lab
 
+    views = [
+        "Run completed.",
+        "Blocked: waiting on step",
+        "stopped-tour",
+        "superseded-tour",
+        "interrupted-tour",
+    ]
     with jupyter_lab(HERE / "saved_views.ipynb") as url:
         shown = check_saved_views(
             url,
-            [
-                "Run completed.",
-                "Blocked: waiting on step",
-                "stopped-tour",
-                "superseded-tour",
-                "interrupted-tour",
-                "Approve",
-            ],
+            [*views, "Approve"],
             tmp_path / "saved_views.png",
             timeout_s=90,
             interrupt_when=("interrupted-tour", "driving…"),
+            reopened_texts=[*views, "needs a running kernel"],
+            panel_text="Waiting for your decision",
         )
     text = "\n".join(shown)
     assert "Error displaying widget" not in text
+    assert "This decision needs a running kernel" in text
+    assert "wf approve" in text and "wf reject" in text
     with Engine(tmp_path / "home") as engine:
         runs = {r.workflow: r.status for r in engine.list_runs()}
     assert runs["done-tour"] == "completed"

@@ -8,6 +8,7 @@ if TYPE_CHECKING:
     from ..engine import Engine
     from ..spec.workflow import Workflow
     from .drives import Drives
+    from .sweepfollow import SweepOutput
     from .sweepview import SweepGridView
     from .widgets import RunView
 
@@ -53,6 +54,8 @@ class CommandContext(Protocol):
     def settle_view(self, view: RunView) -> None: ...
 
     def settle_at_next_cell(self, view: SweepGridView) -> None: ...
+
+    def follow_sweep(self, output: SweepOutput) -> None: ...
 
     def drive_in_background(
         self,

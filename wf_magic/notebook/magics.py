@@ -31,6 +31,7 @@ from .args import COMMANDS, cell_args, line_args, line_help
 from .drives import Drives
 
 if TYPE_CHECKING:
+    from .sweepfollow import SweepOutput
     from .sweeps import SweepDrives
     from .sweepview import SweepGridView
     from .widgets import RunView
@@ -129,6 +130,9 @@ class WorkflowMagics(Magics):
         ``RunView.retire``); released with the rest."""
         self._finished: dict[str, RunView] = {}
         """Views whose background drive ended since the last cell (see publish_finished)."""
+        self._sweep_outputs: list[SweepOutput] = []
+        """Static sweep grids that follow their sweep (see ``SweepOutput``); stopped with the
+        views."""
         self._finished_lock = threading.Lock()
 
     # -- state ------------------------------------------------------------------------------
@@ -246,6 +250,11 @@ class WorkflowMagics(Magics):
         """Settle a sweep's grid when a cell runs after the sweep ended (``pre_run_cell``)."""
         self._grids.append(view)
 
+    def follow_sweep(self, output: SweepOutput) -> None:
+        """Keep ``output`` following its sweep until it settles or this engine goes."""
+        self._sweep_outputs = [o for o in self._sweep_outputs if o.is_following]
+        self._sweep_outputs.append(output)
+
     def settle_grids(self, info: Any = None, *, force: bool = False) -> None:
         """Settle the grids of finished sweeps (see ``SweepGridView.settle``); the grid of a
         background sweep still driving stays live for a later cell, unless ``force``."""
@@ -258,6 +267,11 @@ class WorkflowMagics(Magics):
                 grid.settle()
             except Exception:  # a display hook must not fail every later cell
                 log.exception("settling a sweep grid failed")
+            if grid.follower is not None:
+                if force:
+                    grid.follower.stop()  # this engine goes: the grid stays as last shown
+                else:
+                    self.follow_sweep(grid.follower)
 
     def continue_after_decision(self, run_id: str) -> None:
         """A view's Approve/Reject: continue the run in a thread that a cell may follow."""
@@ -327,6 +341,9 @@ class WorkflowMagics(Magics):
         self.views.clear()
         self._followers.clear()
         self.settle_grids(force=True)
+        for output in self._sweep_outputs:
+            output.stop()  # its output keeps the grid it last showed
+        self._sweep_outputs.clear()
         with self._finished_lock:
             self._finished.clear()
 

@@ -24,6 +24,8 @@ _JUDGE_TITLES = {
 
 STALE_AFTER_S = 5
 """A panel whose kernel stopped ticking hides its controls after this long (see ``tick``)."""
+LIVE_STEP = 100
+"""How far each tick moves the panel's ``--wf-live`` target (see :func:`live_controls_html`)."""
 
 
 def say(message: w.HTML, text: str, *, error: bool = False) -> None:
@@ -77,8 +79,9 @@ class ReviewPanel(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
         self.said = w.HTML()
         """The panel's own message line: what a button did, or why it did nothing."""
         self.kernel_line = w.HTML()
-        """Hidden while the kernel ticks; without one, it says a decision needs a kernel and
-        hides the panel's controls (see :meth:`tick`)."""
+        """Its CSS shows the panel's controls only while the kernel ticks; without one, as in
+        a reopened notebook from its first paint, it says a decision needs a kernel and the
+        controls are not shown (see :meth:`tick`)."""
         self.summary = w.HTML()
         self.feedback = w.Textarea(
             placeholder="Feedback for the step (required to reject)",
@@ -115,6 +118,10 @@ class ReviewPanel(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
             **kwargs,
         )
         self.add_class(f"wf-review-{_css_name(run_id)}")
+        # Its own class for its kernel check: another panel of the run (a retired view's)
+        # must not restyle this one's controls.
+        self.css_class = f"wf-panel-{_css_name(self.model_id)}"
+        self.add_class(self.css_class)
 
     def _say(self, text: str, *, error: bool = False) -> None:
         # Said in the panel too: the view's own message line is not shown while its output
@@ -135,13 +142,14 @@ class ReviewPanel(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
     def tick(self, ticks: int) -> None:
         """Re-arm the panel's kernel check (the view's clock calls this about every second).
 
-        The line's CSS hides the panel's buttons and feedback box and shows the kernel note
-        :data:`STALE_AFTER_S` seconds after it was last rendered; every tick renders it anew
-        (the animation's name alternates, which restarts it), so only a panel whose kernel
-        stopped ticking — a reopened notebook's saved widget state — loses its controls.
+        The line's CSS shows the panel's buttons and feedback box only while a tick's change
+        is still transitioning (:func:`live_controls_html`): a kernel that ticks keeps them
+        shown; one that stopped hides them and shows the kernel note within
+        :data:`STALE_AFTER_S` seconds; a reopened notebook's saved widget state, which nothing
+        ticks, never shows them, from its first paint.
         """
-        self.kernel_line.value = stale_controls_html(
-            self.kernel_note(), css_class=f"wf-review-{_css_name(self.run_id)}", ticks=ticks
+        self.kernel_line.value = live_controls_html(
+            self.kernel_note(), css_class=self.css_class, ticks=ticks
         )
 
     # -- acting -----------------------------------------------------------------------------
@@ -260,6 +268,8 @@ class ReviewPanel(w.VBox):  # type: ignore[misc]  # ipywidgets is untyped
             else "A note recorded with your approval (optional)"
         )
         self.summary.value = _question_html(waiting)
+        if not self.kernel_line.value:  # controls hidden until the first tick shows them
+            self.tick(0)
         self.layout.display = ""
 
 
@@ -267,18 +277,33 @@ def _css_name(run_id: str) -> str:
     return "".join(c if c.isalnum() or c == "-" else "-" for c in run_id)
 
 
-def stale_controls_html(note: str, *, css_class: str, ticks: int) -> str:
-    """CSS that hides ``css_class``'s controls and reveals ``note`` unless re-rendered within
-    :data:`STALE_AFTER_S` seconds (the animation restarts when its name changes)."""
-    name = f"wf-gone-{ticks % 2}"
-    delay = f"0s linear {STALE_AFTER_S}s forwards"
+def live_controls_html(note: str, *, css_class: str, ticks: int) -> str:
+    """CSS that shows ``css_class``'s buttons and text box only while a change of its
+    ``--wf-live`` is transitioning, else ``note`` in their place.
+
+    Each tick sets ``--wf-live`` to a higher target (``ticks`` × :data:`LIVE_STEP`), which a
+    registered property transitions to over :data:`STALE_AFTER_S` seconds; a control is shown
+    while the value still lags its target. A CSS transition never runs on a first paint, so
+    a panel drawn from a saved notebook's widget state (nothing ticks it) shows the note and
+    no control from the start, and a live one loses its controls that long after its
+    kernel's last tick. A browser without ``@property`` falls back to showing the controls
+    (``--wf-reg`` is then unset).
+    """
+    target = max(ticks, 0) * LIVE_STEP
+    root = f".{css_class}"
     return (
-        f"<style>@keyframes {name}{{to{{visibility:hidden}}}}"
-        f"@keyframes {name}-note{{to{{visibility:visible}}}}"
-        f".{css_class} .widget-button,.{css_class} .widget-textarea"
-        f"{{animation:{name} {delay}}}</style>"
-        f"<span class='wf-kernel-note' style='visibility:hidden;animation:{name}-note {delay};"
-        f"color:{STATUS_COLOURS['failed']}'>{html.escape(note)}</span>"
+        "<style>"
+        "@property --wf-live{syntax:'<number>';inherits:true;initial-value:0}"
+        "@property --wf-reg{syntax:'<number>';inherits:true;initial-value:1}"
+        f"{root}{{--wf-live:{target};transition:--wf-live {STALE_AFTER_S}s linear;"
+        f"--wf-on:clamp(0,calc({target} - var(--wf-live) + 1 - var(--wf-reg,0)),1)}}"
+        f"{root} .widget-button,{root} .widget-textarea"
+        "{opacity:var(--wf-on);transform:scale(var(--wf-on))}"
+        f"{root} .wf-kernel-note{{display:block;overflow:hidden;"
+        "opacity:calc(1 - var(--wf-on));max-height:calc((1 - var(--wf-on)) * 12em)}"
+        "</style>"
+        f"<span class='wf-kernel-note' style='color:{STATUS_COLOURS['failed']}'>"
+        f"{html.escape(note)}</span>"
     )
 
 

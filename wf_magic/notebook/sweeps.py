@@ -1,5 +1,6 @@
-"""``%%sweep``: runs ``Engine.sweep`` over the cell's YAML; the cell's value is the ``Sweep``,
-whose rich display is the sweep's grid (static HTML that stays in the saved notebook).
+"""``%%sweep``: runs ``Engine.sweep`` over the cell's YAML; the cell's value is the ``Sweep``.
+In a kernel its grid is static HTML that stays in the saved notebook and follows the sweep while
+the kernel lives (``SweepOutput``: a ``wf sweep-resume`` elsewhere repaints it).
 
 ``--background`` drives it on a thread of the kernel (``Engine.sweep(background=True)``): the
 cell returns at once, the live grid follows the cells while later cells run, and
@@ -10,6 +11,7 @@ kernel's background sweeps, so a cell never starts a second driver of one of the
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import threading
 from collections.abc import Callable, Mapping
@@ -21,9 +23,12 @@ from ..sweep_cli import parse_grid
 from ..sweeps.background import BackgroundSweep
 from ..sweeps.handle import Sweep
 
+log = logging.getLogger("wf_magic")
+
 if TYPE_CHECKING:
     from ..spec.workflow import Workflow
     from .context import CommandContext
+    from .sweepfollow import FollowedSweep
     from .sweepview import SweepGridView
 
 
@@ -117,20 +122,49 @@ def _driven(
         if view is not None:
             view.finish()
             ctx.settle_at_next_cell(view)
+            _follow(ctx, view.sweep, quiet=True)  # a stopped sweep resumed later repaints it
         raise
     if not isinstance(drive, BackgroundSweep):
-        if view is not None:
-            # The grid stays clickable until another cell runs (a click reaches the kernel
-            # only once this cell ended); then it gives way to the static grid below it.
-            view.finish()
-            ctx.settle_at_next_cell(view)
-        return drive
+        if view is None:
+            return drive
+        # The grid stays clickable until another cell runs (a click reaches the kernel
+        # only once this cell ended); then it gives way to the static grid below it, which
+        # follows the sweep (a `wf sweep-resume` in a terminal, another kernel).
+        view.finish()
+        ctx.settle_at_next_cell(view)
+        return _follow(ctx, drive) or drive
     drives.add(drive)
     if view is None:
         return drive
     view.follow(drive)  # it settles at the first cell after the drive ended
     ctx.settle_at_next_cell(view)
     return LiveSweep(drive, view)
+
+
+def _follow(ctx: CommandContext, sweep: Sweep, *, quiet: bool = False) -> FollowedSweep | None:
+    """Show ``sweep``'s static grid in an output that follows it while the kernel lives; the
+    handle the cell evaluates to (it displays as nothing: the grid is its display). None when
+    the grid cannot be shown (``quiet``: a failed start, whose error the cell shows instead).
+
+    Raises:
+        UsageError: the sweep has no row (not ``quiet``).
+    """
+    from .sweepfollow import FollowedSweep, SweepOutput
+
+    output = SweepOutput(sweep)
+    try:
+        output.show()
+    except UsageError:  # no such sweep: it never opened
+        if quiet:
+            return None
+        raise
+    except Exception:
+        if quiet:  # the cell raises what stopped the sweep; this must not mask it
+            log.exception("showing the grid of sweep %s failed", sweep.sweep_id)
+            return None
+        raise
+    ctx.follow_sweep(output)
+    return FollowedSweep(sweep, output)
 
 
 def _followed(ctx: CommandContext, drive: BackgroundSweep) -> Sweep:

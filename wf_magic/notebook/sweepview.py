@@ -2,9 +2,9 @@
 and redrawn (throttled) as cells settle, the tokens paid against the sweep's ceiling above it;
 a click on a cell opens its run view below the grid once the cell ended (the kernel is busy
 until then). When another cell runs after the sweep ended, the live grid gives way to what a
-saved notebook can show (the opened cell's static run view, or nothing: the cell's result is
-the sweep's static HTML grid; under ``--background`` the static grid itself) and every model
-it made is closed."""
+saved notebook can show (the opened cell's static run view, or nothing: the static HTML grid
+below it shows the sweep; under ``--background`` that static grid itself), every model it made
+is closed, and the static grid follows the sweep (``sweepfollow.SweepOutput``)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from ..engine import Engine
     from ..store.sweeps import SweepCellRow
     from ..sweeps.background import BackgroundSweep
+    from .sweepfollow import SweepOutput
     from .widgets import RunView
 
 MAX_BUTTONS = 400
@@ -84,6 +85,8 @@ class SweepGridView:
         """The sweep is driven on a thread while later cells run (``%%sweep --background``):
         the cell shows no static grid, so :meth:`settle` leaves one in the live grid's place."""
         self.is_settled = False
+        self.follower: SweepOutput | None = None
+        """A background sweep's static grid once settled, following the sweep."""
         self._drive: BackgroundSweep | None = None
         self._is_finished = False
         self._finish_lock = threading.Lock()
@@ -212,8 +215,15 @@ class SweepGridView:
         if self.handle is not None:
             shown = self.view.static_bundle() if self.view is not None else None
             if self.in_background:
-                shown = _static_grid(self.sweep, shown)
-            self.handle.update(shown or {"text/plain": ""}, raw=True)
+                # The static grid in the live grid's place, following the sweep from now on
+                # (a stopped sweep resumed by `wf sweep-resume` repaints it).
+                from .sweepfollow import SweepOutput
+
+                below = shown["text/html"] if shown is not None else ""
+                self.follower = SweepOutput(self.sweep, below=below)
+                self.follower.attach(self.handle)
+            else:
+                self.handle.update(shown or {"text/plain": ""}, raw=True)
         self.is_settled = True
         self.close()
 
@@ -227,12 +237,6 @@ class SweepGridView:
         close_tree(self.widget)
         for widget in (*self.buttons, self._layout, self._style):  # shown or not
             close_tree(widget)
-
-
-def _static_grid(sweep: Sweep, run: dict[str, str] | None) -> dict[str, str]:
-    """The sweep's static grid as an output, with the opened cell's static run view below."""
-    below = run["text/html"] if run is not None else ""
-    return {"text/plain": repr(sweep), "text/html": sweep._repr_html_() + below}
 
 
 def _where(cell: SweepCellRow) -> str:

@@ -265,11 +265,16 @@ class Sweep:
         return pd.DataFrame(out, columns=columns)
 
     def heatmap(self, value: str, x: str, y: str) -> Figure:
-        """A Matplotlib heatmap of ``value`` (its mean) by ``x`` × ``y``."""
-        from matplotlib.figure import Figure
+        """A Matplotlib heatmap of ``value`` (its mean) by ``x`` × ``y``; it shows as a PNG
+        image in a notebook, with or without ``%matplotlib inline`` or the extension.
+
+        Raises:
+            UsageError: matplotlib is not installed.
+        """
+        from ..plots import figure_class
 
         table = self.pivot(values=value, index=y, columns=x)
-        fig = Figure(figsize=(1.2 + 1.1 * len(table.columns), 1.0 + 0.6 * len(table.index)))
+        fig = figure_class()(figsize=(1.2 + 1.1 * len(table.columns), 1.0 + 0.6 * len(table.index)))
         ax = fig.add_subplot()
         image = ax.imshow(table.to_numpy(dtype=float), aspect="auto", cmap="viridis")
         ax.set_xticks(range(len(table.columns)), [str(c) for c in table.columns])

@@ -23,7 +23,7 @@ from ..redact import Redactor
 from ..runners.base import BaseRunner, RunnerContext, UnitRequest, UnitResult, strip_code_fence
 from ..runners.orphans import forget_unit_process, record_unit_process
 from ..runners.process import _kill_group
-from . import replaying, sidecars, worktrees
+from . import replaying, sidecars, usage, worktrees
 from .facts import attempt_facts, unit_output
 from .harness import (
     AgentCall,
@@ -494,12 +494,13 @@ class _Launch:
             facts["stream_notes"] = list(self.notes)
         if self.leftover:
             facts["leftover_group"] = f"processes left in its group were ended ({self.leftover})"
+        tokens_in, tokens_out = self._tokens(outcome)
         if failure is not None and refusal is not None:
             raise AgentError(
                 refusal,
                 facts=facts,
-                tokens_in=outcome.tokens_in,
-                tokens_out=outcome.tokens_out,
+                tokens_in=tokens_in,
+                tokens_out=tokens_out,
                 cost=outcome.cost,
                 price_source=self._price_source(outcome),
                 budget_stop=refusal,
@@ -509,20 +510,31 @@ class _Launch:
                 f"{self.runner.name} failed ({failure.error_class}): {failure.message}",
                 transient=failure.transient,
                 facts=facts,
-                tokens_in=outcome.tokens_in,
-                tokens_out=outcome.tokens_out,
+                tokens_in=tokens_in,
+                tokens_out=tokens_out,
                 cost=outcome.cost,  # a failed run still spent (Claude's max_turns, denials)
                 price_source=self._price_source(outcome),
             )
         return UnitResult(
             output=unit_output(outcome, self.request.output_schema, strip_code_fence),
-            tokens_in=outcome.tokens_in,
-            tokens_out=outcome.tokens_out,
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
             model=self.request.model,
             cost=outcome.cost,
             price_source=self._price_source(outcome),
             session_id=outcome.session_id,
             facts=facts,
+        )
+
+    def _tokens(self, outcome: Outcome) -> tuple[int | None, int | None]:
+        """The attempt's (tokens in, out); a direction whose reported count was refused is
+        unknown (None) unless bridged calls counted the tokens instead."""
+        if (outcome.cost_source or "").startswith("bridge:"):
+            return outcome.tokens_in, outcome.tokens_out
+        refused = [w for w in outcome.warnings if isinstance(w, usage.TokenWarning)]
+        return (
+            None if any(not w.is_output for w in refused) else outcome.tokens_in,
+            None if any(w.is_output for w in refused) else outcome.tokens_out,
         )
 
     def _price_source(self, outcome: Outcome) -> str | None:

@@ -1,9 +1,11 @@
 """Numbers an agent CLI reports (tokens, cost), checked before they reach the journal or a budget.
 
 A CLI prints whatever it prints: ``-1``, ``NaN``, ``1e400`` (``inf`` once parsed), ``"12"``,
-``true``. Such a value is never journaled or charged as it is: a token count becomes 0, a
-cost ``None``, and the attempt carries a warning naming the value, so a report can never
-raise a budget (a negative cost would otherwise give headroom).
+``true``. Such a value is never journaled or charged as it is: a cost becomes ``None``, and a
+token count makes that direction's count unknown (NULL, as a server that reports no usage;
+the agent runner sees a :class:`TokenWarning` among the warnings), charged under ``max_tokens``
+as unknown usage is (``drive/attempts.py``); the attempt carries a warning naming the value,
+so a report can never raise a budget (a negative cost would otherwise give headroom).
 """
 
 from __future__ import annotations
@@ -17,8 +19,29 @@ MAX_COST = 1e9
 """The largest cost in dollars believed for one attempt."""
 
 
+_OUTPUT_WORDS = ("output", "candidates", "thoughts", "reasoning")
+"""Words of a usage field that counts the answer's tokens (``usage.output_tokens``,
+``tokens.candidates``, ``tokens.reasoning``); every other counts the prompt's."""
+
+
+class TokenWarning(str):
+    """A warning that a reported token count was refused: that direction's count is unknown.
+
+    ``is_output``: the refused field counts the answer's tokens (else the prompt's)."""
+
+    is_output: bool
+
+    @classmethod
+    def of(cls, text: str, *, name: str) -> TokenWarning:
+        made = cls(text)
+        made.is_output = any(word in name.lower() for word in _OUTPUT_WORDS)
+        return made
+
+
 def tokens(value: Any, *, name: str, warnings: list[str]) -> int:
-    """``value`` as a token count: a whole number from 0; else 0 and a warning (None: 0)."""
+    """``value`` as a token count: a whole number from 0; else 0 for the sum and a
+    :class:`TokenWarning` (the runner then journals the attempt's tokens as unknown).
+    None (not reported) is 0."""
     if value is None:
         return 0
     if (
@@ -30,8 +53,11 @@ def tokens(value: Any, *, name: str, warnings: list[str]) -> int:
     ):
         return int(value)
     warnings.append(
-        f"the CLI reported {name} = {_shown(value)}, expected a whole number from 0; "
-        "journaled and charged as 0"
+        TokenWarning.of(
+            f"the CLI reported {name} = {_shown(value)}, expected a whole number from 0; "
+            "that count is journaled as unknown (null)",
+            name=name,
+        )
     )
     return 0
 

@@ -345,6 +345,9 @@ def test_a_password_label_masks_its_first_word_even_before_more_words(
             "params.api_key: unknown JSON Schema keyword(s) at line 3",
         ),
         ("--token is required", "--token is required"),
+        # a help text's placeholder is no value: the advice stays readable
+        ("`wf sweep-resume S --param api_key=VALUE`", "`wf sweep-resume S --param api_key=VALUE`"),
+        ("params={'api_key': ...} in Python", "params={'api_key': ...} in Python"),
     ],
 )
 def test_short_values_and_the_audits_shapes(text: str, expected: str) -> None:

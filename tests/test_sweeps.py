@@ -121,9 +121,10 @@ MISMATCHES = [
     ),
     (dict(grid={"style": []}), "sweep grid axis 'style' has no values; give at least one"),
     (
-        dict(rows=[{"topic": "a", "size": 3}]),
-        "sweep rows: row 0 has column 'size', which is not a param of workflow 'sweep-demo'; "
-        "declared: ['model', 'n', 'style', 'topic']",
+        dict(rows=[{"topic": "a", "topc": 3}]),
+        "sweep rows: row 0 has column 'topc', which is not a param of workflow 'sweep-demo'; "
+        "did you mean 'topic'? (declared: ['model', 'n', 'style', 'topic']; a column that is "
+        "no param is kept as a row field only when its name is not that close to one)",
     ),
     (
         dict(grid={"topic": ["a"]}, rows=[{"topic": "b"}]),

@@ -90,6 +90,9 @@ _LINE_VALUE = "".join(
 line: ``PASSWORD=hun ter22``): to the end of the line, a delimiter, or the next ``name=``
 pair or ``--option`` on it. In running text a value ends at a blank (a message goes on after it:
 ``… at http://h/v1?key=*** could not connect``); quote one that holds spaces."""
+_PLACEHOLDERS = frozenset({"value", "<value>", "$value", "...", "…", "***"})
+"""What help texts put where a value goes (``--param api_key=VALUE``, ``{'api_key': ...}``):
+no secret, and masking it would garble the advice."""
 _LITERALS = frozenset({"null", "none", "true", "false", "nil", "undefined"})
 """Unquoted words after ``name:`` that say there is no secret (``"token": null``)."""
 _PROSE_NEXT = re.compile(r"[ \t]++[^\s]")
@@ -111,6 +114,8 @@ def _is_value(found: re.Match[str]) -> bool:
     value is always a value.
     """
     groups = found.groupdict()
+    if found.group("secret").lower() in _PLACEHOLDERS:  # rules may match the lowered text
+        return False
     if groups.get("eq") is not None or groups.get("dq") or groups.get("sq"):
         return True
     word = found.group("secret")

@@ -4,6 +4,7 @@ cells, and hashed into the sweep's identity."""
 from __future__ import annotations
 
 import csv
+import difflib
 import io
 import itertools
 import json
@@ -117,10 +118,21 @@ def definition(
     if table is not None:
         _check_columns(plan, table, axes, declared, fixed=params or {})
         table = [
-            {k: _row_param(plan, table, i, k, v) for k, v in row.items()}
+            {
+                k: _row_param(plan, table, i, k, v) if k in plan.params else _row_field(v)
+                for k, v in row.items()
+            }
             for i, row in enumerate(table)
         ]
     return Definition(grid=axes, rows=table, repeat=repeat, params=dict(params or {}))
+
+
+def _row_field(value: Any) -> Any:
+    """A row's cell that is no param (a row field): kept as JSON keeps it; a missing number
+    (a DataFrame's NaN) is null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return normalise(value)
 
 
 def _row_param(plan: Plan, table: list[dict[str, Any]], i: int, name: str, value: Any) -> Any:
@@ -176,10 +188,22 @@ def _check_columns(
     for i, row in enumerate(table):
         for column, value in row.items():
             if column not in plan.params:
-                raise UsageError(
-                    f"sweep rows: row {i} has column {column!r}, which is not a param of "
-                    f"workflow {plan.name!r}; declared: {declared or 'none'}"
-                )
+                # A dataset's own fields (an id, a category, the expected answer a scorer
+                # reads through a param) ride along as row fields: in the frame, summary and
+                # side-by-side, not given to the workflow. A near miss of a param is a typo.
+                near = difflib.get_close_matches(str(column), list(plan.params), n=1, cutoff=0.8)
+                if near or str(column).lower() in {str(p).lower() for p in plan.params}:
+                    meant = (
+                        near[0]
+                        if near
+                        else next(p for p in plan.params if str(p).lower() == str(column).lower())
+                    )
+                    raise UsageError(
+                        f"sweep rows: row {i} has column {column!r}, which is not a param of "
+                        f"workflow {plan.name!r}; did you mean {meant!r}? (declared: "
+                        f"{declared or 'none'}; a column that is no param is kept as a row "
+                        "field only when its name is not that close to one)"
+                    )
             if holds_secret(column, value):
                 raise not_an_axis("rows column", column)
             if column in fixed:
@@ -454,7 +478,8 @@ def expand(plan: Plan, spec: Definition, *, secrets: Mapping[str, Any] | None = 
     )
     cells: list[Cell] = []
     for point, (row_index, row), rep in itertools.product(points, rows, range(spec.repeat)):
-        given: dict[str, Any] = {**fixed, **point, **row}
+        fields = {k: v for k, v in row.items() if k in plan.params}  # the rest: row fields
+        given: dict[str, Any] = {**fixed, **point, **fields}
         if spec.repeat > 1:
             given[SWEEP_PARAM] = {"repeat": rep}
         try:

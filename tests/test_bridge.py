@@ -714,3 +714,53 @@ def test_a_harness_that_cannot_be_bridged_runs_with_one_warning_naming_it(
     ]
     assert [w["reason"] for w in warned] == ["bridge"]
     assert warned[0]["message"].startswith("opencode: not bridged (")
+
+
+# -- limits: per harness, as a model runner's (fast) -------------------------------------------
+
+
+def test_a_harness_limits_set_its_bridged_endpoints_ceiling_and_pacing() -> None:
+    from wf_magic.drive.agentunits import BridgeLimits
+    from wf_magic.drive.limiter import LIMITERS
+
+    endpoint = "bridge claude http://127.0.0.1:9/limits-test"
+    options = {"limits": {"m1": {"concurrency": 2, "rpm": 120}, "*": {"tpm": 9000}}}
+    try:
+        BridgeLimits(None).limits(endpoint, {}, options=options, model="m1")  # type: ignore[arg-type]
+        [state] = [s for s in LIMITERS.states() if s.endpoint == endpoint]
+        assert (state.max_limit, state.rpm, state.tpm) == (2, 120.0, None)
+        other = endpoint + "/other"
+        BridgeLimits(None).limits(other, {}, options=options, model="m2")  # type: ignore[arg-type]
+        [state] = [s for s in LIMITERS.states() if s.endpoint == other]
+        assert (state.max_limit, state.rpm, state.tpm) == (1024, None, 9000.0)
+    finally:
+        LIMITERS.clear()
+
+
+@pytest.mark.parametrize(
+    ("limits", "said"),
+    [
+        ("[1]", "claude.limits: expected a mapping of model → limits (got [1])"),
+        ("{m: 3}", "claude.limits.m: expected a mapping of rpm, tpm, concurrency (got 3)"),
+        ("{m: {rps: 3}}", "claude.limits.m: unknown key(s) rps; expected some of rpm, tpm"),
+        ("{m: {rpm: -1}}", "claude.limits.m.rpm: expected a positive number (got -1)"),
+        ("{'*': {concurrency: 1.5}}", "claude.limits.*.concurrency: expected a positive whole"),
+    ],
+)
+def test_a_harness_limits_option_that_is_wrong_is_one_line_naming_it(
+    engine: Engine, repo: Path, tmp_path: Path, limits: str, said: str
+) -> None:
+    from tests.agent_fakes.bins import make_bins
+    from wf_magic.errors import DefinitionError
+
+    bins = make_bins(tmp_path / "bin")
+    path = repo / "wf.yaml"
+    path.write_text(
+        "name: bridged\nsteps:\n  - id: fix\n    agent: claude\n    prompt: hi\n"
+        f"runners:\n  claude: {{limits: {limits}, bin: {bins['claude']}}}\n"
+    )
+    with pytest.raises(DefinitionError) as caught:
+        engine.run(str(path))
+    text = str(caught.value)
+    assert text.startswith(f"runners.claude: runner options rejected: {said}"), text
+    assert len(text.splitlines()) == 1

@@ -20,7 +20,14 @@ from ..bridge.attempt import BridgedAttempt
 from ..bridge.wiring import NotBridgeable, Wiring, replay_wiring, wiring
 from ..errors import RunnerError
 from ..redact import Redactor
-from ..runners.base import BaseRunner, RunnerContext, UnitRequest, UnitResult, strip_code_fence
+from ..runners.base import (
+    BaseRunner,
+    RunnerContext,
+    UnitRequest,
+    UnitResult,
+    check_limits,
+    strip_code_fence,
+)
 from ..runners.orphans import forget_unit_process, record_unit_process
 from ..runners.process import _kill_group
 from . import replaying, sidecars, usage, worktrees
@@ -38,7 +45,7 @@ from .harness import (
 from .stream import StreamReader, cli_version
 
 OUTPUT_CAP_BYTES = 8 * 1_048_576
-_OPTIONS = ("bin", "args", "home", "output_cap", "bridge", "prices", "local", "replay")
+_OPTIONS = ("bin", "args", "home", "output_cap", "bridge", "prices", "local", "replay", "limits")
 
 
 class AgentRunner(BaseRunner):
@@ -95,6 +102,11 @@ class AgentRunner(BaseRunner):
         if not isinstance(bridge, bool):
             raise ValueError(f"bridge: expected true or false (got {bridge!r})")
         replay = replaying.option(ctx.options.get("replay"), bridge=bridge)
+        if "limits" in ctx.options:  # the bridged calls' concurrency and pacing, per model
+            try:
+                check_limits(ctx.options["limits"], name)
+            except RunnerError as exc:
+                raise ValueError(str(exc).rstrip(".")) from None
         return cls(
             name=name,
             adapter=adapter,

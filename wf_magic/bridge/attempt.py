@@ -44,9 +44,17 @@ class Allowance(Protocol):
 class LimitsFor(Protocol):
     """The drive's endpoint limiters, as an attempt's bridge asks for one."""
 
-    def limits(self, endpoint: str, identity: Mapping[str, Any]) -> Limits:
+    def limits(
+        self,
+        endpoint: str,
+        identity: Mapping[str, Any],
+        *,
+        options: Mapping[str, Any] | None = None,
+        model: str | None = None,
+    ) -> Limits:
         """The limiter of ``endpoint``; its ``throttled`` events journaled under ``identity``
-        (run_id, step_id, unit_id, dispatch_id)."""
+        (run_id, step_id, unit_id, dispatch_id). ``options``: the harness's ``runners:``
+        section, whose ``limits:`` for ``model`` (or ``*``) set its concurrency and pacing."""
         ...
 
 
@@ -99,7 +107,12 @@ class BridgedAttempt:
         gate = self if self.allowance is not None else None
         limits = None
         if self.limits_for is not None and self.replay is None:
-            limits = self.limits_for.limits(f"bridge {self.harness} {upstream}", self.identity)
+            limits = self.limits_for.limits(
+                f"bridge {self.harness} {upstream}",
+                self.identity,
+                options=self.options,
+                model=model,
+            )
         self.bridge = Bridge.open(
             upstream=upstream,
             on_call=self.on_call,

@@ -13,7 +13,7 @@ from ..spec.plan import PlanStep
 from ..store.records import AttemptRow
 from .budget import BridgedCeilings, Budget, CallAsk, SharedBudget
 from .context import DriveContext, RunState
-from .limiter import LIMITERS, Limiter
+from .limiter import LIMITERS, Limiter, ceiling_of, pacing_of
 from .units import UnitPlan
 
 
@@ -163,18 +163,27 @@ def settle_bridged(ctx: DriveContext, dispatch_id: str) -> None:
         ctx.options.shared_budget.settle(dispatch_id)
 
 
-UNLIMITED = 1024
-"""A bridged endpoint's ceiling until the provider refuses a call (drive/endpoints.py's)."""
-
-
 class BridgeLimits:
     """The endpoint limiters as an agent's bridge uses them (``bridge/attempt.LimitsFor``)."""
 
     def __init__(self, ctx: DriveContext) -> None:
         self.ctx = ctx
 
-    def limits(self, endpoint: str, identity: Mapping[str, Any]) -> _EndpointLimits:
-        return _EndpointLimits(self.ctx, LIMITERS.get(endpoint, max_limit=UNLIMITED), identity)
+    def limits(
+        self,
+        endpoint: str,
+        identity: Mapping[str, Any],
+        *,
+        options: Mapping[str, Any] | None = None,
+        model: str | None = None,
+    ) -> _EndpointLimits:
+        """The endpoint's limiter, its ceiling and pacing from the harness's ``limits:`` for
+        ``model`` (or ``*``), as a model runner's are (``drive/endpoints.py``)."""
+        section = options or {}
+        limiter = LIMITERS.get(
+            endpoint, max_limit=ceiling_of(section, model), pacing=pacing_of(section, model)
+        )
+        return _EndpointLimits(self.ctx, limiter, identity)
 
 
 class _EndpointLimits:

@@ -19,13 +19,10 @@ from ..store.journal import UnitKey
 from ..store.records import AttemptRow
 from . import outcomes
 from .context import DriveContext, RunState
-from .limiter import LIMITERS, Limiter, pacing_of
+from .limiter import LIMITERS, Limiter, ceiling_of, pacing_of
 from .units import UnitPlan
 
 MODEL_KINDS = frozenset({"prompt", "judge"})
-UNLIMITED = 1024
-"""The ceiling of an endpoint without a configured ``concurrency``: the drive's own limits
-(threads, a sweep's slots) bound it until the provider refuses a call."""
 
 
 def limiter_for(ctx: DriveContext, state: RunState, unit: UnitPlan) -> Limiter | None:
@@ -47,13 +44,9 @@ def _limiter_of(state: RunState, name: str, model: str | None, runner: Any) -> L
     if not isinstance(endpoint, str) or not endpoint:
         return None
     options: Mapping[str, Any] = state.plan.runners.get(name, {})
-    limits = options.get("limits")
-    ceiling = UNLIMITED
-    if isinstance(limits, Mapping):
-        entry = limits.get(model or "") or limits.get("*")
-        if isinstance(entry, Mapping) and isinstance(entry.get("concurrency"), int):
-            ceiling = max(1, int(entry["concurrency"]))
-    return LIMITERS.get(endpoint, max_limit=ceiling, pacing=pacing_of(options, model))
+    return LIMITERS.get(
+        endpoint, max_limit=ceiling_of(options, model), pacing=pacing_of(options, model)
+    )
 
 
 def throttle_wait(

@@ -51,6 +51,22 @@ class Pacing:
     tpm: float | None = None
 
 
+UNLIMITED = 1024
+"""The ceiling of an endpoint without a configured ``concurrency``: the drive's own limits
+(threads, a sweep's slots) bound it until the provider refuses a call."""
+
+
+def ceiling_of(options: Mapping[str, Any], model: str | None) -> int:
+    """The ``concurrency`` of a runner's ``limits:`` for ``model`` (``*`` matches every
+    model), else :data:`UNLIMITED`."""
+    limits = options.get("limits")
+    if isinstance(limits, Mapping):
+        entry = limits.get(model or "") or limits.get("*")
+        if isinstance(entry, Mapping) and isinstance(entry.get("concurrency"), int):
+            return max(1, int(entry["concurrency"]))
+    return UNLIMITED
+
+
 def pacing_of(options: Mapping[str, Any], model: str | None) -> Pacing:
     """The ``limits:`` of a runner's options for ``model`` (``*`` matches every model)."""
     limits = options.get("limits")

@@ -160,3 +160,43 @@ def test_phoenix_stores_the_trace_once_parented_as_sent_without_the_secret(
     failed = [c for c in chats if c["status_code"] == "ERROR"]
     assert [c["attributes"]["error.type"] for c in failed] == ["TimeoutError"]
     assert CANARY not in json.dumps(stored)
+
+
+def test_phoenix_keeps_reuse_and_budget_stop_events(
+    tmp_path: Path, phoenix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    isolate_loopback_env(monkeypatch)
+    _mix()
+    source = _flow(tmp_path, agent=False)
+    with Engine(tmp_path / "state") as engine:
+        engine.run(source, params={"api_token": CANARY})
+        _mix()
+        again = engine.run(source, params={"api_token": CANARY}, new=True)
+        stopped = engine.run(
+            source.replace("runner: mix\n", "runner: mix\nbudget: {max_units: 2}\n"),
+            params={"api_token": CANARY},
+            new=True,
+            no_cache=True,
+        )
+        assert (again.status, stopped.status) == ("completed", "failed")
+        counts = {}
+        for run in (again, stopped):
+            counts[run.run_id] = engine.export_otel(run.run_id, endpoint=phoenix).sent
+
+    reused = [
+        s
+        for s in _spans_of(
+            phoenix, f"{trace_id_of(again.run_id):032x}", expected=counts[again.run_id]
+        )
+        if s["attributes"].get("wf_magic.attempt.status") == "reused"
+    ]
+    assert len(reused) == 8  # every unit but the exec step's (exec is not cached)
+    assert all([e["name"] for e in s["events"]] == ["wf_magic.reuse"] for s in reused)
+    spans = _spans_of(
+        phoenix, f"{trace_id_of(stopped.run_id):032x}", expected=counts[stopped.run_id]
+    )
+    root = next(s for s in spans if s["parent_id"] is None)
+    assert root["status_code"] == "ERROR"
+    assert [e["name"] for e in root["events"]] == ["wf_magic.budget_stop"]
+    assert root["events"][0]["attributes"]["wf_magic.reason"].startswith("Budget exceeded in run")
+    assert CANARY not in json.dumps(spans)

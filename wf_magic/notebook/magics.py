@@ -217,8 +217,7 @@ class WorkflowMagics(Magics):
         view = self._new_view(run_id)
         view.display_handle = handle
         view.flush()
-        view.go_live()
-        self.drive_in_background(run_id, is_followable=True)
+        self.drive_in_background(run_id, is_followable=True)  # it shows the view live
 
     def settle_view(self, view: RunView) -> None:
         """Stop a view observing once its run can no longer change; older views of the run
@@ -310,8 +309,10 @@ class WorkflowMagics(Magics):
             on_done=done,
             is_followable=is_followable,
         )
-        if shown is not None and self.drives.is_driving(run_id):
-            shown.go_live()  # a static view (after Approve, say) shows this drive live
+        if shown is not None:
+            # A static view (after Approve, say) shows this drive live, unless it ended already:
+            # go_live decides under the lock the drive's end repaints under (``done``).
+            shown.go_live()
 
     def publish_finished(self, result: Any = None) -> None:
         """Re-publish the views whose background drive ended (a ``post_run_cell`` hook).

@@ -4,6 +4,13 @@ A view's output is the live widget only while a drive of this kernel runs; other
 static HTML run view, which a saved notebook keeps and every front end shows, and the models
 behind the widget are closed. A static output still follows its run while the kernel lives:
 it repaints when the run changes elsewhere (another cell, kernel or the CLI) until it settles.
+
+Several threads move the outputs: the kernel's main thread (a cell, a button's click), a
+drive's thread (its end), the view's redraw and clock threads. Each move between live and
+static (which output shows what, which models are open) happens whole under the view's
+display lock, which also reads whether this kernel drives the run. A drive is marked over
+before its end repaints the static view, so no live widget is published after that repaint,
+naming models it closed (the front end's "model not found").
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ class RunOutputs:
     snapshot: RunSnapshot | None
     warnings: list[str]
     _warn_lock: threading.Lock
+    _display_lock: threading.RLock
     display_handle: Any
     decision_handle: Any
     is_static: bool
@@ -74,15 +82,16 @@ class RunOutputs:
         """Display the view (from the main thread) and remember where, for :meth:`refresh`."""
         from IPython.display import display
 
-        self.display_handle = display(  # type: ignore[no-untyped-call]
-            self.live_bundle(), raw=True, display_id=True
-        )
-        if any(s.gate is not None for s in self.reader.plan.steps):
-            # Only a gated run can wait for a person. Created now, inside the cell, so that
-            # an update from a drive thread lands in this cell.
-            self.decision_handle = display(  # type: ignore[no-untyped-call]
-                {"text/plain": ""}, raw=True, display_id=True
+        with self._display_lock:
+            self.display_handle = display(  # type: ignore[no-untyped-call]
+                self.live_bundle(), raw=True, display_id=True
             )
+            if any(s.gate is not None for s in self.reader.plan.steps):
+                # Only a gated run can wait for a person. Created now, inside the cell, so
+                # that an update from a drive thread lands in this cell.
+                self.decision_handle = display(  # type: ignore[no-untyped-call]
+                    {"text/plain": ""}, raw=True, display_id=True
+                )
 
     def _forked(self, run_id: str) -> bool:
         """Fork from here: hand the decision output to the fork's view, which drives.
@@ -95,12 +104,18 @@ class RunOutputs:
         return True
 
     def go_live(self) -> None:
-        """Show the live widget again (a drive of this kernel starts, e.g. after Approve)."""
-        if self.display_handle is None:
-            return
-        self.is_static = False
-        self.display_handle.update(self.live_bundle(), raw=True)
-        self._show_decision(False)
+        """Show the live widget again while a drive of this kernel runs (e.g. after Approve).
+
+        Called after the drive started. A drive already over leaves the output static: its
+        end repaints it (see :meth:`refresh`) after marking the drive over, so whichever of
+        the two takes the display lock first, the static view is published last.
+        """
+        with self._display_lock:
+            if self.display_handle is None or not self._is_driving_here():
+                return
+            self.is_static = False
+            self.display_handle.update(self.live_bundle(), raw=True)
+            self._show_decision(False)
 
     def refresh(self) -> None:
         """Re-publish the display so what a saved notebook keeps is readable without a kernel.
@@ -113,55 +128,58 @@ class RunOutputs:
         ``decision_handle`` output); once the run moves on it becomes static too. A static
         output of a run that can still change keeps following it (see :meth:`follow`).
         """
-        if self.display_handle is None:
-            return
-        snap = self.snapshot or self.reader.take()
-        if self._is_driving_here() and not self.retired:
-            self.display_handle.update(self.live_bundle(), raw=True)
-            self.is_static = False
-            self._show_decision(False)
-            return
-        self.display_handle.update(self.static_bundle(), raw=True)
-        self.is_static = True
-        self._shown_key = static_key(snap)
-        waiting = snap.waiting
-        live = (
-            snap.status == "blocked"
-            and waiting is not None
-            and not waiting.decided
-            and self.continue_drive is not None
-            and not self.retired
-            and self.decision_handle is not None
-        )
-        self._show_decision(live)
-        # The output reads the static HTML from now on: the models behind the widget it
-        # showed go, so neither the kernel nor a saved notebook's widget state keeps them.
-        self._release(keep_review=live)
-        if snap.status not in FINAL and not self.throttle.is_closed:
-            self.clock.start()  # its ticks poll the run's events: see follow()
+        with self._display_lock:
+            if self.display_handle is None:
+                return
+            snap = self.snapshot or self.reader.take()
+            if self._is_driving_here() and not self.retired:
+                self.display_handle.update(self.live_bundle(), raw=True)
+                self.is_static = False
+                self._show_decision(False)
+                return
+            self.display_handle.update(self.static_bundle(), raw=True)
+            self.is_static = True
+            self._shown_key = static_key(snap)
+            waiting = snap.waiting
+            live = (
+                snap.status == "blocked"
+                and waiting is not None
+                and not waiting.decided
+                and self.continue_drive is not None
+                and not self.retired
+                and self.decision_handle is not None
+            )
+            self._show_decision(live)
+            # The output reads the static HTML from now on: the models behind the widget it
+            # showed go, so neither the kernel nor a saved notebook's widget state keeps them.
+            self._release(keep_review=live)
+            if snap.status not in FINAL and not self.throttle.is_closed:
+                self.clock.start()  # its ticks poll the run's events: see follow()
 
     def follow(self, snap: RunSnapshot) -> None:
         """Repaint a static output whose run changed (decided, driven or finished elsewhere);
         once the run is final, stop observing it."""
-        if not self.is_static or self._is_driving_here():
-            return
-        if static_key(snap) != self._shown_key:
-            self.refresh()
+        with self._display_lock:
+            if not self.is_static or self._is_driving_here():
+                return
+            if static_key(snap) != self._shown_key:
+                self.refresh()
         if snap.status in FINAL:
             self.detach()
 
     def _show_decision(self, live: bool) -> None:
         """The decision output: the review panel's widgets, or nothing once no one can act."""
-        if self.decision_handle is None:
-            return
-        if live:
-            if not is_open(self.review):
-                reopen_tree(self.review)
-            self.decision_handle.update(self._decision_bundle(), raw=True)
-        else:
-            self.decision_handle.update({"text/plain": ""}, raw=True)
-            if self.is_closed and is_open(self.review):
-                close_tree(self.review)
+        with self._display_lock:
+            if self.decision_handle is None:
+                return
+            if live:
+                if not is_open(self.review):
+                    reopen_tree(self.review)
+                self.decision_handle.update(self._decision_bundle(), raw=True)
+            else:
+                self.decision_handle.update({"text/plain": ""}, raw=True)
+                if self.is_closed and is_open(self.review):
+                    close_tree(self.review)
 
     def _decision_bundle(self) -> dict[str, Any]:
         """The review panel as a widget, with text and HTML for a front end without its model
@@ -175,17 +193,19 @@ class RunOutputs:
 
     def _release(self, *, keep_review: bool) -> None:
         """Close the models of a view gone static; a live decision panel's stay open."""
-        if not self.is_closed:
-            close_tree(self, keep=[self.review] if keep_review else ())
-            self.is_closed = True
-        if not keep_review and is_open(self.review):
-            close_tree(self.review)
+        with self._display_lock:
+            if not self.is_closed:
+                close_tree(self, keep=[self.review] if keep_review else ())
+                self.is_closed = True
+            if not keep_review and is_open(self.review):
+                close_tree(self.review)
 
     def _revive(self) -> None:
         """Open the models again (a drive of this kernel shows the view live once more)."""
-        if self.is_closed:
-            reopen_tree(self)
-            self.is_closed = False
+        with self._display_lock:
+            if self.is_closed:
+                reopen_tree(self)
+                self.is_closed = False
 
     def static_bundle(self) -> dict[str, str]:
         """The run view as text and HTML, with the header's origin and the status line."""

@@ -83,6 +83,8 @@ class RunView(RunOutputs, w.VBox):  # type: ignore[misc]  # ipywidgets is untype
     ):
         self.engine = engine
         self.run_id = run_id
+        self._display_lock = threading.RLock()
+        """Held while the outputs move between live and static (see ``outputs.py``)."""
         self.reader = SnapshotReader(engine, run_id)
         self.continue_drive = continue_drive
         self.stop_drive = stop_drive
@@ -254,19 +256,21 @@ class RunView(RunOutputs, w.VBox):  # type: ignore[misc]  # ipywidgets is untype
     def close(self) -> None:
         """Stop observing and close every widget model of the view (the panel's too)."""
         self.detach()
-        close_tree(self)
-        self.is_closed = True
+        with self._display_lock:
+            close_tree(self)
+            self.is_closed = True
 
     def release(self) -> None:
         """Let go for good (the extension unloads, the state dir changes): the output keeps
         its static HTML, the decision output empties, and every model is closed."""
-        self.retired = self.retired or "released"
-        try:
-            self.refresh()  # retired: static, whoever drives
-        except Exception:  # the engine may be gone already: the output keeps what it showed
-            log.exception("the last repaint of the view of %s failed", self.run_id)
-        self._show_decision(False)
-        self.close()
+        with self._display_lock:
+            self.retired = self.retired or "released"
+            try:
+                self.refresh()  # retired: static, whoever drives
+            except Exception:  # the engine may be gone already: the output keeps what it showed
+                log.exception("the last repaint of the view of %s failed", self.run_id)
+            self._show_decision(False)
+            self.close()
 
     def detach(self) -> None:
         """Stop observing; the view keeps showing its last state."""
@@ -490,8 +494,9 @@ class RunView(RunOutputs, w.VBox):  # type: ignore[misc]  # ipywidgets is untype
 
     def live_bundle(self) -> dict[str, Any]:
         """The live widget's display bundle (its models opened again if they were closed)."""
-        self._revive()
-        return RunView._repr_mimebundle_(self) or {}
+        with self._display_lock:  # no drive's end closes them between these two lines
+            self._revive()
+            return RunView._repr_mimebundle_(self) or {}
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any] | None:
         # Front ends without the widget manager (nbconvert, GitHub, a closed kernel) fall

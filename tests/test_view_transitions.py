@@ -1,0 +1,106 @@
+"""A run view's output moves between the live widget and the static HTML without a race: a
+drive thread ending while the kernel's main thread shows the view live (Approve, then a drive
+that finishes at once) still leaves the static view last, and no output names a closed model.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+from tests.helpers_notebook import ipython_shell, magics_in
+from wf_magic.notebook.magics import WorkflowMagics
+from wf_magic.notebook.widgets import RunView
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+GATED = """\
+name: signoff
+runner: scripted
+runners:
+  scripted:
+    rules:
+      - {match: "^Publish", reply: "published", sleep_s: 0.2}
+steps:
+  - id: draft
+    prompt: "Draft the notes"
+  - id: signoff
+    prompt: "Polish: {{ steps.draft.output }}"
+    gate: {judge: human}
+  - id: publish
+    prompt: "Publish: {{ steps.signoff.output }}"
+"""
+"""Blocks at a human gate; after Approve, one short unit (long enough to be seen driving)."""
+
+
+class _Handle:
+    """A display handle that records what was published, in order (no front end here)."""
+
+    def __init__(self) -> None:
+        self.published: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+
+    def update(self, obj: dict[str, Any], **_kw: object) -> None:
+        with self.lock:
+            self.published.append(obj)
+
+    def last(self) -> dict[str, Any]:
+        with self.lock:
+            return self.published[-1]
+
+
+def _open_model_ids() -> set[str]:
+    from ipywidgets.widgets import widget as module
+
+    return set(module._instances)
+
+
+@pytest.fixture(scope="module")
+def shell() -> Iterator[InteractiveShell]:
+    yield from ipython_shell()
+
+
+@pytest.fixture
+def magics(shell: InteractiveShell, tmp_path: Path) -> Iterator[WorkflowMagics]:
+    with magics_in(shell, tmp_path / "state", widgets="on") as found:
+        yield found
+
+
+def test_a_drive_ending_while_approve_shows_the_view_live_leaves_the_static_view_last(
+    shell: InteractiveShell, magics: WorkflowMagics
+) -> None:
+    run = shell.run_cell_magic("workflow", "", GATED)
+    view: RunView = run.view
+    view.display_handle, view.decision_handle = _Handle(), _Handle()
+    view.refresh()
+    assert view.is_static and view.is_closed
+    assert "Blocked: waiting on step" in view.display_handle.last()["text/html"]
+    shown = view.live_bundle
+
+    def live_bundle_slowly() -> dict[str, Any]:
+        # The main thread has built the live bundle (models open again, their ids in it);
+        # the drive ends before that bundle is published: the worst interleaving, forced.
+        bundle = shown()
+        magics.drives.wait(run.run_id, timeout=1.0)
+        return bundle
+
+    view.live_bundle = live_bundle_slowly  # type: ignore[method-assign]
+    view.approve_button.click()  # the click's handler runs on the kernel's main thread
+    assert magics.drives.wait(run.run_id, timeout=20)
+    view.flush()
+    assert magics.engine.status(run.run_id).status == "completed"
+    last = view.display_handle.last()
+    assert WIDGET_VIEW not in last, "the live widget of a finished drive was published last"
+    assert "Run completed." in last["text/html"]
+    assert view.decision_handle.last() == {"text/plain": ""}
+    # Nothing published names a model the front end no longer has (no "model not found").
+    assert view.is_static and view.is_closed
+    open_ids = _open_model_ids()
+    for handle in (view.display_handle, view.decision_handle):
+        shown_last = handle.last().get(WIDGET_VIEW)
+        assert shown_last is None or shown_last["model_id"] in open_ids

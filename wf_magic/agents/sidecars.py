@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import FileRefused
-from ..reading import read_bounded_text
+from ..reading import read_bounded, read_bounded_text
 
 AGENTS_DIR = "agents"
 SIDECAR_BYTES = 64 * 1024
@@ -72,7 +72,7 @@ def scrub_home(home: Path, redact: Callable[[Any], Any], *, since: float) -> lis
                 continue
             if info.st_size > SCRUB_FILE_BYTES:
                 continue
-            raw = path.read_bytes()
+            raw = read_bounded(path, limit=SCRUB_FILE_BYTES)
             masked = _masked(raw, path.suffix, redact)
             if masked is None or masked == raw:
                 continue
@@ -81,7 +81,7 @@ def scrub_home(home: Path, redact: Callable[[Any], Any], *, since: float) -> lis
             os.chmod(spare, info.st_mode & 0o777)
             os.replace(spare, path)
             changed.append(str(path.relative_to(home)))
-        except OSError:
+        except (OSError, FileRefused):  # gone, special or grown past the bound meanwhile
             continue
     return changed
 

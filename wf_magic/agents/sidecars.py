@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -67,12 +68,10 @@ def scrub_home(home: Path, redact: Callable[[Any], Any], *, since: float) -> lis
     changed: list[str] = []
     for path in sorted(home.rglob("*")):
         try:
-            info = path.lstat()
-            if not path.is_file() or path.is_symlink() or info.st_mtime < since - 1.0:
+            info = path.lstat()  # a symlink's own: never followed out of the HOME
+            if not stat.S_ISREG(info.st_mode) or info.st_mtime < since - 1.0:
                 continue
-            if info.st_size > SCRUB_FILE_BYTES:
-                continue
-            raw = read_bounded(path, limit=SCRUB_FILE_BYTES)
+            raw = read_bounded(path, limit=SCRUB_FILE_BYTES)  # larger: refused, left alone
             masked = _masked(raw, path.suffix, redact)
             if masked is None or masked == raw:
                 continue

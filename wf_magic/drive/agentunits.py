@@ -231,13 +231,11 @@ def facts_json(facts: Any) -> str | None:
 def report_warnings(
     ctx: DriveContext, state: RunState, attempt: AttemptRow, agent_json: str | None
 ) -> None:
-    """After an attempt's finish was written (and charged): settle its bridged spend
-    (:func:`settle_bridged`), then journal one ``warning`` event per number the agent's CLI
-    reported and the runner refused (a negative or non-finite cost, a token count that is no
-    count), on the success and the failure path alike; and one ``warning`` (reason
-    ``bridge``) when the harness's model calls could not be bridged, and one (reason
-    ``replay``) per replayed call whose request differed from the recording."""
-    settle_bridged(ctx, attempt.dispatch_id)
+    """Journal one ``warning`` event per number the agent's CLI reported and the runner
+    refused (a negative or non-finite cost, a token count that is no count), on the success
+    and the failure path alike; and one ``warning`` (reason ``bridge``) when the harness's
+    model calls could not be bridged, and one (reason ``replay``) per replayed call whose
+    request differed from the recording."""
     if not agent_json or not any(
         f'"{k}"' in agent_json for k in ("warnings", "bridge_off", "replay_warnings")
     ):

@@ -11,7 +11,7 @@ from ..runners.base import UnitResult
 from ..spec.plan import PlanStep
 from ..store.journal import Finish, UnitKey, known_tokens
 from ..store.records import AttemptRow, Phase
-from .agentunits import facts_json, report_warnings
+from .agentunits import facts_json, report_warnings, settle_bridged
 from .context import DriveContext, RunState
 from .units import UnitPlan
 
@@ -241,6 +241,7 @@ def finish_with(
         if finish.cost is None and used is not None and used > 0:
             _warn_unpriced(ctx, state, attempt, finish)
     if wrote:
+        settle_bridged(ctx, attempt.dispatch_id)  # charged above: no longer counted in flight
         report_warnings(ctx, state, attempt, finish.agent_json)
     ctx.emit(
         "unit_finished",

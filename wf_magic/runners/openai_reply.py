@@ -63,12 +63,12 @@ class Reply:
 async def create_reply(
     client: AsyncOpenAI, kwargs: dict[str, Any], put_text: PutText | None
 ) -> Reply:
+    lean = _lean_of(client) if put_text is None else None
+    if lean is not None:
+        return await lean.complete(client, kwargs)
     # The overloads (stream or not) collapse to Any under **kwargs.
     create = cast("Callable[..., Awaitable[Any]]", client.chat.completions.create)
     if put_text is None:
-        lean = _lean_of(client)
-        if lean is not None:
-            return await lean.complete(client, kwargs)
         return Reply.of(cast("ChatCompletion", await create(**kwargs)))
     stream = cast(
         "AsyncStream[ChatCompletionChunk]",
@@ -210,10 +210,10 @@ def _lean_of(client: AsyncOpenAI) -> _Lean | None:
         if http is None or not hasattr(client, "_make_status_error_from_response"):
             return None
         try:
-            _library_of(http)
-        except TypeError:
+            lean = _Lean(client, http)
+        except TypeError:  # not an httpx client
             return None
-        lean = _LEAN[client] = _Lean(client, http)
+        _LEAN[client] = lean
     return lean
 
 

@@ -171,10 +171,22 @@ def _where_row(table: list[dict[str, Any]], i: int) -> str:
 class RowsTable(list[dict[str, Any]]):
     """A rows file's rows, remembering the file and each row's first line (for messages)."""
 
-    def __init__(self, rows: Iterable[dict[str, Any]] = (), *, source: str) -> None:
+    def __init__(
+        self, rows: Iterable[dict[str, Any]] = (), *, source: str, lines: list[int] | None = None
+    ) -> None:
         super().__init__(rows)
         self.source = source
-        self.lines: list[int] = []
+        self.lines: list[int] = [] if lines is None else lines
+
+
+def _misspelt_param(column: str, params: Iterable[str]) -> str | None:
+    """The param a rows column's name most likely misspells (a near miss, or the same name in
+    another case), else None."""
+    names = [str(p) for p in params]
+    near = difflib.get_close_matches(column, names, n=1, cutoff=0.8)
+    if near:
+        return near[0]
+    return next((p for p in names if p.lower() == column.lower()), None)
 
 
 def _check_columns(
@@ -191,13 +203,8 @@ def _check_columns(
                 # A dataset's own fields (an id, a category, the expected answer a scorer
                 # reads through a param) ride along as row fields: in the frame, summary and
                 # side-by-side, not given to the workflow. A near miss of a param is a typo.
-                near = difflib.get_close_matches(str(column), list(plan.params), n=1, cutoff=0.8)
-                if near or str(column).lower() in {str(p).lower() for p in plan.params}:
-                    meant = (
-                        near[0]
-                        if near
-                        else next(p for p in plan.params if str(p).lower() == str(column).lower())
-                    )
+                meant = _misspelt_param(str(column), plan.params)
+                if meant is not None:
                     raise UsageError(
                         f"sweep rows: row {i} has column {column!r}, which is not a param of "
                         f"workflow {plan.name!r}; did you mean {meant!r}? (declared: "
@@ -249,9 +256,7 @@ def load_rows(rows: Any) -> list[dict[str, Any]]:
         raise UsageError("sweep rows: no rows; give at least one or leave rows out")
     out = [{str(k): v for k, v in row.items()} for row in table]
     if isinstance(table, RowsTable):  # a file's rows keep where they came from
-        kept = RowsTable(out, source=table.source)
-        kept.lines = table.lines
-        return kept
+        return RowsTable(out, source=table.source, lines=table.lines)
     return out
 
 

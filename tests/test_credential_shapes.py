@@ -97,11 +97,11 @@ FOLLOWED_BY_WORDS = frozenset({"prose"})
 
 
 STRONG = re.compile(r"(?i)(?:password|passwd|passphrase|pwd|secret|credentials?)\b")
-"""Names whose label is always followed by a value (redact._STRONG_NAME)."""
+"""Names whose label is always followed by a value (redact_shapes._STRONG_NAME)."""
 
 
 def reads_as_prose(value: str, *, name: str, sep: str, quote: str, nesting: str) -> bool:
-    """The rule of redact._is_value, stated for the generator: after a key or token label
+    """The rule of redact_shapes._is_value, stated for the generator: after a key or token label
     (``name:``) an unquoted word of letters alone followed by another word on its line starts
     a sentence (an error's prose: ``params.api_key: unknown JSON Schema keyword(s)``) and is
     kept; after a password, passphrase, secret or credential label it is a value; every

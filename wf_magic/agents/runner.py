@@ -42,6 +42,7 @@ from .harness import (
     first_line,
     parse_lines,
 )
+from .launchenv import agent_workdir, launch_env, pass_env_names
 from .stream import StreamReader, cli_version
 
 OUTPUT_CAP_BYTES = 8 * 1_048_576
@@ -179,14 +180,14 @@ class _Launch:
         self.notes: list[str] = []
         self.leftover: str | None = None
         self.redactor = Redactor.from_environ(
-            request.env, extra=[request.env[k] for k in _pass_env(request) if k in request.env]
+            request.env, extra=[request.env[k] for k in pass_env_names(request) if k in request.env]
         )
 
     @classmethod
     def prepare(cls, runner: AgentRunner, request: UnitRequest) -> _Launch:
         agent = dict(request.agent or {})
         state, run_id, dispatch = runner.state_dir, request.run_id, request.dispatch_id
-        workdir = _workdir(runner.source_dir, str(agent.get("workdir") or "."), request)
+        workdir = agent_workdir(runner.source_dir, str(agent.get("workdir") or "."), request)
         previous = sidecars.load(state, run_id, dispatch)
         sidecar = previous or sidecars.Sidecar()
         resume: dict[str, Any] = dict(agent.get("resume") or {})
@@ -248,7 +249,7 @@ class _Launch:
         sidecar.worktree = str(worktree) if worktree else None
         sidecar.usage_total = list(usage_base)
         sidecars.save(state, run_id, dispatch, sidecar)
-        env = _environment(runner.adapter, call, request, isolated=runner.home == "isolated")
+        env = launch_env(runner.adapter, call, request, isolated=runner.home == "isolated")
         return cls(
             runner,
             request,
@@ -596,39 +597,3 @@ def _give_prompt(proc: subprocess.Popen[bytes], prompt: str) -> None:
             pass  # it exited or closed stdin: its exit status tells the rest
 
     threading.Thread(target=write, daemon=True).start()
-
-
-def _pass_env(request: UnitRequest) -> list[str]:
-    return [str(n) for n in ((request.agent or {}).get("pass_env") or [])]
-
-
-def _environment(
-    adapter: Harness, call: AgentCall, request: UnitRequest, *, isolated: bool
-) -> dict[str, str]:
-    """The minimal env, the isolated HOME, the harness's quiet defaults, then ``pass_env``
-    names as the user set them (they win over the defaults)."""
-    passed = _pass_env(request)
-    env = {k: v for k, v in request.env.items() if k not in passed}
-    if isolated:
-        env["HOME"] = call.home
-    env.update(adapter.quiet_env(call))
-    env.update({k: request.env[k] for k in passed if k in request.env})
-    return env
-
-
-def _workdir(source_dir: str | None, workdir: str, request: UnitRequest) -> Path:
-    """The agent's folder: ``workdir`` under the workflow's folder, never outside it."""
-    base = Path(source_dir or os.getcwd()).resolve()
-    folder = (base / workdir).resolve()
-    if not folder.is_relative_to(base):
-        raise AgentError(
-            f"step {request.step_id}: workdir {workdir!r} resolves to {folder}, outside the "
-            f"workflow's folder {base}; use a folder inside it",
-            executed=False,
-        )
-    if not folder.is_dir():
-        raise AgentError(
-            f"step {request.step_id}: workdir {folder} is not a folder; create it or fix workdir",
-            executed=False,
-        )
-    return folder

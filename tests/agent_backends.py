@@ -395,3 +395,28 @@ def start_backend() -> Backend:
 
     backend.server = LoopbackHTTPServer(Handler, name="agent-backend")
     return backend
+
+
+def opencode_config(*, base_url: str, api_key: str) -> dict[str, Any]:
+    """An opencode config whose one provider (``fake``, OpenAI-compatible) is at ``base_url``,
+    its model ``fake-model`` priced 3 / 15 dollars per million tokens in and out."""
+    return {
+        "$schema": "https://opencode.ai/config.json",
+        "autoupdate": False,
+        "share": "disabled",
+        "model": "fake/fake-model",
+        "provider": {
+            "fake": {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "Fake loopback",
+                "options": {"baseURL": base_url, "apiKey": api_key},
+                "models": {
+                    "fake-model": {
+                        "name": "Fake model",
+                        "cost": {"input": 3, "output": 15},
+                        "limit": {"context": 100000, "output": 4096},
+                    }
+                },
+            }
+        },
+    }

@@ -13,7 +13,9 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -288,3 +290,34 @@ def cell_text(node: nbformat.NotebookNode) -> str:
         else:
             parts.append(str(out.get("data", {}).get("text/plain", "")))
     return "\n".join(parts)
+
+
+class RecordingHandle:
+    """A display handle that records what was published, in order, from any thread (no
+    front end here)."""
+
+    def __init__(self) -> None:
+        self.published: list[Any] = []
+        self.lock = threading.Lock()
+
+    def update(self, obj: Any, **_kw: object) -> None:
+        with self.lock:
+            self.published.append(obj)
+
+    def last(self) -> Any:
+        with self.lock:
+            return self.published[-1]
+
+    def html(self) -> str:
+        """The last bundle's HTML ("" before anything, or for a bundle without any)."""
+        with self.lock:
+            last = self.published[-1] if self.published else None
+        return str(last.get("text/html", "")) if isinstance(last, dict) else ""
+
+
+def until(check: Callable[[], object], timeout_s: float = 20.0) -> None:
+    """Wait for ``check()`` to hold, polling; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)

@@ -19,7 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent_backends import USAGE_IN, USAGE_OUT, Backend, Step, start_backend
+from tests.agent_backends import (
+    USAGE_IN,
+    USAGE_OUT,
+    Backend,
+    Step,
+    opencode_config,
+    start_backend,
+)
 from tests.agent_fakes.bins import git_repo
 from tests.conftest import run_wf, spawn_wf, wait_for
 from tests.helpers_http import isolate_loopback_env
@@ -389,31 +396,7 @@ def _opencode_workflow(
     cli = _require("opencode")
     config = tmp_path / "opencode.json"
     config.write_text(
-        json.dumps(
-            {
-                "$schema": "https://opencode.ai/config.json",
-                "autoupdate": False,
-                "share": "disabled",
-                "model": "fake/fake-model",
-                "provider": {
-                    "fake": {
-                        "npm": "@ai-sdk/openai-compatible",
-                        "name": "Fake loopback",
-                        "options": {
-                            "baseURL": f"{backend.url}/v1",
-                            "apiKey": "sk-fake-key-0123456789",
-                        },
-                        "models": {
-                            "fake-model": {
-                                "name": "Fake model",
-                                "cost": {"input": 3, "output": 15},
-                                "limit": {"context": 100000, "output": 4096},
-                            }
-                        },
-                    }
-                },
-            }
-        )
+        json.dumps(opencode_config(base_url=f"{backend.url}/v1", api_key="sk-fake-key-0123456789"))
     )
     monkeypatch.setenv("OPENCODE_CONFIG", str(config))
     monkeypatch.setenv("NPM_CONFIG_REGISTRY", "http://127.0.0.1:9/")  # it looks plugins up

@@ -673,23 +673,27 @@ def test_the_steps_bridge_wins_over_the_harness_setting(
         assert "user-given" in said or "***" in said  # its own (a pass_env value is masked)
 
 
-@pytest.mark.parametrize("bad", ["yes", "1", "[true]", "{a: 1}", "null-ish"])
-def test_a_bridge_option_that_is_no_boolean_is_one_line_naming_it(
-    engine: Engine, repo: Path, tmp_path: Path, bad: str
-) -> None:
+def _options_refusal(engine: Engine, repo: Path, tmp_path: Path, option: str) -> str:
+    """The one-line refusal of a claude step whose ``runners:`` entry holds ``option``."""
     from tests.agent_fakes.bins import make_bins
+    from wf_magic.errors import DefinitionError
 
     bins = make_bins(tmp_path / "bin")
     path = repo / "wf.yaml"
     path.write_text(
         "name: bridged\nsteps:\n  - id: fix\n    agent: claude\n    prompt: hi\n"
-        f"runners:\n  claude: {{bridge: {bad}, bin: {bins['claude']}}}\n"
+        f"runners:\n  claude: {{{option}, bin: {bins['claude']}}}\n"
     )
-    from wf_magic.errors import DefinitionError
-
     with pytest.raises(DefinitionError) as caught:
         engine.run(str(path))
-    said = str(caught.value)
+    return str(caught.value)
+
+
+@pytest.mark.parametrize("bad", ["yes", "1", "[true]", "{a: 1}", "null-ish"])
+def test_a_bridge_option_that_is_no_boolean_is_one_line_naming_it(
+    engine: Engine, repo: Path, tmp_path: Path, bad: str
+) -> None:
+    said = _options_refusal(engine, repo, tmp_path, f"bridge: {bad}")
     assert said.startswith("runners.claude: runner options rejected: bridge: expected true or")
     assert len(said.splitlines()) == 1 and "wf.yaml, line 7" in said
 
@@ -750,17 +754,6 @@ def test_a_harness_limits_set_its_bridged_endpoints_ceiling_and_pacing() -> None
 def test_a_harness_limits_option_that_is_wrong_is_one_line_naming_it(
     engine: Engine, repo: Path, tmp_path: Path, limits: str, said: str
 ) -> None:
-    from tests.agent_fakes.bins import make_bins
-    from wf_magic.errors import DefinitionError
-
-    bins = make_bins(tmp_path / "bin")
-    path = repo / "wf.yaml"
-    path.write_text(
-        "name: bridged\nsteps:\n  - id: fix\n    agent: claude\n    prompt: hi\n"
-        f"runners:\n  claude: {{limits: {limits}, bin: {bins['claude']}}}\n"
-    )
-    with pytest.raises(DefinitionError) as caught:
-        engine.run(str(path))
-    text = str(caught.value)
+    text = _options_refusal(engine, repo, tmp_path, f"limits: {limits}")
     assert text.startswith(f"runners.claude: runner options rejected: {said}"), text
     assert len(text.splitlines()) == 1

@@ -20,7 +20,14 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.agent_backends import USAGE_IN, USAGE_OUT, Backend, Step, start_backend
+from tests.agent_backends import (
+    USAGE_IN,
+    USAGE_OUT,
+    Backend,
+    Step,
+    opencode_config,
+    start_backend,
+)
 from tests.agent_fakes.bins import git_repo, make_bins
 from tests.conftest import run_wf, wait_for
 from tests.helpers_http import isolate_loopback_env
@@ -248,28 +255,7 @@ def opencode_workflow(
     config = tmp_path / "opencode.json"
     config.write_text(
         json.dumps(
-            {
-                "autoupdate": False,
-                "share": "disabled",
-                "model": "fake/fake-model",
-                "provider": {
-                    "fake": {
-                        "npm": "@ai-sdk/openai-compatible",
-                        "name": "Fake loopback",
-                        "options": {
-                            "baseURL": f"{model_api.url}/v1",
-                            "apiKey": "{env:FAKE_OPENCODE_KEY}",
-                        },
-                        "models": {
-                            "fake-model": {
-                                "name": "Fake model",
-                                "cost": {"input": 3, "output": 15},
-                                "limit": {"context": 100000, "output": 4096},
-                            }
-                        },
-                    }
-                },
-            }
+            opencode_config(base_url=f"{model_api.url}/v1", api_key="{env:FAKE_OPENCODE_KEY}")
         )
     )
     monkeypatch.setenv("OPENCODE_CONFIG", str(config))

@@ -11,13 +11,13 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from tests.helpers_notebook import Kernel
+from tests.helpers_notebook import Kernel, RecordingHandle, until
 from wf_magic import Engine
 from wf_magic.notebook.sweepfollow import SweepOutput
 
@@ -92,30 +92,13 @@ def test_the_cell_shown_again_is_the_static_grid_of_that_moment(kernel: Kernel) 
     assert "completed · 6 cells" in shown
 
 
-class _Handle:
-    """A display handle that records what was published (no front end here)."""
-
-    def __init__(self) -> None:
-        self.published: list[dict[str, str]] = []
-
-    def update(self, obj: dict[str, str], **_kw: object) -> None:
-        self.published.append(obj)
-
-
-def _until(check: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
 def test_an_unchanged_sweep_is_not_repainted_and_a_settled_one_is_not_followed(
     tmp_path: Path,
 ) -> None:
     with Engine(tmp_path / "state") as engine:
         sweep = engine.sweep(CELLS, grid={"i": [1, 2, 3]}, budget={"max_units": 1})
         output = SweepOutput(sweep, poll_s=0.05)
-        output.attach(_Handle())
+        output.attach(RecordingHandle())
         assert output.is_following and output.repaints == 1
         time.sleep(0.3)  # several polls of a sweep nobody drives
         assert output.repaints == 1
@@ -126,8 +109,8 @@ def test_an_unchanged_sweep_is_not_repainted_and_a_settled_one_is_not_followed(
             check=True,
             capture_output=True,
         )
-        _until(lambda: not output.is_following)
+        until(lambda: not output.is_following)
         assert "completed · 3 cells" in output.handle.published[-1]["text/html"]
         settled = SweepOutput(sweep, poll_s=0.05)
-        settled.attach(_Handle())
+        settled.attach(RecordingHandle())
         assert not settled.is_following  # completed with nothing owed: never polled

@@ -8,9 +8,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,10 +17,12 @@ from IPython.core.interactiveshell import InteractiveShell
 
 from tests.helpers_notebook import (
     HUMAN_DRAFT,
+    RecordingHandle,
     drives_of,
     engine_at,
     ipython_shell,
     magics_in,
+    until,
     view_of,
 )
 from wf_magic import Engine
@@ -39,30 +40,6 @@ def drives(engine: Engine) -> Iterator[Drives]:
     yield from drives_of(engine)
 
 
-class _Handle:
-    """A display handle that records what was published (no front end here)."""
-
-    def __init__(self) -> None:
-        self.published: list[object] = []
-        self.lock = threading.Lock()
-
-    def update(self, obj: object, **_kw: object) -> None:
-        with self.lock:
-            self.published.append(obj)
-
-    def html(self) -> str:
-        with self.lock:
-            last = self.published[-1] if self.published else None
-        return str(last.get("text/html", "")) if isinstance(last, dict) else ""
-
-
-def _until(check: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
 def _wf(state: Path, *args: str) -> None:
     env = {**os.environ, "WF_MAGIC_HOME": str(state)}
     subprocess.run(
@@ -75,20 +52,20 @@ def test_a_static_view_repaints_after_wf_approve_and_wf_resume_in_a_subprocess(
 ) -> None:
     run_id = engine.run(HUMAN_DRAFT).run_id
     view = view_of(engine, run_id, drives)
-    view.display_handle, view.decision_handle = _Handle(), _Handle()
+    view.display_handle, view.decision_handle = RecordingHandle(), RecordingHandle()
     view.flush()
     view.refresh()
     assert view.is_static and "Blocked: waiting on step" in view.display_handle.html()
     published = len(view.display_handle.published)
     _wf(tmp_path / "state", "approve", run_id, "draft")
     # Decided elsewhere: the static output says so within a few polls, the panel goes.
-    _until(lambda: len(view.display_handle.published) > published)
+    until(lambda: len(view.display_handle.published) > published)
     assert view.decision_handle.published[-1] == {"text/plain": ""}
     started = time.monotonic()
     _wf(tmp_path / "state", "resume", run_id)
-    _until(lambda: "Run completed." in view.display_handle.html())
+    until(lambda: "Run completed." in view.display_handle.html())
     assert time.monotonic() - started < 20
-    _until(lambda: not view.clock.is_running)  # settled: it stops observing
+    until(lambda: not view.clock.is_running)  # settled: it stops observing
     assert view.throttle.is_closed
     view.close()
 
@@ -102,13 +79,13 @@ def test_a_static_view_of_a_stopped_run_follows_a_drive_from_another_process(
     ).run_id
     engine.drive(run_id, max_steps=1)
     view = view_of(engine, run_id)
-    view.display_handle = _Handle()
+    view.display_handle = RecordingHandle()
     view.flush()
     view.refresh()
     assert "not being driven" in view.display_handle.html()
     assert view.clock.is_running  # it follows: the run can still change
     _wf(tmp_path / "state", "resume", run_id)
-    _until(lambda: "Run completed." in view.display_handle.html())
+    until(lambda: "Run completed." in view.display_handle.html())
     view.close()
 
 
@@ -128,7 +105,7 @@ def test_an_older_view_follows_its_run_after_a_later_cell_approves_and_finishes_
 ) -> None:
     first = shell.run_cell_magic("workflow", "", HUMAN_DRAFT)
     old = first.view
-    old.display_handle, old.decision_handle = _Handle(), _Handle()
+    old.display_handle, old.decision_handle = RecordingHandle(), RecordingHandle()
     old.refresh()
     assert "Blocked: waiting on step" in old.display_handle.html()
     # A later cell decides from code and drives the run with a newer view.
@@ -136,5 +113,5 @@ def test_an_older_view_follows_its_run_after_a_later_cell_approves_and_finishes_
     magics.engine.approve(first.run_id, "draft")
     shell.run_line_magic("workflow", f"resume {first.run_id}")
     assert old.retired is not None
-    _until(lambda: "Run completed." in old.display_handle.html())
+    until(lambda: "Run completed." in old.display_handle.html())
     assert old.decision_handle.published[-1] == {"text/plain": ""}

@@ -5,7 +5,6 @@ that finishes at once) still leaves the static view last, and no output names a 
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ from typing import Any
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from tests.helpers_notebook import ipython_shell, magics_in
+from tests.helpers_notebook import RecordingHandle, ipython_shell, magics_in
 from wf_magic.notebook.magics import WorkflowMagics
 from wf_magic.notebook.widgets import RunView
 
@@ -38,22 +37,6 @@ steps:
 """Blocks at a human gate; after Approve, one short unit (long enough to be seen driving)."""
 
 
-class _Handle:
-    """A display handle that records what was published, in order (no front end here)."""
-
-    def __init__(self) -> None:
-        self.published: list[dict[str, Any]] = []
-        self.lock = threading.Lock()
-
-    def update(self, obj: dict[str, Any], **_kw: object) -> None:
-        with self.lock:
-            self.published.append(obj)
-
-    def last(self) -> dict[str, Any]:
-        with self.lock:
-            return self.published[-1]
-
-
 def _open_model_ids() -> set[str]:
     from ipywidgets.widgets import widget as module
 
@@ -76,7 +59,7 @@ def test_a_drive_ending_while_approve_shows_the_view_live_leaves_the_static_view
 ) -> None:
     run = shell.run_cell_magic("workflow", "", GATED)
     view: RunView = run.view
-    view.display_handle, view.decision_handle = _Handle(), _Handle()
+    view.display_handle, view.decision_handle = RecordingHandle(), RecordingHandle()
     view.refresh()
     assert view.is_static and view.is_closed
     assert "Blocked: waiting on step" in view.display_handle.last()["text/html"]

@@ -112,6 +112,25 @@ def sanitizers() -> list[tuple[re.Pattern[str], str]]:
     return [(re.compile(parser[s]["regex"]), parser[s]["replace"]) for s in parser.sections()]
 
 
+def coalesced(outputs: list[nbformat.NotebookNode]) -> list[dict]:
+    """``outputs`` with consecutive stream outputs of one name merged, as Jupyter shows them
+    (and nbval compares them): a busy kernel may flush one ``print`` as two messages, the text
+    and then its newline."""
+    merged: list[dict] = []
+    for out in outputs:
+        last = merged[-1] if merged else None
+        if (
+            last is not None
+            and out.get("output_type") == "stream"
+            and last.get("output_type") == "stream"
+            and last.get("name") == out.get("name")
+        ):
+            last["text"] = last.get("text", "") + out.get("text", "")
+            continue
+        merged.append(dict(out))
+    return merged
+
+
 def told(cells: list[nbformat.NotebookNode]) -> list[list[str]]:
     """What each code cell told, sanitized as nbval compares it: its streams, text and HTML
     (a widget's model id and a PNG's bytes are left out)."""
@@ -121,7 +140,7 @@ def told(cells: list[nbformat.NotebookNode]) -> list[list[str]]:
         if cell.cell_type != "code":
             continue
         parts = []
-        for out in cell.get("outputs", []):
+        for out in coalesced(cell.get("outputs", [])):
             if out.get("output_type") == "stream":
                 parts.append(out.get("text", ""))
             for kind in ("text/plain", "text/html"):
@@ -172,3 +191,23 @@ def test_the_agent_tours_cassette_is_a_bridge_recording_that_names_no_folder_or_
     assert f"{WORKDIR_MARK}/calc.py" in text and HOME_MARK in text
     assert "/tmp/" not in text  # the recording's checkout, worktree and HOME were temporary
     assert "sk-ant" not in text and "x-api-key" not in text
+
+
+def test_a_print_flushed_as_two_messages_tells_the_same_story_as_one() -> None:
+    """A busy kernel may send a ``print``'s text and its newline as two stream messages (seen
+    in CI): the comparison merges them as Jupyter does, and still tells stdout from stderr."""
+    one = nbformat.v4.new_code_cell(outputs=[nbformat.v4.new_output("stream", text="7 units\n")])
+    two = nbformat.v4.new_code_cell(
+        outputs=[
+            nbformat.v4.new_output("stream", text="7 units"),
+            nbformat.v4.new_output("stream", text="\n"),
+        ]
+    )
+    mixed = nbformat.v4.new_code_cell(
+        outputs=[
+            nbformat.v4.new_output("stream", text="7 units"),
+            nbformat.v4.new_output("stream", name="stderr", text="\n"),
+        ]
+    )
+    assert told([two]) == told([one])
+    assert told([mixed]) != told([one])

@@ -106,3 +106,36 @@ def test_cells_never_run_stay_pending_beside_the_deleted_ones(
     assert listed == [
         f"sweep {sweep.sweep_id} evalbench: 4 cells · 1 active · 1 pending · 2 deleted"
     ]
+
+
+def test_resuming_a_sweep_after_gc_drives_its_deleted_cells_afresh(
+    capsys: pytest.CaptureFixture[str], state_dir: Path
+) -> None:
+    """A cell whose run gc deleted is owed its result again: a resume (or the same sweep run
+    again) starts it a fresh run, so the sweep settles, never ``running`` with cells owed
+    that no drive will ever start."""
+    with Engine(state_dir) as engine:
+        sweep = engine.sweep(WORKFLOW, grid={"k": [1, 2, 3, 4]})
+        before = {c.cell_index: c.run_id for c in sweep.cells()}
+        time.sleep(0.01)
+        assert len(engine.gc(older_than_s=0)) == 4
+        again = engine.sweep_resume(sweep.sweep_id)
+        assert (again.status, [c.status for c in again.cells()]) == (
+            "failed",
+            ["completed", "failed", "completed", "completed"],
+        )
+        after = {c.cell_index: c.run_id for c in again.cells()}
+        assert all(after[i] not in (None, before[i]) for i in range(4))
+        assert again.totals()["units"] == 4  # the fresh runs' units, paid again
+        time.sleep(0.01)
+        assert len(engine.gc(older_than_s=0, statuses=["failed"])) == 1
+        rerun = engine.sweep(WORKFLOW, grid={"k": [1, 2, 3, 4]})
+        assert rerun.sweep_id == sweep.sweep_id
+        assert [c.status for c in rerun.cells()] == [
+            "completed",
+            "failed",
+            "completed",
+            "completed",
+        ]
+    status = wf_inproc(capsys, state_dir, "sweep-status", sweep.sweep_id).stdout.splitlines()
+    assert status[0] == f"sweep {sweep.sweep_id} evalbench: failed · 4 cells"

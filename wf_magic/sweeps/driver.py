@@ -271,7 +271,9 @@ def _drive_cell(
     run_id, status = cell.run_id, cell.run_status
     if fresh is not None:
         run_id, status = fresh.run.run_id, "active"
-    elif run_id is None:
+    elif run_id is None or status is None:
+        # Never started, or `wf gc` deleted its run (the cell reads ``deleted``): the cell is
+        # owed its result, so it starts a fresh run (its insert names it the cell's run).
         # A cell stores its secret params as seals: its run starts from the values (and seals
         # them again, to the same seals, under the state dir's key).
         params = unseal(json.loads(cell.params_json), ctx.secrets, run_id=sweep.sweep_id)

@@ -87,3 +87,37 @@ def test_a_drive_ending_while_approve_shows_the_view_live_leaves_the_static_view
     for handle in (view.display_handle, view.decision_handle):
         shown_last = handle.last().get(WIDGET_VIEW)
         assert shown_last is None or shown_last["model_id"] in open_ids
+
+
+def test_a_view_shown_again_as_a_cells_value_goes_static_with_its_first_output(
+    shell: InteractiveShell, magics: WorkflowMagics, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``run.view`` as a later cell's value opens the view's models again in that output;
+    when the view goes static again (Approve, the drive ends) that output gets the static
+    HTML too, so no output of the notebook names a model that was closed."""
+    import IPython.display
+
+    run = shell.run_cell_magic("workflow", "", GATED)
+    view: RunView = run.view
+    view.display_handle, view.decision_handle = RecordingHandle(), RecordingHandle()
+    view.refresh()
+    assert view.is_static and view.is_closed
+    again: list[RecordingHandle] = []
+
+    def display(obj: Any, **kw: Any) -> RecordingHandle:
+        handle = RecordingHandle()
+        handle.update(obj)
+        again.append(handle)
+        return handle
+
+    monkeypatch.setattr(IPython.display, "display", display)
+    view._ipython_display_()
+    [shown] = again
+    assert WIDGET_VIEW in shown.last() and not view.is_closed  # live and clickable there
+    view.approve_button.click()
+    assert magics.drives.wait(run.run_id, timeout=20)
+    view.flush()
+    assert magics.engine.status(run.run_id).status == "completed"
+    assert view.is_static and view.is_closed
+    for handle in (view.display_handle, shown):
+        assert WIDGET_VIEW not in handle.last() and "Run completed." in handle.last()["text/html"]

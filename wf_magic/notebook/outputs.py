@@ -49,6 +49,7 @@ class RunOutputs:
     _warn_lock: threading.Lock
     _display_lock: threading.RLock
     display_handle: Any
+    shown_again: list[Any]
     decision_handle: Any
     is_static: bool
     is_closed: bool
@@ -114,7 +115,7 @@ class RunOutputs:
             if self.display_handle is None or not self._is_driving_here():
                 return
             self.is_static = False
-            self.display_handle.update(self.live_bundle(), raw=True)
+            self._publish(self.live_bundle())
             self._show_decision(False)
 
     def refresh(self) -> None:
@@ -129,15 +130,15 @@ class RunOutputs:
         output of a run that can still change keeps following it (see :meth:`follow`).
         """
         with self._display_lock:
-            if self.display_handle is None:
+            if self.display_handle is None and not self.shown_again:
                 return
             snap = self.snapshot or self.reader.take()
             if self._is_driving_here() and not self.retired:
-                self.display_handle.update(self.live_bundle(), raw=True)
+                self._publish(self.live_bundle())
                 self.is_static = False
                 self._show_decision(False)
                 return
-            self.display_handle.update(self.static_bundle(), raw=True)
+            self._publish(self.static_bundle())
             self.is_static = True
             self._shown_key = static_key(snap)
             waiting = snap.waiting
@@ -155,6 +156,12 @@ class RunOutputs:
             self._release(keep_review=live)
             if snap.status not in FINAL and not self.throttle.is_closed:
                 self.clock.start()  # its ticks poll the run's events: see follow()
+
+    def _publish(self, bundle: dict[str, Any]) -> None:
+        """Show ``bundle`` in every output of the view: the first and those shown again."""
+        for handle in (self.display_handle, *self.shown_again):
+            if handle is not None:
+                handle.update(bundle, raw=True)
 
     def follow(self, snap: RunSnapshot) -> None:
         """Repaint a static output whose run changed (decided, driven or finished elsewhere);

@@ -98,6 +98,9 @@ class RunView(RunOutputs, w.VBox):  # type: ignore[misc]  # ipywidgets is untype
         self._warn_lock = threading.Lock()
         self._unsubscribe: Callable[[], None] | None = None
         self.display_handle: Any = None
+        self.shown_again: list[Any] = []
+        """Further outputs of the view (``run.view`` as a later cell's value): each is
+        repainted with the first, so none keeps naming models the view closed."""
         self.decision_handle: Any = None
         """A second output below the view: a blocked gate's Approve/Reject panel, live while
         its kernel lives, while the view itself is already static HTML (see :meth:`refresh`)."""
@@ -490,7 +493,10 @@ class RunView(RunOutputs, w.VBox):  # type: ignore[misc]  # ipywidgets is untype
         again, so it is live and clickable in that output (its drill-downs too)."""
         from IPython.display import display
 
-        display(self.live_bundle(), raw=True)  # type: ignore[no-untyped-call]
+        shown = display(self.live_bundle(), raw=True, display_id=True)  # type: ignore[no-untyped-call]
+        if shown is not None:
+            with self._display_lock:
+                self.shown_again.append(shown)
 
     def live_bundle(self) -> dict[str, Any]:
         """The live widget's display bundle (its models opened again if they were closed)."""

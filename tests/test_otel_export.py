@@ -357,6 +357,7 @@ def test_wf_export_otel_to_nobody_fails_in_one_line_naming_the_endpoint(tmp_path
         f"error: OpenTelemetry export of run {run.run_id} to http://127.0.0.1:{dead.port}/v1/traces?api_key=*** failed (15 spans not sent)"
     )
     assert CANARY not in done.stderr
+    assert ".." not in lines[0] and lines[0].endswith("listens there, then export again.")
 
 
 BAD_ENDPOINTS = ["", "127.0.0.1:4318", "ftp://h/x", "http://", "http:///v1/traces", "http://h x/"]

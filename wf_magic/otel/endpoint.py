@@ -20,7 +20,8 @@ class ExportFailed(WorkflowError):
     def __init__(self, *, run_id: str, url: str, spans: int, reason: str) -> None:
         super().__init__(
             f"OpenTelemetry export of run {run_id} to {mask_url(url)} failed ({spans} spans not "
-            f"sent): {reason}. Check that an OTLP/HTTP receiver listens there, then export again.",
+            f"sent): {reason.rstrip('. ')}. Check that an OTLP/HTTP receiver listens there, "
+            "then export again.",
             run_id=run_id,
         )
         self.url = mask_url(url)

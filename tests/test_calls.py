@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from tests.conftest import run_wf
 from wf_magic import Engine
 from wf_magic.display.agent import agent_lines
+from wf_magic.errors import UsageError
 from wf_magic.store.callframes import CALL_COLUMNS
 from wf_magic.store.calls import CallRow
 
@@ -197,3 +198,25 @@ def test_a_runs_calls_go_with_it_on_gc(engine: Engine, tmp_path: Path, state_dir
         assert again.store.call_totals(run_id, "d1").calls == 0
     finally:
         again.close()
+
+
+def test_wf_calls_without_calls_prints_the_header_and_says_why_and_names_a_mistyped_unit(
+    engine: Engine, tmp_path: Path, state_dir: Path
+) -> None:
+    run_id = _run(engine, tmp_path)
+    table = run_wf(state_dir, "calls", run_id)
+    assert table.returncode == 0
+    assert table.stdout.split() == COLUMNS  # the header, never pandas' "Empty DataFrame"
+    assert table.stderr == (
+        f"warning: run {run_id} made no model call through the agent bridge: calls are "
+        "recorded for bridged agent steps (docs/agents.md); `wf journal` shows every attempt\n"
+    )
+    assert (
+        json.loads(run_wf(state_dir, "calls", run_id, "--unit", "a", "--format", "json").stdout)
+        == []
+    )
+    mistyped = run_wf(state_dir, "calls", run_id, "--unit", "aa")
+    assert mistyped.returncode == 2 and mistyped.stdout == ""
+    assert mistyped.stderr == (f"error: Run {run_id} has no attempts of unit 'aa'; its units: a\n")
+    with pytest.raises(UsageError, match="has no attempts of unit 'aa'; its units: a$"):
+        engine.calls(run_id, unit="aa")

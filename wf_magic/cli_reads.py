@@ -106,6 +106,8 @@ def frame_out(frame: object, fmt: str) -> None:
         write_csv_frame(frame, sys.stdout)  # formula-like text escaped; JSON keeps it raw
     elif fmt == "json":
         print(frame.to_json(orient="records", date_format="iso"))
+    elif frame.empty:
+        say("  ".join(map(str, frame.columns)))  # the header, not pandas' "Empty DataFrame"
     else:
         with pd.option_context("display.max_rows", None, "display.width", 200):
             say(frame.to_string(index=False))
@@ -129,7 +131,16 @@ def cmd_tokens(engine: Engine, args: argparse.Namespace) -> int:
 
 
 def cmd_calls(engine: Engine, args: argparse.Namespace) -> int:
-    frame_out(engine.calls(args.run, unit=args.unit), args.format)
+    frame = engine.calls(args.run, unit=args.unit)
+    frame_out(frame, args.format)
+    if frame.empty:
+        of = f"unit {args.unit} of run {args.run}" if args.unit else f"run {args.run}"
+        warn(
+            [
+                f"{of} made no model call through the agent bridge: calls are recorded for "
+                "bridged agent steps (docs/agents.md); `wf journal` shows every attempt"
+            ]
+        )
     return EXIT_OK
 
 

@@ -33,8 +33,18 @@ class FrameVerbs:
 
     def calls(self, run_id: RunRef, *, unit: str | None = None) -> pd.DataFrame:
         """One row per model call of the run's agent attempts, made through the bridge (see
-        :func:`wf_magic.store.callframes.calls_frame`); ``unit``: only that unit's."""
-        return self.store.calls_frame(self.resolve_run_id(run_id), unit_id=unit)
+        :func:`wf_magic.store.callframes.calls_frame`); ``unit``: only that unit's.
+
+        Raises:
+            UsageError: no such run, or ``unit`` is no unit of it (its units are named).
+        """
+        resolved = self.resolve_run_id(run_id)
+        frame = self.store.calls_frame(resolved, unit_id=unit)
+        if unit is not None and frame.empty:
+            from .inspection import unit_attempts
+
+            unit_attempts(self.store, resolved, unit)  # a mistyped unit is named, not empty
+        return frame
 
     def scores(self, run_id: RunRef) -> pd.DataFrame:
         """One row per score of the run (see :meth:`wf_magic.Run.scores`)."""

@@ -94,6 +94,24 @@ class UnitChange:
         return _tokens(self.after) - _tokens(self.before)
 
 
+def unit_attempts(store: Store, run_id: str, unit_id: str) -> list[AttemptRow]:
+    """Every attempt of ``unit_id`` in the run, oldest first.
+
+    Raises:
+        UsageError: the run has no attempt of that unit (the units it has are named).
+    """
+    every = store.attempts_of(run_id)
+    rows = [a for a in every if a.unit_id == unit_id]
+    if not rows:
+        units = sorted({a.unit_id for a in every})
+        shown = ", ".join(units[:12]) + (" …" if len(units) > 12 else "")
+        raise UsageError(
+            f"Run {run_id} has no attempts of unit {unit_id!r}; its units: {shown or 'none yet'}",
+            run_id=run_id,
+        )
+    return rows
+
+
 def attempt_record(
     store: Store, run_id: str, unit_id: str, *, attempt: int | None = None, loop: int | None = None
 ) -> AttemptRecord:
@@ -104,14 +122,7 @@ def attempt_record(
     Raises:
         UsageError: the run has no such unit or attempt (the units it has are named).
     """
-    rows = [a for a in store.attempts_of(run_id) if a.unit_id == unit_id]
-    if not rows:
-        units = sorted({a.unit_id for a in store.attempts_of(run_id)})
-        shown = ", ".join(units[:12]) + (" …" if len(units) > 12 else "")
-        raise UsageError(
-            f"Run {run_id} has no attempts of unit {unit_id!r}; its units: {shown or 'none yet'}",
-            run_id=run_id,
-        )
+    rows = unit_attempts(store, run_id, unit_id)
     if loop is not None:
         rows = [a for a in rows if a.loop == loop]
     if attempt is not None:

@@ -142,12 +142,44 @@ def _load_run_source(engine: Engine, args: argparse.Namespace) -> Workflow:
         )
 
 
+def _check_cassette(cassette: str) -> None:
+    """Read ``--replay``'s cassette once before a run starts, so a broken or empty one is a
+    usage error (exit 2, nothing written), not a run whose every unit fails.
+
+    Raises:
+        UsageError: a line is no recording, the file is not UTF-8 or too large, or it holds
+            no recording at all.
+    """
+    from pathlib import Path
+
+    from .errors import RunnerError, UsageError
+    from .runners.cassette_calls import load_calls
+    from .runners.replay import load_cassette
+
+    path = Path(cassette).expanduser()
+    try:
+        found = len(load_cassette(path)) + len(load_calls(path))
+    except RunnerError as exc:
+        problem = str(exc).rstrip(".")
+        raise UsageError(
+            f"--replay {cassette}: {problem}; write it again with `wf export-cassette RUN`."
+            if "export-cassette" not in problem
+            else f"--replay {cassette}: {problem}."
+        ) from None
+    if not found:
+        raise UsageError(
+            f"--replay {cassette}: the cassette holds no recording; write one with "
+            f"`wf export-cassette RUN > {cassette}` after a run against the real runners."
+        )
+
+
 def cmd_run(engine: Engine, args: argparse.Namespace) -> int:
     wf = _load_run_source(engine, args)
     if args.replay:
         from .spec.replaying import replayed
 
         wf = replayed(wf, args.replay)
+        _check_cassette(args.replay)
     if args.dry_run:
         from .display import plan_text
 

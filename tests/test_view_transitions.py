@@ -5,6 +5,7 @@ that finishes at once) still leaves the static view last, and no output names a 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,14 @@ from typing import Any
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from tests.helpers_notebook import RecordingHandle, ipython_shell, magics_in
+from tests.helpers_notebook import (
+    CELL_DIGEST,
+    RecordingHandle,
+    cell,
+    ipython_shell,
+    magics_in,
+    until,
+)
 from wf_magic.notebook.magics import WorkflowMagics
 from wf_magic.notebook.widgets import RunView
 
@@ -121,3 +129,60 @@ def test_a_view_shown_again_as_a_cells_value_goes_static_with_its_first_output(
     assert view.is_static and view.is_closed
     for handle in (view.display_handle, shown):
         assert WIDGET_VIEW not in handle.last() and "Run completed." in handle.last()["text/html"]
+
+
+def test_a_view_whose_cell_stopped_waiting_goes_static_when_its_drive_thread_ends(
+    shell: InteractiveShell, magics: WorkflowMagics
+) -> None:
+    """A second interrupt stops the cell waiting while the drive thread winds down: when that
+    thread ends the view still becomes its static HTML (no later cell needs to run), so a
+    saved notebook holds no live widget of a drive that is over."""
+    body = CELL_DIGEST.replace(
+        "runner: scripted\n",
+        """\
+runner: scripted
+execution: {max_concurrency: 1}
+runners:
+  scripted:
+    rules:
+      - {match: "Write section", reply: "text", sleep_s: 1.5}
+""",
+    ).replace("default: 3", "default: 12")
+
+    class Interrupted(threading.Event):
+        """The cell's wait for its drive, interrupted twice (as two kernel interrupts)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.left = 2
+
+        def wait(self, timeout: float | None = None) -> bool:
+            if self.left and threading.current_thread() is threading.main_thread():
+                self.left -= 1
+                super().wait(0.2)
+                raise KeyboardInterrupt
+            return super().wait(timeout)
+
+    shown: list[RunView] = []
+    show, begin = RunView.show, magics.drives._begin
+
+    def recorded(view: RunView) -> None:
+        show(view)
+        view.display_handle = RecordingHandle()
+        shown.append(view)
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        drive = begin(*args, **kwargs)
+        drive.done = Interrupted()
+        return drive
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RunView, "show", recorded)
+        patch.setattr(magics.drives, "_begin", interrupted)
+        stopped = cell(shell, "", body)
+    [view] = shown
+    assert not view.is_static  # the cell stopped waiting: its drive still ran then
+    assert magics.drives.wait(stopped.run_id, timeout=30)
+    until(lambda: view.is_static)
+    assert WIDGET_VIEW not in view.display_handle.last()
+    assert view.is_closed and magics.engine.status(stopped.run_id).status == "active"

@@ -197,7 +197,12 @@ def launch(
                 # A view's button already continues it in this kernel: follow that drive to
                 # its end instead of refusing to start a second one.
                 ctx.drives.wait(run_id)
-            handle = ctx.drives.foreground(run_id, max_steps=max_steps, live_source=live_source)
+            handle = ctx.drives.foreground(
+                run_id,
+                max_steps=max_steps,
+                live_source=live_source,
+                when_over=None if view is None else view.refresh,
+            )
         finally:
             if view is not None:
                 view.flush()

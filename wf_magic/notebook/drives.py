@@ -33,6 +33,27 @@ class _Drive:
     is_followable: bool = False
     """Started by a view's decision button: a cell driving the run follows it to its end
     instead of being refused (the notebook did not ask for a background drive)."""
+    late: list[Callable[[], None]] = field(default_factory=list)
+    """Called once the drive is over, for a foreground that stopped waiting for it."""
+    late_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def when_over(self, call: Callable[[], None]) -> None:
+        """Call ``call`` once the drive is over (now, when it is already)."""
+        with self.late_lock:
+            if not self.is_over:
+                self.late.append(call)
+                return
+        call()
+
+    def call_late(self) -> None:
+        """Run what :meth:`when_over` left for the drive's end (from its thread)."""
+        with self.late_lock:
+            late, self.late = self.late, []
+        for call in late:
+            try:
+                call()
+            except Exception:
+                log.exception("after-drive call of %s failed", self.run_id)
 
 
 class Drives:
@@ -79,12 +100,14 @@ class Drives:
             except BaseException as exc:  # handed to the waiter or logged below
                 drive.error = exc
             finally:
-                drive.is_over = True
+                with drive.late_lock:
+                    drive.is_over = True
                 if on_done is not None:
                     try:
                         on_done(drive)
                     except Exception:
                         log.exception("after-drive callback failed")
+                drive.call_late()
                 drive.done.set()
 
         drive = _Drive(
@@ -106,9 +129,17 @@ class Drives:
         return drive
 
     def foreground(
-        self, run_id: str, *, max_steps: int | None = None, live_source: Workflow | None = None
+        self,
+        run_id: str,
+        *,
+        max_steps: int | None = None,
+        live_source: Workflow | None = None,
+        when_over: Callable[[], None] | None = None,
     ) -> Run:
         """Drive ``run_id`` and wait; an interrupt stops it gracefully (the run stays active).
+
+        ``when_over``: called from the drive's thread when it ends after a second interrupt
+        stopped this wait (the cell's view then goes static without another cell).
 
         Raises:
             WorkflowError: whatever the drive raised (lock held, plan integrity, ...).
@@ -137,6 +168,8 @@ class Drives:
                         f"Stopped waiting; run {run_id} stops after its units in flight.",
                         file=sys.stderr,
                     )
+                    if when_over is not None:
+                        drive.when_over(when_over)
                     return self._engine().status(run_id)
                 interrupted = True
                 drive.signal.set()

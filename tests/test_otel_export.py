@@ -704,3 +704,80 @@ def test_config_workflow_magics_otlp_endpoint_exports_a_cells_run_live(
         next(shells, None)
     assert {s.trace_id for s in receiver.spans.values()} == {f"{trace_id_of(run.run_id):032x}"}
     assert len(receiver.spans) == len(receiver.received) == 13
+
+
+def test_wf_run_to_a_collector_that_never_answers_says_one_warning_line_and_exits(
+    tmp_path: Path,
+) -> None:
+    """A collector that takes the connection and never answers fails no try before the verb
+    closes: the spans still owed are said in one line (naming the endpoint, masked), and the
+    verb exits within the close's few seconds."""
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # connections are queued and taken by the kernel, never answered
+    port = silent.getsockname()[1]
+    source = tmp_path / "tools.yaml"
+    source.write_text(EXEC_FLOW)
+    try:
+        started = time.monotonic()
+        done = _wf(
+            "run",
+            str(source),
+            "--quiet",
+            state=tmp_path / "state",
+            env={"WF_MAGIC_OTLP_ENDPOINT": f"http://127.0.0.1:{port}?api_key={CANARY}"},
+        )
+        took = time.monotonic() - started
+    finally:
+        silent.close()
+    assert done.returncode == 0, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    url = f"http://127.0.0.1:{port}/v1/traces?api_key=***"
+    # The first try times out about when the close gives up: whichever comes first is said.
+    assert line.startswith(
+        (
+            f"wf_magic: warning: OpenTelemetry export to {url} did not finish within 5 s "
+            "(1 run(s) owed spans, first r-",
+            "wf_magic: warning: OpenTelemetry export of run r-",
+        )
+    ), line
+    assert f" to {url} " in line and "Spans are kept in the journal and sent " in line
+    assert CANARY not in done.stderr
+    assert took < 20, took
+
+
+def test_closing_while_a_try_hangs_says_the_owed_spans_once(tmp_path: Path) -> None:
+    """The close gives up on a try that is still waiting for the collector (its own deadline
+    is later): the spans still owed are said in one line, never silently left."""
+    import socket
+
+    from wf_magic.otel.live import LiveExporter
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    said: list[str] = []
+    try:
+        with Engine(tmp_path / "state") as engine:
+            run = engine.run(EXEC_FLOW)
+            live = LiveExporter(
+                engine.store,
+                url=traces_url(f"http://127.0.0.1:{silent.getsockname()[1]}"),
+                headers={},
+                redactor_of=engine.store.scrubber.redactor,
+                timeout_s=30.0,
+                warn=said.append,
+            )
+            live.poke(run.run_id)
+            started = time.monotonic()
+            live.close(wait_s=0.5)
+            assert time.monotonic() - started < 3
+    finally:
+        silent.close()
+    assert said == [
+        f"wf_magic: warning: OpenTelemetry export to {live.url} did not finish within 0.5 s "
+        f"(1 run(s) owed spans, first {run.run_id}). Spans are kept in the journal and sent "
+        "by the next drive or `wf export-otel RUN`."
+    ]

@@ -103,6 +103,17 @@ class LiveExporter:
             if left <= 0 or self.wait_idle(min(left, 0.05)):
                 break
         with self._lock:
+            owed = sorted(self._owed)
+        if owed and self._healthy and self.failures == failures:
+            # A collector that takes the connection and never answers: no try failed yet,
+            # so nothing was said; the spans still owed are said once, here.
+            self._say(
+                owed[0],
+                f"OpenTelemetry export to {mask_url(self.url)} did not finish within "
+                f"{wait_s:g} s ({len(owed)} run(s) owed spans, first {owed[0]}).",
+                retrying=False,
+            )
+        with self._lock:
             self._closing = True
         self._wake.set()
         if self._thread is not None:  # a daemon: one stuck on a slow collector is left behind
@@ -166,15 +177,17 @@ class LiveExporter:
         while not self._closing and (left := end - time.monotonic()) > 0:
             time.sleep(min(left, 0.1))
 
-    def _say(self, run_id: str, message: str) -> None:
+    def _say(self, run_id: str, message: str, *, retrying: bool = True) -> None:
         if self._warned or self._closing:  # the store may be closing under the thread
             return
         self._warned = True
         line = " ".join(self.redactor_of(run_id).redact(message).split())
-        self._warn(
-            f"wf_magic: warning: {line} Spans are kept in the journal and sent when "
-            f"{mask_url(self.url)} answers (retrying in the background)."
+        later = (
+            f"sent when {mask_url(self.url)} answers (retrying in the background)"
+            if retrying
+            else "sent by the next drive or `wf export-otel RUN`"
         )
+        self._warn(f"wf_magic: warning: {line} Spans are kept in the journal and {later}.")
 
 
 def _stderr(line: str) -> None:

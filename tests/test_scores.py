@@ -284,7 +284,19 @@ def helpers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         "        raise ValueError('scorer is broken today')\n"
         "    return 1\n"
         "def per_item(output, item, index):\n"
-        "    return {'value': index, 'explanation': f'{item}->{output}'}\n",
+        "    return {'value': index, 'explanation': f'{item}->{output}'}\n"
+        "def picky(output, item):\n"
+        "    if item == 'Lyon' and os.path.exists(os.environ['SCORE_FLAG']):\n"
+        "        raise ValueError('no Lyon today')\n"
+        "    return 1\n"
+        "def numpyish(output):\n"
+        "    import numpy\n"
+        "    return numpy.int64(3) if output == 'Paris' else numpy.bool_(True)\n"
+        "def halves(output):\n"
+        "    import numpy\n"
+        "    return {'value': numpy.float32(0.5), 'explanation': 'half'}\n"
+        "def named(answer, **extras):\n"
+        "    return {'value': len(answer), 'explanation': ','.join(sorted(extras))}\n",
         encoding="utf-8",
     )
     monkeypatch.syspath_prepend(str(folder))
@@ -941,3 +953,85 @@ steps:
     ]
     loops = run.journal().set_index("unit")["loop"]
     assert (loops["each.score:good[1]"], loops["each.score:good[0]"]) == (2, 2)
+
+
+MAP_PICKY = """
+name: picky
+params:
+  cities: {type: array, default: [Paris, Lyon, Nice]}
+  style: {type: string, default: plain}
+runners:
+  scripted:
+    rules:
+      - match: "city (\\\\w+)"
+        reply: "{{ groups[1] }}"
+steps:
+  - id: each
+    map: "{{ params.cities }}"
+    prompt: "city {{ item }} ({{ params.style }})"
+    score:
+      - {name: ok, python: "score_helpers:picky"}
+"""
+
+
+def test_a_map_cell_with_a_failed_item_score_is_missing_and_the_sweep_measures_it_again(
+    engine: Engine, helpers: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cell's value over a map is the mean of all its items' scores: while one item's
+    score failed the cell is NaN (counted ``missing``), never the mean of the items that
+    happened to succeed; running the sweep again (or resuming it) measures the failed unit
+    again, as a run's resume does."""
+    flag = tmp_path / "broken"
+    flag.write_text("1")
+    monkeypatch.setenv("SCORE_FLAG", str(flag))
+    sweep = engine.sweep(MAP_PICKY, grid={"style": ["plain", "terse"]})
+    assert (sweep.status, sweep.status_reason) == (
+        "completed",
+        f"2 cell(s) hold a score that failed (NaN in the frame); `wf sweep-resume "
+        f"{sweep.sweep_id}` measures them again",
+    )
+    assert sweep.frame()["score.each.ok"].isna().tolist() == [True, True]
+    table = sweep.summary(by="style")
+    assert (list(table["n"]), list(table["missing"])) == ([0, 0], [1, 1])
+
+    flag.unlink()
+    again = engine.sweep(MAP_PICKY, grid={"style": ["plain", "terse"]})
+    assert again.sweep_id == sweep.sweep_id
+    assert again.frame()["score.each.ok"].tolist() == [1.0, 1.0]
+    assert (again.status, again.status_reason) == ("completed", None)
+    failed = db_rows(
+        engine.state_dir,
+        "SELECT COUNT(*) FROM attempts WHERE phase = 'score' AND status = 'failed'",
+    )
+    assert failed == [(2,)]  # one per cell, measured again once each
+    remeasured = db_rows(
+        engine.state_dir,
+        "SELECT COUNT(*) FROM attempts WHERE phase = 'score' AND unit_id = 'each.score:ok[1]'",
+    )
+    assert remeasured == [(4,)]
+    assert engine.sweep_resume(sweep.sweep_id).frame()["score.each.ok"].tolist() == [1.0, 1.0]
+    assert db_rows(engine.state_dir, "SELECT COUNT(*) FROM attempts WHERE phase = 'score'") == [
+        (8,)
+    ]  # nothing owed any more: nothing measured
+
+
+def test_a_python_scorer_may_return_numpy_numbers_and_name_its_first_argument(
+    engine: Engine, helpers: Path
+) -> None:
+    src = """
+name: numbers
+steps:
+  - id: answer
+    prompt: "Say something"
+    score:
+      - {name: count, python: "score_helpers:numpyish"}
+      - {name: half, python: "score_helpers:halves"}
+      - {name: named, python: "score_helpers:named"}
+"""
+    run = engine.run(src)
+    assert run.status == "completed", run.reason
+    rows = run.scores().set_index("name")
+    assert rows["status"].tolist() == ["succeeded"] * 3, rows["explanation"].tolist()
+    assert rows.loc["count", "value"] in (3.0, 1.0)
+    assert rows.loc["half", "value"] == 0.5
+    assert rows.loc["named", "explanation"] == "index,item,params"

@@ -78,3 +78,53 @@ def test_a_column_is_a_row_field_unless_it_is_a_near_miss_of_a_param(
                 assert list(sweep.frame()[name]) == ["v"]
     finally:
         engine.close()
+
+
+_reserved = st.one_of(
+    st.sampled_from(
+        [
+            "row",
+            "repeat",
+            "run_id",
+            "status",
+            "result",
+            "tokens_paid",
+            "tokens_original",
+            "cost_paid",
+            "cost_original",
+            "duration_s",
+        ]
+    ),
+    st.from_regex(r"score\.[a-z]{1,6}\.[a-z]{1,6}", fullmatch=True),
+    st.from_regex(r"gate_[a-z]{1,8}", fullmatch=True),
+)
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(name=_reserved, as_axis=st.booleans())
+def test_a_column_the_frame_fills_itself_is_refused_as_a_rows_field_or_an_axis(
+    tmp_path: Path, name: str, as_axis: bool
+) -> None:
+    """A rows field (or a param swept as an axis) named like a frame column (``status``,
+    ``tokens_paid``, ``score.answer.exact``) would overwrite it in the frame and break
+    ``summary``: refused in one line naming it, before anything runs."""
+    import uuid
+
+    state = tmp_path / uuid.uuid4().hex
+    rows = [{"question": "Capital?", name: "x"}, {"question": "Sum?", name: "y"}]
+    source = WORKFLOW
+    if as_axis and "." not in name:
+        source = WORKFLOW.replace("params:\n", f"params:\n  {name}: {{type: string}}\n", 1)
+    with Engine(state) as engine:
+        with pytest.raises(UsageError) as info:
+            if as_axis and "." not in name:
+                engine.sweep(source, grid={name: ["a", "b"]}, rows=[{"question": "Q?"}])
+            else:
+                engine.sweep(source, rows=rows)
+        kind = "grid axis" if as_axis and "." not in name else "rows column"
+        assert str(info.value).startswith(
+            f"sweep {kind} {name!r} has the name of a column the sweep frame fills itself"
+        )
+        assert engine.list_runs() == []

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..errors import BudgetExceeded, RunnerError
@@ -435,19 +435,34 @@ def _resolve(
     return fn
 
 
+def _positional(parameters: Mapping[str, inspect.Parameter]) -> str | None:
+    """The name of the first parameter a positional argument fills, if any."""
+    for name, p in parameters.items():
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL):
+            return name
+    return None
+
+
 def _call(fn: Callable[..., Any], given: dict[str, Any], target: str) -> Any:
     """``fn`` on the output, with ``params``, ``item`` and ``index`` when it takes them."""
     try:
         try:
-            names: Sequence[str] = list(inspect.signature(fn).parameters)
-            kinds = [p.kind for p in inspect.signature(fn).parameters.values()]
+            parameters = inspect.signature(fn).parameters
         except (TypeError, ValueError):
             return fn(given["output"])
-        if inspect.Parameter.VAR_KEYWORD in kinds:
-            return fn(**given)
-        extra = {k: v for k, v in given.items() if k in names and k != "output"}
-        if "output" in names:
+        names: Sequence[str] = list(parameters)
+        kinds = [p.kind for p in parameters.values()]
+        takes_all = inspect.Parameter.VAR_KEYWORD in kinds
+        if "output" in names or (takes_all and not _positional(parameters)):
+            extra = {k: v for k, v in given.items() if k != "output" and (takes_all or k in names)}
             return fn(output=given["output"], **extra)
+        # The output goes to the first parameter, whatever its name (``def f(answer, **kw)``).
+        first = _positional(parameters)
+        extra = {
+            k: v
+            for k, v in given.items()
+            if k not in ("output", first) and (takes_all or k in names)
+        }
         return fn(given["output"], **extra)
     except Exception as exc:
         raise RunnerError(

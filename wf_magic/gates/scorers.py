@@ -214,6 +214,11 @@ def python_score(returned: Any) -> ScoreValue:
         if not isinstance(said, str):
             raise ScoreError("python scorer's `explanation` is not text")
         explanation = _kept(said)
+    if type(value).__module__ == "numpy" and hasattr(value, "item"):
+        try:  # a numpy scalar (np.int64 of a sum, np.bool_ of a comparison): its Python value
+            value = value.item()
+        except (TypeError, ValueError):
+            pass  # an array of more than one value: refused below
     if isinstance(value, bool):
         return ScoreValue(value=1.0 if value else 0.0, explanation=explanation)
     if not isinstance(value, int | float):
@@ -224,7 +229,9 @@ def python_score(returned: Any) -> ScoreValue:
     try:
         number = float(value)
     except OverflowError:
-        number = math.inf
+        raise ScoreError(
+            "python scorer returned an integer too large for a float; expected a finite number"
+        ) from None
     if not math.isfinite(number):
         raise ScoreError(f"python scorer returned {number}; expected a finite number")
     return ScoreValue(value=number, explanation=explanation)

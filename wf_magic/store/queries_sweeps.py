@@ -38,6 +38,10 @@ class SweepQueries(StoreAccess):
         """(charged attempts, tokens, cost) this sweep paid (its ``sweep_charges``)."""
         return self._read(lambda c: sweeps.sweep_usage(c, sweep_id))
 
+    def sweep_rescores(self, sweep_id: str) -> set[str]:
+        """The sweep's cell runs with a score unit no attempt measured (all failed)."""
+        return self._read(lambda c: sweeps.sweep_rescores(c, sweep_id))
+
     def sweep_flow(self, sweep_id: str) -> tuple[int, list[tuple[float, str]]]:
         """(attempts running in the sweep's cells, (at, data_json) of its throttle events)."""
         return self._read(lambda c: sweeps.sweep_flow(c, sweep_id))

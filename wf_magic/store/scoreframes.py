@@ -102,14 +102,15 @@ def _measured(output_json: Any) -> tuple[float, str | None]:
 
 
 def score_means(frame: pd.DataFrame) -> pd.DataFrame:
-    """Each run's mean value per score (over a map's items; failed units left out): one row
-    per run, one column ``score.<step>.<name>`` per score, NaN where a run has none."""
-    done = frame[frame["value"].notna()]
-    if done.empty:
+    """Each run's mean value per score (over a map's items): one row per run, one column
+    ``score.<step>.<name>`` per score, NaN where a run has none — and where any of its units
+    failed or is unfinished: a mean over the items that happened to succeed would be a
+    biased value, read as a measurement (the cell counts as ``missing`` instead)."""
+    if frame.empty:
         return pd.DataFrame(index=pd.Index([], dtype="string", name="run"))
-    column = "score." + done["step"].astype(str) + "." + done["name"].astype(str)
-    table = done.assign(column=column).pivot_table(
-        index="run", columns="column", values="value", aggfunc="mean"
-    )
+    column = "score." + frame["step"].astype(str) + "." + frame["name"].astype(str)
+    values = frame.assign(column=column).groupby(["run", "column"], sort=True)["value"]
+    means = values.mean().where(values.count() == values.size())
+    table = means.unstack("column")
     table.columns.name = None
     return table

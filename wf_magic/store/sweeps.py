@@ -243,6 +243,19 @@ def sweep_usage(conn: sqlite3.Connection, sweep_id: str) -> tuple[int, int, floa
     return int(row[0]), int(row[1]), float(row[2])
 
 
+def sweep_rescores(conn: sqlite3.Connection, sweep_id: str) -> set[str]:
+    """The runs of ``sweep_id``'s cells with a score unit whose every attempt failed: a
+    drive of the run measures it again, so such a cell is still owed that."""
+    rows = conn.execute(
+        "SELECT DISTINCT a.run_id FROM attempts a JOIN sweep_cells c ON c.run_id = a.run_id"
+        " WHERE c.sweep_id = ? AND a.phase = 'score' AND a.status = 'failed'"
+        " AND NOT EXISTS (SELECT 1 FROM attempts b WHERE b.run_id = a.run_id"
+        " AND b.unit_id = a.unit_id AND b.status IN ('succeeded', 'reused', 'running'))",
+        (sweep_id,),
+    ).fetchall()
+    return {str(r[0]) for r in rows}
+
+
 def sweep_flow(conn: sqlite3.Connection, sweep_id: str) -> tuple[int, list[tuple[float, str]]]:
     """(attempts running in the sweep's cells, (at, data_json) of each ``throttled`` event)."""
     running = conn.execute(

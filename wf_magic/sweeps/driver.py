@@ -192,10 +192,12 @@ def drive_sweep(ctx: SweepDrive, sweep: SweepRow, wf: Workflow) -> SweepRow:
 def owed_cells(
     store: Store, sweep_id: str, share: tuple[int, int] = (0, 1)
 ) -> tuple[list[SweepCellRow], list[SweepCellRow]]:
-    """(the sweep's cells of this share, those of them still owed something)."""
+    """(the sweep's cells of this share, those of them still owed something: a run to
+    finish, or a completed run's failed score units to measure again)."""
     k, n = share
     cells = [c for c in store.sweep_cells(sweep_id) if c.cell_index % n == k]
-    return cells, [c for c in cells if c.run_status not in SETTLED]
+    rescores = store.sweep_rescores(sweep_id)
+    return cells, [c for c in cells if c.run_status not in SETTLED or c.run_id in rescores]
 
 
 def drive_cells(ctx: SweepDrive, sweep: SweepRow, wf: Workflow) -> SharedBudget:
@@ -292,8 +294,11 @@ def _drive_cell(
             status = None if row is None else row.status
         else:
             status = "active"
-    # The lock is taken only for a run that may owe work (the drive reads the row again).
-    if status is None or status in SETTLED or status == "blocked":
+    # The lock is taken only for a run that may owe work (the drive reads the row again). A
+    # cell whose run was completed when it was listed owes failed score units (owed_cells):
+    # its drive measures them again.
+    rescore = fresh is None and cell.run_status == "completed" and run_id == cell.run_id
+    if status is None or (status in SETTLED and not rescore) or status == "blocked":
         return
     try:
         drive_locked_run(
@@ -329,6 +334,12 @@ def settle_sweep(
     reached = None if shared.reached is None else _reached(store, sweep.sweep_id, shared)
     if done == len(cells):
         status, reason = "completed", None
+        rescores = store.sweep_rescores(sweep.sweep_id)
+        if rescores:
+            reason = (
+                f"{len(rescores)} cell(s) hold a score that failed (NaN in the frame); "
+                f"`wf sweep-resume {sweep.sweep_id}` measures them again"
+            )
     elif reached is not None:
         ceiling, used, limit = reached
         status = "stopped"

@@ -92,6 +92,7 @@ def definition(
     declared = sorted(plan.params)
     axes: dict[str, list[Any]] = {}
     for name, values in (grid or {}).items():
+        _not_reserved("grid axis", str(name))
         if name not in plan.params:
             raise UsageError(
                 f"sweep grid axis {name!r} is not a param of workflow {plan.name!r}; "
@@ -179,6 +180,36 @@ class RowsTable(list[dict[str, Any]]):
         self.lines: list[int] = [] if lines is None else lines
 
 
+FRAME_COLUMNS = (
+    "row",
+    "repeat",
+    "run_id",
+    "status",
+    "result",
+    "tokens_paid",
+    "tokens_original",
+    "cost_paid",
+    "cost_original",
+    "duration_s",
+)
+"""The sweep frame's fixed columns, after one column per grid axis and rows field (result
+fields come after): a grid axis or a rows field of one of these names is refused."""
+
+
+def reserved_column(name: str) -> bool:
+    """Whether ``name`` is a column the sweep frame fills itself (a fixed column, a score's
+    ``score.<step>.<name>``, a gate's ``gate_<step>…``)."""
+    return name in FRAME_COLUMNS or name.startswith(("score.", "gate_"))
+
+
+def _not_reserved(kind: str, name: str) -> None:
+    if reserved_column(name):
+        raise UsageError(
+            f"sweep {kind} {name!r} has the name of a column the sweep frame fills itself "
+            f"({', '.join(FRAME_COLUMNS)}, score.*, gate_*); rename it"
+        )
+
+
 def _misspelt_param(column: str, params: Iterable[str]) -> str | None:
     """The param a rows column's name most likely misspells (a near miss, or the same name in
     another case), else None."""
@@ -199,6 +230,8 @@ def _check_columns(
 ) -> None:
     for i, row in enumerate(table):
         for column, value in row.items():
+            if i == 0 or column not in table[0]:
+                _not_reserved("rows column", str(column))
             if column not in plan.params:
                 # A dataset's own fields (an id, a category, the expected answer a scorer
                 # reads through a param) ride along as row fields: in the frame, summary and

@@ -17,6 +17,7 @@ from ..store import Store
 from ..store.sweeps import SweepCellRow, SweepRow
 from . import evaluation
 from .accounting import sweep_attempts
+from .expand import FRAME_COLUMNS
 from .paired import Paired
 from .resampling import CONFIDENCE, RESAMPLES, SEED
 from .sidebyside import CLIP, SideBySide
@@ -24,20 +25,6 @@ from .sidebyside import CLIP, SideBySide
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
-
-FRAME_COLUMNS = (
-    "row",
-    "repeat",
-    "run_id",
-    "status",
-    "result",
-    "tokens_paid",
-    "tokens_original",
-    "cost_paid",
-    "cost_original",
-    "duration_s",
-)
-"""The frame's fixed columns, after one column per grid axis (result fields come after)."""
 
 
 class Sweep:

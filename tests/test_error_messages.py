@@ -259,9 +259,30 @@ def test_a_non_utf8_param_value_is_refused_before_the_state_database_is_touched(
     result = wf_inproc(capsys, state_dir, "run", str(flow), "--param", os.fsdecode(b"topic=\xff"))
     assert result.returncode == 2
     assert result.stderr == (
-        "wf: error: argument 6 ('topic=\\xff') is not valid UTF-8 text (byte 0xff at character "
+        "wf: error: argument 6 ('topic=…') is not valid UTF-8 text (byte 0xff at character "
         "6); pass it as UTF-8\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (
+            ("run", "f.yaml", "--param", "api_key=CANARYs3cret\udcff"),
+            "('api_key=…') is not valid UTF-8",
+        ),
+        (
+            ("reject", "r-1", "a", "--feedback", "token CANARYs3cret\udcff"),
+            "(the value of --feedback) is not valid UTF-8",
+        ),
+    ],
+)
+def test_a_non_utf8_argument_is_named_without_the_value_it_carries(
+    state_dir: Path, capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], named: str
+) -> None:
+    result = wf_inproc(capsys, state_dir, *argv)
+    assert result.returncode == 2
+    assert "CANARY" not in result.stderr and named in result.stderr, result.stderr
     assert not (state_dir / "state.db").exists()
 
 
@@ -401,3 +422,22 @@ def test_params_taken_out_before_argparse_keep_their_order_and_their_verbs(
     no_such_option = wf_inproc(capsys, state_dir, "status", "r-1", "--param", "x=1")
     assert no_such_option.returncode == 2
     assert "unrecognized arguments: --param x=1" in no_such_option.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("status", "r-nope"),
+        ("run", "missing.yaml"),
+        ("sweep", "missing.yaml", "--grid", "zz=1"),
+        ("approve", "r-nope", "a"),
+    ],
+)
+def test_debug_adds_the_traceback_and_keeps_the_exit_code_and_the_error_line(
+    state_dir: Path, capsys: pytest.CaptureFixture[str], argv: tuple[str, ...]
+) -> None:
+    plain = wf_inproc(capsys, state_dir, *argv)
+    debug = wf_inproc(capsys, state_dir, "--debug", *argv)
+    assert plain.returncode == debug.returncode != 0
+    assert debug.stderr.startswith("Traceback (most recent call last):")
+    assert debug.stderr.endswith(plain.stderr)  # the same one line, last

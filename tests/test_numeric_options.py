@@ -211,10 +211,24 @@ def test_finite_in_range_values_still_parse(argv: list[str], value: float) -> No
 
 
 @pytest.mark.parametrize(
-    ("text", "seconds"), [("30d", 2592000.0), ("12h", 43200.0), ("45m", 2700.0), ("90", 90.0)]
+    ("text", "seconds"),
+    [("30d", 2592000.0), ("12h", 43200.0), ("45m", 2700.0), ("90s", 90.0), ("0", 0.0)],
 )
 def test_durations_parse(text: str, seconds: float) -> None:
     assert duration_s(text) == seconds
+
+
+@given(
+    st.one_of(
+        st.integers(1, 10**6).map(str), st.integers(1, 10**6).map(lambda n: f"{n / 1000:.3f}")
+    )
+)
+def test_a_duration_without_its_unit_is_refused(text: str) -> None:
+    """``wf gc --older-than 30`` deletes runs: 30 days or 30 seconds? A unit is required."""
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError, match=r"with its unit, .*days or seconds\?"):
+        duration_s(text)
 
 
 @pytest.mark.parametrize(

@@ -140,3 +140,33 @@ def _is_missing(value: Any) -> bool:
     return any(value is m for m in (None, pd.NA, pd.NaT)) or (
         isinstance(value, float) and value != value
     )
+
+
+JSON_VALUES = st.recursive(
+    st.one_of(
+        st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=5)
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+"""What a rows file's field holds: any JSON value (a JSONL row's ``meta`` object)."""
+
+
+@settings(max_examples=40, deadline=None)
+@given(field=JSON_VALUES)
+def test_any_row_field_value_indexes_the_frame_and_the_page(field: Any) -> None:
+    """A row field holding an object or a list (a JSONL row's ``meta``), or any other JSON
+    value, labels its row in ``.frame()`` and in the page: never ``unhashable type``."""
+    base = {"status": "completed", "tokens_paid": 7, "cost_paid": 0.25, "duration_s": 1.5}
+    data = pd.DataFrame(
+        [{**base, "model": m, "row": 0, "meta": field, "result": m} for m in ("m1", "m2")]
+    )
+    table = build(
+        data, axes=["model"], row_fields=["meta"], columns="model", index=None, score=None,
+        only=None,
+    )  # fmt: skip
+    frame = table.frame()
+    assert frame.shape == (1, 2 * len(frame.columns.levels[1]))
+    assert "<table" in table.to_html()

@@ -53,8 +53,21 @@ def argv_problem(argv: Sequence[str]) -> str | None:
     for number, arg in enumerate(argv, start=1):
         problem = text_problem(arg)
         if problem is not None:
-            return f"argument {number} ({clip(_shown(arg), 80)}) is {problem}"
+            return f"argument {number} ({_named(argv, number, arg)}) is {problem}"
     return None
+
+
+def _named(argv: Sequence[str], number: int, arg: str) -> str:
+    """How an undecodable argument is named without showing a value it may carry (a secret
+    ``--param api_key=…``, ``--feedback``): ``'api_key=…'``, ``the value of --feedback``; a
+    word of its own (a file, a run id) as it is."""
+    name, equals, _ = arg.partition("=")
+    if equals and name and text_problem(name) is None:
+        return clip(_shown(name), 60)[:-1] + "=…'"
+    before = argv[number - 2] if number > 1 else ""
+    if before.startswith("-") and text_problem(before) is None:
+        return f"the value of {clip(before, 40)}"
+    return clip(_shown(arg), 80)
 
 
 INT64_MAX = 2**63 - 1
@@ -119,14 +132,20 @@ _UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
 
 
 def duration_s(text: str) -> float:
-    """Seconds in a duration such as ``30d``, ``12h``, ``45m``, ``90s`` or ``3600``: finite,
-    at least 0, at most :data:`SECONDS_MAX`.
+    """Seconds in a duration such as ``30d``, ``12h``, ``45m`` or ``90s``: finite, at least 0,
+    at most :data:`SECONDS_MAX`. A number needs its unit (``wf gc --older-than 30`` could mean
+    30 days as well as 30 seconds, and deletes runs), bar ``0``.
 
     Raises:
-        argparse.ArgumentTypeError: not a duration, or one out of range.
+        argparse.ArgumentTypeError: not a duration, one without a unit, or one out of range.
     """
-    number, unit = (text[:-1], text[-1]) if text and text[-1] in _UNITS else (text, "s")
-    value = float(number) * _UNITS[unit] if _DECIMAL.fullmatch(number) else None
+    number, unit = (text[:-1], text[-1]) if text and text[-1] in _UNITS else (text, "")
+    if not unit and _DECIMAL.fullmatch(number) and float(number) != 0:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration with its unit, like 30d, 12h, 45m or 90s "
+            f"(got {clip(repr(text), 40)}: days or seconds?)"
+        )
+    value = float(number) * _UNITS.get(unit, 1.0) if _DECIMAL.fullmatch(number) else None
     if value is None or not 0 <= value <= SECONDS_MAX:
         raise argparse.ArgumentTypeError(
             "expected a duration like 30d, 12h, 45m or 90s, from 0 to 100 years "

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, NoReturn
 from .arg_values import argv_problem, parse_params
 from .cli_errors import (
     command_text,
+    debug_traceback,
     exit_past_stuck_units,
     masked,
     printable_stdout,
@@ -446,7 +447,7 @@ def _main(args: argparse.Namespace, words: list[str]) -> int:
         return report_error(args, exc, store)
     except Exception as exc:  # noqa: BLE001 - an error no layer translated: one line, not a wall
         if args.debug:
-            raise
+            debug_traceback(args, exc, store)
         from .store.faults import is_state_db_fault
 
         text = (
@@ -476,7 +477,7 @@ def _authoring(args: argparse.Namespace) -> int:
         return report_error(args, exc)
     except Exception as exc:  # noqa: BLE001 - an error no layer translated: one line, not a wall
         if args.debug:
-            raise
+            debug_traceback(args, exc, None)
         text = unexpected_text(exc, command=command_text(args))
         say(f"error: {clip_message(redactor(args).redact(text))}", file=sys.stderr)
         return EXIT_FAILED

@@ -23,13 +23,23 @@ if TYPE_CHECKING:
 
 
 def report_error(args: argparse.Namespace, exc: WorkflowError, store: Store | None = None) -> int:
-    """Print ``exc`` as one masked ``error:`` line and return its exit code (``--debug``:
-    raise it instead)."""
+    """Print ``exc`` as one masked ``error:`` line and return its exit code (``--debug``: its
+    traceback first, masked the same way; the exit code stays what it is without)."""
     if args.debug:
-        raise exc
+        debug_traceback(args, exc, store)
     text = masked(str(exc), store, args) if store is not None else redactor(args).redact(str(exc))
     print(f"error: {visible(clip_message(text))}", file=sys.stderr)
     return error_exit_code(exc)
+
+
+def debug_traceback(args: argparse.Namespace, exc: BaseException, store: Store | None) -> None:
+    """``--debug``: the traceback of ``exc`` on stderr, every secret masked as in the error
+    line (a traceback quotes the messages and arguments of its frames)."""
+    import traceback
+
+    text = "".join(traceback.format_exception(exc))
+    shown = masked(text, store, args) if store is not None else redactor(args).redact(text)
+    print(shown, end="" if shown.endswith("\n") else "\n", file=sys.stderr)
 
 
 def masked(text: str, store: Store, args: argparse.Namespace) -> str:

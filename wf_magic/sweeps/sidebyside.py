@@ -57,9 +57,12 @@ class SideBySide:
             [cells.get(v, {}).get(f) for v in self.variants for f in fields]
             for _, cells in self.rows
         ]
-        index = pd.MultiIndex.from_tuples([k for k, _ in self.rows], names=self.keys)
+        # An index label must be hashable: a row field holding an object or a list (a JSONL
+        # row's ``meta``) is labelled by its canonical JSON.
+        keys = [tuple(_label(v) for v in k) for k, _ in self.rows]
+        index = pd.MultiIndex.from_tuples(keys, names=self.keys)
         if len(self.keys) == 1:
-            index = pd.Index([k[0] for k, _ in self.rows], name=self.keys[0])
+            index = pd.Index([k[0] for k in keys], name=self.keys[0])
         return pd.DataFrame(data, index=index, columns=columns)
 
     def to_html(self) -> str:
@@ -180,6 +183,10 @@ def build(
         rows=[(k, {v: _rename(c) for v, c in cells.items()}) for k, cells in rows],
         clip=clip,
     )
+
+
+def _label(value: Any) -> Any:
+    return canonical_json(value) if isinstance(value, dict | list) else value
 
 
 def _cell(rec: dict[str, Any], names: list[str]) -> dict[str, Any]:

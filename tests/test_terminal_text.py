@@ -172,3 +172,32 @@ def test_wf_events_text_lines_show_controls_never_run_them() -> None:
     line = event_text(row)
     assert "\x1b" not in line and "\x07" not in line
     assert "\\x1b]0;pwned\\x07 hi" in line
+
+
+@settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(text=hostile_text())
+def test_the_sweep_tables_print_no_control_character(
+    text: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``wf sweep-frame`` and ``wf sweep-summary`` tables hold a model's words and the grid's
+    values: made visible like every other table."""
+    state = tmp_path / f"s{abs(hash(text))}"
+    flow = write_file(
+        tmp_path,
+        "echo.yaml",
+        ECHO.replace('prompt: "{{ params.text }}"', 'prompt: "{{ params.text }}"\n'
+                     "    score:\n      - {name: said, contains: x}"),
+    )  # fmt: skip
+    ran = wf_inproc(capsys, state, "sweep", str(flow), "--grid", f"text={text}", "--quiet")
+    assert ran.returncode == 0, ran.stderr
+    sweep_id = wf_inproc(capsys, state, "sweeps").stdout.split()[0]
+    for verb in ("sweep-frame", "sweep-summary"):
+        shown = wf_inproc(
+            capsys, state, verb, sweep_id, *(["--by", "text"] if "summary" in verb else [])
+        )
+        assert shown.returncode == 0, shown.stderr
+        _clean(shown.stdout + shown.stderr)

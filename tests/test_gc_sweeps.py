@@ -108,34 +108,49 @@ def test_cells_never_run_stay_pending_beside_the_deleted_ones(
     ]
 
 
-def test_resuming_a_sweep_after_gc_drives_its_deleted_cells_afresh(
+def test_resuming_a_sweep_after_gc_settles_without_paying_its_deleted_cells_again(
     capsys: pytest.CaptureFixture[str], state_dir: Path
 ) -> None:
-    """A cell whose run gc deleted is owed its result again: a resume (or the same sweep run
-    again) starts it a fresh run, so the sweep settles, never ``running`` with cells owed
-    that no drive will ever start."""
+    """A cell whose run gc deleted is owed nothing: a resume (or the same sweep run again)
+    settles the sweep — never ``running`` with cells owed that no drive starts — and starts
+    no run for it; what the deleted runs paid still counts."""
     with Engine(state_dir) as engine:
         sweep = engine.sweep(WORKFLOW, grid={"k": [1, 2, 3, 4]})
-        before = {c.cell_index: c.run_id for c in sweep.cells()}
+        paid = sweep.totals()
         time.sleep(0.01)
         assert len(engine.gc(older_than_s=0)) == 4
         again = engine.sweep_resume(sweep.sweep_id)
-        assert (again.status, [c.status for c in again.cells()]) == (
-            "failed",
-            ["completed", "failed", "completed", "completed"],
-        )
-        after = {c.cell_index: c.run_id for c in again.cells()}
-        assert all(after[i] not in (None, before[i]) for i in range(4))
-        assert again.totals()["units"] == 4  # the fresh runs' units, paid again
-        time.sleep(0.01)
-        assert len(engine.gc(older_than_s=0, statuses=["failed"])) == 1
+        assert (again.status, [c.status for c in again.cells()]) == ("deleted", ["deleted"] * 4)
+        assert engine.list_runs() == []  # nothing driven again
+        assert again.totals() == paid == {"units": 4, "tokens": paid["tokens"], "cost": 0.0}
         rerun = engine.sweep(WORKFLOW, grid={"k": [1, 2, 3, 4]})
-        assert rerun.sweep_id == sweep.sweep_id
-        assert [c.status for c in rerun.cells()] == [
-            "completed",
-            "failed",
-            "completed",
-            "completed",
-        ]
+        assert (rerun.sweep_id, rerun.status) == (sweep.sweep_id, "deleted")
+        assert engine.list_runs() == []
     status = wf_inproc(capsys, state_dir, "sweep-status", sweep.sweep_id).stdout.splitlines()
-    assert status[0] == f"sweep {sweep.sweep_id} evalbench: failed · 4 cells"
+    assert status[0] == f"sweep {sweep.sweep_id} evalbench: deleted · 4 cells"
+    assert f"paid: 4 units, {paid['tokens']} tokens" in "\n".join(status)
+
+
+def test_a_sweeps_ceiling_still_counts_what_runs_gc_deleted_had_paid(
+    capsys: pytest.CaptureFixture[str], state_dir: Path
+) -> None:
+    """gc deletes the cell runs' charges with them; the sweep keeps their totals, so a
+    resume under the same ceiling spends nothing more (it spent past it before)."""
+    source = WORKFLOW.replace("^cell 2!$", "^never$")
+    with Engine(state_dir) as engine:
+        sweep = engine.sweep(source, grid={"k": [1, 2, 3, 4]}, budget={"max_units": 2})
+        assert sweep.status == "stopped" and sweep.totals()["units"] == 2
+        time.sleep(0.01)
+        assert len(engine.gc(older_than_s=0)) == 2
+        resumed = engine.sweep_resume(sweep.sweep_id)
+        assert resumed.totals()["units"] == 2
+        assert resumed.status == "stopped"
+        spent = db_units(engine)
+        assert spent == 0  # the two deleted runs' units are gone; no new unit was paid
+        wider = engine.sweep_resume(sweep.sweep_id, budget={"max_units": 3})
+        assert wider.totals()["units"] == 3 and db_units(engine) == 1
+
+
+def db_units(engine: Engine) -> int:
+    """Charged attempts in the journal (the live runs' only)."""
+    return sum(a.charged for r in engine.list_runs() for a in engine.attempts(r.run_id))

@@ -266,3 +266,22 @@ def m023_call_bodies(conn: sqlite3.Connection) -> None:
         CREATE INDEX call_bodies_by_run ON call_bodies (run_id);
         """,
     )
+
+
+def m024_sweep_charges_kept(conn: sqlite3.Connection) -> None:
+    # What a sweep paid through runs `wf gc` deleted: its charges go with their run (the
+    # attempts they name are deleted), so gc keeps their totals per sweep and run, in the
+    # delete's transaction. A sweep's ceiling and its `paid` still count them.
+    _script(
+        conn,
+        """
+        CREATE TABLE sweep_charges_kept (
+            sweep_id TEXT NOT NULL REFERENCES sweeps(sweep_id) ON DELETE CASCADE,
+            run_id TEXT NOT NULL,
+            units INTEGER NOT NULL,
+            tokens INTEGER NOT NULL,
+            cost REAL NOT NULL,
+            PRIMARY KEY (sweep_id, run_id)
+        ) WITHOUT ROWID;
+        """,
+    )

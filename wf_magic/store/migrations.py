@@ -38,6 +38,7 @@ MIGRATIONS: list[Migration] = [
     migration_steps_late.m021_calls,
     migration_steps_late.m022_null_usage,
     migration_steps_late.m023_call_bodies,
+    migration_steps_late.m024_sweep_charges_kept,
 ]
 
 

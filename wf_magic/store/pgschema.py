@@ -438,6 +438,15 @@ def _call_bodies(conn: Any) -> None:
     conn.raw.execute("CREATE INDEX call_bodies_by_run ON call_bodies (run_id)")
 
 
+def _sweep_charges_kept(conn: Any) -> None:
+    """What a sweep paid through runs gc deleted, per sweep and run (SQLite's m024)."""
+    conn.raw.execute(
+        f"CREATE TABLE sweep_charges_kept (sweep_id {T} NOT NULL REFERENCES sweeps(sweep_id)"
+        f" ON DELETE CASCADE, run_id {T} NOT NULL, units BIGINT NOT NULL, tokens BIGINT NOT NULL,"
+        " cost DOUBLE PRECISION NOT NULL, PRIMARY KEY (sweep_id, run_id))"
+    )
+
+
 def _score_phase(conn: Any) -> None:
     """Score units journal under phase ``score`` (SQLite's m019 rebuilds its table for it)."""
     conn.raw.execute(
@@ -467,6 +476,7 @@ MIGRATIONS: list[tuple[str, Migration]] = [
     ("m021_calls", _calls),
     ("m022_null_usage", _null_usage),
     ("m023_call_bodies", _call_bodies),
+    ("m024_sweep_charges_kept", _sweep_charges_kept),
 ]
 """(id, step) in ledger order; the ids are SQLite's (store/migrations.py)."""
 

@@ -474,7 +474,10 @@ def delete_finished_tree_txn(
     ).fetchone()
     if row is None:
         return []
+    from .sweeps import keep_sweep_charges_txn
+
     insert_receipts_txn(conn, run_id)
+    keep_sweep_charges_txn(conn, run_id)
     tree = [
         r[0]
         for r in conn.execute(

@@ -233,14 +233,39 @@ def _typed(row: SweepCellRow) -> SweepCellRow:
 
 
 def sweep_usage(conn: sqlite3.Connection, sweep_id: str) -> tuple[int, int, float]:
-    """(charged attempts, tokens, cost) this sweep paid (its ``sweep_charges``)."""
+    """(charged attempts, tokens, cost) this sweep paid (its ``sweep_charges``, and what runs
+    gc deleted had paid: ``sweep_charges_kept``)."""
     row = conn.execute(
         f"SELECT COUNT(*), COALESCE(SUM({BUDGET_TOKENS}), 0), COALESCE(SUM(a.cost), 0)"
         " FROM sweep_charges sc JOIN attempts a ON a.dispatch_id = sc.dispatch_id"
         " WHERE sc.sweep_id = ?",
         (sweep_id,),
     ).fetchone()
+    kept = _kept_usage(conn, sweep_id)
+    return int(row[0]) + kept[0], int(row[1]) + kept[1], float(row[2]) + kept[2]
+
+
+def _kept_usage(conn: sqlite3.Connection, sweep_id: str) -> tuple[int, int, float]:
+    row = conn.execute(
+        "SELECT COALESCE(SUM(units), 0), COALESCE(SUM(tokens), 0), COALESCE(SUM(cost), 0)"
+        " FROM sweep_charges_kept WHERE sweep_id = ?",
+        (sweep_id,),
+    ).fetchone()
     return int(row[0]), int(row[1]), float(row[2])
+
+
+def keep_sweep_charges_txn(conn: sqlite3.Connection, root_run_id: str) -> None:
+    """Before gc deletes the tree of ``root_run_id``: keep what each sweep paid through its
+    runs (their charges go with them), so the sweep's ceiling and ``paid`` still count it."""
+    conn.execute(
+        "INSERT INTO sweep_charges_kept (sweep_id, run_id, units, tokens, cost)"
+        f" SELECT sc.sweep_id, sc.run_id, COUNT(*), COALESCE(SUM({BUDGET_TOKENS}), 0),"
+        " COALESCE(SUM(a.cost), 0)"
+        " FROM sweep_charges sc JOIN attempts a ON a.dispatch_id = sc.dispatch_id"
+        " JOIN runs r ON r.run_id = sc.run_id WHERE r.root_run_id = ?"
+        " GROUP BY sc.sweep_id, sc.run_id",
+        (root_run_id,),
+    )
 
 
 def sweep_rescores(conn: sqlite3.Connection, sweep_id: str) -> set[str]:
@@ -290,7 +315,7 @@ def fitting_txn(conn: sqlite3.Connection, sweep_id: str, keys: Sequence[tuple[An
         found = conn.execute(
             "SELECT COUNT(*) FROM sweep_charges WHERE sweep_id = ?", (sweep_id,)
         ).fetchone()
-        units, tokens, cost = int(found[0]), 0, 0.0
+        units, tokens, cost = int(found[0]) + _kept_usage(conn, sweep_id)[0], 0, 0.0
     else:
         units, tokens, cost = sweep_usage(conn, sweep_id)
     if (max_tokens is not None and tokens >= max_tokens) or (

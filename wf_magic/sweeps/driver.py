@@ -193,11 +193,17 @@ def owed_cells(
     store: Store, sweep_id: str, share: tuple[int, int] = (0, 1)
 ) -> tuple[list[SweepCellRow], list[SweepCellRow]]:
     """(the sweep's cells of this share, those of them still owed something: a run to
-    finish, or a completed run's failed score units to measure again)."""
+    finish, or a completed run's failed score units to measure again). A cell whose run `wf
+    gc` deleted is owed nothing: its result was had and paid (the sweep still counts what it
+    paid), and deleting it is no order to pay for it again."""
     k, n = share
     cells = [c for c in store.sweep_cells(sweep_id) if c.cell_index % n == k]
     rescores = store.sweep_rescores(sweep_id)
-    return cells, [c for c in cells if c.run_status not in SETTLED or c.run_id in rescores]
+    return cells, [
+        c
+        for c in cells
+        if c.status != "deleted" and (c.run_status not in SETTLED or c.run_id in rescores)
+    ]
 
 
 def drive_cells(ctx: SweepDrive, sweep: SweepRow, wf: Workflow) -> SharedBudget:
@@ -273,9 +279,7 @@ def _drive_cell(
     run_id, status = cell.run_id, cell.run_status
     if fresh is not None:
         run_id, status = fresh.run.run_id, "active"
-    elif run_id is None or status is None:
-        # Never started, or `wf gc` deleted its run (the cell reads ``deleted``): the cell is
-        # owed its result, so it starts a fresh run (its insert names it the cell's run).
+    elif run_id is None:
         # A cell stores its secret params as seals: its run starts from the values (and seals
         # them again, to the same seals, under the state dir's key).
         params = unseal(json.loads(cell.params_json), ctx.secrets, run_id=sweep.sweep_id)
@@ -330,7 +334,8 @@ def settle_sweep(
     """
     cells = store.sweep_cells(sweep.sweep_id)
     status: SweepStatus
-    done = sum(c.run_status == "completed" for c in cells)
+    # A cell whose run gc deleted was done (its reason, shown with the status, says so).
+    done = sum(c.run_status == "completed" or c.status == "deleted" for c in cells)
     reached = None if shared.reached is None else _reached(store, sweep.sweep_id, shared)
     if done == len(cells):
         status, reason = "completed", None

@@ -398,3 +398,23 @@ def test_a_canary_handed_to_a_child_under_plain_names_appears_nowhere_at_rest(
             shown = _everything_shown(engine, child.run_id)
             assert all(f.decode("utf-8") not in shown for f in _forms(canary))
         assert _files_holding(state_dir, canary) == []
+
+
+@pytest.mark.parametrize("given", [[], ["--param", f"api_token={CANARY}-wrong"]])
+def test_wf_fork_without_the_right_secret_is_refused_before_a_fork_exists(
+    tmp_path: Path, given: list[str]
+) -> None:
+    """``wf fork`` checks the source's secret params first: a missing or wrong value is one
+    usage error (exit 2) and no fork is left behind, ``active`` and never driven."""
+    state = tmp_path / "state"
+    wf = write_file(tmp_path, "secret.yaml", _workflow())
+    done = run_wf(state, "run", str(wf), "--param", f"api_token={CANARY}")
+    assert done.returncode == 0, done.stderr
+    [(run_id,)] = db_rows(state, "SELECT run_id FROM runs")
+    refused = run_wf(state, "fork", str(run_id), "--from", "again", *given)
+    assert refused.returncode == 2 and refused.stdout == "", refused.stdout + refused.stderr
+    assert "secret param 'api_token'" in refused.stderr and CANARY not in refused.stderr
+    assert db_rows(state, "SELECT run_id FROM runs") == [(run_id,)]
+    forked = run_wf(state, "fork", str(run_id), "--from", "again", "--param", f"api_token={CANARY}")
+    assert forked.returncode == 0, forked.stderr
+    assert len(db_rows(state, "SELECT run_id FROM runs")) == 2

@@ -243,7 +243,12 @@ def cmd_abandon(engine: Engine, args: argparse.Namespace) -> int:
 
 
 def cmd_fork(engine: Engine, args: argparse.Namespace) -> int:
-    run_id = engine.fork(args.run, from_step=args.from_step).run_id
+    run_id = engine.fork(
+        args.run,
+        from_step=args.from_step,
+        params=parse_params(args.param or ()),  # its secrets checked before the fork exists
+        params_from_strings=True,
+    ).run_id
     print(f"run {run_id} (fork of {args.run} from step {args.from_step})", flush=True)
     return _drive(engine, run_id, args)
 

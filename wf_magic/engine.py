@@ -430,14 +430,27 @@ class Engine(FrameVerbs, SweepVerbs, GcVerbs, FollowVerbs, OtelVerbs):
             self.bus.notify("run_status", run_id=each, status="abandoned", reason=why)
         return done
 
-    def fork(self, run_id: RunRef, *, from_step: str) -> Run:
+    def fork(
+        self,
+        run_id: RunRef,
+        *,
+        from_step: str,
+        params: Mapping[str, Any] | None = None,
+        params_from_strings: bool = False,
+    ) -> Run:
         """A new run with the same frozen plan reusing every result before ``from_step``.
 
         The fork is created, not driven: pass it to :meth:`drive`. An unfinished source is
         superseded by the fork (one unfinished run per scope).
 
+        ``params``: the values of the source's secret params (as :meth:`drive` takes them),
+        checked against their seals *before* the fork is created, so a missing or wrong one
+        leaves nothing behind (``wf fork`` passes its ``--param``s). Without, the fork is
+        created and :meth:`drive` asks for them.
+
         Raises:
-            UsageError: ``from_step`` is not a step of the run's plan.
+            UsageError: ``from_step`` is not a step of the run's plan; with ``params``, a
+                secret param is missing or differs from the run's.
             RunLockHeld: the unfinished source is being driven.
             RunNotOwned: the source is another user's (:meth:`adopt` it first).
         """
@@ -446,6 +459,16 @@ class Engine(FrameVerbs, SweepVerbs, GcVerbs, FollowVerbs, OtelVerbs):
 
         source = self.get_run(self.resolve_run_id(run_id))
         check_owner(source.run_id, source.owner, verb="fork")
+        if params is not None:
+            self._know(
+                lifecycle.drive_secrets(
+                    self.store,
+                    source,
+                    given=params,
+                    known=self._secrets,
+                    from_strings=params_from_strings,
+                )
+            )
         plan, params = verified_plan(self.store, self.bus, source)
         started = lifecycle.fork(self.store, self.bus, source, plan, params, from_step=from_step)
         return self._handle(started)

@@ -326,7 +326,9 @@ def cmd_resume(ctx: CommandContext, args: LineArgs) -> Run | None:
 
 
 def cmd_fork(ctx: CommandContext, args: LineArgs) -> Run:
-    run_id = ctx.engine.fork(_run(ctx, args), from_step=args.from_step or "").run_id
+    # Its secret params (known to this kernel's engine, or WF_PARAM_*) are checked before
+    # the fork exists: a missing one leaves no run behind.
+    run_id = ctx.engine.fork(_run(ctx, args), from_step=args.from_step or "", params={}).run_id
     print(f"run {run_id}: fork of {args.run} from step {args.from_step}")
     return launch(ctx, run_id, max_steps=args.max_steps, background=args.background, created=True)
 

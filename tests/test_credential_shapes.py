@@ -484,3 +484,24 @@ def test_a_persons_feedback_is_masked_before_it_is_journaled_or_shown(
     for verdict in verdicts:
         feedback = json.loads(verdict.output_json or "{}")["feedback"]
         assert MASK in feedback and canary not in feedback
+
+
+@settings(max_examples=60)
+@given(case=credential_cases())
+def test_a_non_secret_params_credential_shape_is_masked_where_params_are_shown(
+    case: tuple[str, str, str, bool],
+) -> None:
+    """A param not named as a secret may still hold a credential (a URL with a password,
+    ``password=…`` in a note): ``wf list``, ``wf status`` and the runs frame show params
+    through one function, which masks it as the journal does."""
+    import json
+
+    from wf_magic.store.runs import masked_params, params_text
+
+    text, value, _name, masked = case
+    stored = json.dumps({"topic": text, "nested": {"note": [text]}})
+    shown = params_text(stored)
+    if masked:
+        gone = "Q" if value.startswith("Q") else value
+        assert gone not in shown and gone not in json.dumps(masked_params(stored)), shown
+    assert masked_params(stored)["topic"] == SHAPES.redact(text)

@@ -144,7 +144,11 @@ def _is_missing(value: Any) -> bool:
 
 JSON_VALUES = st.recursive(
     st.one_of(
-        st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=5)
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.floats(allow_nan=False, allow_infinity=False),
+        st.text(max_size=5),
     ),
     lambda inner: st.one_of(
         st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=3), inner, max_size=3)

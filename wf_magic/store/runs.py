@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..hashing import canonical_json
-from ..redact import is_secret_key
+from ..redact import is_secret_key, mask_text
 from ..sealing import is_seal
 from .inlists import in_chunks
 from .journal import append_event_txn
@@ -558,9 +558,12 @@ PARAMS_TEXT_CHARS = 80
 
 def masked(value: Any) -> Any:
     """``value`` with the value under every secret-looking key (``api_key``, ...) and every
-    sealed value as ``***``."""
+    sealed value as ``***``, and a credential shape inside any text (a URL's password or
+    ``?api_key=``, ``password=…``) masked as the journal masks it."""
     if is_seal(value):
         return "***"
+    if isinstance(value, str):
+        return mask_text(value)
     if isinstance(value, dict):
         return {k: "***" if is_secret_key(str(k)) else masked(v) for k, v in value.items()}
     if isinstance(value, list):

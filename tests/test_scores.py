@@ -51,7 +51,13 @@ KEY_ENV = "WF_SCORES_TEST_KEY"
         ({"a": 1}, {"a": 1}, False, 1.0),  # a non-string expected is compared as JSON
         ({"a": 1, "b": 2}, {"b": 2, "a": 1}, False, 1.0),
         (42, 42, False, 1.0),
-        ("42", 42, False, 0.0),
+        ("42", 42, False, 1.0),  # a model answers 42 as text: read as JSON for a JSON expected
+        (" 42\n", 42, False, 1.0),
+        ("42 apples", 42, False, 0.0),
+        ('```json\n{"answer": 1}\n```', {"answer": 1}, False, 1.0),  # one code fence allowed
+        ('{"answer": 2}', {"answer": 1}, False, 0.0),
+        ("true", True, False, 1.0),
+        ('"42"', 42, False, 0.0),  # a JSON string is no number
         (42, "42", False, 1.0),  # a string expected reads the output's text
         (True, True, False, 1.0),
     ],

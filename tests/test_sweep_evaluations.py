@@ -8,6 +8,7 @@ import csv
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -277,3 +278,39 @@ def test_a_stopped_sweep_reads_its_pending_cells_as_missing(
     failed = sweep.side_by_side(columns="model", only="failed")
     assert len(failed.rows) == result.missing
     assert sweep.tokens(by="model_axis")["attempts"].sum() == len(sweep.attempts())
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda s: s.summary(by=123), "sweep summary: by is an axis or row field name"),
+        (lambda s: s.summary(by=None), "sweep summary: by is an axis or row field name"),
+        (lambda s: s.summary(by=["model", "model"]), "sweep summary: by names model twice"),
+        (lambda s: s.summary(confidence=True), "sweep summary: confidence is a level in"),
+        (
+            lambda s: s.paired(a={"model": "m1"}, b={"model": "m2"}, score=None),
+            "sweep paired: score names one score",
+        ),
+        (
+            lambda s: s.paired(a={"model": "m1"}, b={"model": "m2"}, score="a.b", confidence=0.3),
+            "sweep paired: confidence is a level in [0.5, 1) (got 0.3)",
+        ),
+        (
+            lambda s: s.paired(a={"model": "m1"}, b={"model": "m2"}, score="a.b", resamples=5),
+            "sweep paired: resamples is a count of at least 100",
+        ),
+    ],
+)
+def test_summary_and_paired_refuse_bad_arguments_in_one_line(
+    tmp_path: Path, call: Any, message: str
+) -> None:
+    with Engine(tmp_path / "state") as engine:
+        sweep = engine.sweep(
+            "name: e\nparams:\n  model: {type: string}\nrunner: scripted\nsteps:\n"
+            "  - id: a\n    prompt: 'x {{ params.model }}'\n    score:\n"
+            "      - {name: b, contains: x}\n",
+            grid={"model": ["m1", "m2"]},
+        )
+        with pytest.raises(UsageError) as info:
+            call(sweep)
+        assert str(info.value).startswith(message), str(info.value)

@@ -49,13 +49,21 @@ def score_equals(output: Any, expected: Any, *, ignore_case: bool = False) -> Sc
     """1 when ``output`` equals ``expected``, else 0.
 
     A string ``expected`` is compared with the output's text, both stripped of surrounding
-    whitespace (and casefolded with ``ignore_case``); any other value is compared as JSON.
+    whitespace (and casefolded with ``ignore_case``); any other value (``5``, ``{answer:
+    1}``) is compared as JSON, with a text output read as JSON first, as ``json_schema``
+    reads it (one enclosing code fence allowed): a model answers ``5`` as text.
     """
     if isinstance(expected, str):
         got = _fold(output_text(output).strip(), ignore_case)
         hit = got == _fold(expected.strip(), ignore_case)
     else:
-        hit = canonical_json(output) == canonical_json(expected)
+        value = output
+        if isinstance(output, str):
+            try:
+                value = json.loads(strip_code_fence(output))
+            except (ValueError, RecursionError):
+                value = output
+        hit = canonical_json(value) == canonical_json(expected)
     shown = clip(repr(output_text(output)), 120)
     return ScoreValue(
         value=1.0 if hit else 0.0,

@@ -47,11 +47,12 @@ def summary(
     seed: int = resampling.SEED,
 ) -> pd.DataFrame:
     """See ``Sweep.summary``."""
+    names = stats.group_names(by, where="sweep summary")  # before any read
     frame = sweep.frame()
     latencies = accounting.step_latencies(sweep.attempts())
     return stats.summary_frame(
         frame,
-        [by] if isinstance(by, str) else list(by),
+        names,
         axes=sweep.axes,
         latencies=latencies,
         confidence=confidence,

@@ -10,10 +10,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import UsageError
+from ..errors import UsageError, clip
 from ..hashing import canonical_json
 from . import resampling as rs
-from .stats import cluster_keys, method_attrs, plain, score_column
+from .stats import check_settings, cluster_keys, method_attrs, plain, score_column
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -118,6 +118,11 @@ def paired(
     """
     import numpy as np
 
+    check_settings(confidence, resamples, where="sweep paired")
+    if not isinstance(score, str):
+        raise UsageError(
+            f"sweep paired: score names one score, as 'step.name' (got {clip(repr(score), 60)})"
+        )
     column = score_column(frame, score, where="sweep paired")
     names = _check_selectors(frame, a, b, axes)
     keys = [x for x in axes if x not in names] + [k for k in ("row", "repeat") if k in frame]

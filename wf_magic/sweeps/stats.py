@@ -115,7 +115,7 @@ def summary_frame(
     import pandas as pd
 
     _check_settings(confidence, resamples)
-    by = [by] if isinstance(by, str) else list(by)
+    by = group_names(by, where="sweep summary")
     check_columns(frame, by, where="sweep summary by", what="an axis or row field")
     scores = score_columns(frame)
     if not scores:
@@ -173,11 +173,40 @@ def _groups(frame: pd.DataFrame, by: list[str]) -> list[tuple[tuple[Any, ...], p
     ]
 
 
-def _check_settings(confidence: float, resamples: int) -> None:
-    if not (isinstance(confidence, (int, float)) and 0.5 <= confidence < 1.0):
-        raise UsageError(f"sweep summary: confidence is a level in [0.5, 1) (got {confidence!r})")
+def group_names(by: Any, *, where: str) -> list[str]:
+    """``by`` (a name or a sequence of names) as a list of distinct names.
+
+    Raises:
+        UsageError: ``by`` is neither, or names a column twice.
+    """
+    if isinstance(by, str):
+        return [by]
+    if by is None or isinstance(by, Mapping) or not isinstance(by, Sequence | set | frozenset):
+        raise UsageError(
+            f"{where}: by is an axis or row field name, or a list of them "
+            f"(got {clip(repr(by), 60)})"
+        )
+    names = list(by)
+    twice = sorted({str(n) for n in names if names.count(n) > 1})
+    if twice:
+        raise UsageError(f"{where}: by names {', '.join(twice)} twice; name each column once")
+    return names
+
+
+def _check_settings(confidence: float, resamples: int, *, where: str = "sweep summary") -> None:
+    if (
+        isinstance(confidence, bool)
+        or not isinstance(confidence, (int, float))
+        or not 0.5 <= confidence < 1.0
+    ):
+        raise UsageError(f"{where}: confidence is a level in [0.5, 1) (got {confidence!r})")
     if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 100:
-        raise UsageError(f"sweep summary: resamples is a count of at least 100 (got {resamples!r})")
+        raise UsageError(f"{where}: resamples is a count of at least 100 (got {resamples!r})")
+
+
+def check_settings(confidence: float, resamples: int, *, where: str) -> None:
+    """Refuse a confidence level outside [0.5, 1) or fewer than 100 resamples."""
+    _check_settings(confidence, resamples, where=where)
 
 
 def _describe(

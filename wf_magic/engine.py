@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .bus import EventBus, Observer
-from .errors import RunAbandoned, RunLockHeld, UsageError
+from .errors import (
+    CONCURRENCY_MAX,
+    RunAbandoned,
+    RunLockHeld,
+    UsageError,
+    check_counts,
+    check_mapping,
+)
 from .follow import FollowVerbs
 from .frame_verbs import FrameVerbs
 from .gc import GcVerbs
@@ -215,6 +222,7 @@ class Engine(FrameVerbs, SweepVerbs, GcVerbs, FollowVerbs, OtelVerbs):
         from . import lifecycle
         from .spec.workflow import Workflow
 
+        check_mapping(params, what="params")
         wf = workflow if isinstance(workflow, Workflow) else self.load(workflow)
         started = lifecycle.start(
             self.store,
@@ -318,8 +326,9 @@ class Engine(FrameVerbs, SweepVerbs, GcVerbs, FollowVerbs, OtelVerbs):
         from .drive.context import DriveOptions
         from .drive.root import drive_locked_run
 
-        _at_least(max_steps=(max_steps, 1), max_concurrency=(max_concurrency, 1))
+        _at_least(max_steps=(max_steps, 1), max_concurrency=(max_concurrency, 1, CONCURRENCY_MAX))
         _at_least(max_retries=(max_retries, 0))
+        check_mapping(params, what="params")
         rid = self.resolve_run_id(run_id)
         row = self.get_run(rid)
         check_owner(rid, row.owner, verb="resume")
@@ -572,7 +581,5 @@ class Engine(FrameVerbs, SweepVerbs, GcVerbs, FollowVerbs, OtelVerbs):
         return handle
 
 
-def _at_least(**checks: tuple[int | None, int]) -> None:
-    for label, (value, low) in checks.items():
-        if value is not None and value < low:
-            raise UsageError(f"{label} must be >= {low} (got {value})")
+def _at_least(**checks: tuple[int | None, int] | tuple[int | None, int, int]) -> None:
+    check_counts(**checks)

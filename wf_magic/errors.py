@@ -485,3 +485,47 @@ def _unicode_text(exc: UnicodeError) -> str:
     verb = "cannot encode" if isinstance(obj, str) else "cannot decode"
     reason = getattr(exc, "reason", "")
     return f"{verb} {clip(bad, 40)} ({reason}) at position {start} of {clip(context, 120)}"
+
+
+COUNT_MAX = 2**63 - 1
+"""The largest count any argument takes: what an SQLite or PostgreSQL integer holds."""
+CONCURRENCY_MAX = 10_000
+"""The most units in flight a drive takes (``--max-concurrency``, ``max_concurrency=``)."""
+
+
+def check_counts(**checks: tuple[object, int] | tuple[object, int, int]) -> None:
+    """Refuse a count that is no integer (``2.5``, ``nan``, ``True``) or is out of its range
+    (``max_concurrency=0``; ``(value, low)`` or ``(value, low, high)``), naming it: a Python
+    caller's error, said as the CLI says it.
+
+    Raises:
+        UsageError: the first count that is wrong.
+    """
+    import numbers
+
+    for name, (value, low, *rest) in checks.items():
+        high = rest[0] if rest else COUNT_MAX
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise UsageError(f"{name} must be an integer >= {low} (got {value!r})")
+        value = int(value)  # a numpy integer too
+        if value < low:
+            raise UsageError(f"{name} must be >= {low} (got {value})")
+        if value > high:
+            raise UsageError(f"{name} must be <= {high} (got {value})")
+
+
+def check_mapping(value: object, *, what: str) -> None:
+    """Refuse ``value`` unless it is None or a mapping (``params=[1]``), naming ``what``.
+
+    Raises:
+        UsageError: ``value`` is no mapping.
+    """
+    from collections.abc import Mapping
+
+    if value is not None and not isinstance(value, Mapping):
+        raise UsageError(
+            f"{what}: expected a mapping of names to values, such as {{'topic': 'x'}} "
+            f"(got {type(value).__name__})"
+        )

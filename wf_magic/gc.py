@@ -6,11 +6,13 @@ supplies the attributes declared below.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .arg_values import SECONDS_MAX
 from .errors import RunLockHeld, UsageError
 from .store import Store
 
@@ -55,8 +57,16 @@ class GcVerbs:
         Raises:
             UsageError: a negative retention, or a status that is not a finished one.
         """
-        if older_than_s < 0:
-            raise UsageError("gc retention must be >= 0 seconds")
+        if (
+            isinstance(older_than_s, bool)
+            or not isinstance(older_than_s, int | float)
+            or not math.isfinite(older_than_s)
+            or not 0 <= older_than_s <= SECONDS_MAX
+        ):
+            raise UsageError(
+                "gc retention must be a number of seconds from 0 to 100 years "
+                f"(got {older_than_s!r})"
+            )
         wrong = [s for s in statuses if s not in GC_STATUSES]
         if wrong or not statuses:
             raise UsageError(

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .arg_values import count_at_least, number_in
+from .errors import CONCURRENCY_MAX
 
 Face = Literal["cli", "notebook"]
 """Where a verb or option exists:
@@ -70,7 +71,6 @@ class Verb:
 # -- options several verbs share ----------------------------------------------------------------
 IDLE_S = number_in(0, 30 * 86400.0)
 """``--idle S``: seconds without a driver, from 0 to 30 days (a finite wait: ``nan`` never ends)."""
-CONCURRENCY_MAX = 10_000
 """``--max-concurrency``'s ceiling: more units in flight than threads a process can start."""
 
 RUN = Option(flag="run", help="a run id, or a unique prefix of one")

@@ -62,16 +62,31 @@ def check_budget(budget: Mapping[str, Any] | None) -> dict[str, Any]:
     Raises:
         UsageError: an unknown key or a value that is not a number >= 0.
     """
+    import math
+
+    from ..arg_values import INT64_MAX
+
+    if budget is not None and not isinstance(budget, Mapping):
+        raise UsageError(
+            f"sweep budget: expected a mapping such as {{'max_units': 40}} (got {budget!r:.60})"
+        )
     out: dict[str, Any] = {}
     for name, value in (budget or {}).items():
         if name not in CEILINGS:
             raise UsageError(f"sweep budget: unknown ceiling {name!r}; expected one of {CEILINGS}")
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value < 0
+        ):
             raise UsageError(f"sweep budget {name}: expected a number >= 0 (got {value!r})")
         if name != "max_cost" and not float(value).is_integer():
             raise UsageError(f"sweep budget {name}: expected an integer (got {value!r})")
+        if name != "max_cost" and value > INT64_MAX:
+            raise UsageError(f"sweep budget {name}: expected at most {INT64_MAX} (got {value!r})")
         out[name] = value if name == "max_cost" else int(value)
     return out
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import FileRefused, UsageError
+from ..errors import FileRefused, UsageError, clip
 from ..hashing import canonical_json, hash_value
 from ..reading import read_bounded
 from ..sealing import unseal
@@ -98,9 +98,21 @@ def definition(
                 f"sweep grid axis {name!r} is not a param of workflow {plan.name!r}; "
                 f"declared: {declared or 'none'}"
             )
+        if not isinstance(values, str | Sequence | set | frozenset):
+            raise UsageError(
+                f"sweep grid axis {name!r}: expected a list of values "
+                f"(got {clip(repr(values), 60)})"
+            )
         listed = [values] if isinstance(values, str) else list(values)
         if holds_secret(name, listed):
             raise not_an_axis("grid axis", name)
+        try:
+            json.dumps(listed, allow_nan=False)
+        except (TypeError, ValueError):
+            raise UsageError(
+                f"sweep grid axis {name!r}: expected JSON values with finite numbers "
+                f"(got {clip(repr(listed), 80)})"
+            ) from None
         if name in (params or {}):
             raise UsageError(
                 f"sweep grid axis {name!r} is also given as a param of every cell; keep it in "
@@ -125,7 +137,25 @@ def definition(
             }
             for i, row in enumerate(table)
         ]
+    cells = math.prod(len(v) for v in axes.values()) * (1 if table is None else len(table)) * repeat
+    if cells > MAX_CELLS:
+        raise UsageError(
+            f"sweep: {cells:,} cells ({' × '.join(_sizes(axes, table, repeat))}) is more than "
+            f"{MAX_CELLS:,}; split it into several sweeps (each with its own `key`)"
+        )
     return Definition(grid=axes, rows=table, repeat=repeat, params=dict(params or {}))
+
+
+MAX_CELLS = 1_000_000
+"""The most cells a sweep holds: each is a row written at once (a billion never fit)."""
+
+
+def _sizes(
+    axes: Mapping[str, list[Any]], table: list[dict[str, Any]] | None, repeat: int
+) -> list[str]:
+    sizes = [f"{len(v):,} {k}" for k, v in axes.items()]
+    sizes += [f"{len(table):,} rows"] if table is not None else []
+    return [*sizes, f"{repeat:,} repeats"]
 
 
 def _row_field(value: Any) -> Any:

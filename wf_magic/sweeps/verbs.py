@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..bus import EventBus
-from ..errors import UsageError, WorkflowError
+from ..errors import CONCURRENCY_MAX, UsageError, WorkflowError, check_counts, check_mapping
 from ..redact import Redactor
 from ..store import Store
 from ..store.location import PgLocation
@@ -25,11 +25,9 @@ if TYPE_CHECKING:
 _AMBIGUOUS_SHOWN = 8
 
 
-def at_least(**checks: tuple[int | None, int]) -> None:
-    """Refuse a count below its minimum (``max_concurrency=0``), naming it."""
-    for name, (value, low) in checks.items():
-        if value is not None and value < low:
-            raise UsageError(f"{name} must be >= {low} (got {value})")
+def at_least(**checks: tuple[int | None, int] | tuple[int | None, int, int]) -> None:
+    """Refuse a count that is no integer or is below its minimum (``max_concurrency=0``)."""
+    check_counts(**checks)
 
 
 class SweepVerbs:
@@ -102,7 +100,9 @@ class SweepVerbs:
         from .expand import definition
         from .secrets import fixed_params
 
-        at_least(max_concurrency=(max_concurrency, 1))
+        at_least(max_concurrency=(max_concurrency, 1, CONCURRENCY_MAX))
+        check_mapping(params, what="sweep params")
+        check_mapping(grid, what="sweep grid")
         wf = source if isinstance(source, Workflow) else self.load(source)
         spread = self._workers(wf, workers)
         fixed = fixed_params(
@@ -162,7 +162,7 @@ class SweepVerbs:
         from .driver import reopen_sweep
         from .secrets import resupplied
 
-        at_least(max_concurrency=(max_concurrency, 1))
+        at_least(max_concurrency=(max_concurrency, 1, CONCURRENCY_MAX))
         row = reopen_sweep(self.store, self.sweep_handle(sweep_id).sweep_id, budget=budget)
         wf = self._stored_workflow(row)
         if wf.plan_hash != row.plan_hash:

@@ -505,3 +505,29 @@ def test_a_non_secret_params_credential_shape_is_masked_where_params_are_shown(
         gone = "Q" if value.startswith("Q") else value
         assert gone not in shown and gone not in json.dumps(masked_params(stored)), shown
     assert masked_params(stored)["topic"] == SHAPES.redact(text)
+
+
+@settings(max_examples=200)
+@given(
+    flag=st.sampled_from(["-u ", "-u\t", "--user ", "--user="]),
+    user=st.from_regex(r"[a-z][a-z0-9._-]{0,8}", fullmatch=True),
+    password=SECRET_VALUES.filter(lambda v: ":" not in v),
+    quote=st.sampled_from(["", "'", '"']),
+    before=st.sampled_from(["curl ", "$ curl -s ", "wget ", "run: curl -fsS "]),
+)
+def test_a_user_password_given_to_a_command_line_is_masked(
+    flag: str, user: str, password: str, quote: str, before: str
+) -> None:
+    """``curl -u admin:s3cret``, ``--user=ada:'two words'``: the password after the user's
+    name and a colon is masked (an agent's or exec unit's printed command line)."""
+    text = f"{before}{flag}{quote}{user}:{password}{quote} https://h.example/x"
+    redacted = SHAPES.redact(text)
+    assert password not in redacted, (text, redacted)
+    assert f"{user}:" in redacted
+
+
+@pytest.mark.parametrize(
+    "text", ["git push -u origin main", "python -u x.py", "sort -u a.txt", "useradd --user ada"]
+)
+def test_a_u_flag_without_a_password_is_kept(text: str) -> None:
+    assert SHAPES.redact(text) == text

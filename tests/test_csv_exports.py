@@ -52,6 +52,9 @@ steps:
         (-1, -1),
         (2.5, 2.5),
         (None, None),
+        ({"k": 0, "a": [1]}, '{"a": [1], "k": 0}'),  # a JSONL row's object: JSON, not repr
+        (["x", "é"], '["x", "é"]'),
+        (["=x"], '["=x"]'),
     ],
 )
 def test_a_formula_like_text_cell_gets_a_leading_quote(value: object, cell: object) -> None:

@@ -79,3 +79,22 @@ def test_a_good_cassette_still_replays(capsys: pytest.CaptureFixture[str], tmp_p
     with Engine(tmp_path / "state") as engine:
         [row] = engine.runs().itertuples()
         assert engine.status(row.run).result == "recorded"
+
+
+def test_a_directory_or_fifo_as_the_cassette_is_named_as_such(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import os
+
+    (tmp_path / "wf.yaml").write_text(WORKFLOW)
+    fifo = tmp_path / "tape.fifo"
+    os.mkfifo(fifo)
+    for path in (tmp_path, fifo):
+        done = wf_inproc(
+            capsys, tmp_path / "state", "run", "--replay", str(path), str(tmp_path / "wf.yaml")
+        )
+        assert done.returncode == 2
+        assert done.stderr == (
+            f"error: --replay {path}: not a regular file (a directory, a FIFO or a device); "
+            "give the cassette file `wf export-cassette RUN` wrote.\n"
+        )

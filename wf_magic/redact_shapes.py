@@ -203,6 +203,17 @@ RULES: tuple[_Rule, ...] = (
             and (len(found.group("secret")) >= 6 or _is_value(found))
         ),
     ),
+    # curl -u user:password, --user=user:password, wget --password is above: a user's
+    # password after its name and a colon (``-u origin main`` has no colon: kept).
+    _Rule.of(
+        r"(?<![\w-])(?:-u|--user)(?:[ \t]++|=)[^\s:\"']++:(?P<secret>[^\s\"']++)",
+        ("-u", "--user"),
+    ),
+    _Rule.of(  # quoted: to the closing quote, spaces and all
+        r"(?<![\w-])(?:-u|--user)(?:[ \t]++|=)(?P<q>[\"'])[^\s:\"']++:"
+        r"(?P<secret>(?:(?!(?P=q))[^\r\n])++)",
+        ("-u", "--user"),
+    ),
     # scheme://user:password@host — to the last ``@`` before the path (a password may hold
     # one), the user may be empty (``redis://:password@host``).
     _Rule.of(r"://[^/\s:@]*+:(?P<secret>[^/\s?#\"'<>]*)@", ("://",)),

@@ -14,8 +14,13 @@ cell as a formula (OWASP "CSV Injection"): such a cell is written as ``'`` + its
 
 
 def csv_cell(value: Any) -> Any:
-    """``value`` as a CSV cell: text starting like a formula gets a leading ``'``; numbers,
-    None and other text are returned as they are (a negative *number* is a number)."""
+    """``value`` as a CSV cell: text starting like a formula gets a leading ``'``; an object
+    or a list (a JSONL row's field) is its JSON, not Python's repr; numbers, None and other
+    text are returned as they are (a negative *number* is a number)."""
+    if isinstance(value, dict | list):
+        import json
+
+        value = json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
     if isinstance(value, str) and value.startswith(FORMULA_STARTS):
         return "'" + value
     return value

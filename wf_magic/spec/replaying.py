@@ -25,6 +25,11 @@ def replayed(wf: Workflow, cassette: str | Path) -> Workflow:
         UsageError: ``cassette`` is not a file.
     """
     found = Path(cassette).expanduser()
+    if found.exists() and not found.is_file():
+        raise UsageError(
+            f"--replay {cassette}: not a regular file (a directory, a FIFO or a device); "
+            "give the cassette file `wf export-cassette RUN` wrote."
+        )
     if not found.is_file():
         raise UsageError(
             f"--replay {cassette}: no such cassette file; write one with "

@@ -178,3 +178,29 @@ def test_no_cache_on_an_unchanged_cell_says_the_existing_run_is_shown(engine: En
     assert fresh.created and fresh.run_id != done.run_id and fresh.warnings == []
     quiet = engine.start(source)
     assert quiet.warnings == []
+
+
+GATED_TWO = """
+name: twostep
+runner: scripted
+steps:
+  - id: plain
+    prompt: "Plain"
+  - id: draft
+    prompt: "Draft"
+    gate: {judge: human}
+"""
+
+
+def test_a_second_fork_of_a_superseded_run_supersedes_the_first_fork(engine: Engine) -> None:
+    """A fork supersedes its unfinished source; forking that (now abandoned) source again
+    supersedes the scope's unfinished run, the first fork: one unfinished run per scope."""
+    first = engine.run(GATED_TWO)
+    assert first.status == "blocked"
+    fork_b = engine.drive(engine.fork(first.run_id, from_step="plain"))
+    assert fork_b.status == "blocked" and engine.handle(first.run_id).status == "abandoned"
+    fork_c = engine.fork(first.run_id, from_step="draft")
+    b = engine.handle(fork_b.run_id)
+    assert (b.status, b.reason) == ("abandoned", f"superseded by {fork_c.run_id}")
+    unfinished = [r.run_id for r in engine.list_runs() if r.status in ("active", "blocked")]
+    assert unfinished == [fork_c.run_id]

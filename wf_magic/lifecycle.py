@@ -270,7 +270,14 @@ def fork(
         forked_from=source,
         fork_step=from_step,
     )
-    return _create(store, bus, wf, row, supersede=source)
+    # One unfinished run per scope and user: the fork supersedes its source when that is
+    # unfinished, else the scope's unfinished run (an earlier fork of a superseded source).
+    supersede = source
+    if source.status not in UNFINISHED and source.parent_run_id is None:
+        latest = store.latest_in_scope(source.scope_key, owner=current_user())
+        if latest is not None and latest.status in UNFINISHED:
+            supersede = latest
+    return _create(store, bus, wf, row, supersede=supersede)
 
 
 def _continue(run: RunRow, wf: Workflow, *, no_cache: bool = False) -> Started:

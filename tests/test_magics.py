@@ -370,7 +370,7 @@ def test_abandon_fork_stop_gc_and_config(
     line(shell, "gc --older-than-days 0")
     line(shell, "config")
     out = capsys.readouterr().out
-    assert f"stop requested for {open_run.run_id}" in out
+    assert f"run {open_run.run_id} (active) is not being driven now: nothing stops" in out
     assert "deleted 0 finished run(s)\ndeleted 3 finished run(s)" in out
     assert f"state dir        {engine.state_dir}" in out
     assert engine.list_runs() == []

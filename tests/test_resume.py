@@ -85,12 +85,29 @@ def test_stop_request_from_another_process(
     proc = spawn_wf(state_dir, "run", str(path))
     wait_for(lambda: any(u == "nap" for u, *_ in attempts_in(state_dir)), what="the exec unit")
     run_id = str(db_rows(state_dir, "SELECT run_id FROM runs")[0][0])
-    assert run_wf(state_dir, "stop", run_id).returncode == 0
+    stopped = run_wf(state_dir, "stop", run_id)
+    assert stopped.returncode == 0
+    assert stopped.stdout == (
+        f"stop requested for {run_id}; its driver stops after the units in flight\n"
+    )
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert db_rows(state_dir, "SELECT status FROM runs")[0][0] == "active"
     assert run_wf(state_dir, "resume", run_id).returncode == 0
     assert [u for u, *_ in attempts_in(state_dir)] == ["first", "nap", "nap2", "last"]
+
+
+def test_wf_stop_of_a_run_nobody_drives_says_nothing_stops(tmp_path: Path, state_dir: Path) -> None:
+    path = tmp_path / "gated.yaml"
+    path.write_text("name: gated\nsteps:\n  - id: a\n    prompt: A\n    gate: {judge: human}\n")
+    assert run_wf(state_dir, "run", str(path)).returncode == 3  # blocked on the human gate
+    run_id = str(db_rows(state_dir, "SELECT run_id FROM runs")[0][0])
+    stopped = run_wf(state_dir, "stop", run_id)
+    assert (stopped.returncode, stopped.stdout) == (
+        0,
+        f"run {run_id} (blocked) is not being driven now: nothing stops; a drive started later "
+        "runs as usual\n",
+    )
 
 
 def test_sigint_stops_gracefully_and_exit_130(tmp_path: Path, state_dir: Path) -> None:

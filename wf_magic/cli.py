@@ -270,7 +270,15 @@ def cmd_stop(engine: Engine, args: argparse.Namespace) -> int:
         row = engine.get_run(engine.resolve_run_id(args.run))
         print(f"run {row.run_id} is {row.status}; there is nothing to stop (nothing was changed)")
         return EXIT_OK
-    print(f"stop requested for {args.run}; its driver stops after the units in flight")
+    run_id = engine.resolve_run_id(args.run)
+    if engine.is_driving(run_id):
+        print(f"stop requested for {run_id}; its driver stops after the units in flight")
+    else:
+        status = engine.get_run(run_id).status
+        print(
+            f"run {run_id} ({status}) is not being driven now: nothing stops; a drive started "
+            "later runs as usual"
+        )
     return EXIT_OK
 
 

@@ -423,9 +423,16 @@ def cmd_budget(ctx: CommandContext, args: LineArgs) -> Any:
 def cmd_stop(ctx: CommandContext, args: LineArgs) -> None:
     run_id = _run(ctx, args)
     check_owner(run_id, ctx.engine.get_run(run_id).owner, verb="stop")  # before a local stop
-    ctx.drives.stop(run_id)
+    here = ctx.drives.stop(run_id)
     if ctx.engine.stop(run_id):
-        print(f"stop requested for {run_id}; its driver stops after the units in flight")
+        if here or ctx.engine.is_driving(run_id):
+            print(f"stop requested for {run_id}; its driver stops after the units in flight")
+        else:
+            status = ctx.engine.get_run(run_id).status
+            print(
+                f"run {run_id} ({status}) is not being driven now: nothing stops; a drive "
+                "started later runs as usual"
+            )
     else:
         print(f"run {run_id} is finished; there is nothing to stop (nothing was changed)")
 

@@ -246,9 +246,14 @@ times; 7.5 µs for a unit's one-line output)."""
 def looks_secret(name: str) -> bool:
     """Whether an environment variable's name suggests a secret (``API_KEY``, ``GH_TOKEN``, …).
 
-    A substring test: broad on purpose, for the environment's SHOUTED names.
+    A substring test: broad on purpose, for the environment's SHOUTED names. wf_magic's own
+    ``WF_MAGIC_SECRET_KEY_FILE`` names a path, not a secret: masking it would hide which
+    file an error is about.
     """
-    return bool(_SECRET_NAME.search(name))
+    return name not in _PATHS_NOT_SECRETS and bool(_SECRET_NAME.search(name))
+
+
+_PATHS_NOT_SECRETS = frozenset({"WF_MAGIC_SECRET_KEY_FILE"})
 
 
 @functools.lru_cache(maxsize=4096)

@@ -53,6 +53,23 @@ steps:
 """
 """Three steps (a map of ``sections`` units in the middle) over two params."""
 
+
+def slow_digest(sleep_s: float) -> str:
+    """CELL_DIGEST with 12 sections written one at a time, each taking ``sleep_s``: long
+    enough for an interrupt to land mid-drive."""
+    return CELL_DIGEST.replace(
+        "runner: scripted\n",
+        f"""\
+runner: scripted
+execution: {{max_concurrency: 1}}
+runners:
+  scripted:
+    rules:
+      - {{match: "Write section", reply: "text", sleep_s: {sleep_s}}}
+""",
+    ).replace("default: 3", "default: 12")
+
+
 JUDGED = """\
 name: judged
 runner: scripted

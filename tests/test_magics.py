@@ -35,6 +35,7 @@ from tests.helpers_notebook import (
     execute_notebook,
     ipython_shell,
     magics_in,
+    slow_digest,
 )
 from wf_magic import Engine, Run
 from wf_magic.notebook.args import line_args
@@ -240,17 +241,7 @@ def test_child_workflows_resolve_from_earlier_cells(
 def test_a_kernel_interrupt_stops_gracefully_and_the_cell_resumes(
     shell: InteractiveShell, engine: Engine
 ) -> None:
-    body = CELL_DIGEST.replace(
-        "runner: scripted\n",
-        """\
-runner: scripted
-execution: {max_concurrency: 1}
-runners:
-  scripted:
-    rules:
-      - {match: "Write section", reply: "text", sleep_s: 0.15}
-""",
-    ).replace("default: 3", "default: 12")
+    body = slow_digest(0.15)
     main = threading.get_ident()
     timer = threading.Timer(0.5, lambda: signal.pthread_kill(main, signal.SIGINT))
     timer.start()

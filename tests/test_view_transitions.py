@@ -14,11 +14,11 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 from tests.helpers_notebook import (
-    CELL_DIGEST,
     RecordingHandle,
     cell,
     ipython_shell,
     magics_in,
+    slow_digest,
     until,
 )
 from wf_magic.notebook.magics import WorkflowMagics
@@ -137,17 +137,7 @@ def test_a_view_whose_cell_stopped_waiting_goes_static_when_its_drive_thread_end
     """A second interrupt stops the cell waiting while the drive thread winds down: when that
     thread ends the view still becomes its static HTML (no later cell needs to run), so a
     saved notebook holds no live widget of a drive that is over."""
-    body = CELL_DIGEST.replace(
-        "runner: scripted\n",
-        """\
-runner: scripted
-execution: {max_concurrency: 1}
-runners:
-  scripted:
-    rules:
-      - {match: "Write section", reply: "text", sleep_s: 1.5}
-""",
-    ).replace("default: 3", "default: 12")
+    body = slow_digest(1.5)
 
     class Interrupted(threading.Event):
         """The cell's wait for its drive, interrupted twice (as two kernel interrupts)."""

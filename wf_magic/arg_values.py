@@ -17,7 +17,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 
-from .errors import UsageError, clip, text_problem
+from .errors import COUNT_MAX, UsageError, clip, text_problem
 
 
 def parse_params(pairs: Sequence[str]) -> dict[str, str]:
@@ -70,7 +70,7 @@ def _named(argv: Sequence[str], number: int, arg: str) -> str:
     return clip(_shown(arg), 80)
 
 
-INT64_MAX = 2**63 - 1
+INT64_MAX = COUNT_MAX
 """The largest count any option takes: what an SQLite or PostgreSQL integer column holds."""
 SECONDS_MAX = 100 * 365.25 * 86400
 """The longest duration any option takes (100 years): past it, clocks and timeouts overflow."""

@@ -266,19 +266,13 @@ def cmd_reject(engine: Engine, args: argparse.Namespace) -> int:
 
 
 def cmd_stop(engine: Engine, args: argparse.Namespace) -> int:
-    if not engine.stop(args.run):
-        row = engine.get_run(engine.resolve_run_id(args.run))
+    from .display.run import stop_text
+
+    row = engine.get_run(engine.resolve_run_id(args.run))
+    if not engine.stop(row.run_id):
         print(f"run {row.run_id} is {row.status}; there is nothing to stop (nothing was changed)")
         return EXIT_OK
-    run_id = engine.resolve_run_id(args.run)
-    if engine.is_driving(run_id):
-        print(f"stop requested for {run_id}; its driver stops after the units in flight")
-    else:
-        status = engine.get_run(run_id).status
-        print(
-            f"run {run_id} ({status}) is not being driven now: nothing stops; a drive started "
-            "later runs as usual"
-        )
+    print(stop_text(row.run_id, row.status, driven=engine.is_driving(row.run_id)))
     return EXIT_OK
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TextIO, cast
 
+from .display.spreadsheet import print_frame
 from .exits import EXIT_OK
 from .visible import visible
 
@@ -96,23 +97,6 @@ def cmd_list(engine: RunLister, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def frame_out(frame: object, fmt: str) -> None:
-    import pandas as pd
-
-    from .display.spreadsheet import write_csv_frame
-
-    assert isinstance(frame, pd.DataFrame)
-    if fmt == "csv":
-        write_csv_frame(frame, sys.stdout)  # formula-like text escaped; JSON keeps it raw
-    elif fmt == "json":
-        print(frame.to_json(orient="records", date_format="iso"))
-    elif frame.empty:
-        say("  ".join(map(str, frame.columns)))  # the header, not pandas' "Empty DataFrame"
-    else:
-        with pd.option_context("display.max_rows", None, "display.width", 200):
-            say(frame.to_string(index=False))
-
-
 def cmd_journal(engine: Engine, args: argparse.Namespace) -> int:
     frame = engine.journal(args.run)
     if args.format == "table" and not args.all:
@@ -121,18 +105,18 @@ def cmd_journal(engine: Engine, args: argparse.Namespace) -> int:
         frame = frame[list(JOURNAL_COMPACT)]
         blanks = ("model", "session_id", "reused_from_run", "reused_from_unit", "failure")
         frame = frame.drop(columns=[c for c in blanks if frame[c].isna().all()])
-    frame_out(frame, args.format)
+    print_frame(frame, args.format)
     return EXIT_OK
 
 
 def cmd_tokens(engine: Engine, args: argparse.Namespace) -> int:
-    frame_out(engine.tokens(args.run, by=args.by), args.format)
+    print_frame(engine.tokens(args.run, by=args.by), args.format)
     return EXIT_OK
 
 
 def cmd_calls(engine: Engine, args: argparse.Namespace) -> int:
     frame = engine.calls(args.run, unit=args.unit)
-    frame_out(frame, args.format)
+    print_frame(frame, args.format)
     if frame.empty:
         of = f"unit {args.unit} of run {args.run}" if args.unit else f"run {args.run}"
         warn(
@@ -148,7 +132,7 @@ def cmd_events(engine: Engine, args: argparse.Namespace) -> int:
     """A frame of the run's events, or (``--since``, ``--follow``, ``--format json``) one line
     per event, its cursor first, then ``cursor: N`` on stderr (wf_magic.tail)."""
     if args.since is None and not args.follow and args.format != "json":
-        frame_out(engine.events(args.run), args.format)
+        print_frame(engine.events(args.run), args.format)
         return EXIT_OK
     from .tail import print_events
 

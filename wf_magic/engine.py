@@ -326,8 +326,11 @@ class Engine(FrameVerbs, SweepVerbs, GcVerbs, FollowVerbs, OtelVerbs):
         from .drive.context import DriveOptions
         from .drive.root import drive_locked_run
 
-        _at_least(max_steps=(max_steps, 1), max_concurrency=(max_concurrency, 1, CONCURRENCY_MAX))
-        _at_least(max_retries=(max_retries, 0))
+        check_counts(
+            max_steps=(max_steps, 1),
+            max_concurrency=(max_concurrency, 1, CONCURRENCY_MAX),
+            max_retries=(max_retries, 0),
+        )
         check_mapping(params, what="params")
         rid = self.resolve_run_id(run_id)
         row = self.get_run(rid)
@@ -478,8 +481,8 @@ class Engine(FrameVerbs, SweepVerbs, GcVerbs, FollowVerbs, OtelVerbs):
                     from_strings=params_from_strings,
                 )
             )
-        plan, params = verified_plan(self.store, self.bus, source)
-        started = lifecycle.fork(self.store, self.bus, source, plan, params, from_step=from_step)
+        plan, stored = verified_plan(self.store, self.bus, source)
+        started = lifecycle.fork(self.store, self.bus, source, plan, stored, from_step=from_step)
         return self._handle(started)
 
     def approve(
@@ -579,7 +582,3 @@ class Engine(FrameVerbs, SweepVerbs, GcVerbs, FollowVerbs, OtelVerbs):
         handle = Run(self.store, started.run_id, created=started.created, bus=self.bus)
         handle.warnings.extend(started.warnings)
         return handle
-
-
-def _at_least(**checks: tuple[int | None, int] | tuple[int | None, int, int]) -> None:
-    check_counts(**checks)

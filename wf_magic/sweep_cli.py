@@ -202,26 +202,10 @@ def cmd_sweep_status(engine: Engine, args: argparse.Namespace) -> int:
     return SWEEP_EXIT_CODES.get(row.status, EXIT_FAILED)
 
 
-def _frame_out(frame: Any, fmt: str) -> None:
-    """``frame`` as CSV (formula-like cells escaped), JSON (values raw) or a table whose
-    control characters are made visible: a model's escape sequences never reach the
-    terminal as such."""
-    import pandas as pd
-
-    from .display.spreadsheet import write_csv_frame
-    from .visible import visible
-
-    if fmt == "csv":
-        write_csv_frame(frame, sys.stdout)
-    elif fmt == "json":
-        print(frame.to_json(orient="records"))
-    else:
-        with pd.option_context("display.max_rows", None, "display.width", 200):
-            print(visible(frame.to_string(index=False)))
-
-
 def cmd_sweep_frame(engine: Engine, args: argparse.Namespace) -> int:
-    _frame_out(engine.sweep_handle(args.sweep).frame(), args.format)
+    from .display.spreadsheet import print_frame
+
+    print_frame(engine.sweep_handle(args.sweep).frame(), args.format)
     return EXIT_OK
 
 
@@ -232,8 +216,10 @@ def cmd_sweep_summary(engine: Engine, args: argparse.Namespace) -> int:
             "--by: expected an axis or rows field name (got only blanks); leave --by out for "
             "one group over the whole sweep"
         )
+    from .display.spreadsheet import print_frame
+
     frame = engine.sweep_handle(args.sweep).summary(by=by)
-    _frame_out(frame, args.format)
+    print_frame(frame, args.format)
     if args.format == "table":
         print(f"interval: {frame.attrs['ci_method']}")
     return EXIT_OK

@@ -71,7 +71,6 @@ class Verb:
 # -- options several verbs share ----------------------------------------------------------------
 IDLE_S = number_in(0, 30 * 86400.0)
 """``--idle S``: seconds without a driver, from 0 to 30 days (a finite wait: ``nan`` never ends)."""
-"""``--max-concurrency``'s ceiling: more units in flight than threads a process can start."""
 
 RUN = Option(flag="run", help="a run id, or a unique prefix of one")
 STEP = Option(flag="step", help="a step id of the run")

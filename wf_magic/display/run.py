@@ -262,3 +262,14 @@ def run_html(run: Run) -> str:
     stats = f"<div><small>{html.escape(_stats_text(run))}</small></div>" if run.stats else ""
     result = result_html(facts.result) if facts.result is not None else ""
     return f"<div class='wf-run'>{head}{result}{table}{gates}{budget}{warn}{stats}</div>"
+
+
+def stop_text(run_id: str, status: str, *, driven: bool) -> str:
+    """What ``wf stop`` / ``%workflow stop`` say of an unfinished run: its driver stops after
+    the units in flight, or (nobody drives it) that nothing stops."""
+    if driven:
+        return f"stop requested for {run_id}; its driver stops after the units in flight"
+    return (
+        f"run {run_id} ({status}) is not being driven now: nothing stops; a drive started "
+        "later runs as usual"
+    )

@@ -1,5 +1,7 @@
-"""CSV cells a spreadsheet will not evaluate: text that starts like a formula is prefixed with a
-single quote, as OWASP recommends; every CSV that ``wf`` writes goes through here."""
+"""How ``wf`` prints a frame (:func:`print_frame`): CSV cells a spreadsheet will not evaluate
+(text that starts like a formula is prefixed with a single quote, as OWASP recommends; every
+CSV that ``wf`` writes goes through here), JSON with raw values, or a table whose control
+characters are made visible."""
 
 from __future__ import annotations
 
@@ -39,3 +41,24 @@ def csv_frame(frame: pd.DataFrame) -> pd.DataFrame:
 def write_csv_frame(frame: pd.DataFrame, out: IO[str]) -> None:
     """Write ``frame`` as CSV (no index) to ``out``, its cells escaped (:func:`csv_cell`)."""
     csv_frame(frame).to_csv(out, index=False)
+
+
+def print_frame(frame: pd.DataFrame, fmt: str) -> None:
+    """``frame`` on stdout as ``csv`` (cells escaped: :func:`csv_frame`), ``json`` (records,
+    values raw, times ISO 8601) or a ``table`` (its header alone when it has no row, never
+    pandas' "Empty DataFrame"), a model's control characters made visible."""
+    import sys
+
+    import pandas as pd
+
+    from ..visible import visible
+
+    if fmt == "csv":
+        write_csv_frame(frame, sys.stdout)
+    elif fmt == "json":
+        print(frame.to_json(orient="records", date_format="iso"))
+    elif frame.empty:
+        print(visible("  ".join(map(str, frame.columns))))
+    else:
+        with pd.option_context("display.max_rows", None, "display.width", 200):
+            print(visible(frame.to_string(index=False)))

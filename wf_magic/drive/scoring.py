@@ -451,18 +451,15 @@ def _call(fn: Callable[..., Any], given: dict[str, Any], target: str) -> Any:
         except (TypeError, ValueError):
             return fn(given["output"])
         names: Sequence[str] = list(parameters)
-        kinds = [p.kind for p in parameters.values()]
-        takes_all = inspect.Parameter.VAR_KEYWORD in kinds
-        if "output" in names or (takes_all and not _positional(parameters)):
-            extra = {k: v for k, v in given.items() if k != "output" and (takes_all or k in names)}
-            return fn(output=given["output"], **extra)
-        # The output goes to the first parameter, whatever its name (``def f(answer, **kw)``).
+        takes_all = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
         first = _positional(parameters)
-        extra = {
-            k: v
-            for k, v in given.items()
-            if k not in ("output", first) and (takes_all or k in names)
-        }
+        # The output goes by name to ``output``, else to the first positional parameter,
+        # whatever its name (``def f(answer, **kw)``).
+        by_name = "output" in names or first is None
+        taken = ("output",) if by_name else ("output", first)
+        extra = {k: v for k, v in given.items() if k not in taken and (takes_all or k in names)}
+        if by_name:
+            return fn(output=given["output"], **extra)
         return fn(given["output"], **extra)
     except Exception as exc:
         raise RunnerError(

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..display import origin_text, plan_html, plan_mermaid, plan_text
+from ..display.run import stop_text
 from ..errors import DefinitionError, RunLockHeld, UsageError
 from ..inspection import (
     AttemptRecord,
@@ -425,14 +426,8 @@ def cmd_stop(ctx: CommandContext, args: LineArgs) -> None:
     check_owner(run_id, ctx.engine.get_run(run_id).owner, verb="stop")  # before a local stop
     here = ctx.drives.stop(run_id)
     if ctx.engine.stop(run_id):
-        if here or ctx.engine.is_driving(run_id):
-            print(f"stop requested for {run_id}; its driver stops after the units in flight")
-        else:
-            status = ctx.engine.get_run(run_id).status
-            print(
-                f"run {run_id} ({status}) is not being driven now: nothing stops; a drive "
-                "started later runs as usual"
-            )
+        status = ctx.engine.get_run(run_id).status
+        print(stop_text(run_id, status, driven=here or ctx.engine.is_driving(run_id)))
     else:
         print(f"run {run_id} is finished; there is nothing to stop (nothing was changed)")
 

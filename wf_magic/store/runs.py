@@ -17,6 +17,7 @@ from .inlists import in_chunks
 from .journal import append_event_txn
 from .plans import plan_of
 from .records import RunRow, StepRow, from_row
+from .sweeps import keep_sweep_charges_txn
 
 _INSERT_COLS = ", ".join(RunRow.__dataclass_fields__)
 
@@ -474,8 +475,6 @@ def delete_finished_tree_txn(
     ).fetchone()
     if row is None:
         return []
-    from .sweeps import keep_sweep_charges_txn
-
     insert_receipts_txn(conn, run_id)
     keep_sweep_charges_txn(conn, run_id)
     tree = [

@@ -17,7 +17,7 @@ from ..drive.budget import SharedBudget
 from ..drive.context import DriveOptions, RunnerPool
 from ..drive.executors import UnitSlots, thread_executor
 from ..drive.root import FreshRun, drive_locked_run
-from ..errors import RunLockHeld, UsageError
+from ..errors import COUNT_MAX, RunLockHeld, UsageError
 from ..hashing import canonical_json
 from ..redact import Redactor
 from ..sealing import unseal
@@ -64,8 +64,6 @@ def check_budget(budget: Mapping[str, Any] | None) -> dict[str, Any]:
     """
     import math
 
-    from ..arg_values import INT64_MAX
-
     if budget is not None and not isinstance(budget, Mapping):
         raise UsageError(
             f"sweep budget: expected a mapping such as {{'max_units': 40}} (got {budget!r:.60})"
@@ -85,8 +83,8 @@ def check_budget(budget: Mapping[str, Any] | None) -> dict[str, Any]:
             raise UsageError(f"sweep budget {name}: expected a number >= 0 (got {value!r})")
         if name != "max_cost" and not float(value).is_integer():
             raise UsageError(f"sweep budget {name}: expected an integer (got {value!r})")
-        if name != "max_cost" and value > INT64_MAX:
-            raise UsageError(f"sweep budget {name}: expected at most {INT64_MAX} (got {value!r})")
+        if name != "max_cost" and value > COUNT_MAX:
+            raise UsageError(f"sweep budget {name}: expected at most {COUNT_MAX} (got {value!r})")
         out[name] = value if name == "max_cost" else int(value)
     return out
 

@@ -114,7 +114,7 @@ def summary_frame(
     import numpy as np
     import pandas as pd
 
-    _check_settings(confidence, resamples)
+    check_settings(confidence, resamples)
     by = group_names(by, where="sweep summary")
     check_columns(frame, by, where="sweep summary by", what="an axis or row field")
     scores = score_columns(frame)
@@ -193,7 +193,8 @@ def group_names(by: Any, *, where: str) -> list[str]:
     return names
 
 
-def _check_settings(confidence: float, resamples: int, *, where: str = "sweep summary") -> None:
+def check_settings(confidence: float, resamples: int, *, where: str = "sweep summary") -> None:
+    """Refuse a confidence level outside [0.5, 1) or fewer than 100 resamples."""
     if (
         isinstance(confidence, bool)
         or not isinstance(confidence, (int, float))
@@ -202,11 +203,6 @@ def _check_settings(confidence: float, resamples: int, *, where: str = "sweep su
         raise UsageError(f"{where}: confidence is a level in [0.5, 1) (got {confidence!r})")
     if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 100:
         raise UsageError(f"{where}: resamples is a count of at least 100 (got {resamples!r})")
-
-
-def check_settings(confidence: float, resamples: int, *, where: str) -> None:
-    """Refuse a confidence level outside [0.5, 1) or fewer than 100 resamples."""
-    _check_settings(confidence, resamples, where=where)
 
 
 def _describe(

@@ -25,11 +25,6 @@ if TYPE_CHECKING:
 _AMBIGUOUS_SHOWN = 8
 
 
-def at_least(**checks: tuple[int | None, int] | tuple[int | None, int, int]) -> None:
-    """Refuse a count that is no integer or is below its minimum (``max_concurrency=0``)."""
-    check_counts(**checks)
-
-
 class SweepVerbs:
     """``Engine.sweep`` and friends; the Engine provides the attributes declared here."""
 
@@ -100,7 +95,7 @@ class SweepVerbs:
         from .expand import definition
         from .secrets import fixed_params
 
-        at_least(max_concurrency=(max_concurrency, 1, CONCURRENCY_MAX))
+        check_counts(max_concurrency=(max_concurrency, 1, CONCURRENCY_MAX))
         check_mapping(params, what="sweep params")
         check_mapping(grid, what="sweep grid")
         wf = source if isinstance(source, Workflow) else self.load(source)
@@ -162,7 +157,7 @@ class SweepVerbs:
         from .driver import reopen_sweep
         from .secrets import resupplied
 
-        at_least(max_concurrency=(max_concurrency, 1, CONCURRENCY_MAX))
+        check_counts(max_concurrency=(max_concurrency, 1, CONCURRENCY_MAX))
         row = reopen_sweep(self.store, self.sweep_handle(sweep_id).sweep_id, budget=budget)
         wf = self._stored_workflow(row)
         if wf.plan_hash != row.plan_hash:
